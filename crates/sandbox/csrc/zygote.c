@@ -1,0 +1,179 @@
+/* The Zygote's provisioning loop, in C: it forks new sandboxes without touching the Python
+ * heap, which every fork would otherwise have to copy page by page.
+ *
+ * A Python Zygote (helper.py) calls sprout_zygote_serve(sock) through ctypes once it has
+ * initialized its interpreter. The loop answers the worker's fork requests until the worker
+ * closes the socket (then it returns -1). For each request it clones a child into new PID,
+ * IPC and UTS namespaces (never mount or network ones); the child enters the sandbox root
+ * with fchdir + chroot, joins the sandbox's cgroups through the cgroup.procs descriptors the
+ * worker sent, mounts its own /proc, drops to the sandbox user, closes every inherited
+ * descriptor and connects to /host/sprout.sock. It then *returns* that socket to Python,
+ * which finishes the fork (PyOS_AfterFork_Child) and serves the lambda. The parent replies
+ * with a pidfd of the child and waits for the next request, reaping children that exited.
+ *
+ * Wire format (native endianness, both ends on one host):
+ *   request: struct fork_request, with SCM_RIGHTS [root dir, log pipe, cgroup.procs...]
+ *   reply:   struct fork_reply, with SCM_RIGHTS [pidfd] when error == 0
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x00001000
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+
+#define FORK_MAGIC 0x46525053u /* "SPRF" */
+#define FLAG_MOUNT_PROC 1u
+#define MAX_FDS 16
+#define SOCKET_PATH "/host/sprout.sock"
+
+struct fork_request {
+    uint32_t magic;
+    uint32_t uid;
+    uint32_t gid;
+    uint32_t flags;
+};
+
+struct fork_reply {
+    int32_t error; /* 0, or an errno value */
+    int32_t pid;   /* in the Zygote's PID namespace */
+};
+
+static void reap_children(void) {
+    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    }
+}
+
+static void close_all(const int *fds, int n) {
+    for (int i = 0; i < n; i++) close(fds[i]);
+}
+
+/* Read one request and its descriptors; 1 on success, 0 at end of stream, -1 on error. */
+static int recv_request(int sock, struct fork_request *req, int *fds, int *nfds) {
+    char control[CMSG_SPACE(sizeof(int) * MAX_FDS)];
+    struct iovec iov = {req, sizeof *req};
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t got = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (got <= 0) return (int)got;
+    *nfds = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            memcpy(fds + *nfds, CMSG_DATA(c), sizeof(int) * n);
+            *nfds += n;
+        }
+    }
+    while ((size_t)got < sizeof *req) { /* the rest of a split request carries no fds */
+        ssize_t more = read(sock, (char *)req + got, sizeof *req - got);
+        if (more <= 0) {
+            close_all(fds, *nfds);
+            return more == 0 ? 0 : -1;
+        }
+        got += more;
+    }
+    return 1;
+}
+
+static void send_reply(int sock, int error, int pid, int pidfd) {
+    struct fork_reply reply = {error, pid};
+    struct iovec iov = {&reply, sizeof reply};
+    char control[CMSG_SPACE(sizeof(int))];
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (pidfd >= 0) {
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &pidfd, sizeof(int));
+    }
+    while (sendmsg(sock, &msg, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+    }
+}
+
+static void fail(const char *what) {
+    dprintf(2, "sprout: sandbox setup failed to %s: %s\n", what, strerror(errno));
+    _exit(70);
+}
+
+/* In the new child (PID 1 of its namespaces): become the sandbox; returns its channel. */
+static int become_sandbox(const struct fork_request *req, const int *fds, int nfds) {
+    int root = fds[0], log = fds[1];
+    if (dup2(log, 1) < 0 || dup2(log, 2) < 0) _exit(70);
+    if (fchdir(root) || chroot(".") || chdir("/")) fail("enter the sandbox root");
+    for (int i = 2; i < nfds; i++)
+        if (write(fds[i], "0", 1) != 1) fail("join a cgroup");
+    if (sethostname("sandbox", 7)) fail("set the host name");
+    if ((req->flags & FLAG_MOUNT_PROC) &&
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
+        fail("mount /proc");
+    if (syscall(SYS_setgroups, 0, NULL) || syscall(SYS_setgid, req->gid) || syscall(SYS_setuid, req->uid))
+        fail("drop privileges");
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) fail("set no_new_privs");
+    if (syscall(SYS_close_range, 3u, ~0u, 0) != 0)
+        for (int fd = 3; fd < 4096; fd++) close(fd);
+    int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0) fail("create the channel socket");
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    strcpy(addr.sun_path, SOCKET_PATH);
+    if (connect(sock, (struct sockaddr *)&addr, sizeof addr)) fail("connect to " SOCKET_PATH);
+    return sock;
+}
+
+/* Serve fork requests on `sock`. Returns -1 in the Zygote when the worker hangs up, and
+ * the connected channel (>= 0) in each new sandbox. */
+int sprout_zygote_serve(int sock) {
+    for (;;) {
+        struct pollfd p = {sock, POLLIN, 0};
+        int ready = poll(&p, 1, 1000);
+        reap_children();
+        if (ready < 0 && errno != EINTR) return -1;
+        if (ready <= 0) continue;
+
+        struct fork_request req;
+        int fds[MAX_FDS];
+        int nfds = 0;
+        int got = recv_request(sock, &req, fds, &nfds);
+        if (got == 0) return -1;
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (req.magic != FORK_MAGIC || nfds < 2) {
+            close_all(fds, nfds);
+            send_reply(sock, EPROTO, 0, -1);
+            continue;
+        }
+        int pidfd = -1;
+        long pid = syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_PIDFD | SIGCHLD,
+                           0, &pidfd, NULL, 0);
+        if (pid == 0) return become_sandbox(&req, fds, nfds);
+        int error = pid < 0 ? errno : 0;
+        close_all(fds, nfds);
+        send_reply(sock, error, (int)pid, pidfd);
+        if (pidfd >= 0) close(pidfd);
+    }
+}

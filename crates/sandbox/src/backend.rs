@@ -1,0 +1,189 @@
+//! The one interface every sandbox backend implements, and the sandbox handle they return.
+//!
+//! A request walks down once: the worker asks a [`Backend`] to `create` a [`Sandbox`] for a
+//! lambda's code, calls [`Sandbox::invoke`] as often as it likes, and hands it back to
+//! `destroy`. The handle speaks the same channel protocol whatever made it (a Zygote fork, a
+//! fresh interpreter, runc or Docker), so the backends differ only in how a sandbox comes to
+//! be and goes away — which is exactly what the benchmarks compare.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::Serialize;
+
+use crate::cgroup::{Cgroup, Limits};
+use crate::channel::{Channel, Reply, Request};
+use crate::process::PidFd;
+
+/// What to run in a new sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    /// The lambda's name (for logs and labels).
+    pub lambda: String,
+    /// Directory holding the lambda's code, mounted read-only at /handler.
+    pub code_dir: PathBuf,
+    pub limits: Limits,
+    /// Environment of the handler process.
+    pub env: Vec<(String, String)>,
+}
+
+/// How a handler serves requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HandlerKind {
+    /// `f(event)`: JSON in, JSON out.
+    Function,
+    /// A WSGI `app`: the whole HTTP request in, an HTTP response out.
+    Wsgi,
+}
+
+/// Why a sandbox could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// The lambda's code failed to load (an import error, no entry point): the lambda's fault.
+    #[error("{message}")]
+    Load { message: String, traceback: Option<String> },
+    /// The platform failed to provision the sandbox.
+    #[error("{0}")]
+    Platform(String),
+}
+
+impl CreateError {
+    pub fn platform(e: impl std::fmt::Display) -> CreateError {
+        CreateError::Platform(e.to_string())
+    }
+}
+
+/// Why an invocation failed inside the sandbox (the sandbox is unusable afterwards).
+#[derive(Debug, thiserror::Error)]
+pub enum InvokeError {
+    #[error("the handler ran past its time limit of {0:?} and was killed")]
+    Timeout(Duration),
+    #[error("the handler exceeded its memory limit of {limit_mb} MiB and was killed")]
+    OutOfMemory { limit_mb: u64 },
+    #[error("the sandbox died during the request: {0}")]
+    Crashed(String),
+}
+
+/// Backend-specific state of one sandbox, kept until `destroy`.
+pub enum Resources {
+    /// A lean sandbox: its slot (root directory) and cgroup.
+    Lean { slot: usize, cgroup: Cgroup },
+    /// An OCI container run by runc, with its bundle and scratch directories.
+    Runc { container: String, bundle: PathBuf },
+    /// A Docker container.
+    Docker { container: String, scratch: PathBuf },
+}
+
+/// A live sandbox with a loaded handler.
+pub struct Sandbox {
+    pub id: u64,
+    pub lambda: String,
+    pub kind: HandlerKind,
+    pub created: Instant,
+    /// How long provisioning took (for the cold-start metrics).
+    pub startup: Duration,
+    pub(crate) channel: Channel,
+    pub(crate) process: Option<PidFd>,
+    pub(crate) cgroup_path: Option<CgroupView>,
+    pub(crate) limits: Limits,
+    pub(crate) resources: Resources,
+    /// Set when the sandbox must not be reused (it failed, or left processes behind).
+    pub(crate) tainted: bool,
+}
+
+/// What `invoke` needs of a sandbox's cgroup when the backend owns it elsewhere.
+#[derive(Debug, Clone)]
+pub(crate) struct CgroupView {
+    pub procs: PathBuf,
+    pub oom_before: u64,
+    pub oom_source: Option<PathBuf>,
+}
+
+impl Sandbox {
+    /// Send one request and wait up to `timeout` for the reply. On error the sandbox is
+    /// tainted: the caller must destroy it.
+    pub async fn invoke(&mut self, request: &Request, body: &[u8], timeout: Duration) -> Result<(Reply, Bytes), InvokeError> {
+        let exchange = async {
+            self.channel.send(request, body).await?;
+            self.channel.recv::<Reply>().await
+        };
+        let result = tokio::time::timeout(timeout, exchange).await;
+        match result {
+            Ok(Ok(reply)) => {
+                if !self.only_helper_left() {
+                    self.tainted = true;
+                }
+                Ok(reply)
+            }
+            Ok(Err(e)) => {
+                self.tainted = true;
+                Err(self.diagnose(e))
+            }
+            Err(_) => {
+                self.tainted = true;
+                Err(InvokeError::Timeout(timeout))
+            }
+        }
+    }
+
+    /// After a request the helper (PID 1 of the sandbox) kills what the handler left running;
+    /// the worker checks rather than trusts it, since the helper runs the handler's code.
+    fn only_helper_left(&self) -> bool {
+        match &self.cgroup_path {
+            Some(view) => crate::cgroup::read_pids(&view.procs).len() <= 1,
+            None => true,
+        }
+    }
+
+    /// Why the channel broke: the OOM killer, or some other death.
+    fn diagnose(&self, e: std::io::Error) -> InvokeError {
+        if let Some(view) = &self.cgroup_path {
+            let oom_now = match &view.oom_source {
+                Some(path) => crate::cgroup::read_oom_kills(path),
+                None => 0,
+            };
+            if oom_now > view.oom_before {
+                return InvokeError::OutOfMemory { limit_mb: self.limits.memory_bytes >> 20 };
+            }
+        }
+        InvokeError::Crashed(e.to_string())
+    }
+
+    /// Whether the sandbox may serve another request.
+    pub fn reusable(&self) -> bool {
+        !self.tainted && !self.process.as_ref().map(|p| p.has_exited()).unwrap_or(false)
+    }
+
+    /// Host pid of the helper (PID 1 inside the sandbox), when known.
+    pub fn pid(&self) -> Option<i32> {
+        self.process.as_ref().map(|p| p.pid())
+    }
+}
+
+/// Counters a backend reports for /stats and /metrics.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct BackendStats {
+    pub created: u64,
+    pub destroyed: u64,
+    pub create_failures: u64,
+    pub cgroups_created: u64,
+    pub cgroups_reused: u64,
+    pub zygote_restarts: u64,
+}
+
+/// A way of making sandboxes: `sock`, `sock-nozygote`, `runc` or `docker`.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// The backend's name as configured.
+    fn name(&self) -> &'static str;
+    /// Provision a sandbox and load the lambda's handler in it.
+    async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, CreateError>;
+    /// Kill everything in the sandbox and give back what it held.
+    async fn destroy(&self, sandbox: Sandbox);
+    fn stats(&self) -> BackendStats;
+    /// Release what the backend holds itself (Zygotes, pools) at shutdown.
+    async fn shutdown(&self);
+}

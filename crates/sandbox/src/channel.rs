@@ -1,0 +1,249 @@
+//! The channel between the worker and a sandbox's helper: a Unix-domain socket in the
+//! sandbox's scratch directory, carrying frames and, to Zygotes, file descriptors.
+//!
+//! A frame is `<u32 header length><u32 body length><JSON header><body>`, little endian; the
+//! Python side is `python/sprout/runtime/helper.py`. The worker listens on
+//! `<scratch>/sprout.sock` before the helper starts and the helper connects to
+//! `/host/sprout.sock`; the kernel then tells us, race-free, which process connected
+//! (SO_PEERPIDFD), whatever PID namespace it lives in.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, Interest};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::process::PidFd;
+
+/// The socket's name in the scratch directory (`/host/sprout.sock` inside the sandbox).
+pub const SOCKET_NAME: &str = "sprout.sock";
+
+/// Largest header we accept from a sandbox.
+const MAX_HEADER: u32 = 1 << 20;
+
+/// What a helper says first: whether its lambda loaded, and as what.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Hello {
+    #[serde(default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub role: Option<String>,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+    #[serde(default)]
+    pub traceback: Option<String>,
+}
+
+/// One request to a lambda, as the helper receives it (the body travels beside it).
+#[derive(Debug, Clone, Serialize)]
+pub struct Request {
+    pub method: String,
+    /// The URL prefix naming the lambda, e.g. `/run/echo` (WSGI's SCRIPT_NAME).
+    pub script_name: String,
+    /// The path after the lambda's name, e.g. `/users/3` (WSGI's PATH_INFO, still escaped).
+    pub path: String,
+    pub query: String,
+    pub headers: Vec<(String, String)>,
+    pub protocol: String,
+    pub remote_addr: String,
+}
+
+/// The worker's first frame to a handler: its environment.
+#[derive(Debug, Clone, Serialize)]
+pub struct Init<'a> {
+    pub op: &'static str,
+    pub env: std::collections::BTreeMap<&'a str, &'a str>,
+}
+
+/// A helper's answer: an HTTP status with headers, or an error the handler caused.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Reply {
+    #[serde(default)]
+    pub status: Option<u16>,
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+    #[serde(default)]
+    pub traceback: Option<String>,
+}
+
+/// A connected channel.
+pub struct Channel {
+    stream: BufReader<UnixStream>,
+    max_body: u32,
+}
+
+impl Channel {
+    pub fn new(stream: UnixStream, max_body: u32) -> Channel {
+        Channel { stream: BufReader::with_capacity(64 * 1024, stream), max_body }
+    }
+
+    fn encode(header: &impl Serialize, body: &[u8]) -> io::Result<Vec<u8>> {
+        let head = serde_json::to_vec(header)?;
+        let mut buf = Vec::with_capacity(8 + head.len() + body.len());
+        buf.extend_from_slice(&(head.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&head);
+        buf.extend_from_slice(body);
+        Ok(buf)
+    }
+
+    pub async fn send(&mut self, header: &impl Serialize, body: &[u8]) -> io::Result<()> {
+        let buf = Self::encode(header, body)?;
+        self.stream.write_all(&buf).await
+    }
+
+    /// Send raw bytes with descriptors attached to the first of them (SCM_RIGHTS).
+    pub async fn send_raw_with_fds(&mut self, buf: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        let fd = self.stream.get_ref().as_raw_fd();
+        let sent = self
+            .stream
+            .get_ref()
+            .async_io(Interest::WRITABLE, || {
+                let iov = [io::IoSlice::new(buf)];
+                let cmsg = [ControlMessage::ScmRights(fds)];
+                sendmsg::<()>(fd, &iov, &cmsg, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL, None)
+                    .map_err(io::Error::from)
+            })
+            .await?;
+        if sent < buf.len() {
+            self.stream.write_all(&buf[sent..]).await?;
+        }
+        Ok(())
+    }
+
+    /// Read exactly `buf.len()` raw bytes and the descriptors attached to them. Only for
+    /// request/reply exchanges (the Zygote's), where nothing is buffered in between.
+    pub async fn recv_raw_with_fds(&mut self, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>> {
+        debug_assert!(self.stream.buffer().is_empty());
+        let fd = self.stream.get_ref().as_raw_fd();
+        let (got, fds) = self
+            .stream
+            .get_ref()
+            .async_io(Interest::READABLE, || {
+                let mut iov = [io::IoSliceMut::new(&mut *buf)];
+                let mut space = nix::cmsg_space!([RawFd; 8]);
+                let msg = recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC)
+                    .map_err(io::Error::from)?;
+                let mut fds = Vec::new();
+                for cmsg in msg.cmsgs().map_err(io::Error::from)? {
+                    if let ControlMessageOwned::ScmRights(received) = cmsg {
+                        fds.extend(received.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
+                    }
+                }
+                Ok((msg.bytes, fds))
+            })
+            .await?;
+        if got == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the channel"));
+        }
+        if got < buf.len() {
+            self.stream.read_exact(&mut buf[got..]).await?;
+        }
+        Ok(fds)
+    }
+
+    /// Read one frame: its header decoded as `T`, and its body.
+    pub async fn recv<T: DeserializeOwned>(&mut self) -> io::Result<(T, Bytes)> {
+        let mut prefix = [0u8; 8];
+        self.stream.read_exact(&mut prefix).await?;
+        let head_len = u32::from_le_bytes(prefix[..4].try_into().unwrap());
+        let body_len = u32::from_le_bytes(prefix[4..].try_into().unwrap());
+        if head_len > MAX_HEADER {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "frame header too large"));
+        }
+        if body_len > self.max_body {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("response body of {body_len} bytes exceeds the limit of {}", self.max_body),
+            ));
+        }
+        let mut head = vec![0u8; head_len as usize];
+        self.stream.read_exact(&mut head).await?;
+        let header = serde_json::from_slice(&head)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("malformed frame header: {e}")))?;
+        let mut body = vec![0u8; body_len as usize];
+        self.stream.read_exact(&mut body).await?;
+        Ok((header, Bytes::from(body)))
+    }
+}
+
+impl Channel {
+    /// Send the handler the environment variables of its lambda (beyond the sandbox's own)
+    /// and wait for its hello: its lambda loaded, or not.
+    pub async fn handshake(&mut self, env: &[(String, String)], timeout: Duration) -> io::Result<Hello> {
+        let init = Init { op: "init", env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect() };
+        self.send(&init, &[]).await?;
+        match tokio::time::timeout(timeout, self.recv::<Hello>()).await {
+            Ok(Ok((hello, _))) => Ok(hello),
+            Ok(Err(e)) => Err(io::Error::new(e.kind(), format!("the handler died while loading: {e}"))),
+            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the handler did not finish loading in time")),
+        }
+    }
+}
+
+/// The worker's end of a sandbox channel before the helper has connected.
+pub struct Endpoint {
+    listener: UnixListener,
+}
+
+impl Endpoint {
+    /// Listen at `dir/sprout.sock` (`dir` is the sandbox's scratch directory). The path is
+    /// reached through /proc/self/fd so its length never hits the 108-byte limit of a socket
+    /// address. The socket is connectable by any user: only that sandbox can reach it.
+    pub fn listen_in(dir: &Path) -> io::Result<Endpoint> {
+        let dir_fd = std::fs::File::open(dir)?;
+        let path = PathBuf::from(format!("/proc/self/fd/{}/{SOCKET_NAME}", dir_fd.as_raw_fd()));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+        Ok(Endpoint { listener })
+    }
+
+    /// Wait up to `timeout` for the helper; returns its channel and a pidfd of the process
+    /// that connected.
+    pub async fn accept(self, timeout: Duration, max_body: u32) -> io::Result<(Channel, Option<PidFd>)> {
+        let (stream, _) = tokio::time::timeout(timeout, self.listener.accept())
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the sandbox's helper never connected"))??;
+        let pidfd = peer_pidfd(stream.as_raw_fd());
+        Ok((Channel::new(stream, max_body), pidfd))
+    }
+}
+
+/// A pidfd of the peer of a connected Unix socket: SO_PEERPIDFD (Linux 6.5) when the kernel
+/// has it, else pidfd_open of SO_PEERCRED's pid.
+fn peer_pidfd(sock: RawFd) -> Option<PidFd> {
+    const SO_PEERPIDFD: libc::c_int = 77;
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    let rc = unsafe {
+        libc::getsockopt(sock, libc::SOL_SOCKET, SO_PEERPIDFD, &mut fd as *mut _ as *mut libc::c_void, &mut len)
+    };
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut clen = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    let crc = unsafe {
+        libc::getsockopt(sock, libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut libc::c_void, &mut clen)
+    };
+    if crc != 0 || cred.pid <= 0 {
+        if rc == 0 && fd >= 0 {
+            unsafe { libc::close(fd) };
+        }
+        return None;
+    }
+    if rc == 0 && fd >= 0 {
+        return Some(PidFd::from_parts(unsafe { OwnedFd::from_raw_fd(fd) }, cred.pid));
+    }
+    PidFd::open(cred.pid).ok()
+}

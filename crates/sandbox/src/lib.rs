@@ -1,0 +1,24 @@
+//! Sprout's sandbox engine: lean sandboxes in the manner of SOCK (Oakes et al., ATC '18), and
+//! the general-purpose containers they are measured against, behind one [`Backend`] trait.
+//!
+//! * [`stage`] builds the worker's private mount tree; a sandbox root is stitched from bind
+//!   mounts and entered with chroot — no mount or network namespace.
+//! * [`cgroup`] keeps a pool of cgroups (v1 or v2) made ahead and reused.
+//! * [`process`] clones processes straight into new PID, IPC and UTS namespaces.
+//! * [`channel`] is the Unix-socket protocol between the worker and each sandbox's helper.
+//! * [`sock`] provisions sandboxes by forking a Zygote (`sock`) or not (`sock-nozygote`);
+//!   [`runc`] and [`docker`] are the baselines.
+//! * [`base`] builds the read-only Debian base image; [`cleanup`] removes what a crashed
+//!   worker left behind.
+
+pub mod backend;
+pub mod cgroup;
+pub mod channel;
+pub mod mounts;
+pub mod output;
+pub mod process;
+pub mod sock;
+pub mod stage;
+
+pub use backend::{Backend, BackendStats, CreateError, HandlerKind, InvokeError, Sandbox, SandboxSpec};
+pub use cgroup::Limits;

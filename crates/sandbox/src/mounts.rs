@@ -1,0 +1,142 @@
+//! Mount primitives for stitching sandbox roots from bind mounts (SOCK section 4.1).
+//!
+//! Everything lives under one worker directory that is bind-mounted onto itself and made
+//! private, so nothing a sandbox mounts propagates to the host or to other sandboxes, and a
+//! single lazy unmount of that directory removes every mount the worker ever made.
+
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+fn err(e: nix::Error, what: &str, path: &Path) -> io::Error {
+    io::Error::new(io::ErrorKind::Other, format!("{what} {}: {e}", path.display()))
+}
+
+/// Bind `src` onto `dst`. With `recursive`, submounts of `src` come along.
+pub fn bind(src: &Path, dst: &Path, recursive: bool) -> io::Result<()> {
+    let mut flags = MsFlags::MS_BIND;
+    if recursive {
+        flags |= MsFlags::MS_REC;
+    }
+    mount(Some(src), dst, None::<&str>, flags, None::<&str>).map_err(|e| err(e, "bind mount onto", dst))
+}
+
+/// Make the bind mount at `path` read-only, nosuid (and nodev when asked).
+pub fn remount_readonly(path: &Path, nodev: bool) -> io::Result<()> {
+    let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID;
+    if nodev {
+        flags |= MsFlags::MS_NODEV;
+    }
+    mount(None::<&str>, path, None::<&str>, flags, None::<&str>).map_err(|e| err(e, "read-only remount of", path))
+}
+
+/// Bind `src` onto `dst` read-only: a bind followed by a remount, as Linux requires.
+pub fn bind_readonly(src: &Path, dst: &Path, nodev: bool) -> io::Result<()> {
+    bind(src, dst, false)?;
+    remount_readonly(dst, nodev)
+}
+
+/// Make the mount at `path` (and everything below it) private: no propagation either way.
+pub fn make_rprivate(path: &Path) -> io::Result<()> {
+    mount(None::<&str>, path, None::<&str>, MsFlags::MS_PRIVATE | MsFlags::MS_REC, None::<&str>)
+        .map_err(|e| err(e, "make private", path))
+}
+
+/// A size-limited tmpfs owned by `uid:gid`, nosuid and nodev.
+pub fn tmpfs(dst: &Path, size_mb: u64, uid: u32, gid: u32) -> io::Result<()> {
+    let opts = format!("size={size_mb}m,mode=0755,uid={uid},gid={gid}");
+    mount(
+        Some("tmpfs"),
+        dst,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(opts.as_str()),
+    )
+    .map_err(|e| err(e, "tmpfs on", dst))
+}
+
+/// Lazily unmount `path` and every mount below it.
+pub fn detach(path: &Path) -> io::Result<()> {
+    match umount2(path, MntFlags::MNT_DETACH) {
+        Ok(()) => Ok(()),
+        Err(nix::Error::EINVAL) | Err(nix::Error::ENOENT) => Ok(()), // not a mount point
+        Err(e) => Err(err(e, "unmount", path)),
+    }
+}
+
+/// Undo the escaping of /proc/self/mountinfo (space, tab, newline, backslash as \ooo).
+pub fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            let digits = std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("");
+            if let Ok(v) = u8::from_str_radix(digits, 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Mount points at or below `prefix`, deepest first (the order to unmount them in).
+pub fn mounts_under(prefix: &Path) -> io::Result<Vec<PathBuf>> {
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
+    let mut found: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|f| PathBuf::from(unescape(f)))
+        .filter(|p| p.starts_with(prefix))
+        .collect();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found.dedup();
+    Ok(found)
+}
+
+/// Whether `path` is itself a mount point.
+pub fn is_mount_point(path: &Path) -> bool {
+    mounts_under(path).map(|m| m.iter().any(|p| p == path)).unwrap_or(false)
+}
+
+/// Unmount everything at or below `prefix`; returns how many mounts were removed.
+pub fn detach_all_under(prefix: &Path) -> io::Result<usize> {
+    let mut removed = 0;
+    for _ in 0..64 {
+        let mounts = mounts_under(prefix)?;
+        if mounts.is_empty() {
+            break;
+        }
+        for m in mounts {
+            detach(&m)?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// A path as a C string, for raw syscalls.
+pub fn cpath(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescapes_mountinfo_fields() {
+        assert_eq!(unescape("/a\\040b"), "/a b");
+        assert_eq!(unescape("/plain"), "/plain");
+        assert_eq!(unescape("/x\\134y"), "/x\\y");
+        assert_eq!(unescape("/trail\\04"), "/trail\\04");
+    }
+}

@@ -1,0 +1,239 @@
+//! Processes: pidfds (race-free handles on sandbox processes, whatever namespace they are in)
+//! and [`spawn`], which starts a program directly inside a new lean sandbox.
+//!
+//! `spawn` clones with CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS (never a mount or network
+//! namespace), so the new process is PID 1 of its own namespace from birth; the child then
+//! enters the root with fchdir + chroot, joins its cgroups by writing to the cgroup.procs
+//! descriptors it was given, drops to an unprivileged user and execs. It is how the worker
+//! starts the root Zygote and, for the `sock-nozygote` baseline, every handler. The child of a
+//! raw clone in a threaded program may only make plain system calls (no allocation, no glibc
+//! set*id broadcast), so everything it needs is prepared before the clone.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use crate::mounts::cpath;
+
+/// A pidfd: a handle on one process that cannot be confused with a later process reusing
+/// its pid.
+#[derive(Debug)]
+pub struct PidFd {
+    fd: OwnedFd,
+    pid: i32,
+}
+
+impl PidFd {
+    pub fn open(pid: i32) -> io::Result<PidFd> {
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(PidFd { fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) }, pid })
+    }
+
+    pub fn from_parts(fd: OwnedFd, pid: i32) -> PidFd {
+        PidFd { fd, pid }
+    }
+
+    /// Adopt a pidfd received from elsewhere; its pid (in our namespace) is read from
+    /// /proc/self/fdinfo.
+    pub fn from_fd(fd: OwnedFd) -> io::Result<PidFd> {
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
+        let pid = info
+            .lines()
+            .find_map(|l| l.strip_prefix("Pid:"))
+            .and_then(|v| v.trim().parse::<i32>().ok())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not a pidfd"))?;
+        Ok(PidFd { fd, pid })
+    }
+
+    /// The pid in the worker's PID namespace.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    pub fn signal(&self, sig: i32) -> io::Result<()> {
+        let rc = unsafe {
+            libc::syscall(libc::SYS_pidfd_send_signal, self.fd.as_raw_fd(), sig, std::ptr::null::<u8>(), 0)
+        };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ESRCH) {
+                return Ok(()); // already gone
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    pub fn kill(&self) {
+        let _ = self.signal(libc::SIGKILL);
+    }
+
+    /// Whether the process has exited (a pidfd polls readable once it has).
+    pub fn has_exited(&self) -> bool {
+        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        unsafe { libc::poll(&mut pfd, 1, 0) == 1 }
+    }
+
+    /// Wait up to `timeout` for the process to exit; true if it did.
+    pub async fn exited(&self, timeout: Duration) -> bool {
+        if self.has_exited() {
+            return true;
+        }
+        let Ok(dup) = self.fd.try_clone() else { return false };
+        // SAFETY: the AsyncFd owns `dup`, which stays open until the AsyncFd is dropped.
+        let Ok(afd) = (unsafe { AsyncFd::register_with_interest(dup, Interest::READABLE) }) else { return false };
+        tokio::time::timeout(timeout, afd.readable()).await.is_ok()
+    }
+
+    /// Reap the process if it is our child and has exited (no-op otherwise).
+    pub fn reap(&self) {
+        unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), libc::WNOHANG) };
+    }
+}
+
+/// How to start a program in a new lean sandbox.
+pub struct SpawnSpec<'a> {
+    /// Directory that becomes the root (already stitched together with bind mounts).
+    pub root: &'a Path,
+    /// cgroup.procs of each hierarchy to join, open for writing.
+    pub cgroup_procs: &'a [OwnedFd],
+    /// New PID, IPC and UTS namespaces (the SOCK set).
+    pub new_namespaces: bool,
+    /// Mount a proc file system of the new PID namespace at /proc.
+    pub mount_proc: bool,
+    pub hostname: Option<&'a str>,
+    /// Drop to this uid:gid (with no supplementary groups) before exec.
+    pub user: Option<(u32, u32)>,
+    pub argv: &'a [String],
+    pub env: &'a [(String, String)],
+    /// Where stdout and stderr go (stdin is /dev/null).
+    pub output: Option<RawFd>,
+}
+
+fn cstr(s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in argument"))
+}
+
+/// What failed in the child before exec (reported through a close-on-exec pipe).
+const STAGES: [&str; 10] = [
+    "redirect output",
+    "enter root",
+    "join cgroup",
+    "set hostname",
+    "mount /proc",
+    "drop groups",
+    "set gid",
+    "set uid",
+    "set no_new_privs",
+    "exec",
+];
+
+/// Start `spec.argv` in a new sandbox; returns a pidfd of the child (our child: reap it).
+pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
+    // Everything the child touches is made here, before the clone.
+    let root = std::fs::File::open(spec.root)?;
+    let devnull = std::fs::File::open("/dev/null")?;
+    let argv_c: Vec<CString> = spec.argv.iter().map(|a| cstr(a)).collect::<io::Result<_>>()?;
+    let env_c: Vec<CString> = spec.env.iter().map(|(k, v)| cstr(&format!("{k}={v}"))).collect::<io::Result<_>>()?;
+    let mut argv_p: Vec<*const libc::c_char> = argv_c.iter().map(|c| c.as_ptr()).collect();
+    argv_p.push(std::ptr::null());
+    let mut env_p: Vec<*const libc::c_char> = env_c.iter().map(|c| c.as_ptr()).collect();
+    env_p.push(std::ptr::null());
+    let dot = cstr(".")?;
+    let slash = cstr("/")?;
+    let proc_src = cstr("proc")?;
+    let proc_dst = cpath(Path::new("/proc"))?;
+    let host = spec.hostname.map(cstr).transpose()?;
+    let cg_fds: Vec<RawFd> = spec.cgroup_procs.iter().map(|f| f.as_raw_fd()).collect();
+    let mut pipe = [0 as RawFd; 2];
+    if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1])) };
+
+    let mut flags = libc::CLONE_PIDFD as libc::c_long | libc::SIGCHLD as libc::c_long;
+    if spec.new_namespaces {
+        flags |= (libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS) as libc::c_long;
+    }
+    let mut pidfd: libc::c_int = -1;
+    let pid = unsafe {
+        libc::syscall(libc::SYS_clone, flags, 0usize, &mut pidfd as *mut libc::c_int, 0usize, 0usize)
+    };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // Child: plain system calls only.
+        unsafe {
+            let fail = |stage: i32| -> ! {
+                let report = [stage, *libc::__errno_location()];
+                libc::write(wr.as_raw_fd(), report.as_ptr() as *const libc::c_void, 8);
+                libc::_exit(127);
+            };
+            libc::dup2(devnull.as_raw_fd(), 0);
+            if let Some(out) = spec.output {
+                if libc::dup2(out, 1) < 0 || libc::dup2(out, 2) < 0 {
+                    fail(0);
+                }
+            }
+            if libc::fchdir(root.as_raw_fd()) != 0 || libc::chroot(dot.as_ptr()) != 0 || libc::chdir(slash.as_ptr()) != 0 {
+                fail(1);
+            }
+            for fd in &cg_fds {
+                if libc::write(*fd, b"0".as_ptr() as *const libc::c_void, 1) != 1 {
+                    fail(2);
+                }
+            }
+            if let Some(h) = &host {
+                if libc::sethostname(h.as_ptr(), h.as_bytes().len()) != 0 {
+                    fail(3);
+                }
+            }
+            if spec.mount_proc {
+                let f = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+                if libc::mount(proc_src.as_ptr(), proc_dst.as_ptr(), proc_src.as_ptr(), f, std::ptr::null()) != 0 {
+                    fail(4);
+                }
+            }
+            if let Some((uid, gid)) = spec.user {
+                if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0 {
+                    fail(5);
+                }
+                if libc::syscall(libc::SYS_setgid, gid as libc::c_long) != 0 {
+                    fail(6);
+                }
+                if libc::syscall(libc::SYS_setuid, uid as libc::c_long) != 0 {
+                    fail(7);
+                }
+            }
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                fail(8);
+            }
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::execve(argv_p[0], argv_p.as_ptr(), env_p.as_ptr());
+            fail(9);
+        }
+    }
+    drop(wr);
+    let pidfd = PidFd { fd: unsafe { OwnedFd::from_raw_fd(pidfd) }, pid: pid as i32 };
+    let mut report = [0i32; 2];
+    let n = unsafe { libc::read(rd.as_raw_fd(), report.as_mut_ptr() as *mut libc::c_void, 8) };
+    if n == 8 {
+        unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), 0) };
+        let stage = STAGES.get(report[0] as usize).copied().unwrap_or("start");
+        let e = io::Error::from_raw_os_error(report[1]);
+        return Err(io::Error::new(e.kind(), format!("sandbox process failed to {stage}: {e}")));
+    }
+    Ok(pidfd)
+}

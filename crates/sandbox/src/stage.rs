@@ -1,0 +1,154 @@
+//! The stage: the worker's private mount tree from which every sandbox root is stitched.
+//!
+//! ```text
+//! DIR/run                 bound onto itself and made private (nothing propagates in or out)
+//! DIR/run/base            the shared base image, read-only, nosuid
+//! DIR/run/base/opt/sprout   DIR/runtime (the helper), read-only
+//! DIR/run/base/packages     DIR/packages (the install cache), read-only
+//! DIR/run/code            DIR/registry (lambda code), read-only, nosuid, nodev
+//! DIR/run/sb/<slot>/root  one sandbox root: run/base bound recursively, its code at
+//!                         /handler, a tmpfs scratch at /host, its own /proc
+//! ```
+//!
+//! A sandbox root therefore costs three mount calls (SOCK stitched four directories; the
+//! base and packages come as one recursive bind here), and one lazy unmount removes it.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::mounts;
+
+/// The in-sandbox helper, embedded so the worker binary carries its own runtime.
+pub const HELPER_PY: &str = include_str!("../../../python/sprout/runtime/helper.py");
+
+/// The Zygote's C provisioning loop (csrc/zygote.c), built by build.rs.
+pub const LIBSPROUT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libsprout.so"));
+
+/// Where the helper is inside every sandbox.
+pub const HELPER_IN_SANDBOX: &str = "/opt/sprout/helper.py";
+
+/// Directories every sandbox root needs as mount points; `init` creates them in the base.
+pub const BASE_MOUNT_POINTS: [&str; 4] = ["handler", "host", "packages", "opt/sprout"];
+
+pub struct Stage {
+    pub worker_dir: PathBuf,
+    pub run: PathBuf,
+    pub base: PathBuf,
+    pub code: PathBuf,
+    pub registry: PathBuf,
+    pub packages: PathBuf,
+    pub runtime: PathBuf,
+}
+
+impl Stage {
+    /// The paths of the stage of `worker_dir`, without touching anything.
+    pub fn paths(worker_dir: &Path) -> Stage {
+        let run = worker_dir.join("run");
+        Stage {
+            worker_dir: worker_dir.to_path_buf(),
+            base: run.join("base"),
+            code: run.join("code"),
+            run,
+            registry: worker_dir.join("registry"),
+            packages: worker_dir.join("packages"),
+            runtime: worker_dir.join("runtime"),
+        }
+    }
+
+    /// Build the stage afresh over `base_image`. Leftovers of an earlier run must have been
+    /// cleaned up first (see [`crate::cleanup`]).
+    pub fn prepare(worker_dir: &Path, base_image: &Path) -> io::Result<Stage> {
+        let stage = Stage::paths(worker_dir);
+        for point in BASE_MOUNT_POINTS {
+            if !base_image.join(point).is_dir() {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{} is not a Sprout base image (no /{point}); run `sprout worker init`", base_image.display()),
+                ));
+            }
+        }
+        for dir in [&stage.registry, &stage.packages, &stage.runtime] {
+            fs::create_dir_all(dir)?;
+        }
+        write_if_changed(&stage.runtime.join("helper.py"), HELPER_PY.as_bytes())?;
+        write_if_changed(&stage.runtime.join("libsprout.so"), LIBSPROUT_SO)?;
+
+        if stage.run.exists() {
+            // Never recurse into a leftover mount: unmount first, then delete.
+            mounts::detach_all_under(&stage.run)?;
+            fs::remove_dir_all(&stage.run)?;
+        }
+        fs::create_dir_all(&stage.run)?;
+        mounts::bind(&stage.run, &stage.run, false)?;
+        mounts::make_rprivate(&stage.run)?;
+        for dir in [&stage.base, &stage.code, &stage.run.join("sb")] {
+            fs::create_dir_all(dir)?;
+        }
+        // Each source lies outside the private tree and may be shared: make every new mount
+        // private before anything is mounted below it.
+        let private_ro = |src: &Path, dst: &Path, nodev: bool| -> io::Result<()> {
+            mounts::bind(src, dst, false)?;
+            mounts::make_rprivate(dst)?;
+            mounts::remount_readonly(dst, nodev)
+        };
+        private_ro(base_image, &stage.base, false)?;
+        private_ro(&stage.runtime, &stage.base.join("opt/sprout"), true)?;
+        private_ro(&stage.packages, &stage.base.join("packages"), true)?;
+        private_ro(&stage.registry, &stage.code, true)?;
+        Ok(stage)
+    }
+
+    /// Root directory of sandbox slot `slot` (created on first use).
+    pub fn slot_root(&self, slot: usize) -> io::Result<PathBuf> {
+        let root = self.run.join("sb").join(slot.to_string()).join("root");
+        if !root.is_dir() {
+            fs::create_dir_all(&root)?;
+        }
+        Ok(root)
+    }
+
+    /// The read-only view of a code directory under the registry.
+    pub fn code_view(&self, code_dir: &Path) -> PathBuf {
+        match code_dir.strip_prefix(&self.registry) {
+            Ok(rel) => self.code.join(rel),
+            Err(_) => code_dir.to_path_buf(),
+        }
+    }
+
+    /// Stitch a sandbox root: the base (with runtime and packages), the code at /handler
+    /// (none for a Zygote), and a tmpfs scratch at /host owned by the sandbox user.
+    pub fn stitch(&self, root: &Path, code: Option<&Path>, scratch_mb: u64, uid: u32, gid: u32) -> io::Result<()> {
+        mounts::bind(&self.base, root, true)?;
+        let result = (|| {
+            if let Some(code) = code {
+                mounts::bind(&self.code_view(code), &root.join("handler"), false)?;
+            }
+            let host = root.join("host");
+            mounts::tmpfs(&host, scratch_mb, uid, gid)?;
+            let tmp = host.join("tmp");
+            fs::create_dir(&tmp)?;
+            std::os::unix::fs::chown(&tmp, Some(uid), Some(gid))
+        })();
+        if result.is_err() {
+            let _ = mounts::detach(root);
+        }
+        result
+    }
+
+    /// Unmount everything the worker mounted (at shutdown).
+    pub fn teardown(&self) -> io::Result<usize> {
+        let n = mounts::detach_all_under(&self.run)?;
+        let _ = fs::remove_dir_all(&self.run);
+        Ok(n)
+    }
+}
+
+fn write_if_changed(path: &Path, content: &[u8]) -> io::Result<()> {
+    if fs::read(path).map(|c| c == content).unwrap_or(false) {
+        return Ok(());
+    }
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, content)?;
+    fs::rename(&tmp, path)
+}

@@ -1,0 +1,318 @@
+"""Sprout's in-sandbox helper: serves one lambda over the worker's Unix socket, or, as a
+Zygote, provisions new sandboxes by fork (SOCK, section 4.2).
+
+It runs inside a sandbox on the base image's own python3, started with -I -S, so it uses the
+standard library only. Two roles:
+
+    helper.py zygote    an initialized interpreter that forks new sandboxes on request
+    helper.py handler   loads /handler/f.py and serves requests for it
+
+Both connect to /host/sprout.sock, where the worker listens, and speak frames:
+``<u32 header length><u32 body length><JSON header><body bytes>`` (little endian). A handler
+first receives ``{"op": "init", "env": {...}}``, loads the lambda, says hello, then answers
+one request frame with one reply frame until the worker hangs up.
+
+A Zygote says hello and hands its socket to the provisioning loop in libsprout.so (C, see
+crates/sandbox/csrc/zygote.c), which never returns to Python in the Zygote: Python code
+running there would write to the shared heap, and after every fork each page written is
+copied. For each fork request the loop clones a child into new PID, IPC and UTS namespaces
+(the namespace flags go to clone itself, so SOCK's second fork is unnecessary); the child
+enters the sandbox root with fchdir + chroot, joins its cgroups, drops root, connects to its
+sandbox's socket and returns into Python here, as that sandbox's handler. A Zygote never
+loads lambda code, so no function sees another's state.
+"""
+
+import io
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import traceback
+
+SOCKET_PATH = "/host/sprout.sock"
+HANDLER_DIR = "/handler"
+PACKAGES_DIR = "/packages"
+FRAME = struct.Struct("<II")
+MAX_HEADER = 1 << 20
+
+
+
+# ---------------------------------------------------------------- framing
+
+
+def send_frame(sock, header, body=b""):
+    head = json.dumps(header, separators=(",", ":")).encode()
+    sock.sendall(FRAME.pack(len(head), len(body)) + head + body)
+
+
+def _recv_exact(sock, n, into=None):
+    buf = bytearray(n) if into is None else into
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise EOFError("worker closed the channel")
+        got += k
+    return buf
+
+
+def recv_frame(sock):
+    """Read one frame; returns (header, body)."""
+    head_len, body_len = FRAME.unpack(_recv_exact(sock, FRAME.size))
+    if head_len > MAX_HEADER:
+        raise ValueError("frame header too large")
+    head = _recv_exact(sock, head_len)
+    body = bytes(_recv_exact(sock, body_len)) if body_len else b""
+    return json.loads(head), body
+
+
+def connect():
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(SOCKET_PATH)
+    return sock
+
+
+# ---------------------------------------------------------------- handler role
+
+
+def _short_traceback(exc):
+    """The traceback from the handler's frames down, without the helper's own frame."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _error(code, message, exc=None):
+    header = {"error": code, "message": message}
+    if exc is not None:
+        header["traceback"] = _short_traceback(exc)
+    return header, b""
+
+
+def load_lambda():
+    """Load /handler/f.py as module ``f``; returns ("wsgi", app) or ("function", f).
+
+    Compiled and executed directly rather than through importlib's loaders: after a fork,
+    every page the interpreter touches is copied, and the loaders touch many."""
+    sys.dont_write_bytecode = True  # /handler is read-only
+    for path in (PACKAGES_DIR, HANDLER_DIR):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    path = HANDLER_DIR + "/f.py"
+    with open(path, "rb") as source:
+        code = compile(source.read(), path, "exec", dont_inherit=True)
+    module = type(sys)("f")
+    module.__file__ = path
+    sys.modules["f"] = module
+    exec(code, module.__dict__)
+    app = getattr(module, "app", None)
+    if callable(app):
+        return "wsgi", app
+    func = getattr(module, "f", None)
+    if callable(func):
+        return "function", func
+    raise LookupError("f.py defines neither f(event) nor a WSGI callable named app")
+
+
+def invoke_function(func, request, body):
+    if body.strip():
+        try:
+            event = json.loads(body)
+        except ValueError as exc:
+            return _error("invalid_json", f"request body is not JSON: {exc}")
+    else:
+        event = None
+    try:
+        result = func(event)
+    except BaseException as exc:  # a handler's SystemExit is its failure too
+        return _error("handler_exception", f"{type(exc).__name__}: {exc}", exc)
+    try:
+        out = json.dumps(result).encode()
+    except (TypeError, ValueError) as exc:
+        return _error("invalid_result", f"handler returned a value JSON cannot encode: {exc}")
+    return {"status": 200, "headers": [["Content-Type", "application/json"]]}, out
+
+
+def wsgi_environ(request, body):
+    from urllib.parse import unquote_to_bytes
+
+    headers = request.get("headers", [])
+    host = next((v for k, v in headers if k.lower() == "host"), "localhost")
+    name, _, port = host.partition(":")
+    environ = {
+        "REQUEST_METHOD": request.get("method", "POST"),
+        "SCRIPT_NAME": request.get("script_name", ""),
+        "PATH_INFO": unquote_to_bytes(request.get("path", "/") or "/").decode("latin-1"),
+        "QUERY_STRING": request.get("query", ""),
+        "SERVER_NAME": name,
+        "SERVER_PORT": port or "80",
+        "SERVER_PROTOCOL": request.get("protocol", "HTTP/1.1"),
+        "REMOTE_ADDR": request.get("remote_addr", ""),
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": False,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+    }
+    for key, value in headers:
+        key = key.upper().replace("-", "_")
+        if key == "CONTENT_TYPE":
+            environ["CONTENT_TYPE"] = value
+        elif key == "CONTENT_LENGTH":
+            environ["CONTENT_LENGTH"] = value
+        else:
+            name = "HTTP_" + key
+            environ[name] = environ[name] + "," + value if name in environ else value
+    environ.setdefault("CONTENT_LENGTH", str(len(body)))
+    return environ
+
+
+def invoke_wsgi(app, request, body):
+    started = []
+
+    def start_response(status, response_headers, exc_info=None):
+        if exc_info is not None and started:
+            raise exc_info[1].with_traceback(exc_info[2])
+        started[:] = [(status, list(response_headers))]
+        return lambda data: chunks.append(bytes(data))
+
+    chunks = []
+    try:
+        result = app(wsgi_environ(request, body), start_response)
+        try:
+            for chunk in result:
+                chunks.append(bytes(chunk))
+        finally:
+            if hasattr(result, "close"):
+                result.close()
+    except BaseException as exc:
+        return _error("handler_exception", f"{type(exc).__name__}: {exc}", exc)
+    if not started:
+        return _error("invalid_result", "WSGI app returned without calling start_response")
+    status, response_headers = started[0]
+    try:
+        code = int(str(status).split(" ", 1)[0])
+    except ValueError:
+        return _error("invalid_result", f"WSGI app gave a malformed status {status!r}")
+    return {"status": code, "headers": [[k, v] for k, v in response_headers]}, b"".join(chunks)
+
+
+def kill_leftovers():
+    """End every process the request left behind. As PID 1 of the sandbox's PID namespace,
+    kill(-1) reaches all of them at once, and each one's exit reparents its orphans to us."""
+    if os.getpid() != 1:
+        return
+    try:
+        os.kill(-1, signal.SIGKILL)
+        block = 0
+    except ProcessLookupError:
+        block = os.WNOHANG  # nobody left running; only reap what already exited
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, block)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def apply_init(init):
+    """The worker's first frame: environment variables of this lambda."""
+    env = init.get("env")
+    if env:
+        os.environ.update(env)
+
+
+def serve_lambda(sock):
+    try:
+        init, _ = recv_frame(sock)
+    except EOFError:
+        return
+    apply_init(init)
+    try:
+        kind, entry = load_lambda()
+    except BaseException as exc:
+        send_frame(sock, {"op": "hello", "error": "load_error",
+                          "message": f"{type(exc).__name__}: {exc}",
+                          "traceback": _short_traceback(exc)})
+        return
+    send_frame(sock, {"op": "hello", "kind": kind})
+    invoke = invoke_wsgi if kind == "wsgi" else invoke_function
+    while True:
+        try:
+            request, body = recv_frame(sock)
+        except EOFError:
+            return
+        header, out = invoke(entry, request, body)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        kill_leftovers()
+        send_frame(sock, header, out)
+
+
+# ---------------------------------------------------------------- zygote role
+
+RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _warm_app(environ, start_response):
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [environ["PATH_INFO"].encode()]
+
+
+def warm_up():
+    """Run the handler's code paths once, so that what they build on first use (import
+    machinery caches, compiled regexes, codecs) is built here, shared by every fork."""
+    for path in (PACKAGES_DIR, HANDLER_DIR):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    with open(__file__, "rb") as source:
+        compile(source.read(), __file__, "exec", dont_inherit=True)
+    invoke_function(lambda event: event, {}, b'{"a": [1, 2.5, "x", null, true]}')
+    invoke_function(lambda event: 1 / 0, {}, b"")
+    request = {"method": "GET", "path": "/a%20b", "query": "q=1", "headers": [["Host", "h:80"], ["X-A", "b"]]}
+    invoke_wsgi(_warm_app, request, b"")
+    apply_init({"env": {}})
+
+
+def serve_zygote(sock):
+    import ctypes
+    import gc
+
+    lib = ctypes.CDLL(os.path.join(RUNTIME_DIR, "libsprout.so"))
+    provision = lib.sprout_zygote_serve
+    provision.argtypes = [ctypes.c_int]
+    provision.restype = ctypes.c_int
+    after_fork_in_child = ctypes.pythonapi.PyOS_AfterFork_Child
+    warm_up()
+    send_frame(sock, {"op": "hello", "role": "zygote"})
+    gc.collect()
+    gc.freeze()  # keep the shared heap out of the collector so forks stay copy-on-write
+    channel = provision(sock.fileno())  # returns only in a new sandbox, or at hang-up
+    if channel < 0:
+        return
+    after_fork_in_child()
+    sock.detach()  # already closed by the child
+    serve_lambda(socket.socket(fileno=channel))
+
+
+def main(argv):
+    role = argv[1] if len(argv) > 1 else ""
+    sys.stdout.reconfigure(line_buffering=True)  # a pipe to the worker's log
+    sys.stderr.reconfigure(line_buffering=True)
+    if role == "zygote":
+        serve_zygote(connect())
+    elif role == "handler":
+        serve_lambda(connect())
+    else:
+        sys.exit("usage: helper.py zygote|handler")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
