@@ -12,11 +12,15 @@
 //!   worker left behind.
 
 pub mod backend;
+pub mod base;
 pub mod cgroup;
 pub mod channel;
+pub mod cleanup;
+pub mod docker;
 pub mod mounts;
 pub mod output;
 pub mod process;
+pub mod runc;
 pub mod sock;
 pub mod stage;
 

@@ -1,0 +1,10 @@
+//! Benchmark drivers behind `sprout bench`: each runs its peers side by side in one run and
+//! writes JSON, a markdown table and a PNG plot under bench/results/.
+//!
+//! * [`sandboxes`]: SOCK figures 14-16 on this machine: cold starts at several concurrency
+//!   levels and warm invocations, for every sandbox backend, through the real worker.
+//! * [`primitives`]: SOCK section 2 (figures 1-5) on this kernel: bind against overlay
+//!   mounts, namespace creation and teardown, cgroup reuse against creation.
+
+pub mod primitives;
+pub mod report;

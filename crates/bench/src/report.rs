@@ -1,0 +1,58 @@
+//! Writing a benchmark's results: JSON for tracking across versions, a markdown table for the
+//! README, and a PNG plot drawn by a matplotlib script in bench/.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// One line describing this machine, recorded with every result.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|v| v.split_once(':')).map(|(_, v)| v.trim().to_string()))
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()))
+        .unwrap_or(0);
+    let kernel = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
+    let os = std::fs::read_to_string("/etc/os-release")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string()))
+        .unwrap_or_default();
+    format!("{cores} cores ({cpu}), {} GiB, Linux {kernel}, {os}", (mem_kb + (1 << 19)) >> 20)
+}
+
+/// The repository's bench/ directory (where the plot scripts live).
+pub fn bench_dir() -> PathBuf {
+    let from_source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench");
+    if from_source.is_dir() {
+        return from_source;
+    }
+    PathBuf::from("bench")
+}
+
+/// Write `<out>/<name>.json` and `<out>/<name>.md`, then draw `<out>/<name>.png` with
+/// `bench/<plot_script>`.
+pub fn write(out: &Path, name: &str, json: &serde_json::Value, markdown: &str, plot_script: &str) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    let json_path = out.join(format!("{name}.json"));
+    std::fs::write(&json_path, serde_json::to_string_pretty(json)? + "\n")?;
+    std::fs::write(out.join(format!("{name}.md")), markdown)?;
+    let png = out.join(format!("{name}.png"));
+    let status = Command::new("python3")
+        .arg(bench_dir().join(plot_script))
+        .arg(&json_path)
+        .arg(&png)
+        .status()
+        .context("running the plot script (python3 with matplotlib)")?;
+    if !status.success() {
+        bail!("{plot_script} failed ({status}); JSON and markdown are written");
+    }
+    Ok(())
+}

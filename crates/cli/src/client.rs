@@ -1,0 +1,80 @@
+//! `sprout deploy` and `sprout invoke`: a small client of the worker's HTTP API.
+
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+/// Pack a lambda directory as a tar.gz, leaving out caches and version control.
+pub fn pack(dir: &Path) -> Result<Vec<u8>> {
+    if !dir.join("f.py").is_file() {
+        bail!("{} has no f.py", dir.display());
+    }
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    let mut tar = tar::Builder::new(gz);
+    tar.follow_symlinks(false);
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(current) = stack.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&current)?.collect::<std::io::Result<_>>()?;
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let name = entry.file_name();
+            if matches!(name.to_str(), Some("__pycache__" | ".git" | ".pytest_cache")) {
+                continue;
+            }
+            let path = entry.path();
+            let rel = path.strip_prefix(dir)?;
+            if entry.file_type()?.is_dir() {
+                tar.append_dir(rel, &path)?;
+                stack.push(path);
+            } else {
+                tar.append_path_with_name(&path, rel)?;
+            }
+        }
+    }
+    Ok(tar.into_inner()?.finish()?)
+}
+
+fn explain(e: ureq::Error) -> anyhow::Error {
+    match e {
+        ureq::Error::Status(code, response) => {
+            let body = response.into_string().unwrap_or_default();
+            match serde_json::from_str::<serde_json::Value>(&body) {
+                Ok(v) if v.get("error").is_some() => {
+                    let mut msg = format!("{code} {}: {}", v["error"].as_str().unwrap_or(""), v["message"].as_str().unwrap_or(""));
+                    if let Some(tb) = v.get("traceback").and_then(|t| t.as_str()) {
+                        msg.push_str("\n");
+                        msg.push_str(tb.trim_end());
+                    }
+                    anyhow::anyhow!(msg)
+                }
+                _ => anyhow::anyhow!("{code}: {body}"),
+            }
+        }
+        ureq::Error::Transport(t) => anyhow::anyhow!("cannot reach the worker: {t}"),
+    }
+}
+
+pub fn deploy(url: &str, dir: &Path, name: Option<&str>) -> Result<serde_json::Value> {
+    let dir = std::fs::canonicalize(dir).with_context(|| format!("{} does not exist", dir.display()))?;
+    let name = match name {
+        Some(n) => n.to_string(),
+        None => dir.file_name().and_then(|n| n.to_str()).context("cannot name the lambda after its directory")?.to_string(),
+    };
+    let archive = pack(&dir)?;
+    let response = ureq::post(&format!("{url}/registry/{name}"))
+        .set("Content-Type", "application/gzip")
+        .send_bytes(&archive)
+        .map_err(explain)?;
+    Ok(response.into_json()?)
+}
+
+pub fn invoke(url: &str, name: &str, event: &str) -> Result<String> {
+    let response = ureq::post(&format!("{url}/run/{name}"))
+        .set("Content-Type", "application/json")
+        .send_string(event)
+        .map_err(explain)?;
+    let mut body = String::new();
+    response.into_reader().take(1 << 30).read_to_string(&mut body)?;
+    Ok(body)
+}

@@ -1,0 +1,151 @@
+//! `sprout`: one command line in front of the worker, its client and its benchmarks.
+
+mod client;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "sprout", version, about = "Sprout: serverless Python functions in lean sandboxes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Manage a worker directory.
+    #[command(subcommand)]
+    Worker(WorkerCommand),
+    /// Upload a lambda directory (holding f.py) to a worker.
+    Deploy {
+        dir: PathBuf,
+        /// Lambda name (default: the directory's name).
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long, env = "SPROUT_URL", default_value = "http://127.0.0.1:5000")]
+        url: String,
+    },
+    /// Run a lambda with a JSON event and print its reply.
+    Invoke {
+        name: String,
+        #[arg(default_value = "null")]
+        event: String,
+        #[arg(long, env = "SPROUT_URL", default_value = "http://127.0.0.1:5000")]
+        url: String,
+    },
+    /// Run a benchmark; results go to bench/results/.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum WorkerCommand {
+    /// Write DIR/config.toml and build the sandbox base image (once per machine).
+    Init { dir: PathBuf },
+    /// Start the worker (in the foreground unless --detach).
+    Up {
+        dir: PathBuf,
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Stop the worker running in DIR.
+    Down {
+        dir: PathBuf,
+        /// Seconds to wait for in-flight requests before killing it.
+        #[arg(long, default_value_t = 60)]
+        grace: u64,
+    },
+    /// Whether a worker runs in DIR, and whether it answers.
+    Status { dir: PathBuf },
+    /// Remove mounts, cgroups and processes a crashed worker left behind.
+    Cleanup { dir: PathBuf },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Linux primitives behind containers (SOCK figures 1-5).
+    Primitives {
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+        /// Seconds measured per point.
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+        /// Fewer points, for a quick look.
+        #[arg(long)]
+        quick: bool,
+    },
+}
+
+fn log_init(filter: &str) {
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| filter.to_string());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("sprout: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    use sprout_worker::daemon;
+    match cli.command {
+        Command::Worker(WorkerCommand::Init { dir }) => {
+            let outcome = daemon::init(&dir, &mut |line| eprintln!("{line}"))?;
+            match outcome {
+                daemon::InitOutcome::Reused => eprintln!("base image ready (reused)"),
+                daemon::InitOutcome::Built(t) => eprintln!("base image built in {:.0} s", t.as_secs_f64()),
+            }
+            println!("initialized {}; start it with `sprout worker up {}`", dir.display(), dir.display());
+        }
+        Command::Worker(WorkerCommand::Up { dir, detach }) => {
+            if detach {
+                let pid = daemon::up_detached(&dir, &std::env::current_exe()?)?;
+                println!("worker running in the background (pid {pid}); log: {}", dir.join(daemon::LOG).display());
+            } else {
+                let config = sprout_worker::config::Config::load(&dir)?;
+                log_init(&config.worker.log);
+                tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(daemon::serve(&dir))?;
+            }
+        }
+        Command::Worker(WorkerCommand::Down { dir, grace }) => {
+            if daemon::down(&dir, Duration::from_secs(grace))? {
+                println!("worker stopped");
+            } else {
+                println!("no worker is running in {}", dir.display());
+            }
+        }
+        Command::Worker(WorkerCommand::Status { dir }) => {
+            let status = daemon::status(&dir)?;
+            println!("{}", serde_json::to_string_pretty(&status)?);
+            if !status.ready {
+                std::process::exit(3);
+            }
+        }
+        Command::Worker(WorkerCommand::Cleanup { dir }) => {
+            let report = daemon::cleanup_dir(&dir)?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        }
+        Command::Deploy { dir, name, url } => {
+            let lambda = client::deploy(url.trim_end_matches('/'), &dir, name.as_deref())?;
+            println!("{}", serde_json::to_string_pretty(&lambda)?);
+        }
+        Command::Invoke { name, event, url } => {
+            println!("{}", client::invoke(url.trim_end_matches('/'), &name, &event)?);
+        }
+        Command::Bench(BenchCommand::Primitives { out, seconds, quick }) => {
+            let opts = sprout_bench::primitives::Options { out_dir: out, seconds_per_point: seconds, quick, ..Default::default() };
+            sprout_bench::primitives::run(&opts)?;
+        }
+    }
+    Ok(())
+}

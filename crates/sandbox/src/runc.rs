@@ -1,0 +1,393 @@
+//! The `runc` baseline: every sandbox is a general-purpose OCI container, made and torn down
+//! by runc, so the benchmarks can measure what SOCK's lean sandboxes save.
+//!
+//! The container runs the same base root file system (the stage's read-only `run/base`, whose
+//! submounts bring the helper at /opt/sprout and the packages at /packages along) and the same
+//! helper as a lean sandbox; only the way it comes to be differs. Each sandbox has a bundle
+//! directory `run/runc/<id>` holding an OCI runtime spec close to what `runc spec` writes —
+//! all namespaces including mount, network and cgroup, default masked paths, no capabilities —
+//! and a scratch directory bound at /host, where the worker listens before runc starts. runc
+//! creates a fresh cgroup per container (`<cgroup_parent>/<id>`): no pooling, no Zygote, which
+//! is the point of the baseline. `runc run --detach` hands its stdout and stderr down to the
+//! container, so they are the sandbox's log pipe; runc's own complaints go to a log file in
+//! the bundle, read back when it fails. The pieces both baselines share (the sandbox's
+//! environment and scratch directory, its cgroup as `invoke` sees it, the counters) live here.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use tokio::process::Command;
+
+use crate::backend::{Backend, BackendStats, CgroupView, CreateError, HandlerKind, Resources, Sandbox, SandboxSpec};
+use crate::cgroup::{Layout, Version};
+use crate::channel::Endpoint;
+use crate::output::log_pipe;
+use crate::process::PidFd;
+use crate::stage::{Stage, HELPER_IN_SANDBOX};
+
+/// Settings of the runc backend.
+#[derive(Debug, Clone)]
+pub struct RuncConfig {
+    /// The runc program (looked up in PATH unless it is a path).
+    pub binary: String,
+    /// The user handlers run as.
+    pub uid: u32,
+    pub gid: u32,
+    /// The interpreter inside the base.
+    pub python: String,
+    pub start_timeout: Duration,
+    /// Largest response body a handler may send, in bytes.
+    pub max_response: u32,
+    /// The cgroup (relative to the hierarchy roots) under which runc makes each container's.
+    pub cgroup_parent: String,
+    /// Pin containers to these CPUs (cpuset syntax, e.g. "0-3").
+    pub cpuset: Option<String>,
+}
+
+pub struct RuncBackend {
+    cfg: RuncConfig,
+    stage: Arc<Stage>,
+    layout: Option<Layout>,
+    next_id: AtomicU64,
+    counters: Counters,
+}
+
+/// What the baselines count for [`Backend::stats`] (they pool nothing).
+#[derive(Default)]
+pub(crate) struct Counters {
+    created: AtomicU64,
+    destroyed: AtomicU64,
+    failures: AtomicU64,
+}
+
+impl Counters {
+    /// Count a create's outcome: a lambda that fails to load is not the platform's failure.
+    pub fn record(&self, result: &Result<Sandbox, CreateError>) {
+        let counter = match result {
+            Ok(_) => &self.created,
+            Err(CreateError::Platform(_)) => &self.failures,
+            Err(CreateError::Load { .. }) => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn destroyed(&self) {
+        self.destroyed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn stats(&self) -> BackendStats {
+        BackendStats {
+            created: self.created.load(Ordering::Relaxed),
+            destroyed: self.destroyed.load(Ordering::Relaxed),
+            create_failures: self.failures.load(Ordering::Relaxed),
+            ..BackendStats::default()
+        }
+    }
+}
+
+/// Remove a directory tree, saying so only when that fails for another reason than absence.
+pub(crate) async fn remove_dir(dir: &Path) {
+    match tokio::fs::remove_dir_all(dir).await {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => tracing::warn!("removing {}: {e}", dir.display()),
+        _ => {}
+    }
+}
+
+/// The environment every sandbox process starts with (the lambda's own comes on top).
+pub(crate) fn sandbox_env(extra: &[(String, String)]) -> Vec<String> {
+    let mut env: Vec<String> =
+        ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "HOME=/host", "TMPDIR=/tmp"].map(String::from).to_vec();
+    env.extend(extra.iter().map(|(k, v)| format!("{k}={v}")));
+    env
+}
+
+/// Make a sandbox's scratch directory (bound at /host) with its `tmp`, owned by the sandbox
+/// user: the base's /tmp is a symlink to host/tmp.
+pub(crate) fn make_scratch(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir.join("tmp"))?;
+    [dir.to_path_buf(), dir.join("tmp")].iter().try_for_each(|d| {
+        std::os::unix::fs::chown(d, Some(uid), Some(gid))?;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
+    })
+}
+
+/// The cgroup.procs and OOM counter of cgroup `name` (relative to the hierarchy roots).
+pub(crate) fn cgroup_view(layout: Option<&Layout>, name: &str) -> Option<CgroupView> {
+    let (dir, oom_file) = match layout? {
+        Layout::V1 { hierarchies } => {
+            let (mount, _) = hierarchies.iter().find(|(_, c)| c.iter().any(|x| x == "memory"))?;
+            (mount.join(name), "memory.oom_control")
+        }
+        Layout::V2 { root, .. } => (root.join(name), "memory.events"),
+    };
+    let procs = dir.join("cgroup.procs");
+    if !procs.exists() {
+        return None;
+    }
+    let oom_source = Some(dir.join(oom_file)).filter(|p| p.exists());
+    let oom_before = oom_source.as_deref().map(crate::cgroup::read_oom_kills).unwrap_or(0);
+    Some(CgroupView { procs, oom_before, oom_source })
+}
+
+/// The hello's handler kind, or the load failure it reports.
+pub(crate) fn handler_kind(hello: crate::channel::Hello) -> Result<HandlerKind, CreateError> {
+    match hello.kind.as_deref() {
+        Some("wsgi") => Ok(HandlerKind::Wsgi),
+        Some("function") => Ok(HandlerKind::Function),
+        _ => Err(CreateError::Load {
+            message: hello.message.unwrap_or_else(|| "the handler failed to load".into()),
+            traceback: hello.traceback,
+        }),
+    }
+}
+
+impl RuncBackend {
+    pub fn new(cfg: RuncConfig, stage: Arc<Stage>) -> RuncBackend {
+        let layout = Layout::detect(Version::Auto, None)
+            .map_err(|e| tracing::warn!("no cgroup hierarchy found; runc sandboxes go unwatched: {e}"))
+            .ok();
+        RuncBackend { cfg, stage, layout, next_id: AtomicU64::new(1), counters: Counters::default() }
+    }
+
+    /// Where runc keeps its state of this worker's containers.
+    fn state_root(&self) -> PathBuf {
+        self.stage.run.join("runc-state")
+    }
+
+    /// `runc --root <state>`, with runc's own log in `log` when given.
+    fn runc(&self, log: Option<&Path>) -> Command {
+        let mut cmd = Command::new(&self.cfg.binary);
+        cmd.arg("--root").arg(self.state_root());
+        if let Some(log) = log {
+            cmd.arg("--log").arg(log).args(["--log-format", "json"]);
+        }
+        cmd.stdin(Stdio::null()).kill_on_drop(true);
+        cmd
+    }
+
+    /// What to say when runc cannot be run at all.
+    fn spawn_error(&self, e: std::io::Error) -> String {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            "runc is not installed (apt-get install runc)".to_string()
+        } else {
+            format!("cannot run {}: {e}", self.cfg.binary)
+        }
+    }
+
+    /// The OCI runtime spec of one sandbox.
+    fn runtime_spec(&self, id: u64, spec: &SandboxSpec, scratch: &Path) -> Value {
+        let bind = |dst: &str, src: &Path, mode: &str| {
+            json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", mode]})
+        };
+        let mount = |dst: &str, kind: &str, src: &str, options: &[&str]| {
+            json!({"destination": dst, "type": kind, "source": src, "options": options})
+        };
+        let limits = &spec.limits;
+        // Absent (null) means unlimited, as runc reads it.
+        let quota = (limits.cpus > 0.0).then(|| ((limits.cpus * 100_000.0) as i64).max(1000));
+        let no_caps: Vec<String> = Vec::new();
+        let namespaces: Vec<Value> =
+            ["pid", "ipc", "uts", "mount", "network", "cgroup"].iter().map(|t| json!({"type": t})).collect();
+        json!({
+            "ociVersion": "1.0.2",
+            "root": {"path": self.stage.base, "readonly": true},
+            "process": {
+                "terminal": false,
+                "user": {"uid": self.cfg.uid, "gid": self.cfg.gid},
+                "args": [self.cfg.python, "-I", "-S", HELPER_IN_SANDBOX, "handler"],
+                "env": sandbox_env(&spec.env),
+                "cwd": "/",
+                "noNewPrivileges": true,
+                "capabilities": {"bounding": no_caps, "effective": no_caps, "inheritable": no_caps,
+                                 "permitted": no_caps, "ambient": no_caps},
+                "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+            },
+            "hostname": "sandbox",
+            "mounts": [
+                mount("/proc", "proc", "proc", &[]),
+                mount("/dev", "tmpfs", "tmpfs", &["nosuid", "strictatime", "mode=755", "size=65536k"]),
+                mount("/dev/pts", "devpts", "devpts", &["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]),
+                mount("/dev/shm", "tmpfs", "shm", &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]),
+                mount("/dev/mqueue", "mqueue", "mqueue", &["nosuid", "noexec", "nodev"]),
+                mount("/sys", "sysfs", "sysfs", &["nosuid", "noexec", "nodev", "ro"]),
+                bind("/handler", &self.stage.code_view(&spec.code_dir), "ro"),
+                bind("/host", scratch, "rw"),
+            ],
+            "linux": {
+                "namespaces": namespaces,
+                "cgroupsPath": format!("/{}/{id}", self.cfg.cgroup_parent),
+                "resources": {
+                    "devices": [{"allow": false, "access": "rwm"}],
+                    "memory": {"limit": limits.memory_bytes},
+                    "pids": {"limit": limits.pids},
+                    "cpu": {"quota": quota, "period": quota.map(|_| 100_000), "cpus": self.cfg.cpuset},
+                },
+                "maskedPaths": ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+                                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware",
+                                "/proc/scsi"],
+                "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
+            },
+        })
+    }
+
+    /// Write the bundle and `runc run --detach` the container; the helper's stdout and
+    /// stderr are `log`.
+    async fn start_container(&self, name: &str, bundle: &Path, config: &Value, log: OwnedFd) -> Result<(), CreateError> {
+        let body = serde_json::to_vec(config).map_err(CreateError::platform)?;
+        tokio::fs::write(bundle.join("config.json"), body).await.map_err(CreateError::platform)?;
+        let runc_log = bundle.join("runc.log");
+        let mut cmd = self.runc(Some(&runc_log));
+        cmd.args(["run", "--detach", "--bundle"]).arg(bundle).arg(name);
+        let out_fd = log.try_clone().map_err(CreateError::platform)?;
+        cmd.stdout(Stdio::from(out_fd)).stderr(Stdio::from(log));
+        let status = cmd.status().await.map_err(|e| CreateError::Platform(self.spawn_error(e)))?;
+        if status.success() {
+            return Ok(());
+        }
+        let said = std::fs::read_to_string(&runc_log).unwrap_or_default();
+        let errors: Vec<String> = (said.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()))
+            .filter(|v| v["level"] == "error" || v["level"] == "fatal")
+            .filter_map(|v| v["msg"].as_str().map(str::to_string))
+            .collect();
+        let why = if errors.is_empty() { status.to_string() } else { errors.join("; ") };
+        Err(CreateError::Platform(format!("runc could not start the container: {why}")))
+    }
+
+    /// Start the container and wait for its helper to connect and load the lambda.
+    /// The container's init goes into `init` as soon as it runs.
+    async fn provision(&self, id: u64, name: &str, bundle: &Path, spec: &SandboxSpec, init: &mut Option<PidFd>) -> Result<Sandbox, CreateError> {
+        let started = Instant::now();
+        let scratch = bundle.join("scratch");
+        make_scratch(&scratch, self.cfg.uid, self.cfg.gid).map_err(CreateError::platform)?;
+        let endpoint = Endpoint::listen_in(&scratch).map_err(CreateError::platform)?;
+        let config = self.runtime_spec(id, spec, &scratch);
+        let log = log_pipe(&spec.lambda, id).map_err(CreateError::platform)?;
+        self.start_container(name, bundle, &config, log).await?;
+        // The container's init is the helper itself (runc's init execs it).
+        *init = self.init_process(name);
+        let accepted = match init.as_ref() {
+            Some(init) => tokio::select! {
+                accepted = endpoint.accept(self.cfg.start_timeout, self.cfg.max_response) => accepted,
+                dead = init.exited(self.cfg.start_timeout) => return Err(CreateError::platform(if dead {
+                    "the sandbox's helper exited during setup (its output is in the worker log)"
+                } else {
+                    "the sandbox's helper did not start in time"
+                })),
+            },
+            None => endpoint.accept(self.cfg.start_timeout, self.cfg.max_response).await,
+        };
+        let (mut channel, peer) = accepted.map_err(CreateError::platform)?;
+        let hello = channel.handshake(&spec.env, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
+        let kind = handler_kind(hello)?;
+        let cgroup_path = cgroup_view(self.layout.as_ref(), &format!("{}/{id}", self.cfg.cgroup_parent));
+        Ok(Sandbox {
+            id,
+            lambda: spec.lambda.clone(),
+            kind,
+            created: Instant::now(),
+            startup: started.elapsed(),
+            channel,
+            process: init.take().or(peer),
+            cgroup_path,
+            limits: spec.limits,
+            resources: Resources::Runc { container: name.to_string(), bundle: bundle.to_path_buf() },
+            tainted: false,
+        })
+    }
+
+    /// A pidfd of a running container's init process, from runc's state file.
+    fn init_process(&self, container: &str) -> Option<PidFd> {
+        let state = std::fs::read(self.state_root().join(container).join("state.json")).ok()?;
+        let pid = serde_json::from_slice::<Value>(&state).ok()?["init_process_pid"].as_i64()?;
+        PidFd::open(pid as i32).ok()
+    }
+
+    /// Kill and delete a container (if runc knows it) and remove its bundle. Killing its
+    /// init ourselves first spares `runc delete --force` its fixed 100 ms wait after SIGKILL.
+    async fn remove(&self, container: &str, bundle: &Path, init: Option<&PidFd>) {
+        if let Some(init) = init {
+            init.kill();
+            init.exited(Duration::from_secs(2)).await;
+        }
+        let mut delete = self.runc(None);
+        delete.args(["delete", "--force", container]).stdout(Stdio::null());
+        // Nothing to say when runc never made the container, or cannot run at all.
+        if let Ok(out) = delete.output().await {
+            let said = String::from_utf8_lossy(&out.stderr);
+            if !out.status.success() && !said.contains("does not exist") {
+                tracing::warn!(container, "runc delete: {}", said.trim());
+            }
+        }
+        remove_dir(bundle).await;
+    }
+}
+
+#[async_trait]
+impl Backend for RuncBackend {
+    fn name(&self) -> &'static str {
+        "runc"
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, CreateError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let name = format!("sprout-{id}");
+        let bundle = self.stage.run.join("runc").join(id.to_string());
+        let mut init = None;
+        let result = self.provision(id, &name, &bundle, spec, &mut init).await;
+        self.counters.record(&result);
+        if result.is_err() {
+            self.remove(&name, &bundle, init.as_ref()).await;
+        }
+        result
+    }
+
+    async fn destroy(&self, sandbox: Sandbox) {
+        let Sandbox { resources, channel, process, .. } = sandbox;
+        drop(channel);
+        if let Resources::Runc { container, bundle } = resources {
+            self.remove(&container, &bundle, process.as_ref()).await;
+            self.counters.destroyed();
+        }
+    }
+
+    fn stats(&self) -> BackendStats {
+        self.counters.stats()
+    }
+
+    async fn shutdown(&self) {
+        let mut cmd = self.runc(None);
+        cmd.args(["list", "-q"]);
+        match cmd.stderr(Stdio::null()).output().await {
+            Ok(out) => {
+                for container in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    if let Some(id) = container.strip_prefix("sprout-") {
+                        let init = self.init_process(container);
+                        self.remove(container, &self.stage.run.join("runc").join(id), init.as_ref()).await;
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("listing runc containers: {}", self.spawn_error(e)),
+        }
+        remove_dir(&self.stage.run.join("runc")).await;
+        if let Some(layout) = &self.layout {
+            if let Err(e) = layout.remove_tree(&self.cfg.cgroup_parent) {
+                tracing::warn!("removing cgroup {}: {e}", self.cfg.cgroup_parent);
+            }
+            // On v1 runc also made the parent in hierarchies Sprout does not use; empty now.
+            if let Layout::V1 { hierarchies } = layout {
+                if let Some(root) = hierarchies.first().and_then(|(mount, _)| mount.parent()) {
+                    for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+                        let _ = std::fs::remove_dir(entry.path().join(&self.cfg.cgroup_parent));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! The HTTP edge: OpenLambda's worker API.
+//!
+//! | Route                          | Does                                                      |
+//! |--------------------------------|-----------------------------------------------------------|
+//! | `POST /run/<name>[/<path>]`    | runs the lambda: JSON to `f(event)`, or HTTP to a WSGI `app` |
+//! | `POST /registry/<name>`        | uploads a tar.gz of the lambda's directory (201)          |
+//! | `GET /registry`                | lists lambda names                                        |
+//! | `GET /registry/<name>`         | the lambda's metadata                                     |
+//! | `DELETE /registry/<name>`      | removes it                                                |
+//! | `GET /status`, `/pid`          | `ready`, the worker's pid                                 |
+//! | `GET /stats`, `GET /metrics`   | JSON figures; Prometheus text                             |
+//!
+//! Every failure answers with JSON `{"error": <code>, "message": ...}` and a status that says
+//! whose fault it was; the codes are [`ERROR_CODES`] and never change meaning.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Path, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::Router;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use serde_json::{json, Value};
+use sprout_sandbox::channel::Request;
+
+use crate::instances::{Failure, Instances};
+use crate::metrics::Metrics;
+use crate::registry::{valid_name, Registry};
+
+/// Every error code the API answers with.
+pub const ERROR_CODES: [&str; 23] = [
+    "not_found",
+    "invalid_request",
+    "method_not_allowed",
+    "lambda_not_found",
+    "invalid_name",
+    "invalid_archive",
+    "unsafe_path",
+    "archive_too_large",
+    "missing_handler",
+    "syntax_error",
+    "payload_too_large",
+    "queue_full",
+    "queue_timeout",
+    "shutting_down",
+    "load_error",
+    "sandbox_start_failed",
+    "handler_exception",
+    "invalid_json",
+    "invalid_result",
+    "timeout",
+    "out_of_memory",
+    "sandbox_crashed",
+    "internal",
+];
+
+#[derive(Clone)]
+pub struct Api {
+    pub registry: Arc<Registry>,
+    pub instances: Arc<Instances>,
+    pub metrics: Arc<Metrics>,
+    pub max_body: usize,
+    pub max_upload: usize,
+}
+
+struct ApiError {
+    status: StatusCode,
+    body: Value,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
+        ApiError { status, body: json!({"error": code, "message": message.into()}) }
+    }
+
+    fn with(mut self, key: &str, value: impl Into<Value>) -> ApiError {
+        self.body[key] = value.into();
+        self
+    }
+
+    fn code(&self) -> &str {
+        self.body["error"].as_str().unwrap_or("internal")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, [(header::CONTENT_TYPE, "application/json")], self.body.to_string()).into_response()
+    }
+}
+
+/// Build the router. Errors are counted in `metrics` by code.
+pub fn router(api: Api) -> Router {
+    Router::new()
+        .route("/run/{name}", any(run))
+        .route("/run/{name}/", any(run))
+        .route("/run/{name}/{*rest}", any(run))
+        .route("/registry", get(list_lambdas))
+        .route("/registry/{name}", get(show_lambda).post(upload).put(upload).delete(delete_lambda))
+        .route("/status", get(|| async { "ready\n" }))
+        .route("/pid", get(|| async { format!("{}\n", std::process::id()) }))
+        .route("/stats", get(stats))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed here")
+        })
+        .layer(axum::middleware::map_response_with_state(api.clone(), count_errors))
+        .with_state(api)
+}
+
+async fn count_errors(State(api): State<Api>, response: Response) -> Response {
+    if let Some(code) = response.extensions().get::<ErrorCode>() {
+        api.metrics.error(code.0);
+    }
+    response
+}
+
+/// Marks a response as an error of a code, for counting.
+#[derive(Clone, Copy)]
+struct ErrorCode(&'static str);
+
+fn fail(e: ApiError) -> Response {
+    let code = ERROR_CODES.iter().find(|c| **c == e.code()).copied().unwrap_or("internal");
+    let mut response = e.into_response();
+    response.extensions_mut().insert(ErrorCode(code));
+    response
+}
+
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("the request body exceeds the limit of {} bytes", limit),
+        )),
+        Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", format!("reading the body: {e}"))),
+    }
+}
+
+fn decode_segment(raw: &str) -> Option<String> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+const HOP_BY_HOP: [&str; 8] =
+    ["connection", "keep-alive", "transfer-encoding", "content-length", "upgrade", "te", "trailer", "proxy-connection"];
+
+async fn run(
+    State(api): State<Api>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match run_lambda(&api, peer, method, uri, headers, body).await {
+        Ok(r) => r,
+        Err(e) => fail(e),
+    }
+}
+
+async fn run_lambda(api: &Api, peer: SocketAddr, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let after = uri.path().strip_prefix("/run/").unwrap_or("");
+    let (raw_name, rest) = after.split_at(after.find('/').unwrap_or(after.len()));
+    let name = decode_segment(raw_name).filter(|n| valid_name(n)).unwrap_or_default();
+    let Some(lambda) = api.registry.get(&name) else {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {raw_name:?}")));
+    };
+    let body = read_body(body, api.max_body).await?;
+    let request = Request {
+        method: method.to_string(),
+        script_name: format!("/run/{raw_name}"),
+        path: if rest.is_empty() { "/".to_string() } else { rest.to_string() },
+        query: uri.query().unwrap_or("").to_string(),
+        headers: headers
+            .iter()
+            .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
+            .collect(),
+        protocol: "HTTP/1.1".into(),
+        remote_addr: peer.ip().to_string(),
+    };
+    let outcome = api.instances.invoke(&lambda, &request, &body).await;
+    let invocation = match outcome {
+        Ok(i) => i,
+        Err(failure) => return Err(failure_response(failure).with("lambda", name)),
+    };
+    let start = if invocation.cold { "cold" } else { "warm" };
+    let reply = invocation.reply;
+    let outcome_code = reply.error.as_deref().unwrap_or("ok").to_string();
+    api.metrics.invocation(&name, invocation.cold, &outcome_code, started.elapsed());
+    let mut response = if let Some(code) = reply.error {
+        let status = if code == "invalid_json" { StatusCode::BAD_REQUEST } else { StatusCode::INTERNAL_SERVER_ERROR };
+        let code = ERROR_CODES.iter().find(|c| **c == code).copied().unwrap_or("handler_exception");
+        let mut e = ApiError::new(status, code, reply.message.unwrap_or_default()).with("lambda", name);
+        if let Some(tb) = reply.traceback {
+            e = e.with("traceback", tb);
+        }
+        fail(e)
+    } else {
+        let status = reply.status.and_then(|s| StatusCode::from_u16(s).ok()).unwrap_or(StatusCode::OK);
+        let mut out = Response::builder().status(status);
+        for (k, v) in &reply.headers {
+            if HOP_BY_HOP.contains(&k.to_ascii_lowercase().as_str()) {
+                continue;
+            }
+            match (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
+                (Ok(k), Ok(v)) => out = out.header(k, v),
+                _ => {
+                    return Err(ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "invalid_result",
+                        format!("the handler sent an invalid header {k:?}"),
+                    )
+                    .with("lambda", name))
+                }
+            }
+        }
+        out.body(Body::from(invocation.body)).unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+    };
+    let h = response.headers_mut();
+    h.insert("x-sprout-start", HeaderValue::from_static(start));
+    h.insert("x-sprout-sandbox", HeaderValue::from(invocation.sandbox));
+    Ok(response)
+}
+
+fn failure_response(failure: Failure) -> ApiError {
+    let message = failure.to_string();
+    match failure {
+        Failure::QueueFull(_) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", message),
+        Failure::QueueTimeout(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_timeout", message),
+        Failure::ShuttingDown => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message),
+        Failure::Load { traceback, .. } => {
+            let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "load_error", message);
+            match traceback {
+                Some(tb) => e.with("traceback", tb),
+                None => e,
+            }
+        }
+        Failure::Platform(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "sandbox_start_failed", message),
+        Failure::Sandbox(e) => match e {
+            sprout_sandbox::InvokeError::Timeout(_) => ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message),
+            sprout_sandbox::InvokeError::OutOfMemory { .. } => ApiError::new(StatusCode::BAD_GATEWAY, "out_of_memory", message),
+            sprout_sandbox::InvokeError::Crashed(_) => ApiError::new(StatusCode::BAD_GATEWAY, "sandbox_crashed", message),
+        },
+    }
+}
+
+async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) -> Response {
+    let data = match read_body(body, api.max_upload).await {
+        Ok(d) => d,
+        Err(e) => return fail(e),
+    };
+    let registry = api.registry.clone();
+    let result = tokio::task::spawn_blocking(move || registry.upload(&name, &data)).await;
+    match result {
+        Ok(Ok(lambda)) => {
+            tracing::info!(lambda = %lambda.name, version = lambda.version, files = lambda.files, "lambda uploaded");
+            (StatusCode::CREATED, axum::Json(json!(*lambda))).into_response()
+        }
+        Ok(Err(e)) => {
+            let status = match e.code() {
+                "archive_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
+                "internal" => StatusCode::INTERNAL_SERVER_ERROR,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            let mut err = ApiError::new(status, e.code(), e.to_string());
+            if let crate::registry::UploadError::Syntax(s) = &e {
+                err = err.with("line", s.line).with("offset", s.offset);
+            }
+            fail(err)
+        }
+        Err(e) => fail(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())),
+    }
+}
+
+async fn list_lambdas(State(api): State<Api>) -> Response {
+    let names: Vec<String> = api.registry.list().iter().map(|l| l.name.clone()).collect();
+    axum::Json(names).into_response()
+}
+
+async fn show_lambda(State(api): State<Api>, Path(name): Path<String>) -> Response {
+    match api.registry.get(&name) {
+        Some(l) => axum::Json(json!(*l)).into_response(),
+        None => fail(ApiError::new(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {name:?}"))),
+    }
+}
+
+async fn delete_lambda(State(api): State<Api>, Path(name): Path<String>) -> Response {
+    if api.registry.delete(&name) {
+        tracing::info!(lambda = %name, "lambda deleted");
+        axum::Json(json!({"deleted": name})).into_response()
+    } else {
+        fail(ApiError::new(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {name:?}")))
+    }
+}
+
+async fn stats(State(api): State<Api>) -> Response {
+    axum::Json(api.metrics.stats(api.instances.stats())).into_response()
+}
+
+async fn metrics(State(api): State<Api>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], api.metrics.prometheus()).into_response()
+}

@@ -1,0 +1,437 @@
+//! The worker's configuration: `DIR/config.toml`, every key documented in [`TEMPLATE`],
+//! which `sprout worker init` writes. Missing keys take their defaults; unknown keys and
+//! values of the wrong type are errors naming the key, so a typo never passes silently.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The documented configuration with every default; parsed, it equals `Config::default()`.
+pub const TEMPLATE: &str = r#"# Sprout worker configuration. Every key is shown with its default value.
+
+[worker]
+# Address of the HTTP API (OpenLambda's: /run, /registry, /status, /stats, /metrics).
+listen = "127.0.0.1:5000"
+# Names this worker's cgroups (sprout-<name>); must be unique on the machine.
+# Empty: derived from the worker directory's path.
+name = ""
+# Log filter (tracing's syntax, e.g. "info", "debug", "info,sandbox=warn").
+log = "info"
+
+[sandbox]
+# How sandboxes are made:
+#   "sock"          lean sandbox (bind mounts + chroot, PID/IPC/UTS namespaces, pooled
+#                   cgroups) forked from a Zygote, a pre-initialized interpreter (SOCK)
+#   "sock-nozygote" the same lean sandbox, with a fresh interpreter each time
+#   "runc"          a general-purpose OCI container per sandbox (all namespaces), via runc
+#   "docker"        a Docker container per sandbox, via the Docker engine's API
+backend = "sock"
+# User and group that handler code runs as inside the sandbox.
+uid = 65534
+gid = 65534
+# Mount a /proc of the sandbox's own PID namespace in each sandbox.
+mount_proc = true
+# Size of each sandbox's writable scratch (a tmpfs at /host; /tmp lives there), MiB.
+scratch_mb = 64
+# The interpreter inside the base image.
+python = "/usr/bin/python3"
+# How long a new sandbox may take to load its lambda, milliseconds.
+start_timeout_ms = 10000
+# Cgroups made ahead and kept for reuse.
+cgroup_pool = 16
+# Memory limit of the Zygote's own cgroup, MiB.
+zygote_memory_mb = 512
+# CPUs the runc and docker baselines pin containers to (e.g. "0"); empty: no pinning.
+# Lean sandboxes always share the worker's own CPU set.
+cpuset = ""
+
+[limits]
+# Per sandbox: memory (MiB), processes, and CPU bandwidth in cores (0: unlimited).
+memory_mb = 128
+pids = 64
+cpus = 1.0
+# A request running longer is killed with its sandbox (504), milliseconds.
+timeout_ms = 30000
+# Largest request body to /run (413 above it), and largest response from a handler, MiB.
+max_body_mb = 6
+max_response_mb = 16
+# Largest upload to /registry (413), and what its archive may unpack to (400), MiB.
+max_upload_mb = 50
+max_unpacked_mb = 200
+# Most files an uploaded archive may hold.
+max_files = 10000
+
+[instances]
+# Keep a sandbox after a request for the next request to the same lambda (a warm start).
+# false: every request gets a new sandbox (a cold start), as in SOCK's figure 14.
+keep_warm = true
+# Idle sandboxes are destroyed after this many seconds.
+idle_timeout_s = 300
+# Most sandboxes one lambda may have at once; further requests wait in its queue.
+max_per_lambda = 16
+# Requests that may wait per lambda; beyond it the worker answers 429.
+queue_depth = 64
+# Most sandboxes alive in total; idle ones are evicted, least recently used first.
+max_total = 256
+
+[cgroups]
+# "auto" (v2 when the unified hierarchy is the main one), "v1" or "v2".
+version = "auto"
+# Where the v2 hierarchy is mounted, when not at /sys/fs/cgroup (e.g. "/sys/fs/cgroup/unified").
+v2_root = ""
+
+[base]
+# The read-only Debian root file system every sandbox runs on, shared by all workers.
+path = "/var/lib/sprout/base-bookworm"
+suite = "bookworm"
+# Debian mirror for debootstrap; empty: the one this host's apt uses.
+mirror = ""
+
+[runc]
+binary = "runc"
+
+[docker]
+socket = "/var/run/docker.sock"
+image = "sprout-base:bookworm"
+"#;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub worker: WorkerSection,
+    pub sandbox: SandboxSection,
+    pub limits: LimitsSection,
+    pub instances: InstancesSection,
+    pub cgroups: CgroupsSection,
+    pub base: BaseSection,
+    pub runc: RuncSection,
+    pub docker: DockerSection,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            worker: WorkerSection::default(),
+            sandbox: SandboxSection::default(),
+            limits: LimitsSection::default(),
+            instances: InstancesSection::default(),
+            cgroups: CgroupsSection::default(),
+            base: BaseSection::default(),
+            runc: RuncSection::default(),
+            docker: DockerSection::default(),
+        }
+    }
+}
+
+impl Default for WorkerSection {
+    fn default() -> Self {
+        WorkerSection { listen: "127.0.0.1:5000".into(), name: String::new(), log: "info".into() }
+    }
+}
+
+impl Default for SandboxSection {
+    fn default() -> Self {
+        SandboxSection {
+            backend: BackendKind::Sock,
+            uid: 65534,
+            gid: 65534,
+            mount_proc: true,
+            scratch_mb: 64,
+            python: "/usr/bin/python3".into(),
+            start_timeout_ms: 10_000,
+            cgroup_pool: 16,
+            zygote_memory_mb: 512,
+            cpuset: String::new(),
+        }
+    }
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        LimitsSection {
+            memory_mb: 128,
+            pids: 64,
+            cpus: 1.0,
+            timeout_ms: 30_000,
+            max_body_mb: 6,
+            max_response_mb: 16,
+            max_upload_mb: 50,
+            max_unpacked_mb: 200,
+            max_files: 10_000,
+        }
+    }
+}
+
+impl Default for InstancesSection {
+    fn default() -> Self {
+        InstancesSection { keep_warm: true, idle_timeout_s: 300, max_per_lambda: 16, queue_depth: 64, max_total: 256 }
+    }
+}
+
+impl Default for CgroupsSection {
+    fn default() -> Self {
+        CgroupsSection { version: sprout_sandbox::cgroup::Version::Auto, v2_root: String::new() }
+    }
+}
+
+impl Default for BaseSection {
+    fn default() -> Self {
+        BaseSection { path: PathBuf::from("/var/lib/sprout/base-bookworm"), suite: "bookworm".into(), mirror: String::new() }
+    }
+}
+
+impl Default for RuncSection {
+    fn default() -> Self {
+        RuncSection { binary: "runc".into() }
+    }
+}
+
+impl Default for DockerSection {
+    fn default() -> Self {
+        DockerSection { socket: PathBuf::from("/var/run/docker.sock"), image: "sprout-base:bookworm".into() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerSection {
+    pub listen: String,
+    pub name: String,
+    pub log: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum BackendKind {
+    #[default]
+    #[serde(rename = "sock")]
+    Sock,
+    #[serde(rename = "sock-nozygote")]
+    SockNoZygote,
+    #[serde(rename = "runc")]
+    Runc,
+    #[serde(rename = "docker")]
+    Docker,
+}
+
+impl BackendKind {
+    pub const ALL: [BackendKind; 4] = [BackendKind::Sock, BackendKind::SockNoZygote, BackendKind::Runc, BackendKind::Docker];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Sock => "sock",
+            BackendKind::SockNoZygote => "sock-nozygote",
+            BackendKind::Runc => "runc",
+            BackendKind::Docker => "docker",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxSection {
+    pub backend: BackendKind,
+    pub uid: u32,
+    pub gid: u32,
+    pub mount_proc: bool,
+    pub scratch_mb: u64,
+    pub python: String,
+    pub start_timeout_ms: u64,
+    pub cgroup_pool: usize,
+    pub zygote_memory_mb: u64,
+    pub cpuset: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsSection {
+    pub memory_mb: u64,
+    pub pids: u64,
+    pub cpus: f64,
+    pub timeout_ms: u64,
+    pub max_body_mb: u64,
+    pub max_response_mb: u64,
+    pub max_upload_mb: u64,
+    pub max_unpacked_mb: u64,
+    pub max_files: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InstancesSection {
+    pub keep_warm: bool,
+    pub idle_timeout_s: u64,
+    pub max_per_lambda: usize,
+    pub queue_depth: usize,
+    pub max_total: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CgroupsSection {
+    pub version: sprout_sandbox::cgroup::Version,
+    pub v2_root: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BaseSection {
+    pub path: PathBuf,
+    pub suite: String,
+    pub mirror: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuncSection {
+    pub binary: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DockerSection {
+    pub socket: PathBuf,
+    pub image: String,
+}
+
+impl Config {
+    /// Read `DIR/config.toml` (defaults when it is absent) and check it.
+    pub fn load(dir: &Path) -> Result<Config> {
+        let path = dir.join("config.toml");
+        let config = match std::fs::read_to_string(&path) {
+            Ok(text) => Config::parse(&text).with_context(|| format!("in {}", path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Config::default(),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        Ok(config)
+    }
+
+    pub fn parse(text: &str) -> Result<Config> {
+        let config: Config = toml::from_str(text)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.worker.listen.parse::<std::net::SocketAddr>().is_err() {
+            bail!("worker.listen = {:?} is not an address like 127.0.0.1:5000", self.worker.listen);
+        }
+        if !self.worker.name.is_empty()
+            && !self.worker.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            bail!("worker.name may hold only letters, digits, '-' and '_'");
+        }
+        let positive = [
+            ("limits.memory_mb", self.limits.memory_mb),
+            ("limits.pids", self.limits.pids),
+            ("limits.timeout_ms", self.limits.timeout_ms),
+            ("limits.max_body_mb", self.limits.max_body_mb),
+            ("limits.max_response_mb", self.limits.max_response_mb),
+            ("limits.max_upload_mb", self.limits.max_upload_mb),
+            ("limits.max_unpacked_mb", self.limits.max_unpacked_mb),
+            ("sandbox.scratch_mb", self.sandbox.scratch_mb),
+            ("sandbox.start_timeout_ms", self.sandbox.start_timeout_ms),
+            ("instances.max_per_lambda", self.instances.max_per_lambda as u64),
+            ("instances.max_total", self.instances.max_total as u64),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                bail!("{key} must be greater than 0");
+            }
+        }
+        if !(self.limits.cpus >= 0.0 && self.limits.cpus.is_finite()) {
+            bail!("limits.cpus must be 0 (unlimited) or a positive number of cores");
+        }
+        if self.limits.max_response_mb > 4000 || self.limits.max_body_mb > 4000 {
+            bail!("limits.max_body_mb and limits.max_response_mb must stay below 4000");
+        }
+        Ok(())
+    }
+
+    /// This worker's name: configured, or derived from the directory's absolute path.
+    pub fn worker_name(&self, dir: &Path) -> String {
+        if !self.worker.name.is_empty() {
+            return self.worker.name.clone();
+        }
+        let abs = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        let digest = Sha256::digest(abs.as_os_str().as_encoded_bytes());
+        hex::encode(&digest[..4])
+    }
+
+    /// Names of the cgroup trees this worker owns (for the pool, and for cleanup).
+    pub fn cgroup_parents(&self, dir: &Path) -> Vec<String> {
+        let name = self.worker_name(dir);
+        vec![format!("sprout-{name}"), format!("sprout-{name}-runc")]
+    }
+
+    pub fn sandbox_limits(&self) -> sprout_sandbox::Limits {
+        sprout_sandbox::Limits {
+            memory_bytes: self.limits.memory_mb << 20,
+            pids: self.limits.pids,
+            cpus: self.limits.cpus,
+        }
+    }
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.limits.timeout_ms)
+    }
+
+    pub fn start_timeout(&self) -> Duration {
+        Duration::from_millis(self.sandbox.start_timeout_ms)
+    }
+
+    pub fn cpuset(&self) -> Option<String> {
+        (!self.sandbox.cpuset.is_empty()).then(|| self.sandbox.cpuset.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_documents_exactly_the_defaults() {
+        assert_eq!(Config::parse(TEMPLATE).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn every_key_of_the_defaults_is_in_the_template() {
+        let defaults = toml::to_string(&Config::default()).unwrap();
+        let mut section = String::new();
+        for line in defaults.lines() {
+            if let Some(name) = line.strip_prefix('[') {
+                section = name.trim_end_matches(']').to_string();
+            } else if let Some((key, _)) = line.split_once(" = ") {
+                let in_template = TEMPLATE
+                    .split(&format!("[{section}]"))
+                    .nth(1)
+                    .map(|rest| rest.split("\n[").next().unwrap_or("").contains(&format!("\n{key} = ")))
+                    .unwrap_or(false);
+                assert!(in_template, "{section}.{key} is not documented in the template");
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors_naming_the_key() {
+        let err = Config::parse("[limits]\nmemroy_mb = 5\n").unwrap_err();
+        assert!(format!("{err:#}").contains("memroy_mb"), "{err:#}");
+        let err = Config::parse("[limits]\nmemory_mb = \"lots\"\n").unwrap_err();
+        assert!(format!("{err:#}").contains("memory_mb"), "{err:#}");
+        let err = Config::parse("[worker]\nlisten = \"nowhere\"\n").unwrap_err();
+        assert!(format!("{err:#}").contains("worker.listen"), "{err:#}");
+        let err = Config::parse("[sandbox]\nbackend = \"firecracker\"\n").unwrap_err();
+        assert!(format!("{err:#}").contains("firecracker"), "{err:#}");
+        let err = Config::parse("[limits]\ntimeout_ms = 0\n").unwrap_err();
+        assert!(format!("{err:#}").contains("timeout_ms"), "{err:#}");
+    }
+
+    #[test]
+    fn partial_files_keep_the_other_defaults() {
+        let c = Config::parse("[instances]\nkeep_warm = false\n").unwrap();
+        assert!(!c.instances.keep_warm);
+        assert_eq!(c.limits, Config::default().limits);
+    }
+}

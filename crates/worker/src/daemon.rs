@@ -1,0 +1,324 @@
+//! The worker's life cycle: `init` (config and base image), `serve` (the running worker),
+//! `up --detach`, `down`, `status` and `cleanup`.
+//!
+//! A running worker holds an exclusive lock on `DIR/worker.lock` for its whole life. The lock
+//! dies with the process however it ends, so "is a worker running here?" never trusts a stale
+//! pid file, and `serve` can always clean up what a killed predecessor left before starting.
+
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use sprout_sandbox::cgroup::{CgroupPool, Layout, Limits};
+use sprout_sandbox::docker::{DockerBackend, DockerConfig};
+use sprout_sandbox::runc::{RuncBackend, RuncConfig};
+use sprout_sandbox::sock::{LeanConfig, SockBackend};
+use sprout_sandbox::stage::Stage;
+use sprout_sandbox::{base, cleanup, Backend};
+
+use crate::api::{router, Api};
+use crate::archive::Caps;
+use crate::config::{BackendKind, Config, TEMPLATE};
+use crate::instances::{InstanceConfig, Instances};
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+use crate::syntax::Checker;
+
+pub use sprout_sandbox::base::Outcome as InitOutcome;
+
+const LOCK: &str = "worker.lock";
+const PID: &str = "worker.pid";
+pub const LOG: &str = "worker.log";
+
+/// Write `DIR/config.toml` (unless present) and make sure the base image exists.
+pub fn init(dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<InitOutcome> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let config_path = dir.join("config.toml");
+    if !config_path.exists() {
+        fs::write(&config_path, TEMPLATE)?;
+        progress(&format!("wrote {}", config_path.display()));
+    } else {
+        progress(&format!("keeping {}", config_path.display()));
+    }
+    let config = Config::load(dir)?;
+    for sub in ["registry", "packages"] {
+        fs::create_dir_all(dir.join(sub))?;
+    }
+    let mirror = (!config.base.mirror.is_empty()).then_some(config.base.mirror.as_str());
+    base::ensure(&config.base.path, &config.base.suite, mirror, progress)
+}
+
+/// Whether a worker holds `dir`'s lock; returns its pid when it does.
+pub fn running_pid(dir: &Path) -> Option<u32> {
+    let file = fs::OpenOptions::new().read(true).write(true).create(true).open(dir.join(LOCK)).ok()?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(_unlocked_on_drop) => None,
+        Err(_) => Some(fs::read_to_string(dir.join(PID)).ok()?.trim().parse().unwrap_or(0)),
+    }
+}
+
+/// What `status` reports.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub running: bool,
+    pub pid: Option<u32>,
+    pub listen: String,
+    pub backend: &'static str,
+    pub ready: bool,
+}
+
+pub fn status(dir: &Path) -> Result<Status> {
+    let config = Config::load(dir)?;
+    let pid = running_pid(dir);
+    let ready = pid.is_some() && http_ready(&config.worker.listen);
+    Ok(Status {
+        running: pid.is_some(),
+        pid,
+        listen: config.worker.listen,
+        backend: config.sandbox.backend.name(),
+        ready,
+    })
+}
+
+fn http_ready(listen: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(addr) = listen.parse::<SocketAddr>() else { return false };
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(b"GET /status HTTP/1.1\r\nHost: worker\r\nConnection: close\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.starts_with("HTTP/1.1 200") && out.ends_with("ready\n")
+}
+
+/// Start `exe worker up DIR` in the background, logging to DIR/worker.log; returns once it
+/// answers /status, or with the log's tail if it died.
+pub fn up_detached(dir: &Path, exe: &Path) -> Result<u32> {
+    if let Some(pid) = running_pid(dir) {
+        bail!("a worker is already running in {} (pid {pid})", dir.display());
+    }
+    let config = Config::load(dir)?;
+    let log = fs::OpenOptions::new().create(true).append(true).open(dir.join(LOG))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["worker", "up"]).arg(dir).stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let log = fs::read_to_string(dir.join(LOG)).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!("the worker exited during start-up ({status}):\n{}", tail.join("\n"));
+        }
+        if http_ready(&config.worker.listen) {
+            return Ok(child.id());
+        }
+        if Instant::now() > deadline {
+            bail!("the worker did not become ready within 120 s; see {}", dir.join(LOG).display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Stop the worker in `dir`: SIGTERM, then SIGKILL and a cleanup if it does not finish.
+/// Returns false when no worker was running.
+pub fn down(dir: &Path, grace: Duration) -> Result<bool> {
+    let Some(pid) = running_pid(dir) else { return Ok(false) };
+    if pid == 0 {
+        bail!("a worker holds {} but its pid file is missing", dir.join(LOCK).display());
+    }
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + grace;
+    while running_pid(dir).is_some() {
+        if Instant::now() > deadline {
+            tracing::warn!("the worker did not stop within {grace:?}; killing it");
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            std::thread::sleep(Duration::from_millis(200));
+            cleanup_dir(dir)?;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(true)
+}
+
+/// Remove what a dead worker left in `dir`; refuses while a worker is running there.
+pub fn cleanup_dir(dir: &Path) -> Result<cleanup::Report> {
+    if let Some(pid) = running_pid(dir) {
+        bail!("a worker is running in {} (pid {pid}); stop it with `sprout worker down`", dir.display());
+    }
+    let config = Config::load(dir)?;
+    let layout = detect_layout(&config)?;
+    let mut report = cleanup::cleanup(dir, &layout, &config.cgroup_parents(dir))?;
+    if config.sandbox.backend == BackendKind::Docker && config.docker.socket.exists() {
+        let docker = DockerBackend::new(docker_config(&config, dir), Arc::new(Stage::paths(dir)));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        report.processes_killed += rt.block_on(docker.remove_leftovers());
+    }
+    let _ = fs::remove_file(dir.join(PID));
+    Ok(report)
+}
+
+fn detect_layout(config: &Config) -> Result<Layout> {
+    let v2_root = (!config.cgroups.v2_root.is_empty()).then(|| PathBuf::from(&config.cgroups.v2_root));
+    Ok(Layout::detect(config.cgroups.version, v2_root.as_deref())?)
+}
+
+/// Run the worker in the foreground until SIGTERM or SIGINT.
+pub async fn serve(dir: &Path) -> Result<()> {
+    let dir = fs::canonicalize(dir).with_context(|| format!("{} does not exist; run `sprout worker init` first", dir.display()))?;
+    let config = Config::load(&dir)?;
+    let lock_file = fs::OpenOptions::new().read(true).write(true).create(true).open(dir.join(LOCK))?;
+    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
+        let pid = fs::read_to_string(dir.join(PID)).unwrap_or_default();
+        anyhow::anyhow!("a worker is already running in {} (pid {})", dir.display(), pid.trim())
+    })?;
+    if !base::is_ready(&config.base.path, &config.base.suite) {
+        bail!("no base image at {}; run `sprout worker init {}`", config.base.path.display(), dir.display());
+    }
+    let layout = Arc::new(detect_layout(&config)?);
+    let parents = config.cgroup_parents(&dir);
+    let leftovers = cleanup::cleanup(&dir, &layout, &parents)?;
+    if !leftovers.is_empty() {
+        tracing::warn!(?leftovers, "cleaned up after a worker that did not shut down");
+    }
+    let missing = layout.missing_controllers();
+    if !missing.is_empty() {
+        tracing::warn!(?missing, "cgroup v{} here lacks these controllers: their limits are not enforced", layout.version());
+    }
+    let listener = tokio::net::TcpListener::bind(&config.worker.listen)
+        .await
+        .with_context(|| format!("listening on {}", config.worker.listen))?;
+    let stage = Arc::new(Stage::prepare(&dir, &config.base.path)?);
+    let backend = match make_backend(&config, &dir, layout.clone(), &parents, stage.clone()).await {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = cleanup::cleanup(&dir, &layout, &parents);
+            return Err(e);
+        }
+    };
+    let caps = Caps { max_bytes: config.limits.max_unpacked_mb << 20, max_files: config.limits.max_files };
+    let checker = Checker::new(&config.base.path, &config.sandbox.python, config.sandbox.uid, config.sandbox.gid);
+    let registry = Arc::new(Registry::open(&stage.registry, caps, checker)?);
+    let metrics = Arc::new(Metrics::new(backend.clone()));
+    let instances = Instances::new(
+        backend.clone(),
+        InstanceConfig {
+            keep_warm: config.instances.keep_warm,
+            idle_timeout: Duration::from_secs(config.instances.idle_timeout_s),
+            max_per_lambda: config.instances.max_per_lambda,
+            queue_depth: config.instances.queue_depth,
+            max_total: config.instances.max_total,
+            timeout: config.timeout(),
+            limits: config.sandbox_limits(),
+        },
+        metrics.clone(),
+    );
+    let app = router(Api {
+        registry: registry.clone(),
+        instances: instances.clone(),
+        metrics,
+        max_body: (config.limits.max_body_mb << 20) as usize,
+        max_upload: (config.limits.max_upload_mb << 20) as usize,
+    });
+    fs::write(dir.join(PID), format!("{}\n", std::process::id()))?;
+    tracing::info!(
+        listen = %config.worker.listen,
+        backend = backend.name(),
+        lambdas = registry.list().len(),
+        cgroups = format!("v{}", layout.version()),
+        "worker ready"
+    );
+    let served = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(shutdown_signal())
+        .await;
+    tracing::info!("shutting down");
+    instances.shutdown().await;
+    drop(registry);
+    let report = cleanup::cleanup(&dir, &layout, &parents)?;
+    tracing::info!(mounts = report.mounts_removed, "worker stopped");
+    let _ = fs::remove_file(dir.join(PID));
+    served.context("serving HTTP")
+}
+
+async fn make_backend(config: &Config, dir: &Path, layout: Arc<Layout>, parents: &[String], stage: Arc<Stage>) -> Result<Arc<dyn Backend>> {
+    let limits = config.sandbox_limits();
+    match config.sandbox.backend {
+        BackendKind::Sock | BackendKind::SockNoZygote => {
+            let pool = Arc::new(CgroupPool::new(layout, &parents[0], limits, config.sandbox.cgroup_pool, config.sandbox.cgroup_pool * 4)?);
+            let backend = SockBackend::new(
+                LeanConfig {
+                    zygote: config.sandbox.backend == BackendKind::Sock,
+                    uid: config.sandbox.uid,
+                    gid: config.sandbox.gid,
+                    mount_proc: config.sandbox.mount_proc,
+                    scratch_mb: config.sandbox.scratch_mb,
+                    python: config.sandbox.python.clone(),
+                    start_timeout: config.start_timeout(),
+                    max_response: (config.limits.max_response_mb << 20) as u32,
+                    zygote_limits: Limits { memory_bytes: config.sandbox.zygote_memory_mb << 20, pids: 1024, cpus: 0.0 },
+                },
+                stage,
+                pool,
+            );
+            backend.start().await.map_err(|e| anyhow::anyhow!("starting the root Zygote: {e}"))?;
+            Ok(Arc::new(backend))
+        }
+        BackendKind::Runc => Ok(Arc::new(RuncBackend::new(
+            RuncConfig {
+                binary: config.runc.binary.clone(),
+                uid: config.sandbox.uid,
+                gid: config.sandbox.gid,
+                python: config.sandbox.python.clone(),
+                start_timeout: config.start_timeout(),
+                max_response: (config.limits.max_response_mb << 20) as u32,
+                cgroup_parent: parents[1].clone(),
+                cpuset: config.cpuset(),
+            },
+            stage,
+        ))),
+        BackendKind::Docker => {
+            let backend = DockerBackend::new(docker_config(config, dir), stage);
+            backend.prepare().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            Ok(Arc::new(backend))
+        }
+    }
+}
+
+fn docker_config(config: &Config, dir: &Path) -> DockerConfig {
+    DockerConfig {
+        socket: config.docker.socket.clone(),
+        image: config.docker.image.clone(),
+        base_image: config.base.path.clone(),
+        worker_label: config.worker_name(dir),
+        uid: config.sandbox.uid,
+        gid: config.sandbox.gid,
+        python: config.sandbox.python.clone(),
+        start_timeout: config.start_timeout(),
+        max_response: (config.limits.max_response_mb << 20) as u32,
+        cpuset: config.cpuset(),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,398 @@
+//! Sandboxes per lambda: who serves a request, and what happens to a sandbox afterwards.
+//!
+//! A request takes an idle sandbox of its lambda's current version (a warm start) or, while
+//! the lambda has fewer than `max_per_lambda` sandboxes and the worker fewer than
+//! `max_total`, provisions a new one (a cold start); otherwise it waits in the lambda's
+//! bounded queue (429 when full) until a sandbox or room for one is handed to it. Several
+//! sandboxes thus serve one lambda concurrently when requests queue. After a request a healthy
+//! sandbox goes to the next waiter or becomes idle (with `keep_warm`); a failed one, one of a
+//! replaced version, or any with `keep_warm = false` is destroyed in the background. Idle
+//! sandboxes are destroyed after `idle_timeout`, and evicted least recently used first when
+//! the worker needs room for another lambda.
+//!
+//! All state sits behind one mutex, held only for bookkeeping (never across a sandbox
+//! operation), which keeps the hand-offs between requests simple to reason about.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use sprout_sandbox::channel::{Reply, Request};
+use sprout_sandbox::{Backend, CreateError, InvokeError, Limits, Sandbox, SandboxSpec};
+use tokio::sync::oneshot;
+
+use crate::metrics::{Metrics, SandboxState};
+use crate::registry::Lambda;
+
+#[derive(Debug, Clone)]
+pub struct InstanceConfig {
+    pub keep_warm: bool,
+    pub idle_timeout: Duration,
+    pub max_per_lambda: usize,
+    pub queue_depth: usize,
+    pub max_total: usize,
+    /// Time limit of one request in its sandbox; also the longest a request may queue.
+    pub timeout: Duration,
+    pub limits: Limits,
+}
+
+/// Why a request got no reply from its handler.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    #[error("{0} requests are already waiting for this lambda")]
+    QueueFull(usize),
+    #[error("no sandbox became free within {0:?}")]
+    QueueTimeout(Duration),
+    #[error("the worker is shutting down")]
+    ShuttingDown,
+    #[error("the lambda failed to load: {message}")]
+    Load { message: String, traceback: Option<String> },
+    #[error("no sandbox could be provisioned: {0}")]
+    Platform(String),
+    #[error(transparent)]
+    Sandbox(#[from] InvokeError),
+}
+
+/// A reply from a handler.
+pub struct Invocation {
+    pub reply: Reply,
+    pub body: Bytes,
+    pub cold: bool,
+    pub sandbox: u64,
+}
+
+struct Idle {
+    sandbox: Sandbox,
+    lambda: Arc<Lambda>,
+    since: Instant,
+}
+
+enum Grant {
+    /// A sandbox handed over by the request that just used it.
+    Sandbox(Sandbox, Arc<Lambda>),
+    /// Room to provision a new sandbox (already counted as live).
+    Room,
+}
+
+#[derive(Default)]
+struct Pool {
+    idle: Vec<Idle>,
+    /// Sandboxes of this lambda that exist or are being made.
+    live: usize,
+    waiters: VecDeque<oneshot::Sender<Grant>>,
+    served: u64,
+}
+
+#[derive(Default)]
+struct State {
+    pools: HashMap<String, Pool>,
+    total: usize,
+}
+
+pub struct Instances {
+    backend: Arc<dyn Backend>,
+    cfg: InstanceConfig,
+    state: Mutex<State>,
+    metrics: Arc<Metrics>,
+    destroying: Arc<AtomicUsize>,
+    closed: AtomicBool,
+}
+
+/// A sandbox lent to one request.
+struct Lease {
+    sandbox: Sandbox,
+    lambda: Arc<Lambda>,
+    cold: bool,
+}
+
+impl Instances {
+    pub fn new(backend: Arc<dyn Backend>, cfg: InstanceConfig, metrics: Arc<Metrics>) -> Arc<Instances> {
+        let instances = Arc::new(Instances {
+            backend,
+            cfg,
+            state: Mutex::new(State::default()),
+            metrics,
+            destroying: Arc::new(AtomicUsize::new(0)),
+            closed: AtomicBool::new(false),
+        });
+        let weak = Arc::downgrade(&instances);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                match weak.upgrade() {
+                    Some(i) => i.reap_idle(),
+                    None => return,
+                }
+            }
+        });
+        instances
+    }
+
+    /// Run one request on a sandbox of `lambda`.
+    pub async fn invoke(&self, lambda: &Arc<Lambda>, request: &Request, body: &[u8]) -> Result<Invocation, Failure> {
+        let mut lease = self.acquire(lambda).await?;
+        let result = lease.sandbox.invoke(request, body, self.cfg.timeout).await;
+        let reusable = result.is_ok() && lease.sandbox.reusable();
+        let (cold, sandbox) = (lease.cold, lease.sandbox.id);
+        self.release(lease, reusable);
+        let (reply, body) = result?;
+        Ok(Invocation { reply, body, cold, sandbox })
+    }
+
+    async fn acquire(&self, lambda: &Arc<Lambda>) -> Result<Lease, Failure> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Failure::ShuttingDown);
+        }
+        enum Next {
+            Warm(Sandbox),
+            Create,
+            Wait(oneshot::Receiver<Grant>),
+        }
+        let mut doomed = Vec::new();
+        let next = {
+            let mut st = self.state.lock().unwrap();
+            let State { pools, total } = &mut *st;
+            let pool = pools.entry(lambda.name.clone()).or_default();
+            // Sandboxes of a replaced version are never reused.
+            let (current, stale): (Vec<Idle>, Vec<Idle>) =
+                pool.idle.drain(..).partition(|i| i.lambda.version == lambda.version);
+            pool.idle = current;
+            pool.live -= stale.len();
+            *total -= stale.len();
+            doomed.extend(stale.into_iter().map(|i| i.sandbox));
+            if let Some(idle) = pool.idle.pop() {
+                Next::Warm(idle.sandbox)
+            } else if pool.live < self.cfg.max_per_lambda && (*total < self.cfg.max_total || evict_lru(pools, total, &mut doomed)) {
+                let pool = pools.get_mut(&lambda.name).unwrap();
+                pool.live += 1;
+                *total += 1;
+                Next::Create
+            } else {
+                let pool = pools.get_mut(&lambda.name).unwrap();
+                pool.waiters.retain(|w| !w.is_closed());
+                if pool.waiters.len() >= self.cfg.queue_depth {
+                    drop(st);
+                    self.metrics.sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
+                    self.destroy_all(doomed);
+                    return Err(Failure::QueueFull(self.cfg.queue_depth));
+                }
+                let (tx, rx) = oneshot::channel();
+                pool.waiters.push_back(tx);
+                Next::Wait(rx)
+            }
+        };
+        let idle_gone = doomed.len() + matches!(next, Next::Warm(_)) as usize;
+        self.metrics.sandbox_state(SandboxState::Idle, -(idle_gone as i64));
+        self.destroy_all(doomed);
+        match next {
+            Next::Warm(sandbox) => {
+                self.metrics.sandbox_state(SandboxState::Busy, 1);
+                Ok(Lease { sandbox, lambda: lambda.clone(), cold: false })
+            }
+            Next::Create => self.create(lambda).await,
+            Next::Wait(mut rx) => {
+                let granted = tokio::select! {
+                    grant = &mut rx => grant,
+                    _ = tokio::time::sleep(self.cfg.timeout) => {
+                        // A grant may have arrived just now: never lose it.
+                        rx.close();
+                        match rx.try_recv() {
+                            Ok(Grant::Room) => self.give_back_room(&lambda.name),
+                            Ok(Grant::Sandbox(sandbox, owner)) => {
+                                self.release(Lease { sandbox, lambda: owner, cold: false }, true)
+                            }
+                            Err(_) => {}
+                        }
+                        return Err(Failure::QueueTimeout(self.cfg.timeout));
+                    }
+                };
+                match granted {
+                    Ok(Grant::Sandbox(sandbox, owner)) if owner.version == lambda.version => {
+                        Ok(Lease { sandbox, lambda: owner, cold: false })
+                    }
+                    Ok(Grant::Sandbox(sandbox, owner)) => {
+                        // A sandbox of another version: swap it for room to make a current one.
+                        self.metrics.sandbox_state(SandboxState::Busy, -1);
+                        self.destroy_all(vec![sandbox]);
+                        drop(owner);
+                        self.create(lambda).await
+                    }
+                    Ok(Grant::Room) => self.create(lambda).await,
+                    Err(_) => Err(Failure::ShuttingDown),
+                }
+            }
+        }
+    }
+
+    /// Provision a sandbox for `lambda`; room for it is already counted.
+    async fn create(&self, lambda: &Arc<Lambda>) -> Result<Lease, Failure> {
+        let spec = SandboxSpec {
+            lambda: lambda.name.clone(),
+            code_dir: lambda.dir.clone(),
+            limits: self.cfg.limits,
+            env: Vec::new(),
+        };
+        self.metrics.sandbox_state(SandboxState::Starting, 1);
+        let created = self.backend.create(&spec).await;
+        self.metrics.sandbox_state(SandboxState::Starting, -1);
+        match created {
+            Ok(sandbox) => {
+                self.metrics.sandbox_started(sandbox.startup);
+                self.metrics.sandbox_state(SandboxState::Busy, 1);
+                Ok(Lease { sandbox, lambda: lambda.clone(), cold: true })
+            }
+            Err(e) => {
+                self.give_back_room(&lambda.name);
+                Err(match e {
+                    CreateError::Load { message, traceback } => Failure::Load { message, traceback },
+                    CreateError::Platform(m) => Failure::Platform(m),
+                })
+            }
+        }
+    }
+
+    /// Return a sandbox after its request.
+    fn release(&self, lease: Lease, reusable: bool) {
+        self.metrics.sandbox_state(SandboxState::Busy, -1);
+        let Lease { sandbox, lambda, .. } = lease;
+        let keep = reusable && self.cfg.keep_warm && !self.closed.load(Ordering::Acquire) && lambda.is_current();
+        let mut st = self.state.lock().unwrap();
+        let pool = st.pools.entry(lambda.name.clone()).or_default();
+        pool.served += 1;
+        if keep {
+            let mut grant = Grant::Sandbox(sandbox, lambda);
+            while let Some(waiter) = pool.waiters.pop_front() {
+                self.metrics.sandbox_state(SandboxState::Busy, 1);
+                match waiter.send(grant) {
+                    Ok(()) => return,
+                    Err(returned) => {
+                        self.metrics.sandbox_state(SandboxState::Busy, -1);
+                        grant = returned;
+                    }
+                }
+            }
+            if let Grant::Sandbox(sandbox, lambda) = grant {
+                pool.idle.push(Idle { sandbox, lambda, since: Instant::now() });
+                self.metrics.sandbox_state(SandboxState::Idle, 1);
+            }
+            return;
+        }
+        drop(st);
+        self.destroy_all(vec![sandbox]);
+        self.give_back_room(&lambda.name);
+    }
+
+    /// One sandbox of `name` is gone: let a waiting request (of this lambda first) use the room.
+    fn give_back_room(&self, name: &str) {
+        let mut st = self.state.lock().unwrap();
+        let State { pools, total } = &mut *st;
+        if let Some(pool) = pools.get_mut(name) {
+            pool.live -= 1;
+        }
+        *total -= 1;
+        let mut order: Vec<String> = vec![name.to_string()];
+        order.extend(pools.keys().filter(|k| k.as_str() != name).cloned());
+        for key in order {
+            let Some(pool) = pools.get_mut(&key) else { continue };
+            if pool.live >= self.cfg.max_per_lambda || *total >= self.cfg.max_total {
+                continue;
+            }
+            while let Some(waiter) = pool.waiters.pop_front() {
+                if waiter.send(Grant::Room).is_ok() {
+                    pool.live += 1;
+                    *total += 1;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn destroy_all(&self, sandboxes: Vec<Sandbox>) {
+        for sandbox in sandboxes {
+            let backend = self.backend.clone();
+            let destroying = self.destroying.clone();
+            destroying.fetch_add(1, Ordering::AcqRel);
+            tokio::spawn(async move {
+                backend.destroy(sandbox).await;
+                destroying.fetch_sub(1, Ordering::AcqRel);
+            });
+        }
+    }
+
+    /// Destroy sandboxes idle longer than `idle_timeout`, or whose lambda was replaced.
+    fn reap_idle(&self) {
+        let mut doomed = Vec::new();
+        {
+            let mut st = self.state.lock().unwrap();
+            let State { pools, total } = &mut *st;
+            for pool in pools.values_mut() {
+                let before = pool.idle.len();
+                let (keep, expired): (Vec<Idle>, Vec<Idle>) = pool
+                    .idle
+                    .drain(..)
+                    .partition(|i| i.since.elapsed() < self.cfg.idle_timeout && i.lambda.is_current());
+                pool.idle = keep;
+                let gone = before - pool.idle.len();
+                pool.live -= gone;
+                *total -= gone;
+                doomed.extend(expired.into_iter().map(|i| i.sandbox));
+            }
+            pools.retain(|_, p| p.live > 0 || !p.waiters.is_empty());
+        }
+        self.metrics.sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
+        self.destroy_all(doomed);
+    }
+
+    /// Per-lambda figures for `/stats`.
+    pub fn stats(&self) -> Value {
+        let st = self.state.lock().unwrap();
+        let mut out = serde_json::Map::new();
+        for (name, pool) in &st.pools {
+            out.insert(
+                name.clone(),
+                json!({"sandboxes": pool.live, "idle": pool.idle.len(), "queued": pool.waiters.len(), "served": pool.served}),
+            );
+        }
+        json!({"total_sandboxes": st.total, "per_lambda": out})
+    }
+
+    /// Stop taking requests, destroy every idle sandbox and wait for destruction to finish.
+    pub async fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
+        let doomed: Vec<Sandbox> = {
+            let mut st = self.state.lock().unwrap();
+            let mut all = Vec::new();
+            for pool in st.pools.values_mut() {
+                pool.waiters.clear();
+                all.extend(pool.idle.drain(..).map(|i| i.sandbox));
+            }
+            all
+        };
+        self.metrics.sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
+        self.destroy_all(doomed);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.destroying.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.backend.shutdown().await;
+    }
+}
+
+/// Make room by removing the least recently used idle sandbox of any lambda.
+fn evict_lru(pools: &mut HashMap<String, Pool>, total: &mut usize, doomed: &mut Vec<Sandbox>) -> bool {
+    let oldest = pools
+        .iter()
+        .flat_map(|(name, p)| p.idle.iter().enumerate().map(move |(i, idle)| (idle.since, name.clone(), i)))
+        .min_by_key(|(since, _, _)| *since);
+    let Some((_, name, index)) = oldest else { return false };
+    let pool = pools.get_mut(&name).unwrap();
+    let idle = pool.idle.remove(index);
+    pool.live -= 1;
+    *total -= 1;
+    doomed.push(idle.sandbox);
+    true
+}

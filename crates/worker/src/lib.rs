@@ -1,0 +1,21 @@
+//! Sprout's worker: an OpenLambda-compatible serverless worker on SOCK's lean sandboxes.
+//!
+//! It reads the same way as OpenLambda's worker, one module per layer, a request walking
+//! down once and back:
+//!
+//! * [`api`] — how requests arrive: the HTTP routes (`/run`, `/registry`, `/stats`, ...).
+//! * [`registry`] and [`archive`], [`syntax`] — what runs: lambda code, uploaded and checked.
+//! * [`instances`] — which sandbox serves a request: warm reuse, cold starts, queues.
+//! * the sandboxes themselves live in the `sprout-sandbox` crate, behind one `Backend` trait.
+//!
+//! [`config`] is `DIR/config.toml`; [`daemon`] starts, stops and cleans up a worker;
+//! [`metrics`] counts for `/stats` and `/metrics`.
+
+pub mod api;
+pub mod archive;
+pub mod config;
+pub mod daemon;
+pub mod instances;
+pub mod metrics;
+pub mod registry;
+pub mod syntax;

@@ -1,0 +1,230 @@
+//! What the worker counts: Prometheus metrics for `/metrics` (invocations, cold starts,
+//! latencies, sandboxes by state, errors by kind, cgroup pool use) and the same figures with
+//! latency percentiles (HdrHistogram) for the JSON of `/stats`.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram as Hdr;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use serde_json::{json, Value};
+use sprout_sandbox::Backend;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InvocationLabels {
+    lambda: String,
+    start: &'static str,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StartLabels {
+    start: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+/// Sandbox states for the `sprout_sandboxes` gauge.
+#[derive(Clone, Copy, Debug)]
+pub enum SandboxState {
+    Starting,
+    Busy,
+    Idle,
+}
+
+impl SandboxState {
+    fn label(self) -> &'static str {
+        match self {
+            SandboxState::Starting => "starting",
+            SandboxState::Busy => "busy",
+            SandboxState::Idle => "idle",
+        }
+    }
+}
+
+/// Exposes the backend's own counters at scrape time.
+struct BackendCollector {
+    backend: Arc<dyn Backend>,
+}
+
+impl std::fmt::Debug for BackendCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BackendCollector({})", self.backend.name())
+    }
+}
+
+impl Collector for BackendCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = self.backend.stats();
+        let counters = [
+            ("sprout_sandboxes_created", "Sandboxes provisioned", s.created),
+            ("sprout_sandboxes_destroyed", "Sandboxes destroyed", s.destroyed),
+            ("sprout_sandbox_create_failures", "Sandboxes that failed to provision", s.create_failures),
+            ("sprout_cgroups_created", "Cgroups created (pool misses)", s.cgroups_created),
+            ("sprout_cgroups_reused", "Cgroups taken from the pool", s.cgroups_reused),
+            ("sprout_zygote_restarts", "Times the root Zygote was replaced", s.zygote_restarts),
+        ];
+        for (name, help, value) in counters {
+            let counter = ConstCounter::new(value);
+            let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+            counter.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
+struct Percentiles {
+    cold: Hdr<u64>,
+    warm: Hdr<u64>,
+    sandbox_start: Hdr<u64>,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    invocations: Family<InvocationLabels, Counter>,
+    cold_starts: Counter,
+    latency: Family<StartLabels, Histogram>,
+    sandbox_start: Histogram,
+    sandboxes: Family<StateLabels, Gauge>,
+    errors: Family<KindLabels, Counter>,
+    percentiles: Mutex<Percentiles>,
+    started: Instant,
+    backend: Arc<dyn Backend>,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0002, 2.0, 18))
+}
+
+impl Metrics {
+    pub fn new(backend: Arc<dyn Backend>) -> Metrics {
+        let mut registry = Registry::default();
+        let invocations = Family::<InvocationLabels, Counter>::default();
+        let cold_starts = Counter::default();
+        let latency = Family::<StartLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
+        let sandbox_start = latency_histogram();
+        let sandboxes = Family::<StateLabels, Gauge>::default();
+        let errors = Family::<KindLabels, Counter>::default();
+        registry.register("sprout_invocations", "Requests to lambdas, by lambda, start and outcome", invocations.clone());
+        registry.register("sprout_cold_starts", "Requests that needed a new sandbox", cold_starts.clone());
+        registry.register(
+            "sprout_request_duration_seconds",
+            "Time from receiving a request to having its reply, by cold or warm start",
+            latency.clone(),
+        );
+        registry.register("sprout_sandbox_start_duration_seconds", "Time to provision a sandbox and load its lambda", sandbox_start.clone());
+        registry.register("sprout_sandboxes", "Sandboxes by state", sandboxes.clone());
+        registry.register("sprout_errors", "Failed requests, by error code", errors.clone());
+        registry.register_collector(Box::new(BackendCollector { backend: backend.clone() }));
+        for state in [SandboxState::Starting, SandboxState::Busy, SandboxState::Idle] {
+            sandboxes.get_or_create(&StateLabels { state: state.label() }).set(0);
+        }
+        let hdr = || Hdr::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds");
+        Metrics {
+            registry,
+            invocations,
+            cold_starts,
+            latency,
+            sandbox_start,
+            sandboxes,
+            errors,
+            percentiles: Mutex::new(Percentiles { cold: hdr(), warm: hdr(), sandbox_start: hdr() }),
+            started: Instant::now(),
+            backend,
+        }
+    }
+
+    /// A request that reached a sandbox and got a reply (the handler may still have failed).
+    pub fn invocation(&self, lambda: &str, cold: bool, outcome: &str, elapsed: Duration) {
+        let start = if cold { "cold" } else { "warm" };
+        self.invocations
+            .get_or_create(&InvocationLabels { lambda: lambda.to_string(), start, outcome: outcome.to_string() })
+            .inc();
+        if cold {
+            self.cold_starts.inc();
+        }
+        self.latency.get_or_create(&StartLabels { start }).observe(elapsed.as_secs_f64());
+        let micros = (elapsed.as_micros() as u64).max(1);
+        let mut p = self.percentiles.lock().unwrap();
+        let hist = if cold { &mut p.cold } else { &mut p.warm };
+        let _ = hist.record(micros);
+    }
+
+    pub fn error(&self, code: &str) {
+        self.errors.get_or_create(&KindLabels { kind: code.to_string() }).inc();
+    }
+
+    pub fn sandbox_started(&self, elapsed: Duration) {
+        self.sandbox_start.observe(elapsed.as_secs_f64());
+        let _ = self.percentiles.lock().unwrap().sandbox_start.record((elapsed.as_micros() as u64).max(1));
+    }
+
+    pub fn sandbox_state(&self, state: SandboxState, delta: i64) {
+        self.sandboxes.get_or_create(&StateLabels { state: state.label() }).inc_by(delta);
+    }
+
+    pub fn prometheus(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        out
+    }
+
+    /// The JSON of `/stats`.
+    pub fn stats(&self, lambdas: Value) -> Value {
+        let summary = |h: &Hdr<u64>| {
+            let ms = |v: u64| (v as f64) / 1000.0;
+            json!({
+                "count": h.len(),
+                "p50_ms": ms(h.value_at_quantile(0.5)),
+                "p90_ms": ms(h.value_at_quantile(0.9)),
+                "p99_ms": ms(h.value_at_quantile(0.99)),
+                "max_ms": ms(h.max()),
+                "mean_ms": h.mean() / 1000.0,
+            })
+        };
+        let p = self.percentiles.lock().unwrap();
+        let gauge = |s: SandboxState| self.sandboxes.get_or_create(&StateLabels { state: s.label() }).get();
+        let errors: serde_json::Map<String, Value> = {
+            let mut out = serde_json::Map::new();
+            // Families are not iterable; the error codes are a closed set.
+            for code in crate::api::ERROR_CODES {
+                let n = self.errors.get_or_create(&KindLabels { kind: code.to_string() }).get();
+                if n > 0 {
+                    out.insert(code.to_string(), json!(n));
+                }
+            }
+            out
+        };
+        json!({
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "backend": self.backend.name(),
+            "invocations": p.cold.len() + p.warm.len(),
+            "cold_starts": p.cold.len(),
+            "warm_starts": p.warm.len(),
+            "latency": {"cold": summary(&p.cold), "warm": summary(&p.warm)},
+            "sandbox_start": summary(&p.sandbox_start),
+            "sandboxes": {
+                "starting": gauge(SandboxState::Starting),
+                "busy": gauge(SandboxState::Busy),
+                "idle": gauge(SandboxState::Idle),
+            },
+            "errors": errors,
+            "backend_counters": self.backend.stats(),
+            "lambdas": lambdas,
+        })
+    }
+}

@@ -1,0 +1,221 @@
+//! The lambda registry: each lambda's code, as uploaded through `POST /registry/<name>`.
+//!
+//! Versions are immutable directories, `DIR/registry/<name>@<version>/`, with their metadata
+//! beside them in `<name>@<version>.json`. An upload is unpacked and checked in a staging
+//! directory and published with one rename, so a half-unpacked lambda is never served.
+//! Replacing a lambda takes effect for the next sandbox; sandboxes still running the old
+//! version keep their code mounted, and the old directory is removed when the last of them
+//! lets go of its [`Lambda`] (an `Arc`). On start the newest version of each name is kept.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::archive::{self, ArchiveError, Caps};
+use crate::syntax::Checker;
+
+/// One published version of a lambda.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Lambda {
+    pub name: String,
+    pub version: u64,
+    /// sha256 of the uploaded archive.
+    pub sha256: String,
+    pub archive_bytes: u64,
+    pub files: usize,
+    pub unpacked_bytes: u64,
+    /// Seconds since the Unix epoch.
+    pub uploaded: u64,
+    #[serde(skip)]
+    pub dir: PathBuf,
+    #[serde(skip)]
+    retired: AtomicBool,
+}
+
+impl Lambda {
+    /// False once the lambda was replaced or deleted.
+    pub fn is_current(&self) -> bool {
+        !self.retired.load(Ordering::Acquire)
+    }
+
+    fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+        let _ = fs::remove_file(self.dir.with_extension("json"));
+    }
+}
+
+impl Drop for Lambda {
+    fn drop(&mut self) {
+        if self.retired.load(Ordering::Acquire) {
+            if let Err(e) = fs::remove_dir_all(&self.dir) {
+                tracing::warn!("removing retired code {}: {e}", self.dir.display());
+            }
+        }
+    }
+}
+
+/// Why an upload was refused; `code` is the API's stable error code.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    #[error("invalid lambda name {0:?}: use 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit")]
+    InvalidName(String),
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    #[error("syntax error in {0}")]
+    Syntax(crate::syntax::SyntaxError),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl UploadError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            UploadError::InvalidName(_) => "invalid_name",
+            UploadError::Archive(e) => e.code(),
+            UploadError::Syntax(_) => "syntax_error",
+            UploadError::Internal(_) => "internal",
+        }
+    }
+}
+
+/// Whether `name` is a valid lambda name.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.chars().next().map(|c| c.is_ascii_alphanumeric()).unwrap_or(false)
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+pub struct Registry {
+    dir: PathBuf,
+    caps: Caps,
+    checker: Checker,
+    lambdas: RwLock<HashMap<String, Arc<Lambda>>>,
+    next_version: AtomicU64,
+}
+
+impl Registry {
+    /// Open the registry at `dir`, keeping the newest version of each lambda found there.
+    pub fn open(dir: &Path, caps: Caps, checker: Checker) -> anyhow::Result<Registry> {
+        fs::create_dir_all(dir)?;
+        let staging = dir.join(".staging");
+        if staging.exists() {
+            fs::remove_dir_all(&staging)?;
+        }
+        let mut newest: HashMap<String, Lambda> = HashMap::new();
+        let mut max_version = 0;
+        for entry in fs::read_dir(dir)? {
+            let path = entry?.path();
+            let Some((name, version)) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.rsplit_once('@'))
+                .and_then(|(n, v)| Some((n.to_string(), v.parse::<u64>().ok()?)))
+            else {
+                continue;
+            };
+            if !path.is_dir() {
+                continue;
+            }
+            max_version = max_version.max(version);
+            let meta = fs::read(path.with_extension("json")).ok().and_then(|b| serde_json::from_slice::<Lambda>(&b).ok());
+            let Some(mut lambda) = meta.filter(|m| m.name == name && m.version == version) else {
+                tracing::warn!("removing {}: no metadata (an interrupted upload)", path.display());
+                let _ = fs::remove_dir_all(&path);
+                continue;
+            };
+            lambda.dir = path;
+            let older = match newest.get(&name) {
+                Some(current) if current.version > version => Some(lambda),
+                _ => newest.insert(name, lambda),
+            };
+            if let Some(old) = older {
+                old.retire();
+            }
+        }
+        let lambdas = newest.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
+        Ok(Registry {
+            dir: dir.to_path_buf(),
+            caps,
+            checker,
+            lambdas: RwLock::new(lambdas),
+            next_version: AtomicU64::new(max_version + 1),
+        })
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Lambda>> {
+        self.lambdas.read().unwrap().get(name).cloned()
+    }
+
+    /// All lambdas, by name.
+    pub fn list(&self) -> Vec<Arc<Lambda>> {
+        let mut all: Vec<_> = self.lambdas.read().unwrap().values().cloned().collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// Check and publish a new version of `name` from a tar.gz (blocking: unpacks and runs
+    /// the syntax check).
+    pub fn upload(&self, name: &str, archive_data: &[u8]) -> Result<Arc<Lambda>, UploadError> {
+        if !valid_name(name) {
+            return Err(UploadError::InvalidName(name.to_string()));
+        }
+        let version = self.next_version.fetch_add(1, Ordering::Relaxed);
+        let staging = self.dir.join(".staging").join(format!("{name}@{version}"));
+        let internal = |e: std::io::Error| UploadError::Internal(e.to_string());
+        fs::create_dir_all(&staging).map_err(internal)?;
+        let result = self.check_and_publish(name, version, archive_data, &staging);
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&staging);
+        }
+        result
+    }
+
+    fn check_and_publish(&self, name: &str, version: u64, data: &[u8], staging: &Path) -> Result<Arc<Lambda>, UploadError> {
+        let unpacked = archive::unpack(data, staging, self.caps)?;
+        let source = fs::read(staging.join("f.py")).map_err(|e| UploadError::Internal(e.to_string()))?;
+        match self.checker.check(&source) {
+            Ok(None) => {}
+            Ok(Some(err)) => return Err(UploadError::Syntax(err)),
+            Err(e) => return Err(UploadError::Internal(format!("{e:#}"))),
+        }
+        let dir = self.dir.join(format!("{name}@{version}"));
+        let lambda = Lambda {
+            name: name.to_string(),
+            version,
+            sha256: hex::encode(Sha256::digest(data)),
+            archive_bytes: data.len() as u64,
+            files: unpacked.files,
+            unpacked_bytes: unpacked.bytes,
+            uploaded: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            dir: dir.clone(),
+            retired: AtomicBool::new(false),
+        };
+        let internal = |e: std::io::Error| UploadError::Internal(e.to_string());
+        fs::write(dir.with_extension("json"), serde_json::to_vec_pretty(&lambda).unwrap()).map_err(internal)?;
+        fs::rename(staging, &dir).map_err(internal)?;
+        let lambda = Arc::new(lambda);
+        let previous = self.lambdas.write().unwrap().insert(name.to_string(), lambda.clone());
+        if let Some(old) = previous {
+            old.retire();
+        }
+        Ok(lambda)
+    }
+
+    /// Remove `name`; false when there is no such lambda.
+    pub fn delete(&self, name: &str) -> bool {
+        match self.lambdas.write().unwrap().remove(name) {
+            Some(old) => {
+                old.retire();
+                true
+            }
+            None => false,
+        }
+    }
+}

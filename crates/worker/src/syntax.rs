@@ -1,0 +1,123 @@
+//! Checking an uploaded f.py for syntax errors before it is accepted, with the interpreter the
+//! lambda will run on: the base image's python3, chrooted into the base, as the unprivileged
+//! sandbox user, under CPU, memory and time limits. Only `compile()` runs — never the code.
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+const CHECK: &str = r#"
+import json, sys
+source = sys.stdin.buffer.read()
+try:
+    compile(source, "f.py", "exec", dont_inherit=True)
+except SyntaxError as e:
+    print(json.dumps({"message": e.msg, "line": e.lineno, "offset": e.offset, "text": (e.text or "").rstrip()}))
+    sys.exit(3)
+except (ValueError, MemoryError, RecursionError) as e:
+    print(json.dumps({"message": f"{type(e).__name__}: {e}", "line": None, "offset": None, "text": ""}))
+    sys.exit(3)
+"#;
+
+/// A syntax error found in f.py.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SyntaxError {
+    pub message: String,
+    pub line: Option<u32>,
+    pub offset: Option<u32>,
+    pub text: String,
+}
+
+impl std::fmt::Display for SyntaxError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "f.py line {line}: {}", self.message)?,
+            None => write!(f, "f.py: {}", self.message)?,
+        }
+        if !self.text.is_empty() {
+            write!(f, ": {}", self.text.trim())?;
+        }
+        Ok(())
+    }
+}
+
+pub struct Checker {
+    base: PathBuf,
+    python: String,
+    uid: u32,
+    gid: u32,
+}
+
+impl Checker {
+    pub fn new(base: &Path, python: &str, uid: u32, gid: u32) -> Checker {
+        Checker { base: base.to_path_buf(), python: python.to_string(), uid, gid }
+    }
+
+    /// `Ok(None)` when `source` compiles, `Ok(Some(error))` when it does not; `Err` when the
+    /// check itself could not run.
+    pub fn check(&self, source: &[u8]) -> anyhow::Result<Option<SyntaxError>> {
+        let base = sprout_sandbox::mounts::cpath(&self.base)?;
+        let (uid, gid) = (self.uid, self.gid);
+        let mut cmd = Command::new(&self.python);
+        cmd.args(["-I", "-S", "-c", CHECK])
+            .env_clear()
+            .env("LANG", "C.UTF-8")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // Enter the base, then drop root and cap resources; only raw system calls here.
+        unsafe {
+            cmd.pre_exec(move || {
+                let limit = |res, value: u64| {
+                    let lim = libc::rlimit { rlim_cur: value, rlim_max: value };
+                    libc::setrlimit(res, &lim)
+                };
+                if libc::chroot(base.as_ptr()) != 0
+                    || libc::chdir(c"/".as_ptr()) != 0
+                    || limit(libc::RLIMIT_AS, 512 << 20) != 0
+                    || limit(libc::RLIMIT_CPU, 10) != 0
+                    || limit(libc::RLIMIT_NPROC, 64) != 0
+                    || libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0
+                    || libc::syscall(libc::SYS_setgid, gid as libc::c_long) != 0
+                    || libc::syscall(libc::SYS_setuid, uid as libc::c_long) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        let mut stdin = child.stdin.take().unwrap();
+        let source = source.to_vec();
+        let writer = std::thread::spawn(move || {
+            let _ = stdin.write_all(&source);
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            if child.try_wait()?.is_some() || std::time::Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if child.try_wait()?.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow::bail!("checking f.py's syntax took too long");
+        }
+        let _ = writer.join();
+        let output = child.wait_with_output()?;
+        match output.status.code() {
+            Some(0) => Ok(None),
+            Some(3) => Ok(Some(serde_json::from_slice(&output.stdout)?)),
+            _ => anyhow::bail!(
+                "the syntax check failed to run ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ),
+        }
+    }
+}

@@ -1,0 +1,5 @@
+"""Echo: returns the event it was given."""
+
+
+def f(event):
+    return event

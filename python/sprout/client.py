@@ -1,0 +1,135 @@
+"""A client of a Sprout worker's HTTP API (OpenLambda's): run, deploy and manage lambdas.
+
+    >>> import sprout
+    >>> worker = sprout.Client("http://127.0.0.1:5000")
+    >>> worker.deploy("examples/lambdas/echo")
+    >>> worker.run("echo", {"hello": "world"})
+    {'hello': 'world'}
+
+Errors from the worker raise :class:`SproutError` carrying its HTTP status, its stable error
+code (``timeout``, ``handler_exception``, ...) and, for handler failures, the traceback.
+"""
+
+import io
+import json
+import os
+import tarfile
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+_SKIP = {"__pycache__", ".git", ".pytest_cache"}
+
+
+class SproutError(Exception):
+    """The worker refused or failed a request."""
+
+    def __init__(self, status, code, message, body=None):
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.body = body or {}
+
+    @property
+    def traceback(self):
+        return self.body.get("traceback")
+
+
+@dataclass
+class Response:
+    """A raw HTTP reply, for lambdas that are WSGI applications."""
+
+    status: int
+    headers: Mapping = field(default_factory=dict)  # case-insensitive (email.message.Message)
+    body: bytes = b""
+
+    def json(self):
+        return json.loads(self.body)
+
+
+def pack(directory):
+    """A lambda directory (holding f.py) as tar.gz bytes, without caches."""
+    if not os.path.isfile(os.path.join(directory, "f.py")):
+        raise ValueError(f"{directory} has no f.py")
+    buffer = io.BytesIO()
+
+    def keep(info):
+        parts = info.name.split("/")
+        return None if _SKIP.intersection(parts) else info
+
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for entry in sorted(os.listdir(directory)):
+            archive.add(os.path.join(directory, entry), arcname=entry, filter=keep)
+    return buffer.getvalue()
+
+
+class Client:
+    def __init__(self, url="http://127.0.0.1:5000", timeout=120):
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def _call(self, method, path, body=None, headers=None):
+        request = urllib.request.Request(self.url + path, data=body, method=method, headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as reply:
+                return Response(reply.status, reply.headers, reply.read())
+        except urllib.error.HTTPError as err:
+            return Response(err.code, err.headers, err.read())
+
+    @staticmethod
+    def _check(response):
+        if response.status < 400:
+            return response
+        try:
+            body = json.loads(response.body)
+            raise SproutError(response.status, body.get("error", "unknown"), body.get("message", ""), body)
+        except (ValueError, AttributeError):
+            raise SproutError(response.status, "unknown", response.body.decode(errors="replace")) from None
+
+    def run(self, name, event=None):
+        """Run ``f(event)`` of lambda ``name``; returns what it returned."""
+        body = json.dumps(event).encode()
+        response = self._check(self._call("POST", f"/run/{name}", body, {"Content-Type": "application/json"}))
+        return json.loads(response.body)
+
+    def request(self, method, name, path="/", body=b"", headers=None):
+        """Send an HTTP request to a WSGI lambda; returns the raw :class:`Response`
+        (errors of the worker itself still raise)."""
+        response = self._call(method, f"/run/{name}{path}", body or None, headers)
+        if response.status >= 400 and response.headers.get("Content-Type") == "application/json":
+            try:
+                if "error" in json.loads(response.body):
+                    self._check(response)
+            except ValueError:
+                pass
+        return response
+
+    def deploy(self, directory, name=None):
+        """Upload a lambda directory; returns the new version's metadata."""
+        name = name or os.path.basename(os.path.abspath(directory))
+        response = self._check(self._call("POST", f"/registry/{name}", pack(directory), {"Content-Type": "application/gzip"}))
+        return json.loads(response.body)
+
+    def upload(self, name, archive):
+        """Upload raw bytes as lambda ``name`` (a tar.gz)."""
+        return json.loads(self._check(self._call("POST", f"/registry/{name}", archive)).body)
+
+    def delete(self, name):
+        return json.loads(self._check(self._call("DELETE", f"/registry/{name}")).body)
+
+    def list(self):
+        return json.loads(self._check(self._call("GET", "/registry")).body)
+
+    def get(self, name):
+        return json.loads(self._check(self._call("GET", f"/registry/{name}")).body)
+
+    def status(self):
+        return self._check(self._call("GET", "/status")).body.decode()
+
+    def stats(self):
+        return json.loads(self._check(self._call("GET", "/stats")).body)
+
+    def metrics(self):
+        return self._check(self._call("GET", "/metrics")).body.decode()

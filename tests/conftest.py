@@ -1,0 +1,189 @@
+"""Test helpers: they start real workers (the release `sprout` binary, as root, with real
+sandboxes on the real base image) and stop them, checking that nothing is left behind.
+
+A worker is started per test module with the defaults, or per test with settings of its own
+(``make_worker(limits={"timeout_ms": 500})``). Each gets its own directory, port and cgroup
+names, so tests never share state.
+"""
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "python"))
+
+import sprout  # noqa: E402
+
+SPROUT = Path(os.environ.get("SPROUT_BIN", ROOT / "target" / "release" / "sprout"))
+EXAMPLES = ROOT / "examples" / "lambdas"
+LAMBDAS = Path(__file__).resolve().parent / "lambdas"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def to_toml(sections):
+    lines = []
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            lines.append(f"{key} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def mounts_under(path):
+    path = str(path)
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(path)]
+
+
+def cgroup_dirs(name):
+    found = []
+    for root in Path("/sys/fs/cgroup").iterdir():
+        if (root / name).exists():
+            found.append(root / name)
+    unified = Path("/sys/fs/cgroup/unified") / name
+    if unified.exists():
+        found.append(unified)
+    return found
+
+
+def targz(files):
+    """A tar.gz of {name: bytes or str}."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, data in files.items():
+            data = data.encode() if isinstance(data, str) else data
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+ALL_WORKERS = []
+
+
+class Worker:
+    def __init__(self, directory, settings):
+        ALL_WORKERS.append(self)
+        self.dir = Path(directory)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        sections = {"worker": {"listen": f"127.0.0.1:{self.port}", "name": f"t{self.port}"}}
+        for section, values in (settings or {}).items():
+            sections.setdefault(section, {}).update(values)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.toml").write_text(to_toml(sections))
+        self.cgroup_names = [f"sprout-t{self.port}", f"sprout-t{self.port}-runc"]
+        self.client = sprout.Client(self.url, timeout=60)
+        self.process = None
+        self.log_path = self.dir / "test-worker.log"
+
+    def sprout(self, *args, check=True, timeout=300):
+        return subprocess.run([str(SPROUT), *map(str, args)], capture_output=True, text=True, check=check, timeout=timeout)
+
+    def start(self):
+        self.sprout("worker", "init", self.dir)
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen([str(SPROUT), "worker", "up", str(self.dir)], stdout=log, stderr=log)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited ({self.process.returncode}):\n{self.log()}")
+            try:
+                if self.client.status() == "ready\n":
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"worker did not start:\n{self.log()}")
+
+    def log(self):
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self):
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                raise
+        self.process = None
+
+    def leftovers(self):
+        """Mounts and cgroups of this worker that still exist."""
+        left = mounts_under(self.dir)
+        for name in self.cgroup_names:
+            left += [str(d) for d in cgroup_dirs(name)]
+        return left
+
+    def deploy_source(self, name, source, **extra_files):
+        return self.client.upload(name, targz({"f.py": source, **extra_files}))
+
+    def deploy_test_lambda(self, name):
+        return self.client.deploy(str(LAMBDAS / name), name=name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_worker_outlives_the_session():
+    """Even when a test fails half-way, stop its workers and remove their mounts and cgroups,
+    so that nothing of one run is left on the machine."""
+    yield
+    for w in ALL_WORKERS:
+        try:
+            w.stop()
+        except Exception:
+            pass
+        if w.leftovers():
+            w.sprout("worker", "cleanup", w.dir, check=False)
+
+
+@pytest.fixture(scope="session")
+def sprout_bin():
+    if not SPROUT.exists():
+        pytest.fail(f"{SPROUT} is missing: run `cargo build --release` first (scripts/test.sh does)")
+    return SPROUT
+
+
+@pytest.fixture
+def make_worker(tmp_path_factory, sprout_bin):
+    """Start a worker with its own settings; stopped (and checked for leftovers) afterwards."""
+    started = []
+
+    def make(**settings):
+        w = Worker(tmp_path_factory.mktemp("worker"), settings)
+        started.append(w)
+        return w.start()
+
+    yield make
+    for w in started:
+        w.stop()
+        assert w.leftovers() == [], f"worker left {w.leftovers()}\n{w.log()[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory, sprout_bin):
+    """A worker with the default settings, shared by the tests of a module."""
+    w = Worker(tmp_path_factory.mktemp("worker"), {})
+    w.start()
+    for example in ("echo", "hello", "fail"):
+        w.client.deploy(str(EXAMPLES / example))
+    yield w
+    w.stop()
+    assert w.leftovers() == [], f"worker left {w.leftovers()}"

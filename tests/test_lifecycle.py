@@ -1,0 +1,152 @@
+"""The worker's life cycle: init, up --detach, status, down, and recovery from kill -9."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import EXAMPLES, Worker, cgroup_dirs, mounts_under
+
+
+def sandbox_pids(worker):
+    pids = []
+    for name in worker.cgroup_names:
+        for d in cgroup_dirs(name):
+            for root, _dirs, files in os.walk(d):
+                if "cgroup.procs" in files:
+                    pids += [int(p) for p in open(os.path.join(root, "cgroup.procs")).read().split()]
+    return sorted(set(pids))
+
+
+def alive(pid):
+    """Running (zombies, which only wait for their exit status to be read, do not count)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def crash_mid_request(w):
+    """kill -9 the worker while a handler is busy; returns the sandbox pids left running."""
+    import threading
+
+    w.deploy_test_lambda("sleepy")
+    busy = threading.Thread(target=lambda: _ignore(w.client.run, "sleepy", {"seconds": 60}), daemon=True)
+    busy.start()
+    deadline = time.time() + 10
+    while w.client.stats()["sandboxes"]["busy"] < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    pids = sandbox_pids(w)
+    w.process.send_signal(signal.SIGKILL)
+    w.process.wait()
+    time.sleep(0.2)
+    return [p for p in pids if alive(p)]
+
+
+def _ignore(fn, *args):
+    try:
+        fn(*args)
+    except Exception:
+        pass
+
+
+def test_init_writes_a_documented_config_and_a_second_init_is_fast(tmp_path, sprout_bin):
+    d = tmp_path / "w"
+    first = subprocess.run([str(sprout_bin), "worker", "init", str(d)], capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    config = (d / "config.toml").read_text()
+    assert 'listen = "127.0.0.1:5000"' in config and "# " in config
+    started = time.time()
+    again = subprocess.run([str(sprout_bin), "worker", "init", str(d)], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "reused" in again.stderr
+    assert time.time() - started < 5
+
+
+def test_bad_config_is_a_clear_error(tmp_path, sprout_bin):
+    d = tmp_path / "w"
+    d.mkdir()
+    (d / "config.toml").write_text("[limits]\nmemroy_mb = 5\n")
+    out = subprocess.run([str(sprout_bin), "worker", "up", str(d)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "memroy_mb" in out.stderr
+
+
+def test_detach_status_down(tmp_path, sprout_bin):
+    w = Worker(tmp_path / "w", {})
+    w.sprout("worker", "init", w.dir)
+    up = w.sprout("worker", "up", w.dir, "--detach")
+    assert "background" in up.stdout
+    status = json.loads(w.sprout("worker", "status", w.dir).stdout)
+    assert status["running"] and status["ready"] and status["backend"] == "sock"
+    again = w.sprout("worker", "up", w.dir, "--detach", check=False)
+    assert again.returncode == 1 and "already running" in again.stderr
+    w.client.deploy(str(EXAMPLES / "echo"))
+    assert w.client.run("echo", "detached") == "detached"
+    assert "worker stopped" in w.sprout("worker", "down", w.dir).stdout
+    status = w.sprout("worker", "status", w.dir, check=False)
+    assert status.returncode == 3 and json.loads(status.stdout)["running"] is False
+    assert w.leftovers() == []
+    assert "no worker is running" in w.sprout("worker", "down", w.dir).stdout
+
+
+@pytest.mark.parametrize("backend", ["sock", "sock-nozygote"])
+def test_kill_9_then_up_starts_clean(tmp_path, sprout_bin, backend):
+    w = Worker(tmp_path / "w", {"sandbox": {"backend": backend}})
+    w.start()
+    w.client.deploy(str(EXAMPLES / "echo"))
+    for i in range(3):
+        assert w.client.run("echo", i) == i
+    survivors = crash_mid_request(w)
+    if backend == "sock":
+        # The root Zygote sees its channel close and exits; as init of the PID namespace
+        # every sandbox was forked into, its exit takes them all down with it.
+        assert survivors == []
+    else:
+        # Handlers started directly by the worker keep running until cleaned up.
+        assert survivors
+    assert mounts_under(w.dir) and w.leftovers()
+    w.start()
+    time.sleep(0.2)
+    assert not any(alive(p) for p in survivors)
+    assert "cleaned up after a worker that did not shut down" in w.log()
+    assert w.client.run("echo", "after crash") == "after crash"
+    w.stop()
+    assert w.leftovers() == []
+    assert sandbox_pids(w) == []
+
+
+def test_cleanup_command_after_kill_9(tmp_path, sprout_bin):
+    w = Worker(tmp_path / "w", {"sandbox": {"backend": "sock-nozygote"}})
+    w.start()
+    pids = crash_mid_request(w)
+    assert pids and w.leftovers()
+    report = json.loads(w.sprout("worker", "cleanup", w.dir).stdout)
+    assert report["processes_killed"] >= 1 and report["mounts_removed"] >= 1
+    assert w.leftovers() == [] and not any(alive(p) for p in pids)
+    # nothing left: a second cleanup finds nothing
+    report = json.loads(w.sprout("worker", "cleanup", w.dir).stdout)
+    assert report == {"processes_killed": 0, "mounts_removed": 0, "cgroups_removed": []}
+
+
+def test_cleanup_refuses_while_the_worker_runs(make_worker):
+    w = make_worker()
+    out = w.sprout("worker", "cleanup", w.dir, check=False)
+    assert out.returncode == 1 and "is running" in out.stderr
+    assert w.client.status() == "ready\n"
+
+
+def test_a_dead_zygote_is_replaced(make_worker):
+    w = make_worker()
+    w.client.deploy(str(EXAMPLES / "echo"))
+    assert w.client.run("echo", 1) == 1
+    ours = [int(p) for p in open(f"/sys/fs/cgroup/pids/{w.cgroup_names[0]}/zygote/cgroup.procs").read().split()]
+    assert len(ours) == 1  # the root Zygote (its sandboxes live in their own groups)
+    os.kill(ours[0], signal.SIGKILL)
+    time.sleep(0.2)
+    w.client.delete("echo")
+    w.client.deploy(str(EXAMPLES / "echo"))  # a new version needs a new sandbox, hence a fork
+    assert w.client.run("echo", 2) == 2
+    assert w.client.stats()["backend_counters"]["zygote_restarts"] == 1
