@@ -8,3 +8,4 @@
 
 pub mod primitives;
 pub mod report;
+pub mod sandboxes;

@@ -13,7 +13,8 @@ pub fn machine() -> String {
         .lines()
         .find_map(|l| l.strip_prefix("model name").and_then(|v| v.split_once(':')).map(|(_, v)| v.trim().to_string()))
         .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // Online CPUs of the machine, not the affinity of this (possibly pinned) process.
+    let cores = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1);
     let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
         .unwrap_or_default()
         .lines()

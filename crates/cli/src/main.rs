@@ -67,6 +67,29 @@ enum WorkerCommand {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Cold and warm starts of every sandbox backend through the worker (SOCK figures 14-16).
+    Sandboxes {
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+        /// Backends to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "sock,sock-nozygote,runc,docker")]
+        backends: Vec<String>,
+        /// Concurrency levels of the cold-start runs, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,5,10,20")]
+        concurrency: Vec<usize>,
+        /// Seconds measured per point.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// CPU for the worker and its sandboxes.
+        #[arg(long, default_value_t = 0)]
+        worker_cpu: usize,
+        /// CPU for the load generator.
+        #[arg(long, default_value_t = 1)]
+        client_cpu: usize,
+        /// Scratch directory for the benchmark's workers.
+        #[arg(long, default_value = "/tmp/sprout-bench-sandboxes")]
+        work_dir: PathBuf,
+    },
     /// Linux primitives behind containers (SOCK figures 1-5).
     Primitives {
         #[arg(long, default_value = "bench/results")]
@@ -141,6 +164,20 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Invoke { name, event, url } => {
             println!("{}", client::invoke(url.trim_end_matches('/'), &name, &event)?);
+        }
+        Command::Bench(BenchCommand::Sandboxes { out, backends, concurrency, seconds, worker_cpu, client_cpu, work_dir }) => {
+            let opts = sprout_bench::sandboxes::Options {
+                backends,
+                concurrency,
+                seconds,
+                worker_cpu,
+                client_cpu,
+                work_dir,
+                out_dir: out,
+                ..Default::default()
+            };
+            let results = sprout_bench::sandboxes::run(&opts)?;
+            println!("{}", serde_json::to_string_pretty(&results["targets"])?);
         }
         Command::Bench(BenchCommand::Primitives { out, seconds, quick }) => {
             let opts = sprout_bench::primitives::Options { out_dir: out, seconds_per_point: seconds, quick, ..Default::default() };

@@ -1,0 +1,445 @@
+//! `sprout bench sandboxes`: SOCK's figures 14-16 on this machine, through the real worker.
+//!
+//! For every backend (sock, sock-nozygote, runc, docker) a real worker is started with that
+//! backend, pinned with its sandboxes to one CPU while this load generator runs on another,
+//! and a no-op lambda is invoked over HTTP:
+//!
+//! * cold starts: the worker keeps no sandbox (`keep_warm = false`), so each request
+//!   provisions one; closed loops at concurrency 1, 2, 5, 10 and 20 give throughput and
+//!   latency percentiles per point (figures 14 and 15);
+//! * warm invocations: the sandbox is kept, so each request only crosses the worker and the
+//!   channel (figure 16).
+//!
+//! Every backend runs in the same run, one after another, so ratios compare like with like.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+
+use crate::report;
+
+pub const BACKENDS: [&str; 4] = ["sock", "sock-nozygote", "runc", "docker"];
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub backends: Vec<String>,
+    pub concurrency: Vec<usize>,
+    /// Measured seconds per cold-start point (after a short warm-up).
+    pub seconds: f64,
+    /// CPU for the worker and its sandboxes, and CPU for this load generator.
+    pub worker_cpu: usize,
+    pub client_cpu: usize,
+    /// Scratch directory for the workers.
+    pub work_dir: PathBuf,
+    pub out_dir: PathBuf,
+    /// The `sprout` binary that runs the workers.
+    pub sprout: PathBuf,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            backends: BACKENDS.iter().map(|s| s.to_string()).collect(),
+            concurrency: vec![1, 2, 5, 10, 20],
+            seconds: 5.0,
+            worker_cpu: 0,
+            client_cpu: 1,
+            work_dir: PathBuf::from("/tmp/sprout-bench-sandboxes"),
+            out_dir: PathBuf::from("bench/results"),
+            sprout: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("sprout")),
+        }
+    }
+}
+
+fn pin_to(cpu: usize) -> std::io::Result<()> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).map_err(std::io::Error::from)?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(std::io::Error::from)
+}
+
+/// A worker started for one phase of the benchmark.
+struct Worker {
+    child: Child,
+    dir: PathBuf,
+    port: u16,
+    sprout: PathBuf,
+}
+
+impl Worker {
+    fn start(opts: &Options, backend: &str, keep_warm: bool, port: u16) -> Result<Worker> {
+        let dir = opts.work_dir.join(format!("{backend}-{}", if keep_warm { "warm" } else { "cold" }));
+        std::fs::create_dir_all(&dir)?;
+        let max = opts.concurrency.iter().copied().max().unwrap_or(1).max(1);
+        let config = format!(
+            "[worker]\nlisten = \"127.0.0.1:{port}\"\nname = \"bench-{backend}\"\nlog = \"warn\"\n\
+             [sandbox]\nbackend = \"{backend}\"\ncpuset = \"{cpu}\"\nstart_timeout_ms = 120000\ncgroup_pool = {pool}\n\
+             [limits]\ntimeout_ms = 120000\n\
+             [instances]\nkeep_warm = {keep_warm}\nmax_per_lambda = {max}\nqueue_depth = 1024\nmax_total = {total}\n",
+            cpu = opts.worker_cpu,
+            pool = max * 2,
+            total = max * 2,
+        );
+        std::fs::write(dir.join("config.toml"), config)?;
+        let init = Command::new(&opts.sprout).args(["worker", "init"]).arg(&dir).output()?;
+        if !init.status.success() {
+            bail!("sprout worker init: {}", String::from_utf8_lossy(&init.stderr));
+        }
+        let log = std::fs::File::create(dir.join("bench-worker.log"))?;
+        let cpu = opts.worker_cpu;
+        let mut cmd = Command::new(&opts.sprout);
+        cmd.args(["worker", "up"]).arg(&dir).stdout(log.try_clone()?).stderr(log);
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || pin_to(cpu));
+        }
+        let child = cmd.spawn()?;
+        let mut worker = Worker { child, dir, port, sprout: opts.sprout.clone() };
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            if let Some(status) = worker.child.try_wait()? {
+                let log = std::fs::read_to_string(worker.dir.join("bench-worker.log")).unwrap_or_default();
+                bail!("the {backend} worker exited ({status}): {}", log.lines().rev().take(5).collect::<Vec<_>>().join(" | "));
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the {backend} worker did not start");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let noop = worker.dir.join("noop");
+        std::fs::create_dir_all(&noop)?;
+        std::fs::write(noop.join("f.py"), "def f(event):\n    return None\n")?;
+        let deploy = Command::new(&opts.sprout)
+            .args(["deploy"])
+            .arg(&noop)
+            .args(["--url", &worker.url()])
+            .output()?;
+        if !deploy.status.success() {
+            bail!("deploying the no-op lambda: {}", String::from_utf8_lossy(&deploy.stderr));
+        }
+        Ok(worker)
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn stop(mut self) -> Result<()> {
+        let out = Command::new(&self.sprout).args(["worker", "down"]).arg(&self.dir).output()?;
+        if !out.status.success() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+        Ok(())
+    }
+}
+
+/// Results of one closed-loop run.
+struct Point {
+    ok: u64,
+    errors: u64,
+    wrong_start: u64,
+    elapsed: Duration,
+    latency: Histogram<u64>,
+}
+
+impl Point {
+    fn ms(&self, q: f64) -> f64 {
+        self.latency.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    fn per_s(&self) -> f64 {
+        self.ok as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// `concurrency` clients, each sending requests back to back on its own keep-alive
+/// connection, for `duration` after `warmup`; only requests started after the warm-up count.
+async fn closed_loop(port: u16, concurrency: usize, warmup: Duration, duration: Duration, expect: &'static str) -> Result<Point> {
+    let started = Instant::now();
+    let measure_from = started + warmup;
+    let stop_at = measure_from + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        tasks.push(tokio::spawn(async move {
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).unwrap();
+            let (mut ok, mut errors, mut wrong) = (0u64, 0u64, 0u64);
+            let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+            stream.set_nodelay(true)?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            tokio::spawn(conn);
+            loop {
+                let now = Instant::now();
+                if now >= stop_at {
+                    break;
+                }
+                let request = Request::post("/run/noop")
+                    .header("host", "bench")
+                    .body(Full::new(Bytes::from_static(b"null")))?;
+                let t0 = Instant::now();
+                let response = sender.send_request(request).await?;
+                let status = response.status();
+                let start = response.headers().get("x-sprout-start").cloned();
+                response.into_body().collect().await?;
+                let elapsed = t0.elapsed();
+                if t0 >= measure_from {
+                    if status.is_success() {
+                        ok += 1;
+                        let _ = hist.record((elapsed.as_micros() as u64).max(1));
+                        if !expect.is_empty() && start.as_ref().map(|v| v.as_bytes()) != Some(expect.as_bytes()) {
+                            wrong += 1;
+                        }
+                    } else {
+                        errors += 1;
+                    }
+                }
+            }
+            anyhow::Ok((hist, ok, errors, wrong))
+        }));
+    }
+    let mut point = Point {
+        ok: 0,
+        errors: 0,
+        wrong_start: 0,
+        elapsed: Duration::ZERO,
+        latency: Histogram::new_with_bounds(1, 600_000_000, 3).unwrap(),
+    };
+    for t in tasks {
+        let (hist, ok, errors, wrong) = t.await??;
+        point.latency.add(hist)?;
+        point.ok += ok;
+        point.errors += errors;
+        point.wrong_start += wrong;
+    }
+    point.elapsed = started.elapsed().saturating_sub(warmup);
+    Ok(point)
+}
+
+fn docker_answers() -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect("/var/run/docker.sock") else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut out = [0u8; 512];
+    s.write_all(b"GET /_ping HTTP/1.0\r\n\r\n").is_ok() && s.read(&mut out).map(|n| String::from_utf8_lossy(&out[..n]).contains("OK")).unwrap_or(false)
+}
+
+/// Start Debian's Docker engine pinned to the worker's CPU, unless one is running.
+fn ensure_docker(opts: &Options) -> Result<Option<Child>> {
+    if docker_answers() {
+        eprintln!("  using the running Docker engine (not pinned by this benchmark)");
+        return Ok(None);
+    }
+    let log = std::fs::File::create(opts.work_dir.join("dockerd.log"))?;
+    let cpu = opts.worker_cpu;
+    let mut cmd = Command::new("dockerd");
+    cmd.args(["--iptables=false", "--bridge=none"]).stdout(log.try_clone()?).stderr(log).stdin(Stdio::null());
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(move || pin_to(cpu));
+    }
+    let mut child = cmd.spawn().context("starting dockerd (apt-get install docker.io)")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !docker_answers() {
+        if child.try_wait()?.is_some() || Instant::now() > deadline {
+            bail!("dockerd did not start; see {}", opts.work_dir.join("dockerd.log").display());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(Some(child))
+}
+
+fn which(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|p| p.join(program).is_file()))
+        .unwrap_or(false)
+}
+
+async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Value> {
+    let mut out = serde_json::Map::new();
+    let cold = Worker::start(opts, backend, false, port)?;
+    let mut points = Vec::new();
+    let result = async {
+        for &c in &opts.concurrency {
+            let warmup = Duration::from_millis(500);
+            let p = closed_loop(port, c, warmup, Duration::from_secs_f64(opts.seconds), "cold").await?;
+            eprintln!(
+                "  {backend:>14} cold c={c:<3} {:>8.1}/s  p50 {:>8.2} ms  p99 {:>8.2} ms  ({} ok, {} errors)",
+                p.per_s(),
+                p.ms(0.5),
+                p.ms(0.99),
+                p.ok,
+                p.errors
+            );
+            if p.wrong_start > 0 {
+                bail!("{} of the cold-start requests were served warm", p.wrong_start);
+            }
+            out.insert(
+                format!("c{c}"),
+                json!({"cold_p50_ms": p.ms(0.5), "cold_p99_ms": p.ms(0.99), "cold_per_s": p.per_s(), "requests": p.ok, "errors": p.errors}),
+            );
+            points.push(p);
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    cold.stop()?;
+    result?;
+    let warm = Worker::start(opts, backend, true, port)?;
+    let result = async {
+        // Prime the sandbox, then time requests that reuse it.
+        closed_loop(port, 1, Duration::ZERO, Duration::from_millis(300), "").await?;
+        let p = closed_loop(port, 1, Duration::from_millis(200), Duration::from_secs_f64(opts.seconds), "warm").await?;
+        eprintln!("  {backend:>14} warm c=1   {:>8.1}/s  p50 {:>8.3} ms  p99 {:>8.3} ms", p.per_s(), p.ms(0.5), p.ms(0.99));
+        out.insert("warm_p50_ms".into(), json!(p.ms(0.5)));
+        out.insert("warm_p99_ms".into(), json!(p.ms(0.99)));
+        out.insert("warm_per_s".into(), json!(p.per_s()));
+        out.insert("warm_requests".into(), json!(p.ok));
+        anyhow::Ok(())
+    }
+    .await;
+    warm.stop()?;
+    result?;
+    Ok(Value::Object(out))
+}
+
+/// Run the benchmark; writes sandboxes.json, .md and .png under `opts.out_dir`.
+pub fn run(opts: &Options) -> Result<Value> {
+    std::fs::create_dir_all(&opts.work_dir)?;
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let pinned = cpus > opts.worker_cpu.max(opts.client_cpu) && opts.worker_cpu != opts.client_cpu;
+    if pinned {
+        pin_to(opts.client_cpu)?;
+    } else {
+        eprintln!("warning: cannot put the worker and the load generator on separate CPUs here");
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut backends = serde_json::Map::new();
+    let mut docker_engine = None;
+    for (i, backend) in opts.backends.iter().enumerate() {
+        eprintln!("{backend}:");
+        let skip = match backend.as_str() {
+            "runc" if !which("runc") => Some("runc is not installed (apt-get install runc)".to_string()),
+            "docker" => match ensure_docker(opts) {
+                Ok(engine) => {
+                    docker_engine = engine;
+                    None
+                }
+                Err(e) => Some(format!("{e:#}")),
+            },
+            _ => None,
+        };
+        let result = match skip {
+            Some(reason) => Err(anyhow::anyhow!(reason)),
+            None => runtime.block_on(measure_backend(opts, backend, 5600 + i as u16)),
+        };
+        match result {
+            Ok(v) => {
+                backends.insert(backend.clone(), v);
+            }
+            Err(e) => {
+                eprintln!("  skipped: {e:#}");
+                backends.insert(backend.clone(), json!({"skipped": format!("{e:#}")}));
+            }
+        }
+    }
+    if let Some(mut engine) = docker_engine {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(engine.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let _ = engine.wait();
+    }
+    let results = summarize(opts, backends, pinned);
+    report::write(&opts.out_dir, "sandboxes", &results, &markdown(&results), "plot_sandboxes.py")?;
+    Ok(results)
+}
+
+fn get(v: &Value, path: &[&str]) -> Option<f64> {
+    path.iter().try_fold(v, |v, k| v.get(*k))?.as_f64()
+}
+
+fn summarize(opts: &Options, backends: serde_json::Map<String, Value>, pinned: bool) -> Value {
+    let backends = Value::Object(backends);
+    let b = &backends;
+    let ratio = |a: &[&str], c: &[&str]| match (get(b, a), get(b, c)) {
+        (Some(x), Some(y)) if y > 0.0 => json!(x / y),
+        _ => Value::Null,
+    };
+    let ratios = json!({
+        "sock_over_runc_cold_per_s_c10": ratio(&["sock", "c10", "cold_per_s"], &["runc", "c10", "cold_per_s"]),
+        "sock_over_docker_cold_per_s_c10": ratio(&["sock", "c10", "cold_per_s"], &["docker", "c10", "cold_per_s"]),
+        "sock_over_nozygote_cold_per_s_c10": ratio(&["sock", "c10", "cold_per_s"], &["sock-nozygote", "c10", "cold_per_s"]),
+        "runc_over_sock_cold_p50_c1": ratio(&["runc", "c1", "cold_p50_ms"], &["sock", "c1", "cold_p50_ms"]),
+        "docker_over_sock_cold_p50_c1": ratio(&["docker", "c1", "cold_p50_ms"], &["sock", "c1", "cold_p50_ms"]),
+        "sock_cold_over_warm_p50": ratio(&["sock", "c1", "cold_p50_ms"], &["sock", "warm_p50_ms"]),
+    });
+    let target = |name: &str, measured: Value, met: Option<bool>| json!({"target": name, "measured": measured, "met": met});
+    let cmp = |v: Option<f64>, f: &dyn Fn(f64) -> bool| v.map(f);
+    let targets = vec![
+        target("sock cold start p50 <= 5 ms at concurrency 1", json!(get(b, &["sock", "c1", "cold_p50_ms"])), cmp(get(b, &["sock", "c1", "cold_p50_ms"]), &|x| x <= 5.0)),
+        target(">= 10x runc's cold-start throughput at concurrency 10", ratios["sock_over_runc_cold_per_s_c10"].clone(), cmp(ratios["sock_over_runc_cold_per_s_c10"].as_f64(), &|x| x >= 10.0)),
+        target(">= 50x docker's cold-start throughput at concurrency 10", ratios["sock_over_docker_cold_per_s_c10"].clone(), cmp(ratios["sock_over_docker_cold_per_s_c10"].as_f64(), &|x| x >= 50.0)),
+        target("warm invocation p50 <= 0.5 ms", json!(get(b, &["sock", "warm_p50_ms"])), cmp(get(b, &["sock", "warm_p50_ms"]), &|x| x <= 0.5)),
+        target(">= 200 cold starts per second at concurrency 10", json!(get(b, &["sock", "c10", "cold_per_s"])), cmp(get(b, &["sock", "c10", "cold_per_s"]), &|x| x >= 200.0)),
+    ];
+    json!({
+        "machine": report::machine(),
+        "method": {
+            "lambda": "no-op f(event) returning None, POST /run/noop over HTTP/1.1 keep-alive",
+            "cold": format!("keep_warm = false: one new sandbox per request; closed loop, {} s per point after 0.5 s of warm-up", opts.seconds),
+            "warm": "keep_warm = true: the same sandbox serves every request; concurrency 1",
+            "pinning": if pinned {
+                format!("worker and its sandboxes on CPU {} (affinity inherited by the Zygote, runc and containers; runc and docker containers also get cpuset {0}; a dockerd started by the benchmark too); load generator on CPU {}", opts.worker_cpu, opts.client_cpu)
+            } else {
+                "none: fewer than two CPUs".to_string()
+            },
+        },
+        "backends": backends,
+        "ratios": ratios,
+        "targets": targets,
+    })
+}
+
+fn markdown(r: &Value) -> String {
+    let f = |v: Option<f64>, digits: usize| v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "—".into());
+    let mut s = format!("Machine: {}. {}\n\n", r["machine"].as_str().unwrap_or(""), r["method"]["pinning"].as_str().unwrap_or(""));
+    s += "| backend | cold p50 c=1 (ms) | cold p99 c=1 (ms) | cold/s c=1 | cold p50 c=10 (ms) | cold/s c=10 | warm p50 (ms) |\n";
+    s += "|---|---:|---:|---:|---:|---:|---:|\n";
+    if let Some(backends) = r["backends"].as_object() {
+        let order: BTreeMap<usize, (&String, &Value)> =
+            backends.iter().map(|(k, v)| (BACKENDS.iter().position(|b| b == k).unwrap_or(99), (k, v))).collect();
+        for (_, (name, v)) in order {
+            if let Some(reason) = v.get("skipped").and_then(|x| x.as_str()) {
+                s += &format!("| {name} | skipped: {reason} ||||||\n");
+                continue;
+            }
+            s += &format!(
+                "| {name} | {} | {} | {} | {} | {} | {} |\n",
+                f(get(v, &["c1", "cold_p50_ms"]), 2),
+                f(get(v, &["c1", "cold_p99_ms"]), 2),
+                f(get(v, &["c1", "cold_per_s"]), 1),
+                f(get(v, &["c10", "cold_p50_ms"]), 2),
+                f(get(v, &["c10", "cold_per_s"]), 1),
+                f(get(v, &["warm_p50_ms"]), 3),
+            );
+        }
+    }
+    s += "\n| target | measured | met |\n|---|---:|---|\n";
+    for t in r["targets"].as_array().into_iter().flatten() {
+        let met = match t["met"].as_bool() {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "not measured",
+        };
+        s += &format!("| {} | {} | {met} |\n", t["target"].as_str().unwrap_or(""), f(t["measured"].as_f64(), 2));
+    }
+    s
+}

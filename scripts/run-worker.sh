@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Set up everything, then start a worker in ./worker (SQLite and local disk: nothing else to
+# run) serving the example lambdas in examples/lambdas, on http://127.0.0.1:5000.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+sprout=target/release/sprout
+$sprout worker init worker
+if $sprout worker status worker >/dev/null 2>&1; then
+    echo "==> a worker is already running in ./worker"
+else
+    $sprout worker up worker --detach
+fi
+for lambda in examples/lambdas/*/; do
+    $sprout deploy "$lambda" >/dev/null
+    echo "deployed $(basename "$lambda")"
+done
+cat <<'USAGE'
+
+The worker is serving on http://127.0.0.1:5000. Try:
+  curl -X POST localhost:5000/run/echo -d '{"hello": "world"}'
+  curl localhost:5000/run/hello/ada
+  curl -X POST localhost:5000/run/fail -d 1          # 500, with the traceback
+  curl localhost:5000/stats
+Its log is worker/worker.log; stop it with: target/release/sprout worker down worker
+USAGE

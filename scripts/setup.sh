@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Everything Sprout needs on a fresh Debian 12 machine, as root: Debian packages, Python
+# packages, the release build, and the machine-wide sandbox base image. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+for pkg in debootstrap runc docker.io; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "==> apt-get install ${need_apt[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+fi
+
+echo "==> python packages (pytest, matplotlib)"
+python3 -m pip install -q --disable-pip-version-check "pytest>=7" "matplotlib>=3.6"
+
+echo "==> cargo build --release"
+cargo build --release --quiet
+
+echo "==> sandbox base image (debootstrap once per machine, reused after)"
+mkdir -p /tmp/sprout-setup
+target/release/sprout worker init /tmp/sprout-setup >/dev/null
+echo "==> ready: target/release/sprout"

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up everything, then run all tests: the Rust unit tests and the integration tests, which
+# start real workers, sandboxes, runc and Docker containers (as root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+echo "==> cargo test"
+cargo test --release --quiet --workspace
+echo "==> integration tests"
+python3 -m pytest -q tests "$@"
