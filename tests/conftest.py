@@ -127,7 +127,7 @@ class Worker:
         self.process = None
 
     def leftovers(self):
-        """Mounts and cgroups of this worker that still exist."""
+        """Mounts and cgroups of this worker that still exist (v1 and v2 hierarchies)."""
         left = mounts_under(self.dir)
         for name in self.cgroup_names:
             left += [str(d) for d in cgroup_dirs(name)]
