@@ -43,7 +43,7 @@ fn explain(e: ureq::Error) -> anyhow::Error {
                 Ok(v) if v.get("error").is_some() => {
                     let mut msg = format!("{code} {}: {}", v["error"].as_str().unwrap_or(""), v["message"].as_str().unwrap_or(""));
                     if let Some(tb) = v.get("traceback").and_then(|t| t.as_str()) {
-                        msg.push_str("\n");
+                        msg.push('\n');
                         msg.push_str(tb.trim_end());
                     }
                     anyhow::anyhow!(msg)

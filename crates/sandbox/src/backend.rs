@@ -7,6 +7,7 @@
 //! be and goes away — which is exactly what the benchmarks compare.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -160,6 +161,64 @@ impl Sandbox {
     /// Host pid of the helper (PID 1 inside the sandbox), when known.
     pub fn pid(&self) -> Option<i32> {
         self.process.as_ref().map(|p| p.pid())
+    }
+}
+
+/// What every backend counts for [`Backend::stats`].
+#[derive(Default)]
+pub(crate) struct Counters {
+    created: AtomicU64,
+    destroyed: AtomicU64,
+    failures: AtomicU64,
+}
+
+impl Counters {
+    /// Count a create's outcome: a lambda that fails to load is not the platform's failure.
+    pub fn record(&self, result: &Result<Sandbox, CreateError>) {
+        let counter = match result {
+            Ok(_) => &self.created,
+            Err(CreateError::Platform(_)) => &self.failures,
+            Err(CreateError::Load { .. }) => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn destroyed(&self) {
+        self.destroyed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn stats(&self) -> BackendStats {
+        BackendStats {
+            created: self.created.load(Ordering::Relaxed),
+            destroyed: self.destroyed.load(Ordering::Relaxed),
+            create_failures: self.failures.load(Ordering::Relaxed),
+            ..BackendStats::default()
+        }
+    }
+}
+
+/// The environment every sandbox process starts with (the lambda's own comes on top).
+pub(crate) fn sandbox_env(extra: &[(String, String)]) -> Vec<(String, String)> {
+    let base = [("PATH", "/usr/local/bin:/usr/bin:/bin"), ("LANG", "C.UTF-8"), ("HOME", "/host"), ("TMPDIR", "/tmp")];
+    let mut env: Vec<(String, String)> = base.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    env.extend(extra.iter().cloned());
+    env
+}
+
+/// [`sandbox_env`] as `KEY=value` strings, as OCI specs and the Docker API take it.
+pub(crate) fn sandbox_env_strings(extra: &[(String, String)]) -> Vec<String> {
+    sandbox_env(extra).into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+/// The hello's handler kind, or the load failure it reports.
+pub(crate) fn handler_kind(hello: crate::channel::Hello) -> Result<HandlerKind, CreateError> {
+    match hello.kind.as_deref() {
+        Some("wsgi") => Ok(HandlerKind::Wsgi),
+        Some("function") => Ok(HandlerKind::Function),
+        _ => Err(CreateError::Load {
+            message: hello.message.unwrap_or_else(|| "the handler failed to load".into()),
+            traceback: hello.traceback,
+        }),
     }
 }
 

@@ -61,7 +61,7 @@ pub fn host_mirror(suite: &str) -> Option<String> {
     let list = fs::read_to_string("/etc/apt/sources.list").unwrap_or_default();
     list.lines()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|w| w.len() >= 3 && w[0] == "deb" && w.iter().any(|x| *x == suite))
+        .find(|w| w.len() >= 3 && w[0] == "deb" && w.contains(&suite))
         .and_then(|w| w.iter().find(|x| x.contains("://")).map(|x| x.to_string()))
 }
 

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::CgroupView;
+
 /// Which cgroup hierarchy to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -363,6 +365,16 @@ impl Cgroup {
         read_pids(&self.dirs[0].join("cgroup.procs"))
     }
 
+    /// What a sandbox checks of its group after each request.
+    pub(crate) fn view(&self) -> CgroupView {
+        let oom_source = self.oom_path();
+        CgroupView {
+            procs: self.dirs[0].join("cgroup.procs"),
+            oom_before: oom_source.as_deref().map(read_oom_kills).unwrap_or(0),
+            oom_source,
+        }
+    }
+
     /// The file counting OOM kills of this group (`oom_kill N`).
     pub fn oom_path(&self) -> Option<PathBuf> {
         let d = self.memory_dir()?;
@@ -469,6 +481,24 @@ impl Cgroup {
         }
         Ok(())
     }
+}
+
+/// The cgroup.procs and OOM counter of cgroup `name` (relative to the hierarchy roots).
+pub(crate) fn view_of(layout: Option<&Layout>, name: &str) -> Option<CgroupView> {
+    let (dir, oom_file) = match layout? {
+        Layout::V1 { hierarchies } => {
+            let (mount, _) = hierarchies.iter().find(|(_, c)| c.iter().any(|x| x == "memory"))?;
+            (mount.join(name), "memory.oom_control")
+        }
+        Layout::V2 { root, .. } => (root.join(name), "memory.events"),
+    };
+    let procs = dir.join("cgroup.procs");
+    if !procs.exists() {
+        return None;
+    }
+    let oom_source = Some(dir.join(oom_file)).filter(|p| p.exists());
+    let oom_before = oom_source.as_deref().map(read_oom_kills).unwrap_or(0);
+    Some(CgroupView { procs, oom_before, oom_source })
 }
 
 /// Counters of a pool, for /stats and /metrics.

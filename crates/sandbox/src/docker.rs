@@ -31,7 +31,9 @@ use tokio::sync::mpsc;
 use crate::backend::{Backend, BackendStats, CreateError, Resources, Sandbox, SandboxSpec};
 use crate::cgroup::{Layout, Version};
 use crate::channel::Endpoint;
-use crate::runc::{cgroup_view, handler_kind, make_scratch, remove_dir, sandbox_env, Counters};
+use crate::backend::{handler_kind, sandbox_env_strings, Counters};
+use crate::cgroup::view_of;
+use crate::runc::{make_scratch, remove_dir};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
 
 /// The Engine API version spoken (Docker 20.10 and later).
@@ -303,7 +305,7 @@ impl DockerBackend {
             "Image": self.cfg.image,
             "Cmd": [self.cfg.python, "-I", "-S", HELPER_IN_SANDBOX, "handler"],
             "User": format!("{}:{}", self.cfg.uid, self.cfg.gid),
-            "Env": sandbox_env(&spec.env),
+            "Env": sandbox_env_strings(&spec.env),
             "WorkingDir": "/",
             "Hostname": "sandbox",
             "Labels": {"sprout.worker": self.cfg.worker_label},
@@ -331,8 +333,8 @@ impl DockerBackend {
         let hello = channel.handshake(&spec.env, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
         let kind = handler_kind(hello)?;
         let layout = self.layout.as_ref();
-        let cgroup_path = cgroup_view(layout, &format!("docker/{full_id}"))
-            .or_else(|| cgroup_view(layout, &format!("system.slice/docker-{full_id}.scope")));
+        let cgroup_path = view_of(layout, &format!("docker/{full_id}"))
+            .or_else(|| view_of(layout, &format!("system.slice/docker-{full_id}.scope")));
         Ok(Sandbox {
             id,
             lambda: spec.lambda.clone(),

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 fn err(e: nix::Error, what: &str, path: &Path) -> io::Error {
-    io::Error::new(io::ErrorKind::Other, format!("{what} {}: {e}", path.display()))
+    io::Error::other(format!("{what} {}: {e}", path.display()))
 }
 
 /// Bind `src` onto `dst`. With `recursive`, submounts of `src` come along.

@@ -24,8 +24,8 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 use tokio::process::Command;
 
-use crate::backend::{Backend, BackendStats, CgroupView, CreateError, HandlerKind, Resources, Sandbox, SandboxSpec};
-use crate::cgroup::{Layout, Version};
+use crate::backend::{handler_kind, sandbox_env_strings, Backend, BackendStats, Counters, CreateError, Resources, Sandbox, SandboxSpec};
+use crate::cgroup::{view_of, Layout, Version};
 use crate::channel::Endpoint;
 use crate::output::log_pipe;
 use crate::process::PidFd;
@@ -58,53 +58,12 @@ pub struct RuncBackend {
     counters: Counters,
 }
 
-/// What the baselines count for [`Backend::stats`] (they pool nothing).
-#[derive(Default)]
-pub(crate) struct Counters {
-    created: AtomicU64,
-    destroyed: AtomicU64,
-    failures: AtomicU64,
-}
-
-impl Counters {
-    /// Count a create's outcome: a lambda that fails to load is not the platform's failure.
-    pub fn record(&self, result: &Result<Sandbox, CreateError>) {
-        let counter = match result {
-            Ok(_) => &self.created,
-            Err(CreateError::Platform(_)) => &self.failures,
-            Err(CreateError::Load { .. }) => return,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn destroyed(&self) {
-        self.destroyed.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn stats(&self) -> BackendStats {
-        BackendStats {
-            created: self.created.load(Ordering::Relaxed),
-            destroyed: self.destroyed.load(Ordering::Relaxed),
-            create_failures: self.failures.load(Ordering::Relaxed),
-            ..BackendStats::default()
-        }
-    }
-}
-
 /// Remove a directory tree, saying so only when that fails for another reason than absence.
 pub(crate) async fn remove_dir(dir: &Path) {
     match tokio::fs::remove_dir_all(dir).await {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => tracing::warn!("removing {}: {e}", dir.display()),
         _ => {}
     }
-}
-
-/// The environment every sandbox process starts with (the lambda's own comes on top).
-pub(crate) fn sandbox_env(extra: &[(String, String)]) -> Vec<String> {
-    let mut env: Vec<String> =
-        ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "HOME=/host", "TMPDIR=/tmp"].map(String::from).to_vec();
-    env.extend(extra.iter().map(|(k, v)| format!("{k}={v}")));
-    env
 }
 
 /// Make a sandbox's scratch directory (bound at /host) with its `tmp`, owned by the sandbox
@@ -118,35 +77,6 @@ pub(crate) fn make_scratch(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()
     })
 }
 
-/// The cgroup.procs and OOM counter of cgroup `name` (relative to the hierarchy roots).
-pub(crate) fn cgroup_view(layout: Option<&Layout>, name: &str) -> Option<CgroupView> {
-    let (dir, oom_file) = match layout? {
-        Layout::V1 { hierarchies } => {
-            let (mount, _) = hierarchies.iter().find(|(_, c)| c.iter().any(|x| x == "memory"))?;
-            (mount.join(name), "memory.oom_control")
-        }
-        Layout::V2 { root, .. } => (root.join(name), "memory.events"),
-    };
-    let procs = dir.join("cgroup.procs");
-    if !procs.exists() {
-        return None;
-    }
-    let oom_source = Some(dir.join(oom_file)).filter(|p| p.exists());
-    let oom_before = oom_source.as_deref().map(crate::cgroup::read_oom_kills).unwrap_or(0);
-    Some(CgroupView { procs, oom_before, oom_source })
-}
-
-/// The hello's handler kind, or the load failure it reports.
-pub(crate) fn handler_kind(hello: crate::channel::Hello) -> Result<HandlerKind, CreateError> {
-    match hello.kind.as_deref() {
-        Some("wsgi") => Ok(HandlerKind::Wsgi),
-        Some("function") => Ok(HandlerKind::Function),
-        _ => Err(CreateError::Load {
-            message: hello.message.unwrap_or_else(|| "the handler failed to load".into()),
-            traceback: hello.traceback,
-        }),
-    }
-}
 
 impl RuncBackend {
     pub fn new(cfg: RuncConfig, stage: Arc<Stage>) -> RuncBackend {
@@ -202,7 +132,7 @@ impl RuncBackend {
                 "terminal": false,
                 "user": {"uid": self.cfg.uid, "gid": self.cfg.gid},
                 "args": [self.cfg.python, "-I", "-S", HELPER_IN_SANDBOX, "handler"],
-                "env": sandbox_env(&spec.env),
+                "env": sandbox_env_strings(&spec.env),
                 "cwd": "/",
                 "noNewPrivileges": true,
                 "capabilities": {"bounding": no_caps, "effective": no_caps, "inheritable": no_caps,
@@ -286,7 +216,7 @@ impl RuncBackend {
         let (mut channel, peer) = accepted.map_err(CreateError::platform)?;
         let hello = channel.handshake(&spec.env, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
         let kind = handler_kind(hello)?;
-        let cgroup_path = cgroup_view(self.layout.as_ref(), &format!("{}/{id}", self.cfg.cgroup_parent));
+        let cgroup_path = view_of(self.layout.as_ref(), &format!("{}/{id}", self.cfg.cgroup_parent));
         Ok(Sandbox {
             id,
             lambda: spec.lambda.clone(),

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::backend::{Backend, BackendStats, CgroupView, CreateError, HandlerKind, Resources, Sandbox, SandboxSpec};
+use crate::backend::{handler_kind, sandbox_env, Backend, BackendStats, Counters, CreateError, Resources, Sandbox, SandboxSpec};
 use crate::cgroup::{Cgroup, CgroupPool, Limits};
 use crate::channel::{Channel, Endpoint, Hello};
 use crate::mounts;
@@ -69,9 +69,7 @@ pub struct SockBackend {
     next_slot: AtomicUsize,
     next_id: AtomicU64,
     zygote: tokio::sync::Mutex<Option<Zygote>>,
-    created: AtomicU64,
-    destroyed: AtomicU64,
-    failures: AtomicU64,
+    counters: Counters,
     zygote_restarts: AtomicU64,
 }
 
@@ -85,9 +83,7 @@ impl SockBackend {
             next_slot: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
             zygote: tokio::sync::Mutex::new(None),
-            created: AtomicU64::new(0),
-            destroyed: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
+            counters: Counters::default(),
             zygote_restarts: AtomicU64::new(0),
         }
     }
@@ -107,15 +103,6 @@ impl SockBackend {
         self.free_slots.lock().unwrap().pop().unwrap_or_else(|| self.next_slot.fetch_add(1, Ordering::Relaxed))
     }
 
-    fn base_env(&self) -> Vec<(String, String)> {
-        vec![
-            ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
-            ("LANG".into(), "C.UTF-8".into()),
-            ("HOME".into(), "/host".into()),
-            ("TMPDIR".into(), "/tmp".into()),
-        ]
-    }
-
     async fn start_zygote(&self) -> Result<Zygote, CreateError> {
         let root = self.stage.run.join("zygote").join("root");
         std::fs::create_dir_all(&root).map_err(CreateError::platform)?;
@@ -129,7 +116,7 @@ impl SockBackend {
             let procs = cgroup.procs_fds();
             let log = log_pipe("<zygote>", 0).map_err(CreateError::platform)?;
             let argv = [self.cfg.python.clone(), "-I".into(), "-S".into(), HELPER_IN_SANDBOX.into(), "zygote".into()];
-            let env = self.base_env();
+            let env = sandbox_env(&[]);
             let process = spawn(&SpawnSpec {
                 root: &root,
                 cgroup_procs: procs,
@@ -240,19 +227,74 @@ impl SockBackend {
         self.free_slots.lock().unwrap().push(slot);
     }
 
+    /// Stitch a root, take a cgroup, provision the helper and wait for its hello.
+    async fn make(&self, spec: &SandboxSpec) -> Result<Sandbox, CreateError> {
+        let started = Instant::now();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let slot = self.take_slot();
+        let root = match self.stage.slot_root(slot) {
+            Ok(r) => r,
+            Err(e) => {
+                self.free_slots.lock().unwrap().push(slot);
+                return Err(CreateError::platform(e));
+            }
+        };
+        if let Err(e) = self.stage.stitch(&root, Some(&spec.code_dir), self.cfg.scratch_mb, self.cfg.uid, self.cfg.gid) {
+            self.free_slots.lock().unwrap().push(slot);
+            return Err(CreateError::platform(e));
+        }
+        let cgroup = match self.pool.acquire(&spec.limits) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = mounts::detach(&root);
+                self.free_slots.lock().unwrap().push(slot);
+                    return Err(CreateError::platform(e));
+            }
+        };
+        let view = cgroup.view();
+        match self.provision(id, spec, &root, &cgroup).await {
+            Ok((channel, process, hello)) => {
+                match handler_kind(hello) {
+                    Ok(kind) => {
+                        Ok(Sandbox {
+                            id,
+                            lambda: spec.lambda.clone(),
+                            kind,
+                            created: Instant::now(),
+                            startup: started.elapsed(),
+                            channel,
+                            process,
+                            cgroup_path: Some(view),
+                            limits: spec.limits,
+                            resources: Resources::Lean { slot, cgroup },
+                            tainted: false,
+                        })
+                    }
+                    Err(load_error) => {
+                        self.release(slot, root, cgroup, process).await;
+                        Err(load_error)
+                    }
+                }
+            }
+            Err(e) => {
+                    self.release(slot, root, cgroup, None).await;
+                Err(e)
+            }
+        }
+    }
+
     async fn provision(&self, id: u64, spec: &SandboxSpec, root: &std::path::Path, cgroup: &Cgroup) -> Result<(Channel, Option<PidFd>, Hello), CreateError> {
         let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
         let procs = cgroup.procs_fds();
         let log = log_pipe(&spec.lambda, id).map_err(CreateError::platform)?;
-        let mut env = self.base_env();
-        env.extend(spec.env.iter().cloned());
+        let env = sandbox_env(&spec.env);
         let process = if self.cfg.zygote {
             self.fork_from_zygote(root, &log, procs).await?
         } else {
             let argv = [self.cfg.python.clone(), "-I".into(), "-S".into(), HELPER_IN_SANDBOX.into(), "handler".into()];
             spawn(&SpawnSpec {
                     root,
-                    cgroup_procs: &procs,
+                    cgroup_procs: procs,
                     new_namespaces: true,
                     mount_proc: self.cfg.mount_proc,
                     hostname: Some("sandbox"),
@@ -293,74 +335,9 @@ impl Backend for SockBackend {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, CreateError> {
-        let started = Instant::now();
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let slot = self.take_slot();
-        let root = match self.stage.slot_root(slot) {
-            Ok(r) => r,
-            Err(e) => {
-                self.free_slots.lock().unwrap().push(slot);
-                return Err(CreateError::platform(e));
-            }
-        };
-        if let Err(e) = self.stage.stitch(&root, Some(&spec.code_dir), self.cfg.scratch_mb, self.cfg.uid, self.cfg.gid) {
-            self.free_slots.lock().unwrap().push(slot);
-            self.failures.fetch_add(1, Ordering::Relaxed);
-            return Err(CreateError::platform(e));
-        }
-        let cgroup = match self.pool.acquire(&spec.limits) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = mounts::detach(&root);
-                self.free_slots.lock().unwrap().push(slot);
-                self.failures.fetch_add(1, Ordering::Relaxed);
-                return Err(CreateError::platform(e));
-            }
-        };
-        let view = CgroupView {
-            procs: cgroup.dirs()[0].join("cgroup.procs"),
-            oom_before: cgroup.oom_kills(),
-            oom_source: cgroup.oom_path(),
-        };
-        match self.provision(id, spec, &root, &cgroup).await {
-            Ok((channel, process, hello)) => {
-                let kind = match hello.kind.as_deref() {
-                    Some("wsgi") => Some(HandlerKind::Wsgi),
-                    Some("function") => Some(HandlerKind::Function),
-                    _ => None,
-                };
-                match kind {
-                    Some(kind) => {
-                        self.created.fetch_add(1, Ordering::Relaxed);
-                        Ok(Sandbox {
-                            id,
-                            lambda: spec.lambda.clone(),
-                            kind,
-                            created: Instant::now(),
-                            startup: started.elapsed(),
-                            channel,
-                            process,
-                            cgroup_path: Some(view),
-                            limits: spec.limits,
-                            resources: Resources::Lean { slot, cgroup },
-                            tainted: false,
-                        })
-                    }
-                    None => {
-                        self.release(slot, root, cgroup, process).await;
-                        Err(CreateError::Load {
-                            message: hello.message.unwrap_or_else(|| "the handler failed to load".into()),
-                            traceback: hello.traceback,
-                        })
-                    }
-                }
-            }
-            Err(e) => {
-                self.failures.fetch_add(1, Ordering::Relaxed);
-                self.release(slot, root, cgroup, None).await;
-                Err(e)
-            }
-        }
+        let result = self.make(spec).await;
+        self.counters.record(&result);
+        result
     }
 
     async fn destroy(&self, sandbox: Sandbox) {
@@ -369,19 +346,17 @@ impl Backend for SockBackend {
         if let Resources::Lean { slot, cgroup } = resources {
             let root = self.stage.run.join("sb").join(slot.to_string()).join("root");
             self.release(slot, root, cgroup, process).await;
-            self.destroyed.fetch_add(1, Ordering::Relaxed);
+            self.counters.destroyed();
         }
     }
 
     fn stats(&self) -> BackendStats {
         let pool = self.pool.stats();
         BackendStats {
-            created: self.created.load(Ordering::Relaxed),
-            destroyed: self.destroyed.load(Ordering::Relaxed),
-            create_failures: self.failures.load(Ordering::Relaxed),
             cgroups_created: pool.created,
             cgroups_reused: pool.reused,
             zygote_restarts: self.zygote_restarts.load(Ordering::Relaxed),
+            ..self.counters.stats()
         }
     }
 

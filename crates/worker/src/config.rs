@@ -98,7 +98,7 @@ socket = "/var/run/docker.sock"
 image = "sprout-base:bookworm"
 "#;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub worker: WorkerSection,
@@ -111,20 +111,6 @@ pub struct Config {
     pub docker: DockerSection,
 }
 
-impl Default for Config {
-    fn default() -> Config {
-        Config {
-            worker: WorkerSection::default(),
-            sandbox: SandboxSection::default(),
-            limits: LimitsSection::default(),
-            instances: InstancesSection::default(),
-            cgroups: CgroupsSection::default(),
-            base: BaseSection::default(),
-            runc: RuncSection::default(),
-            docker: DockerSection::default(),
-        }
-    }
-}
 
 impl Default for WorkerSection {
     fn default() -> Self {

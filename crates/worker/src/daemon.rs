@@ -54,7 +54,7 @@ pub fn init(dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<InitOutcome> {
 
 /// Whether a worker holds `dir`'s lock; returns its pid when it does.
 pub fn running_pid(dir: &Path) -> Option<u32> {
-    let file = fs::OpenOptions::new().read(true).write(true).create(true).open(dir.join(LOCK)).ok()?;
+    let file = fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(LOCK)).ok()?;
     match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
         Ok(_unlocked_on_drop) => None,
         Err(_) => Some(fs::read_to_string(dir.join(PID)).ok()?.trim().parse().unwrap_or(0)),
@@ -181,7 +181,7 @@ fn detect_layout(config: &Config) -> Result<Layout> {
 pub async fn serve(dir: &Path) -> Result<()> {
     let dir = fs::canonicalize(dir).with_context(|| format!("{} does not exist; run `sprout worker init` first", dir.display()))?;
     let config = Config::load(&dir)?;
-    let lock_file = fs::OpenOptions::new().read(true).write(true).create(true).open(dir.join(LOCK))?;
+    let lock_file = fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(LOCK))?;
     let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
         let pid = fs::read_to_string(dir.join(PID)).unwrap_or_default();
         anyhow::anyhow!("a worker is already running in {} (pid {})", dir.display(), pid.trim())

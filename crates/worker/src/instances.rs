@@ -72,7 +72,7 @@ struct Idle {
 
 enum Grant {
     /// A sandbox handed over by the request that just used it.
-    Sandbox(Sandbox, Arc<Lambda>),
+    Sandbox(Box<Sandbox>, Arc<Lambda>),
     /// Room to provision a new sandbox (already counted as live).
     Room,
 }
@@ -148,7 +148,7 @@ impl Instances {
             return Err(Failure::ShuttingDown);
         }
         enum Next {
-            Warm(Sandbox),
+            Warm(Box<Sandbox>),
             Create,
             Wait(oneshot::Receiver<Grant>),
         }
@@ -165,7 +165,7 @@ impl Instances {
             *total -= stale.len();
             doomed.extend(stale.into_iter().map(|i| i.sandbox));
             if let Some(idle) = pool.idle.pop() {
-                Next::Warm(idle.sandbox)
+                Next::Warm(Box::new(idle.sandbox))
             } else if pool.live < self.cfg.max_per_lambda && (*total < self.cfg.max_total || evict_lru(pools, total, &mut doomed)) {
                 let pool = pools.get_mut(&lambda.name).unwrap();
                 pool.live += 1;
@@ -191,7 +191,7 @@ impl Instances {
         match next {
             Next::Warm(sandbox) => {
                 self.metrics.sandbox_state(SandboxState::Busy, 1);
-                Ok(Lease { sandbox, lambda: lambda.clone(), cold: false })
+                Ok(Lease { sandbox: *sandbox, lambda: lambda.clone(), cold: false })
             }
             Next::Create => self.create(lambda).await,
             Next::Wait(mut rx) => {
@@ -203,7 +203,7 @@ impl Instances {
                         match rx.try_recv() {
                             Ok(Grant::Room) => self.give_back_room(&lambda.name),
                             Ok(Grant::Sandbox(sandbox, owner)) => {
-                                self.release(Lease { sandbox, lambda: owner, cold: false }, true)
+                                self.release(Lease { sandbox: *sandbox, lambda: owner, cold: false }, true)
                             }
                             Err(_) => {}
                         }
@@ -212,12 +212,12 @@ impl Instances {
                 };
                 match granted {
                     Ok(Grant::Sandbox(sandbox, owner)) if owner.version == lambda.version => {
-                        Ok(Lease { sandbox, lambda: owner, cold: false })
+                        Ok(Lease { sandbox: *sandbox, lambda: owner, cold: false })
                     }
                     Ok(Grant::Sandbox(sandbox, owner)) => {
                         // A sandbox of another version: swap it for room to make a current one.
                         self.metrics.sandbox_state(SandboxState::Busy, -1);
-                        self.destroy_all(vec![sandbox]);
+                        self.destroy_all(vec![*sandbox]);
                         drop(owner);
                         self.create(lambda).await
                     }
@@ -264,7 +264,7 @@ impl Instances {
         let pool = st.pools.entry(lambda.name.clone()).or_default();
         pool.served += 1;
         if keep {
-            let mut grant = Grant::Sandbox(sandbox, lambda);
+            let mut grant = Grant::Sandbox(Box::new(sandbox), lambda);
             while let Some(waiter) = pool.waiters.pop_front() {
                 self.metrics.sandbox_state(SandboxState::Busy, 1);
                 match waiter.send(grant) {
@@ -276,7 +276,7 @@ impl Instances {
                 }
             }
             if let Grant::Sandbox(sandbox, lambda) = grant {
-                pool.idle.push(Idle { sandbox, lambda, since: Instant::now() });
+                pool.idle.push(Idle { sandbox: *sandbox, lambda, since: Instant::now() });
                 self.metrics.sandbox_state(SandboxState::Idle, 1);
             }
             return;
