@@ -46,6 +46,10 @@ fn explain(e: ureq::Error) -> anyhow::Error {
                         msg.push('\n');
                         msg.push_str(tb.trim_end());
                     }
+                    if let Some(pip) = v.get("pip_output").and_then(|t| t.as_str()).filter(|t| !t.is_empty()) {
+                        msg.push_str("\n--- pip said:\n");
+                        msg.push_str(pip.trim_end());
+                    }
                     anyhow::anyhow!(msg)
                 }
                 _ => anyhow::anyhow!("{code}: {body}"),
@@ -77,4 +81,54 @@ pub fn invoke(url: &str, name: &str, event: &str) -> Result<String> {
     let mut body = String::new();
     response.into_reader().take(1 << 30).read_to_string(&mut body)?;
     Ok(body)
+}
+
+/// The worker's Zygote tree (its import cache), drawn as text.
+pub fn zygotes(url: &str) -> Result<String> {
+    let stats: serde_json::Value = ureq::get(&format!("{url}/stats")).call().map_err(explain)?.into_json()?;
+    let cache = &stats["import_cache"];
+    if cache.is_null() {
+        bail!("this worker's backend ({}) has no Zygotes", stats["backend"].as_str().unwrap_or("?"));
+    }
+    let mut out = format!(
+        "import cache: {} Zygotes, package Zygotes {:.1} MiB PSS of {} MiB; hits {}, misses {}, fallbacks {}, evictions {}, deaths {}\n",
+        cache["zygotes"],
+        cache["package_zygotes_pss_mb"].as_f64().unwrap_or(0.0),
+        cache["memory_limit_mb"],
+        cache["import_cache_hits"],
+        cache["import_cache_misses"],
+        cache["import_cache_fallbacks"],
+        cache["zygote_evictions"],
+        cache["zygote_deaths"],
+    );
+    fn draw(node: &serde_json::Value, prefix: &str, last: bool, root: bool, out: &mut String) {
+        let adds: Vec<&str> = node["adds"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
+        let what = if root { "root (no packages)".to_string() } else { format!("+ {}", adds.join(", ")) };
+        let mut flags = Vec::new();
+        if node["pinned"].as_bool() == Some(true) {
+            flags.push("static");
+        }
+        if node["retired"].as_bool() == Some(true) {
+            flags.push("retired");
+        }
+        let branch = if root { "" } else if last { "└─ " } else { "├─ " };
+        out.push_str(&format!(
+            "{prefix}{branch}#{} {what}  [{} modules, {:.1} MiB PSS, {:.1} MiB on disk, {} uses ({} recent), {} handlers{}]\n",
+            node["id"],
+            node["modules"],
+            node["pss_mb"].as_f64().unwrap_or(0.0),
+            node["benefit_mb"].as_f64().unwrap_or(0.0),
+            node["uses"],
+            node["recent_uses"],
+            node["handlers"],
+            if flags.is_empty() { String::new() } else { format!(", {}", flags.join(", ")) },
+        ));
+        let children = node["children"].as_array().cloned().unwrap_or_default();
+        let child_prefix = if root { prefix.to_string() } else { format!("{prefix}{}", if last { "   " } else { "│  " }) };
+        for (i, child) in children.iter().enumerate() {
+            draw(child, &child_prefix, i + 1 == children.len(), false, out);
+        }
+    }
+    draw(&cache["tree"], "", true, true, &mut out);
+    Ok(out)
 }

@@ -37,9 +37,30 @@ enum Command {
         #[arg(long, env = "SPROUT_URL", default_value = "http://127.0.0.1:5000")]
         url: String,
     },
+    /// The install cache of a worker.
+    #[command(subcommand)]
+    Packages(PackagesCommand),
+    /// Print the tree of Zygotes (the import cache) of the worker running in DIR.
+    Zygotes { dir: PathBuf },
     /// Run a benchmark; results go to bench/results/.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum PackagesCommand {
+    /// Install the packages a requirements file names (and their dependencies) into the
+    /// install cache of the worker configured in --dir, ahead of any request.
+    Preinstall {
+        file: PathBuf,
+        #[arg(long, default_value = "worker")]
+        dir: PathBuf,
+    },
+    /// List what the install cache of the worker configured in --dir holds.
+    List {
+        #[arg(long, default_value = "worker")]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -164,6 +185,26 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Invoke { name, event, url } => {
             println!("{}", client::invoke(url.trim_end_matches('/'), &name, &event)?);
+        }
+        Command::Packages(PackagesCommand::Preinstall { file, dir }) => {
+            log_init("warn,sprout_worker::packages=info");
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let installed = rt.block_on(sprout_worker::preinstall::preinstall(&dir, &file))?;
+            for p in &installed {
+                println!("{:<40} {:>8.1} MiB  {}", p.key, p.size_bytes as f64 / (1 << 20) as f64, p.top_level.join(" "));
+            }
+            println!("{} packages in the install cache", installed.len());
+        }
+        Command::Packages(PackagesCommand::List { dir }) => {
+            let config = sprout_worker::config::Config::load(&dir)?;
+            let cache = sprout_worker::packages::cache::InstallCache::open(&config.package_cache_dir(&dir))?;
+            for p in cache.list() {
+                println!("{:<40} {:>8.1} MiB  {}", p.key, p.size_bytes as f64 / (1 << 20) as f64, p.top_level.join(" "));
+            }
+        }
+        Command::Zygotes { dir } => {
+            let config = sprout_worker::config::Config::load(&dir)?;
+            print!("{}", client::zygotes(&format!("http://{}", config.worker.listen))?);
         }
         Command::Bench(BenchCommand::Sandboxes { out, backends, concurrency, seconds, worker_cpu, client_cpu, work_dir }) => {
             let opts = sprout_bench::sandboxes::Options {

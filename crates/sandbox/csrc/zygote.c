@@ -1,18 +1,28 @@
 /* The Zygote's provisioning loop, in C: it forks new sandboxes without touching the Python
  * heap, which every fork would otherwise have to copy page by page.
  *
- * A Python Zygote (helper.py) calls sprout_zygote_serve(sock) through ctypes once it has
- * initialized its interpreter. The loop answers the worker's fork requests until the worker
- * closes the socket (then it returns -1). For each request it clones a child into new PID,
- * IPC and UTS namespaces (never mount or network ones); the child enters the sandbox root
- * with fchdir + chroot, joins the sandbox's cgroups through the cgroup.procs descriptors the
- * worker sent, mounts its own /proc, drops to the sandbox user, closes every inherited
- * descriptor and connects to /host/sprout.sock. It then *returns* that socket to Python,
- * which finishes the fork (PyOS_AfterFork_Child) and serves the lambda. The parent replies
- * with a pidfd of the child and waits for the next request, reaping children that exited.
+ * A Python Zygote (helper.py) calls sprout_zygote_serve(sock, &role) through ctypes (PyDLL:
+ * the GIL stays held, so no other Python thread runs across a fork) once it has initialized
+ * its interpreter. The loop answers the worker's fork requests until the worker closes the
+ * socket (then it returns -1). For each request it clones a child into new PID, IPC and UTS
+ * namespaces (never mount or network ones); the child enters the new root with fchdir +
+ * chroot, joins its cgroups through the cgroup.procs descriptors the worker sent (if any: for
+ * children of package Zygotes the worker moves them itself), mounts its own /proc when asked,
+ * joins the package Zygotes' user namespace when given one, takes its user and group ids,
+ * closes every inherited descriptor and connects to /host/sprout.sock. It then *returns* that
+ * socket to Python, with `role` saying whether the child is a handler (load a lambda) or a new
+ * Zygote (import packages, then serve forks itself). The parent replies with a pidfd of the
+ * child and waits for the next request, reaping children that exited.
+ *
+ * The root Zygote runs as root and imports nothing but Sprout's runtime. A Zygote that
+ * imports packages runs as root only inside a user namespace whose root is an unprivileged
+ * host user, in a root that is a detached mount tree (the worker passes open_tree clones), so
+ * package code it imports can neither escape to the host file system nor touch mounts,
+ * cgroups or processes outside its own subtree.
  *
  * Wire format (native endianness, both ends on one host):
- *   request: struct fork_request, with SCM_RIGHTS [root dir, log pipe, cgroup.procs...]
+ *   request: struct fork_request, with SCM_RIGHTS
+ *            [root dir, log pipe, (user namespace if FLAG_USERNS), cgroup.procs...]
  *   reply:   struct fork_reply, with SCM_RIGHTS [pidfd] when error == 0
  */
 #define _GNU_SOURCE
@@ -39,13 +49,15 @@
 #endif
 
 #define FORK_MAGIC 0x46525053u /* "SPRF" */
-#define FLAG_MOUNT_PROC 1u
+#define FLAG_MOUNT_PROC 1u /* mount a /proc of the child's PID namespace */
+#define FLAG_ZYGOTE 2u     /* the child becomes a Zygote (role 1), not a handler (role 0) */
+#define FLAG_USERNS 4u     /* fds[2] is a user namespace to join */
 #define MAX_FDS 16
 #define SOCKET_PATH "/host/sprout.sock"
 
 struct fork_request {
     uint32_t magic;
-    uint32_t uid;
+    uint32_t uid; /* ids the child takes (in the user namespace it ends up in) */
     uint32_t gid;
     uint32_t flags;
 };
@@ -122,16 +134,20 @@ static void fail(const char *what) {
 /* In the new child (PID 1 of its namespaces): become the sandbox; returns its channel. */
 static int become_sandbox(const struct fork_request *req, const int *fds, int nfds) {
     int root = fds[0], log = fds[1];
+    int first_cgroup = (req->flags & FLAG_USERNS) ? 3 : 2;
+    const char *host = (req->flags & FLAG_ZYGOTE) ? "zygote" : "sandbox";
     if (dup2(log, 1) < 0 || dup2(log, 2) < 0) _exit(70);
     if (fchdir(root) || chroot(".") || chdir("/")) fail("enter the sandbox root");
-    for (int i = 2; i < nfds; i++)
+    for (int i = first_cgroup; i < nfds; i++)
         if (write(fds[i], "0", 1) != 1) fail("join a cgroup");
-    if (sethostname("sandbox", 7)) fail("set the host name");
+    if (sethostname(host, strlen(host))) fail("set the host name");
     if ((req->flags & FLAG_MOUNT_PROC) &&
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
         fail("mount /proc");
-    if (syscall(SYS_setgroups, 0, NULL) || syscall(SYS_setgid, req->gid) || syscall(SYS_setuid, req->uid))
-        fail("drop privileges");
+    if (syscall(SYS_setgroups, 0, NULL)) fail("drop supplementary groups");
+    if ((req->flags & FLAG_USERNS) && setns(fds[2], CLONE_NEWUSER)) fail("join the Zygotes' user namespace");
+    if (syscall(SYS_setresgid, req->gid, req->gid, req->gid) || syscall(SYS_setresuid, req->uid, req->uid, req->uid))
+        fail("take the sandbox's user and group");
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) fail("set no_new_privs");
     if (syscall(SYS_close_range, 3u, ~0u, 0) != 0)
         for (int fd = 3; fd < 4096; fd++) close(fd);
@@ -144,8 +160,9 @@ static int become_sandbox(const struct fork_request *req, const int *fds, int nf
 }
 
 /* Serve fork requests on `sock`. Returns -1 in the Zygote when the worker hangs up, and
- * the connected channel (>= 0) in each new sandbox. */
-int sprout_zygote_serve(int sock) {
+ * the connected channel (>= 0) in each new sandbox, with *role set to 0 (a handler) or 1 (a
+ * new Zygote). */
+int sprout_zygote_serve(int sock, int *role) {
     for (;;) {
         struct pollfd p = {sock, POLLIN, 0};
         int ready = poll(&p, 1, 1000);
@@ -162,7 +179,7 @@ int sprout_zygote_serve(int sock) {
             if (errno == EINTR) continue;
             return -1;
         }
-        if (req.magic != FORK_MAGIC || nfds < 2) {
+        if (req.magic != FORK_MAGIC || nfds < 2 || ((req.flags & FLAG_USERNS) && nfds < 3)) {
             close_all(fds, nfds);
             send_reply(sock, EPROTO, 0, -1);
             continue;
@@ -170,7 +187,10 @@ int sprout_zygote_serve(int sock) {
         int pidfd = -1;
         long pid = syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_PIDFD | SIGCHLD,
                            0, &pidfd, NULL, 0);
-        if (pid == 0) return become_sandbox(&req, fds, nfds);
+        if (pid == 0) {
+            *role = (req.flags & FLAG_ZYGOTE) ? 1 : 0;
+            return become_sandbox(&req, fds, nfds);
+        }
         int error = pid < 0 ? errno : 0;
         close_all(fds, nfds);
         send_reply(sock, error, (int)pid, pidfd);

@@ -6,8 +6,10 @@
 //! fresh interpreter, runc or Docker), so the backends differ only in how a sandbox comes to
 //! be and goes away — which is exactly what the benchmarks compare.
 
+use std::any::Any;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -18,8 +20,22 @@ use crate::cgroup::{Cgroup, Limits};
 use crate::channel::{Channel, Reply, Request};
 use crate::process::PidFd;
 
+/// A package a handler may import: installed in the install cache, on its `sys.path`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Package {
+    /// `<name>==<version>`.
+    pub key: String,
+    /// Its directory inside the sandbox, e.g. `/packages/django==4.2.7`.
+    pub path: String,
+    /// Modules worth importing ahead in a Zygote (the top-level modules of a package the
+    /// lambda asked for; none for a dependency it did not name).
+    pub modules: Vec<String>,
+    /// Bytes on disk: the import cache's estimate of what importing it ahead costs.
+    pub size_bytes: u64,
+}
+
 /// What to run in a new sandbox.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SandboxSpec {
     /// The lambda's name (for logs and labels).
     pub lambda: String,
@@ -28,6 +44,23 @@ pub struct SandboxSpec {
     pub limits: Limits,
     /// Environment of the handler process.
     pub env: Vec<(String, String)>,
+    /// The installed packages the lambda asked for and their dependencies, dependencies
+    /// first; what the import cache chooses a Zygote by.
+    pub packages: Vec<Package>,
+    /// The handler's package directories on sys.path, in order.
+    pub paths: Vec<String>,
+    /// Kept alive as long as the sandbox (e.g. a per-sandbox package install).
+    pub attached: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for SandboxSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxSpec")
+            .field("lambda", &self.lambda)
+            .field("code_dir", &self.code_dir)
+            .field("packages", &self.packages.iter().map(|p| &p.key).collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 /// How a handler serves requests.
@@ -93,6 +126,9 @@ pub struct Sandbox {
     pub(crate) resources: Resources,
     /// Set when the sandbox must not be reused (it failed, or left processes behind).
     pub(crate) tainted: bool,
+    /// Dropped with the sandbox: what it was made with (its Zygote's use count, a
+    /// per-sandbox package install).
+    pub(crate) attached: Vec<Box<dyn Any + Send + Sync>>,
 }
 
 /// What `invoke` needs of a sandbox's cgroup when the backend owns it elsewhere.
@@ -162,6 +198,36 @@ impl Sandbox {
     pub fn pid(&self) -> Option<i32> {
         self.process.as_ref().map(|p| p.pid())
     }
+
+    /// Pause every process of the sandbox (the cgroup freezer); false when this backend's
+    /// sandboxes cannot be paused.
+    pub fn pause(&self) -> std::io::Result<bool> {
+        match &self.resources {
+            Resources::Lean { cgroup, .. } => cgroup.set_frozen(true).map(|_| true),
+            _ => Ok(false),
+        }
+    }
+
+    /// Let a paused sandbox run again.
+    pub fn resume(&self) -> std::io::Result<()> {
+        match &self.resources {
+            Resources::Lean { cgroup, .. } => cgroup.set_frozen(false),
+            _ => Ok(()),
+        }
+    }
+
+    /// Host pids of the sandbox's processes.
+    pub fn pids(&self) -> Vec<i32> {
+        match &self.cgroup_path {
+            Some(view) => crate::cgroup::read_pids(&view.procs),
+            None => self.pid().into_iter().collect(),
+        }
+    }
+
+    /// Memory of the sandbox's processes, counting each shared page by its share (PSS).
+    pub fn pss_bytes(&self) -> u64 {
+        crate::memory::pss_of_pids(&self.pids())
+    }
 }
 
 /// What every backend counts for [`Backend::stats`].
@@ -210,6 +276,11 @@ pub(crate) fn sandbox_env_strings(extra: &[(String, String)]) -> Vec<String> {
     sandbox_env(extra).into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
+/// What a new sandbox keeps alive from its spec.
+pub(crate) fn attachments(spec: &SandboxSpec) -> Vec<Box<dyn Any + Send + Sync>> {
+    spec.attached.iter().map(|a| Box::new(a.clone()) as Box<dyn Any + Send + Sync>).collect()
+}
+
 /// The hello's handler kind, or the load failure it reports.
 pub(crate) fn handler_kind(hello: crate::channel::Hello) -> Result<HandlerKind, CreateError> {
     match hello.kind.as_deref() {
@@ -245,4 +316,8 @@ pub trait Backend: Send + Sync {
     fn stats(&self) -> BackendStats;
     /// Release what the backend holds itself (Zygotes, pools) at shutdown.
     async fn shutdown(&self);
+    /// The import cache of Zygotes, for backends that have one.
+    fn import_cache(&self) -> Option<Arc<crate::import_cache::ImportCache>> {
+        None
+    }
 }

@@ -22,6 +22,16 @@ use crate::stage::BASE_MOUNT_POINTS;
 /// File in a finished image recording what it is.
 pub const MARKER: &str = ".sprout-base";
 
+/// Debian packages debootstrap adds to minbase: the interpreter, and pip, which installs
+/// lambdas' packages inside installer sandboxes (lambdas themselves run with -I -S and never
+/// see Debian's dist-packages).
+pub const INCLUDE: &str = "python3,python3-pip";
+
+/// What the marker of an image this version can use says about its layout.
+fn layout_line() -> String {
+    format!("include={INCLUDE} mounts={}", BASE_MOUNT_POINTS.join(","))
+}
+
 /// What [`ensure`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -29,10 +39,10 @@ pub enum Outcome {
     Built(Duration),
 }
 
-/// Whether `path` holds a finished base image of `suite`.
+/// Whether `path` holds a finished base image of `suite` with this version's layout.
 pub fn is_ready(path: &Path, suite: &str) -> bool {
     fs::read_to_string(path.join(MARKER))
-        .map(|m| m.lines().any(|l| l == format!("suite={suite}")))
+        .map(|m| m.lines().any(|l| l == format!("suite={suite}")) && m.lines().any(|l| l == layout_line()))
         .unwrap_or(false)
 }
 
@@ -79,6 +89,14 @@ pub fn ensure(path: &Path, suite: &str, mirror: Option<&str>, progress: &mut dyn
     if is_ready(path, suite) {
         return Ok(Outcome::Reused); // built by someone else while we waited
     }
+    if path.join(MARKER).exists() {
+        bail!(
+            "{} was built by another version of Sprout (its layout differs: this one needs {}); \
+             remove it while no worker uses it, and run init again",
+            path.display(),
+            layout_line()
+        );
+    }
     if path.exists() {
         bail!("{} exists but is not a finished {suite} base image; remove it and run init again", path.display());
     }
@@ -111,7 +129,7 @@ fn discard(dir: &Path) -> Result<()> {
 
 fn debootstrap(target: &Path, suite: &str, mirror: &str, progress: &mut dyn FnMut(&str)) -> Result<()> {
     let mut child = Command::new("debootstrap")
-        .args(["--variant=minbase", "--include=python3", suite])
+        .args(["--variant=minbase", &format!("--include={INCLUDE}"), suite])
         .arg(target)
         .arg(mirror)
         .stdout(Stdio::piped())
@@ -184,7 +202,12 @@ fn adapt(root: &Path, suite: &str) -> Result<()> {
     if !python.status.success() {
         bail!("python3 does not run in the built image: {}", String::from_utf8_lossy(&python.stderr));
     }
-    let marker = format!("suite={suite}\npython={version}\nbuilt_by=sprout {}\n", env!("CARGO_PKG_VERSION"));
+    let pip = Command::new("chroot").arg(root).args(["/usr/bin/python3", "-m", "pip", "--version"]).output()?;
+    if !pip.status.success() {
+        bail!("pip does not run in the built image: {}", String::from_utf8_lossy(&pip.stderr));
+    }
+    let marker =
+        format!("suite={suite}\n{}\npython={version}\nbuilt_by=sprout {}\n", layout_line(), env!("CARGO_PKG_VERSION"));
     fs::write(root.join(MARKER), marker)?;
     Ok(())
 }

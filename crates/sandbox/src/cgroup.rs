@@ -9,7 +9,7 @@
 
 use std::fs;
 use std::io::{self, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -174,8 +174,12 @@ impl Layout {
         Ok(())
     }
 
-    /// Remove group `name` and every group below it, killing what still runs there.
+    /// Remove group `name` and every group below it, killing what still runs there. Paused
+    /// groups are thawed first, in every hierarchy: a frozen process cannot die.
     pub fn remove_tree(&self, name: &str) -> io::Result<()> {
+        for dir in self.dirs(name) {
+            thaw_tree(&dir);
+        }
         for dir in self.dirs(name) {
             if dir.exists() {
                 remove_group_tree(&dir)?;
@@ -200,6 +204,18 @@ fn collect_procs(dir: &Path, out: &mut Vec<i32>) {
         for e in entries.flatten() {
             if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
                 collect_procs(&e.path(), out);
+            }
+        }
+    }
+}
+
+fn thaw_tree(dir: &Path) {
+    let _ = write_file(&dir.join("freezer.state"), "THAWED");
+    let _ = write_file(&dir.join("cgroup.freeze"), "0");
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                thaw_tree(&e.path());
             }
         }
     }
@@ -358,6 +374,18 @@ impl Cgroup {
     /// joins the group, so these descriptors are handed to a process being provisioned.
     pub fn procs_fds(&self) -> &[OwnedFd] {
         &self.procs_fds
+    }
+
+    /// Move process `pid` (of our PID namespace) into the group, in every hierarchy.
+    pub fn add_pid(&self, pid: i32) -> io::Result<()> {
+        let text = pid.to_string();
+        for fd in &self.procs_fds {
+            let n = unsafe { libc::write(fd.as_raw_fd(), text.as_ptr() as *const libc::c_void, text.len()) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
     }
 
     /// Pids in the group (as seen from our PID namespace).

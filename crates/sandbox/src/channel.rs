@@ -40,6 +40,14 @@ pub struct Hello {
     pub message: Option<String>,
     #[serde(default)]
     pub traceback: Option<String>,
+    /// A handler's: the modules its lambda loaded from each package directory.
+    #[serde(default)]
+    pub package_modules: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    /// A child Zygote's: the modules it imported, and why the others failed.
+    #[serde(default)]
+    pub imported: Option<Vec<String>>,
+    #[serde(default)]
+    pub failed: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// One request to a lambda, as the helper receives it (the body travels beside it).
@@ -56,11 +64,20 @@ pub struct Request {
     pub remote_addr: String,
 }
 
-/// The worker's first frame to a handler: its environment.
+/// The worker's first frame to a handler: its environment and its packages' directories.
 #[derive(Debug, Clone, Serialize)]
 pub struct Init<'a> {
     pub op: &'static str,
     pub env: std::collections::BTreeMap<&'a str, &'a str>,
+    pub paths: &'a [String],
+}
+
+/// The worker's first frame to a new child Zygote: what to import, from where.
+#[derive(Debug, Clone, Serialize)]
+pub struct ZygoteOrder<'a> {
+    pub op: &'static str,
+    pub paths: &'a [String],
+    pub imports: &'a [String],
 }
 
 /// A helper's answer: an HTTP status with headers, or an error the handler caused.
@@ -181,9 +198,9 @@ impl Channel {
 
 impl Channel {
     /// Send the handler the environment variables of its lambda (beyond the sandbox's own)
-    /// and wait for its hello: its lambda loaded, or not.
-    pub async fn handshake(&mut self, env: &[(String, String)], timeout: Duration) -> io::Result<Hello> {
-        let init = Init { op: "init", env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect() };
+    /// and its packages' directories, and wait for its hello: its lambda loaded, or not.
+    pub async fn handshake(&mut self, env: &[(String, String)], paths: &[String], timeout: Duration) -> io::Result<Hello> {
+        let init = Init { op: "init", env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(), paths };
         self.send(&init, &[]).await?;
         match tokio::time::timeout(timeout, self.recv::<Hello>()).await {
             Ok(Ok((hello, _))) => Ok(hello),

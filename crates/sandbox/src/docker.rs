@@ -330,7 +330,7 @@ impl DockerBackend {
             Ok(accepted) => accepted,
             Err(e) => return Err(self.why_silent(full_id, e).await),
         };
-        let hello = channel.handshake(&spec.env, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
+        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
         let kind = handler_kind(hello)?;
         let layout = self.layout.as_ref();
         let cgroup_path = view_of(layout, &format!("docker/{full_id}"))
@@ -347,6 +347,7 @@ impl DockerBackend {
             limits: spec.limits,
             resources: Resources::Docker { container: full_id.to_string(), scratch: scratch.to_path_buf() },
             tainted: false,
+            attached: crate::backend::attachments(spec),
         })
     }
 }

@@ -8,6 +8,10 @@
 //! * [`channel`] is the Unix-socket protocol between the worker and each sandbox's helper.
 //! * [`sock`] provisions sandboxes by forking a Zygote (`sock`) or not (`sock-nozygote`);
 //!   [`runc`] and [`docker`] are the baselines.
+//! * [`import_cache`] keeps the tree of Zygotes with packages pre-imported; [`zygote`] is one
+//!   Zygote's fork protocol, [`userns`] the user namespace package Zygotes live in, and
+//!   [`memory`] measures what they and paused handlers hold (PSS).
+//! * [`oneshot`] runs one program (pip) in a sandbox of its own, with limits.
 //! * [`base`] builds the read-only Debian base image; [`cleanup`] removes what a crashed
 //!   worker left behind.
 
@@ -17,12 +21,17 @@ pub mod cgroup;
 pub mod channel;
 pub mod cleanup;
 pub mod docker;
+pub mod import_cache;
+pub mod memory;
 pub mod mounts;
+pub mod oneshot;
 pub mod output;
 pub mod process;
 pub mod runc;
 pub mod sock;
 pub mod stage;
+pub mod userns;
+pub mod zygote;
 
-pub use backend::{Backend, BackendStats, CreateError, HandlerKind, InvokeError, Sandbox, SandboxSpec};
+pub use backend::{Backend, BackendStats, CreateError, HandlerKind, InvokeError, Package, Sandbox, SandboxSpec};
 pub use cgroup::Limits;

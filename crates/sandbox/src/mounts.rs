@@ -140,3 +140,23 @@ mod tests {
         assert_eq!(unescape("/trail\\04"), "/trail\\04");
     }
 }
+
+/// A detached copy of the mount tree at `path` (open_tree with OPEN_TREE_CLONE | AT_RECURSIVE):
+/// a root that `..` cannot leave, not even with CAP_SYS_CHROOT, since the copy has no parent
+/// mount. Package Zygotes and their handlers live in such roots. The copy disappears with its
+/// last user (this descriptor, or a process whose root or working directory is in it).
+pub fn clone_tree(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
+    const AT_RECURSIVE: libc::c_uint = 0x8000;
+    let c = cpath(path)?;
+    let fd = unsafe {
+        libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
+    };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("cloning the mount tree at {}: {e}", path.display())));
+    }
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}

@@ -53,6 +53,11 @@ impl PidFd {
         Ok(PidFd { fd, pid })
     }
 
+    /// Another handle on the same process.
+    pub fn try_clone(&self) -> io::Result<PidFd> {
+        Ok(PidFd { fd: self.fd.try_clone()?, pid: self.pid })
+    }
+
     /// The pid in the worker's PID namespace.
     pub fn pid(&self) -> i32 {
         self.pid
@@ -97,6 +102,21 @@ impl PidFd {
     pub fn reap(&self) {
         unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), libc::WNOHANG) };
     }
+
+    /// Wait for our child to exit and reap it; returns its wait status.
+    pub async fn wait_status(&self) -> i32 {
+        loop {
+            let mut status = 0;
+            let rc = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
+            if rc == self.pid {
+                return status;
+            }
+            if rc < 0 {
+                return 0; // not our child, or already reaped
+            }
+            self.exited(Duration::from_secs(3600)).await;
+        }
+    }
 }
 
 /// How to start a program in a new lean sandbox.
@@ -116,6 +136,8 @@ pub struct SpawnSpec<'a> {
     pub env: &'a [(String, String)],
     /// Where stdout and stderr go (stdin is /dev/null).
     pub output: Option<RawFd>,
+    /// Working directory inside the root (default /).
+    pub workdir: Option<&'a str>,
 }
 
 fn cstr(s: &str) -> io::Result<CString> {
@@ -148,7 +170,7 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
     let mut env_p: Vec<*const libc::c_char> = env_c.iter().map(|c| c.as_ptr()).collect();
     env_p.push(std::ptr::null());
     let dot = cstr(".")?;
-    let slash = cstr("/")?;
+    let slash = cstr(spec.workdir.unwrap_or("/"))?;
     let proc_src = cstr("proc")?;
     let proc_dst = cpath(Path::new("/proc"))?;
     let host = spec.hostname.map(cstr).transpose()?;

@@ -214,7 +214,7 @@ impl RuncBackend {
             None => endpoint.accept(self.cfg.start_timeout, self.cfg.max_response).await,
         };
         let (mut channel, peer) = accepted.map_err(CreateError::platform)?;
-        let hello = channel.handshake(&spec.env, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
+        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
         let kind = handler_kind(hello)?;
         let cgroup_path = view_of(self.layout.as_ref(), &format!("{}/{id}", self.cfg.cgroup_parent));
         Ok(Sandbox {
@@ -229,6 +229,7 @@ impl RuncBackend {
             limits: spec.limits,
             resources: Resources::Runc { container: name.to_string(), bundle: bundle.to_path_buf() },
             tainted: false,
+            attached: crate::backend::attachments(spec),
         })
     }
 

@@ -1,24 +1,26 @@
-//! SOCK's lean sandboxes (section 4.1) provisioned by a Zygote (section 4.2), and the
-//! `sock-nozygote` variant that starts a fresh interpreter in each one.
+//! SOCK's lean sandboxes (section 4.1) provisioned from the import cache's Zygotes (sections
+//! 4.2-4.3), and the `sock-nozygote` variant that starts a fresh interpreter in each one.
 //!
 //! A sandbox is a slot directory whose root is stitched from bind mounts ([`Stage::stitch`]),
 //! a cgroup from the pool, and a helper process that is PID 1 of new PID, IPC and UTS
-//! namespaces, chrooted into the root, running as an unprivileged user. With a Zygote the
-//! worker sends the root Zygote descriptors of the new root, a log pipe and the cgroup's
-//! cgroup.procs files; the Zygote forks the helper into them (see `helper.py`). Without one,
-//! [`spawn`] clones the helper into the sandbox and execs python3.
+//! namespaces, chrooted into the root, running as an unprivileged user. With Zygotes the
+//! worker asks the [`ImportCache`] for the Zygote matching the lambda's packages and has it
+//! fork the helper into the sandbox (see `helper.py`); without, [`spawn`] clones the helper
+//! into the sandbox and execs python3. Either way the helper then gets its lambda's
+//! environment and package paths, loads the lambda and says hello.
 
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::backend::{handler_kind, sandbox_env, Backend, BackendStats, Counters, CreateError, Resources, Sandbox, SandboxSpec};
+use crate::backend::{attachments, handler_kind, sandbox_env, Backend, BackendStats, Counters, CreateError, Resources, Sandbox, SandboxSpec};
 use crate::cgroup::{Cgroup, CgroupPool, Limits};
 use crate::channel::{Channel, Endpoint, Hello};
+use crate::import_cache::{accept_and_place, ImportCache, NodeUse};
 use crate::mounts;
 use crate::output::log_pipe;
 use crate::process::{spawn, PidFd, SpawnSpec};
@@ -27,8 +29,6 @@ use crate::stage::{Stage, HELPER_IN_SANDBOX};
 /// Settings shared by the lean backends.
 #[derive(Debug, Clone)]
 pub struct LeanConfig {
-    /// Provision from a Zygote (`sock`) or exec a fresh interpreter (`sock-nozygote`).
-    pub zygote: bool,
     /// The user handlers run as.
     pub uid: u32,
     pub gid: u32,
@@ -39,62 +39,48 @@ pub struct LeanConfig {
     pub start_timeout: Duration,
     /// Largest response body a handler may send, in bytes.
     pub max_response: u32,
-    /// Limits of the Zygote's own cgroup.
+    /// Limits of each Zygote's own cgroup.
     pub zygote_limits: Limits,
 }
 
-/// The root Zygote: an initialized interpreter in its own sandbox.
-struct Zygote {
+/// What provisioning a helper yields.
+struct Provisioned {
     channel: Channel,
-    process: PidFd,
-    cgroup: Cgroup,
-    root: PathBuf,
-}
-
-/// A fork request to the Zygote's C loop (`struct fork_request` in csrc/zygote.c).
-fn fork_request(uid: u32, gid: u32, mount_proc: bool) -> [u8; 16] {
-    const FORK_MAGIC: u32 = 0x4652_5053; // "SPRF"
-    let mut buf = [0u8; 16];
-    for (i, v) in [FORK_MAGIC, uid, gid, mount_proc as u32].into_iter().enumerate() {
-        buf[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
-    }
-    buf
+    process: Option<PidFd>,
+    hello: Hello,
+    hold: Option<NodeUse>,
 }
 
 pub struct SockBackend {
     cfg: LeanConfig,
     stage: Arc<Stage>,
     pool: Arc<CgroupPool>,
+    /// The Zygotes (`sock`); none for `sock-nozygote`.
+    zygotes: Option<Arc<ImportCache>>,
     free_slots: Mutex<Vec<usize>>,
     next_slot: AtomicUsize,
     next_id: AtomicU64,
-    zygote: tokio::sync::Mutex<Option<Zygote>>,
     counters: Counters,
-    zygote_restarts: AtomicU64,
 }
 
 impl SockBackend {
-    pub fn new(cfg: LeanConfig, stage: Arc<Stage>, pool: Arc<CgroupPool>) -> SockBackend {
+    pub fn new(cfg: LeanConfig, stage: Arc<Stage>, pool: Arc<CgroupPool>, zygotes: Option<Arc<ImportCache>>) -> SockBackend {
         SockBackend {
             cfg,
             stage,
             pool,
+            zygotes,
             free_slots: Mutex::new(Vec::new()),
             next_slot: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
-            zygote: tokio::sync::Mutex::new(None),
             counters: Counters::default(),
-            zygote_restarts: AtomicU64::new(0),
         }
     }
 
     /// Start the root Zygote now rather than on the first request.
     pub async fn start(&self) -> Result<(), CreateError> {
-        if self.cfg.zygote {
-            let mut guard = self.zygote.lock().await;
-            if guard.is_none() {
-                *guard = Some(self.start_zygote().await?);
-            }
+        if let Some(zygotes) = &self.zygotes {
+            zygotes.root().await?;
         }
         Ok(())
     }
@@ -103,110 +89,11 @@ impl SockBackend {
         self.free_slots.lock().unwrap().pop().unwrap_or_else(|| self.next_slot.fetch_add(1, Ordering::Relaxed))
     }
 
-    async fn start_zygote(&self) -> Result<Zygote, CreateError> {
-        let root = self.stage.run.join("zygote").join("root");
-        std::fs::create_dir_all(&root).map_err(CreateError::platform)?;
-        let _ = mounts::detach(&root);
-        self.stage.stitch(&root, None, 16, 0, 0).map_err(CreateError::platform)?;
-        let result = async {
-            let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
-            let mut cgroup = Cgroup::create(self.pool.layout().clone(), &format!("{}/zygote", self.pool.parent()))
-                .map_err(CreateError::platform)?;
-            cgroup.set_limits(&self.cfg.zygote_limits).map_err(CreateError::platform)?;
-            let procs = cgroup.procs_fds();
-            let log = log_pipe("<zygote>", 0).map_err(CreateError::platform)?;
-            let argv = [self.cfg.python.clone(), "-I".into(), "-S".into(), HELPER_IN_SANDBOX.into(), "zygote".into()];
-            let env = sandbox_env(&[]);
-            let process = spawn(&SpawnSpec {
-                root: &root,
-                cgroup_procs: procs,
-                new_namespaces: true,
-                mount_proc: false,
-                hostname: Some("zygote"),
-                user: None,
-                argv: &argv,
-                env: &env,
-                output: Some(log.as_raw_fd()),
-            })
-            .map_err(CreateError::platform)?;
-            drop(log);
-            let (mut channel, _) = match endpoint.accept(self.cfg.start_timeout, 1 << 20).await {
-                Ok(c) => c,
-                Err(e) => {
-                    process.kill();
-                    process.reap();
-                    return Err(CreateError::platform(format!("the Zygote did not start: {e}")));
-                }
-            };
-            let hello: Hello = channel.recv().await.map(|(h, _)| h).map_err(CreateError::platform)?;
-            if hello.role.as_deref() != Some("zygote") {
-                process.kill();
-                return Err(CreateError::platform(format!("the Zygote said {hello:?}")));
-            }
-            tracing::info!(pid = process.pid(), "root Zygote ready");
-            Ok(Zygote { channel, process, cgroup, root: root.clone() })
-        }
-        .await;
-        if result.is_err() {
-            let _ = mounts::detach(&root);
-        }
-        result
-    }
-
-    async fn stop_zygote(&self, z: Zygote) {
-        z.process.kill();
-        z.cgroup.kill_all();
-        z.process.exited(Duration::from_secs(2)).await;
-        z.process.reap();
-        z.cgroup.wait_empty(Duration::from_secs(5)).await;
-        let _ = mounts::detach(&z.root);
-        let _ = z.cgroup.remove();
-    }
-
-    /// Ask the Zygote to fork a helper into the sandbox at `root`; returns a pidfd of it.
-    /// A Zygote that died is replaced, once per request.
-    async fn fork_from_zygote(&self, root: &std::path::Path, log: &OwnedFd, procs: &[OwnedFd]) -> Result<PidFd, CreateError> {
-        let root_dir = std::fs::File::open(root).map_err(CreateError::platform)?;
-        let mut fds = vec![root_dir.as_raw_fd(), log.as_raw_fd()];
-        fds.extend(procs.iter().map(|f| f.as_raw_fd()));
-        let request = fork_request(self.cfg.uid, self.cfg.gid, self.cfg.mount_proc);
-        let mut guard = self.zygote.lock().await;
-        for attempt in 0..2 {
-            if guard.is_none() {
-                *guard = Some(self.start_zygote().await?);
-                if attempt > 0 {
-                    self.zygote_restarts.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            let z = guard.as_mut().unwrap();
-            let exchange = async {
-                z.channel.send_raw_with_fds(&request, &fds).await?;
-                let mut reply = [0u8; 8];
-                let pidfds = z.channel.recv_raw_with_fds(&mut reply).await?;
-                Ok::<_, std::io::Error>((i32::from_ne_bytes(reply[..4].try_into().unwrap()), pidfds))
-            };
-            match tokio::time::timeout(self.cfg.start_timeout, exchange).await {
-                Ok(Ok((0, mut pidfds))) if pidfds.len() == 1 => {
-                    return PidFd::from_fd(pidfds.remove(0)).map_err(CreateError::platform)
-                }
-                Ok(Ok((errno, _))) => {
-                    let e = std::io::Error::from_raw_os_error(errno);
-                    return Err(CreateError::platform(format!("the Zygote could not fork: {e}")));
-                }
-                Ok(Err(e)) => tracing::warn!("the root Zygote died ({e}); starting a new one"),
-                Err(_) => tracing::warn!("the root Zygote stopped answering; starting a new one"),
-            }
-            if let Some(dead) = guard.take() {
-                self.stop_zygote(dead).await;
-            }
-        }
-        Err(CreateError::platform("the root Zygote failed twice in a row"))
-    }
-
     /// Kill a sandbox's processes and return its slot and cgroup. Killing the helper, PID 1
     /// of the sandbox's namespace, makes the kernel kill everything else in it; the cgroup
     /// sweep (which freezes the group on v1, a costly system-wide operation) is the fallback.
     async fn release(&self, slot: usize, root: PathBuf, cgroup: Cgroup, process: Option<PidFd>) {
+        let _ = cgroup.set_frozen(false); // a paused sandbox cannot die
         match &process {
             Some(p) => {
                 p.kill();
@@ -248,86 +135,114 @@ impl SockBackend {
             Err(e) => {
                 let _ = mounts::detach(&root);
                 self.free_slots.lock().unwrap().push(slot);
-                    return Err(CreateError::platform(e));
+                return Err(CreateError::platform(e));
             }
         };
         let view = cgroup.view();
-        match self.provision(id, spec, &root, &cgroup).await {
-            Ok((channel, process, hello)) => {
-                match handler_kind(hello) {
-                    Ok(kind) => {
-                        Ok(Sandbox {
-                            id,
-                            lambda: spec.lambda.clone(),
-                            kind,
-                            created: Instant::now(),
-                            startup: started.elapsed(),
-                            channel,
-                            process,
-                            cgroup_path: Some(view),
-                            limits: spec.limits,
-                            resources: Resources::Lean { slot, cgroup },
-                            tainted: false,
-                        })
-                    }
-                    Err(load_error) => {
-                        self.release(slot, root, cgroup, process).await;
-                        Err(load_error)
-                    }
-                }
-            }
+        let provisioned = match self.provision(id, spec, &root, &cgroup).await {
+            Ok(p) => p,
             Err(e) => {
-                    self.release(slot, root, cgroup, None).await;
-                Err(e)
+                self.release(slot, root, cgroup, None).await;
+                return Err(e);
+            }
+        };
+        let Provisioned { channel, process, hello, hold } = provisioned;
+        if let (Some(zygotes), Some(report)) = (&self.zygotes, &hello.package_modules) {
+            zygotes.learn(report);
+        }
+        match handler_kind(hello) {
+            Ok(kind) => {
+                let mut attached = attachments(spec);
+                if let Some(hold) = hold {
+                    attached.push(Box::new(hold));
+                }
+                Ok(Sandbox {
+                    id,
+                    lambda: spec.lambda.clone(),
+                    kind,
+                    created: Instant::now(),
+                    startup: started.elapsed(),
+                    channel,
+                    process,
+                    cgroup_path: Some(view),
+                    limits: spec.limits,
+                    resources: Resources::Lean { slot, cgroup },
+                    tainted: false,
+                    attached,
+                })
+            }
+            Err(load_error) => {
+                self.release(slot, root, cgroup, process).await;
+                Err(load_error)
             }
         }
     }
 
-    async fn provision(&self, id: u64, spec: &SandboxSpec, root: &std::path::Path, cgroup: &Cgroup) -> Result<(Channel, Option<PidFd>, Hello), CreateError> {
+    async fn provision(&self, id: u64, spec: &SandboxSpec, root: &Path, cgroup: &Cgroup) -> Result<Provisioned, CreateError> {
         let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
-        let procs = cgroup.procs_fds();
         let log = log_pipe(&spec.lambda, id).map_err(CreateError::platform)?;
-        let env = sandbox_env(&spec.env);
-        let process = if self.cfg.zygote {
-            self.fork_from_zygote(root, &log, procs).await?
-        } else {
-            let argv = [self.cfg.python.clone(), "-I".into(), "-S".into(), HELPER_IN_SANDBOX.into(), "handler".into()];
-            spawn(&SpawnSpec {
+        let (forked, hold) = match &self.zygotes {
+            Some(zygotes) => {
+                let mut attempt = 0;
+                loop {
+                    let source = zygotes.source_for(&spec.packages).await?;
+                    match zygotes.fork_handler(&source.node, root, &log, cgroup, self.cfg.mount_proc).await {
+                        Ok((pidfd, hold)) => break (pidfd, Some(hold)),
+                        // The Zygote died under us: choose again (it is gone from the tree).
+                        Err(e) if attempt == 0 => tracing::warn!("forking from Zygote {}: {e}; retrying", source.node.id),
+                        Err(e) => return Err(e),
+                    }
+                    attempt += 1;
+                }
+            }
+            None => {
+                let argv = [self.cfg.python.clone(), "-I".into(), "-S".into(), HELPER_IN_SANDBOX.into(), "handler".into()];
+                let process = spawn(&SpawnSpec {
                     root,
-                    cgroup_procs: procs,
+                    cgroup_procs: cgroup.procs_fds(),
                     new_namespaces: true,
                     mount_proc: self.cfg.mount_proc,
                     hostname: Some("sandbox"),
                     user: Some((self.cfg.uid, self.cfg.gid)),
                     argv: &argv,
-                    env: &env,
+                    env: &sandbox_env(&spec.env),
                     output: Some(log.as_raw_fd()),
-            })
-            .map_err(CreateError::platform)?
+                    workdir: None,
+                })
+                .map_err(CreateError::platform)?;
+                (Some(process), None)
+            }
         };
         drop(log);
-        let died = |dead: bool| {
-            CreateError::platform(if dead {
-                "the sandbox's helper exited during setup (its output is in the worker log)"
-            } else {
-                "the sandbox's helper did not start in time"
-            })
-        };
-        let mut channel = tokio::select! {
-            accepted = endpoint.accept(self.cfg.start_timeout, self.cfg.max_response) => {
-                accepted.map_err(CreateError::platform)?.0
+        let (mut channel, process) = match forked {
+            Some(process) => {
+                let died = |dead: bool| {
+                    CreateError::platform(if dead {
+                        "the sandbox's helper exited during setup (its output is in the worker log)"
+                    } else {
+                        "the sandbox's helper did not start in time"
+                    })
+                };
+                let channel = tokio::select! {
+                    accepted = endpoint.accept(self.cfg.start_timeout, self.cfg.max_response) => {
+                        accepted.map_err(CreateError::platform)?.0
+                    }
+                    dead = process.exited(self.cfg.start_timeout) => return Err(died(dead)),
+                };
+                (channel, process)
             }
-            dead = process.exited(self.cfg.start_timeout) => return Err(died(dead)),
+            // Forked by a package Zygote: the kernel says who connected; we place it.
+            None => accept_and_place(endpoint, cgroup, self.cfg.start_timeout, self.cfg.max_response).await?,
         };
-        let hello = channel.handshake(&spec.env, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
-        Ok((channel, Some(process), hello))
+        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
+        Ok(Provisioned { channel, process: Some(process), hello, hold })
     }
 }
 
 #[async_trait]
 impl Backend for SockBackend {
     fn name(&self) -> &'static str {
-        if self.cfg.zygote {
+        if self.zygotes.is_some() {
             "sock"
         } else {
             "sock-nozygote"
@@ -341,13 +256,14 @@ impl Backend for SockBackend {
     }
 
     async fn destroy(&self, sandbox: Sandbox) {
-        let Sandbox { resources, process, channel, .. } = sandbox;
+        let Sandbox { resources, process, channel, attached, .. } = sandbox;
         drop(channel);
         if let Resources::Lean { slot, cgroup } = resources {
             let root = self.stage.run.join("sb").join(slot.to_string()).join("root");
             self.release(slot, root, cgroup, process).await;
             self.counters.destroyed();
         }
+        drop(attached);
     }
 
     fn stats(&self) -> BackendStats {
@@ -355,14 +271,18 @@ impl Backend for SockBackend {
         BackendStats {
             cgroups_created: pool.created,
             cgroups_reused: pool.reused,
-            zygote_restarts: self.zygote_restarts.load(Ordering::Relaxed),
+            zygote_restarts: self.zygotes.as_ref().map(|z| z.counters()[7].2).unwrap_or(0),
             ..self.counters.stats()
         }
     }
 
     async fn shutdown(&self) {
-        if let Some(z) = self.zygote.lock().await.take() {
-            self.stop_zygote(z).await;
+        if let Some(zygotes) = &self.zygotes {
+            zygotes.shutdown().await;
         }
+    }
+
+    fn import_cache(&self) -> Option<Arc<ImportCache>> {
+        self.zygotes.clone()
     }
 }

@@ -4,7 +4,7 @@
 //! DIR/run                 bound onto itself and made private (nothing propagates in or out)
 //! DIR/run/base            the shared base image, read-only, nosuid
 //! DIR/run/base/opt/sprout   DIR/runtime (the helper), read-only
-//! DIR/run/base/packages     DIR/packages (the install cache), read-only
+//! DIR/run/base/packages     the install cache's installed/ directory, read-only
 //! DIR/run/code            DIR/registry (lambda code), read-only, nosuid, nodev
 //! DIR/run/sb/<slot>/root  one sandbox root: run/base bound recursively, its code at
 //!                         /handler, a tmpfs scratch at /host, its own /proc
@@ -29,7 +29,8 @@ pub const LIBSPROUT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libspr
 pub const HELPER_IN_SANDBOX: &str = "/opt/sprout/helper.py";
 
 /// Directories every sandbox root needs as mount points; `init` creates them in the base.
-pub const BASE_MOUNT_POINTS: [&str; 4] = ["handler", "host", "packages", "opt/sprout"];
+/// `wheels` is where installer sandboxes see a local wheel directory.
+pub const BASE_MOUNT_POINTS: [&str; 5] = ["handler", "host", "packages", "opt/sprout", "wheels"];
 
 pub struct Stage {
     pub worker_dir: PathBuf,
@@ -51,15 +52,17 @@ impl Stage {
             code: run.join("code"),
             run,
             registry: worker_dir.join("registry"),
-            packages: worker_dir.join("packages"),
+            packages: worker_dir.join("packages").join("installed"),
             runtime: worker_dir.join("runtime"),
         }
     }
 
-    /// Build the stage afresh over `base_image`. Leftovers of an earlier run must have been
-    /// cleaned up first (see [`crate::cleanup`]).
-    pub fn prepare(worker_dir: &Path, base_image: &Path) -> io::Result<Stage> {
-        let stage = Stage::paths(worker_dir);
+    /// Build the stage afresh over `base_image`, with the installed packages of the install
+    /// cache at `packages`. Leftovers of an earlier run must have been cleaned up first (see
+    /// [`crate::cleanup`]).
+    pub fn prepare(worker_dir: &Path, base_image: &Path, packages: &Path) -> io::Result<Stage> {
+        let mut stage = Stage::paths(worker_dir);
+        stage.packages = packages.to_path_buf();
         for point in BASE_MOUNT_POINTS {
             if !base_image.join(point).is_dir() {
                 return Err(io::Error::new(

@@ -9,6 +9,7 @@
 //! | `DELETE /registry/<name>`      | removes it                                                |
 //! | `GET /status`, `/pid`          | `ready`, the worker's pid                                 |
 //! | `GET /stats`, `GET /metrics`   | JSON figures; Prometheus text                             |
+//! | `GET /packages`                | the install cache's packages                              |
 //!
 //! Every failure answers with JSON `{"error": <code>, "message": ...}` and a status that says
 //! whose fault it was; the codes are [`ERROR_CODES`] and never change meaning.
@@ -30,10 +31,11 @@ use sprout_sandbox::channel::Request;
 
 use crate::instances::{Failure, Instances};
 use crate::metrics::Metrics;
+use crate::packages::Packages;
 use crate::registry::{valid_name, Registry};
 
 /// Every error code the API answers with.
-pub const ERROR_CODES: [&str; 23] = [
+pub const ERROR_CODES: [&str; 26] = [
     "not_found",
     "invalid_request",
     "method_not_allowed",
@@ -57,12 +59,16 @@ pub const ERROR_CODES: [&str; 23] = [
     "out_of_memory",
     "sandbox_crashed",
     "internal",
+    "unpinned_requirements",
+    "invalid_requirements",
+    "install_failed",
 ];
 
 #[derive(Clone)]
 pub struct Api {
     pub registry: Arc<Registry>,
     pub instances: Arc<Instances>,
+    pub packages: Arc<Packages>,
     pub metrics: Arc<Metrics>,
     pub max_body: usize,
     pub max_upload: usize,
@@ -106,6 +112,7 @@ pub fn router(api: Api) -> Router {
         .route("/pid", get(|| async { format!("{}\n", std::process::id()) }))
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
+        .route("/packages", get(list_packages))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed here")
@@ -257,6 +264,13 @@ fn failure_response(failure: Failure) -> ApiError {
             }
         }
         Failure::Platform(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "sandbox_start_failed", message),
+        Failure::Install(e) => {
+            let mut err = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "install_failed", message).with("pip_output", e.output);
+            if let Some(package) = e.package {
+                err = err.with("package", package);
+            }
+            err
+        }
         Failure::Sandbox(e) => match e {
             sprout_sandbox::InvokeError::Timeout(_) => ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message),
             sprout_sandbox::InvokeError::OutOfMemory { .. } => ApiError::new(StatusCode::BAD_GATEWAY, "out_of_memory", message),
@@ -275,6 +289,15 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) ->
     match result {
         Ok(Ok(lambda)) => {
             tracing::info!(lambda = %lambda.name, version = lambda.version, files = lambda.files, "lambda uploaded");
+            if !lambda.parsed_requirements.is_empty() {
+                // Install ahead of the first request; a failure is reported to requests.
+                let (packages, reqs, name) = (api.packages.clone(), lambda.parsed_requirements.clone(), lambda.name.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = packages.prepare(&reqs).await {
+                        tracing::warn!(lambda = %name, "installing the lambda's packages failed: {e}");
+                    }
+                });
+            }
             (StatusCode::CREATED, axum::Json(json!(*lambda))).into_response()
         }
         Ok(Err(e)) => {
@@ -315,7 +338,19 @@ async fn delete_lambda(State(api): State<Api>, Path(name): Path<String>) -> Resp
 }
 
 async fn stats(State(api): State<Api>) -> Response {
-    axum::Json(api.metrics.stats(api.instances.stats())).into_response()
+    let mut lambdas = api.instances.stats();
+    let handler_cache = lambdas.as_object_mut().and_then(|o| o.remove("handler_cache")).unwrap_or(Value::Null);
+    let mut out = api.metrics.stats(lambdas);
+    out["handler_cache"] = handler_cache;
+    out["install_cache"] = api.packages.stats();
+    out["import_cache"] = api.metrics.import_cache_stats();
+    axum::Json(out).into_response()
+}
+
+async fn list_packages(State(api): State<Api>) -> Response {
+    let packages = api.packages.clone();
+    let list = tokio::task::spawn_blocking(move || packages.cache().list()).await.unwrap_or_default();
+    axum::Json(list).into_response()
 }
 
 async fn metrics(State(api): State<Api>) -> Response {

@@ -10,93 +10,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// The documented configuration with every default; parsed, it equals `Config::default()`.
-pub const TEMPLATE: &str = r#"# Sprout worker configuration. Every key is shown with its default value.
-
-[worker]
-# Address of the HTTP API (OpenLambda's: /run, /registry, /status, /stats, /metrics).
-listen = "127.0.0.1:5000"
-# Names this worker's cgroups (sprout-<name>); must be unique on the machine.
-# Empty: derived from the worker directory's path.
-name = ""
-# Log filter (tracing's syntax, e.g. "info", "debug", "info,sandbox=warn").
-log = "info"
-
-[sandbox]
-# How sandboxes are made:
-#   "sock"          lean sandbox (bind mounts + chroot, PID/IPC/UTS namespaces, pooled
-#                   cgroups) forked from a Zygote, a pre-initialized interpreter (SOCK)
-#   "sock-nozygote" the same lean sandbox, with a fresh interpreter each time
-#   "runc"          a general-purpose OCI container per sandbox (all namespaces), via runc
-#   "docker"        a Docker container per sandbox, via the Docker engine's API
-backend = "sock"
-# User and group that handler code runs as inside the sandbox.
-uid = 65534
-gid = 65534
-# Mount a /proc of the sandbox's own PID namespace in each sandbox.
-mount_proc = true
-# Size of each sandbox's writable scratch (a tmpfs at /host; /tmp lives there), MiB.
-scratch_mb = 64
-# The interpreter inside the base image.
-python = "/usr/bin/python3"
-# How long a new sandbox may take to load its lambda, milliseconds.
-start_timeout_ms = 10000
-# Cgroups made ahead and kept for reuse.
-cgroup_pool = 16
-# Memory limit of the Zygote's own cgroup, MiB.
-zygote_memory_mb = 512
-# CPUs the runc and docker baselines pin containers to (e.g. "0"); empty: no pinning.
-# Lean sandboxes always share the worker's own CPU set.
-cpuset = ""
-
-[limits]
-# Per sandbox: memory (MiB), processes, and CPU bandwidth in cores (0: unlimited).
-memory_mb = 128
-pids = 64
-cpus = 1.0
-# A request running longer is killed with its sandbox (504), milliseconds.
-timeout_ms = 30000
-# Largest request body to /run (413 above it), and largest response from a handler, MiB.
-max_body_mb = 6
-max_response_mb = 16
-# Largest upload to /registry (413), and what its archive may unpack to (400), MiB.
-max_upload_mb = 50
-max_unpacked_mb = 200
-# Most files an uploaded archive may hold.
-max_files = 10000
-
-[instances]
-# Keep a sandbox after a request for the next request to the same lambda (a warm start).
-# false: every request gets a new sandbox (a cold start), as in SOCK's figure 14.
-keep_warm = true
-# Idle sandboxes are destroyed after this many seconds.
-idle_timeout_s = 300
-# Most sandboxes one lambda may have at once; further requests wait in its queue.
-max_per_lambda = 16
-# Requests that may wait per lambda; beyond it the worker answers 429.
-queue_depth = 64
-# Most sandboxes alive in total; idle ones are evicted, least recently used first.
-max_total = 256
-
-[cgroups]
-# "auto" (v2 when the unified hierarchy is the main one), "v1" or "v2".
-version = "auto"
-# Where the v2 hierarchy is mounted, when not at /sys/fs/cgroup (e.g. "/sys/fs/cgroup/unified").
-v2_root = ""
-
-[base]
-# The read-only Debian root file system every sandbox runs on, shared by all workers.
-path = "/var/lib/sprout/base-bookworm"
-suite = "bookworm"
-# Debian mirror for debootstrap; empty: the one this host's apt uses.
-mirror = ""
-
-[runc]
-binary = "runc"
-
-[docker]
-socket = "/var/run/docker.sock"
-image = "sprout-base:bookworm"
-"#;
+pub const TEMPLATE: &str = include_str!("config-template.toml");
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
@@ -109,6 +23,9 @@ pub struct Config {
     pub base: BaseSection,
     pub runc: RuncSection,
     pub docker: DockerSection,
+    pub packages: PackagesSection,
+    pub import_cache: ImportCacheSection,
+    pub handler_cache: HandlerCacheSection,
 }
 
 
@@ -166,6 +83,45 @@ impl Default for CgroupsSection {
 impl Default for BaseSection {
     fn default() -> Self {
         BaseSection { path: PathBuf::from("/var/lib/sprout/base-bookworm"), suite: "bookworm".into(), mirror: String::new() }
+    }
+}
+
+impl Default for PackagesSection {
+    fn default() -> Self {
+        PackagesSection {
+            cache_dir: String::new(),
+            install_cache: true,
+            allow_unpinned: false,
+            index_url: String::new(),
+            extra_index_url: String::new(),
+            wheel_dir: String::new(),
+            offline: false,
+            install_timeout_s: 600,
+            install_memory_mb: 1024,
+            install_pids: 256,
+        }
+    }
+}
+
+impl Default for ImportCacheSection {
+    fn default() -> Self {
+        ImportCacheSection {
+            enabled: true,
+            memory_mb: 2048,
+            window_s: 60,
+            max_depth: 6,
+            learn_imports: true,
+            tree: String::new(),
+            zygote_uid: 65533,
+            zygote_gid: 65533,
+            import_timeout_ms: 60_000,
+        }
+    }
+}
+
+impl Default for HandlerCacheSection {
+    fn default() -> Self {
+        HandlerCacheSection { pause: true, memory_mb: 1024 }
     }
 }
 
@@ -282,6 +238,42 @@ pub struct DockerSection {
     pub image: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PackagesSection {
+    pub cache_dir: String,
+    pub install_cache: bool,
+    pub allow_unpinned: bool,
+    pub index_url: String,
+    pub extra_index_url: String,
+    pub wheel_dir: String,
+    pub offline: bool,
+    pub install_timeout_s: u64,
+    pub install_memory_mb: u64,
+    pub install_pids: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImportCacheSection {
+    pub enabled: bool,
+    pub memory_mb: u64,
+    pub window_s: u64,
+    pub max_depth: usize,
+    pub learn_imports: bool,
+    pub tree: String,
+    pub zygote_uid: u32,
+    pub zygote_gid: u32,
+    pub import_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HandlerCacheSection {
+    pub pause: bool,
+    pub memory_mb: u64,
+}
+
 impl Config {
     /// Read `DIR/config.toml` (defaults when it is absent) and check it.
     pub fn load(dir: &Path) -> Result<Config> {
@@ -333,7 +325,41 @@ impl Config {
         if self.limits.max_response_mb > 4000 || self.limits.max_body_mb > 4000 {
             bail!("limits.max_body_mb and limits.max_response_mb must stay below 4000");
         }
+        let ic = &self.import_cache;
+        if ic.zygote_uid == self.sandbox.uid || ic.zygote_gid == self.sandbox.gid {
+            bail!("import_cache.zygote_uid and zygote_gid must differ from sandbox.uid and sandbox.gid");
+        }
+        if ic.zygote_uid == 0 || ic.zygote_gid == 0 {
+            bail!("import_cache.zygote_uid and zygote_gid must not be root");
+        }
+        if self.packages.offline && self.packages.wheel_dir.is_empty() {
+            bail!("packages.offline needs packages.wheel_dir: with no index, pip installs only from there");
+        }
+        let positive = [
+            ("packages.install_timeout_s", self.packages.install_timeout_s),
+            ("packages.install_memory_mb", self.packages.install_memory_mb),
+            ("packages.install_pids", self.packages.install_pids),
+            ("import_cache.window_s", ic.window_s),
+            ("import_cache.import_timeout_ms", ic.import_timeout_ms),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                bail!("{key} must be greater than 0");
+            }
+        }
+        if ic.max_depth == 0 || ic.max_depth > 16 {
+            bail!("import_cache.max_depth must be between 1 and 16");
+        }
         Ok(())
+    }
+
+    /// Where the install cache lives.
+    pub fn package_cache_dir(&self, dir: &Path) -> PathBuf {
+        if self.packages.cache_dir.is_empty() {
+            dir.join("packages")
+        } else {
+            PathBuf::from(&self.packages.cache_dir)
+        }
     }
 
     /// This worker's name: configured, or derived from the directory's absolute path.

@@ -15,6 +15,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use sprout_sandbox::cgroup::{CgroupPool, Layout, Limits};
 use sprout_sandbox::docker::{DockerBackend, DockerConfig};
+use sprout_sandbox::import_cache::{ImportCache, ImportCacheConfig};
 use sprout_sandbox::runc::{RuncBackend, RuncConfig};
 use sprout_sandbox::sock::{LeanConfig, SockBackend};
 use sprout_sandbox::stage::Stage;
@@ -23,8 +24,12 @@ use sprout_sandbox::{base, cleanup, Backend};
 use crate::api::{router, Api};
 use crate::archive::Caps;
 use crate::config::{BackendKind, Config, TEMPLATE};
+use crate::handler_cache::HandlerCacheConfig;
 use crate::instances::{InstanceConfig, Instances};
 use crate::metrics::Metrics;
+use crate::packages::cache::InstallCache;
+use crate::packages::pip::{Installer, InstallerConfig};
+use crate::packages::Packages;
 use crate::registry::Registry;
 use crate::syntax::Checker;
 
@@ -202,7 +207,13 @@ pub async fn serve(dir: &Path) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(&config.worker.listen)
         .await
         .with_context(|| format!("listening on {}", config.worker.listen))?;
-    let stage = Arc::new(Stage::prepare(&dir, &config.base.path)?);
+    let install_cache = InstallCache::open(&config.package_cache_dir(&dir))
+        .with_context(|| format!("opening the install cache {}", config.package_cache_dir(&dir).display()))?;
+    if config.packages.cache_dir.is_empty() {
+        install_cache.sweep(); // ours alone: remove what an interrupted install left
+    }
+    let stage = Arc::new(Stage::prepare(&dir, &config.base.path, &install_cache.installed_dir())?);
+    let packages = Arc::new(make_packages(&config, install_cache, stage.clone(), layout.clone(), &parents[0]));
     let backend = match make_backend(&config, &dir, layout.clone(), &parents, stage.clone()).await {
         Ok(b) => b,
         Err(e) => {
@@ -210,12 +221,14 @@ pub async fn serve(dir: &Path) -> Result<()> {
             return Err(e);
         }
     };
+    preload_tree(&config, &backend, &packages)?;
     let caps = Caps { max_bytes: config.limits.max_unpacked_mb << 20, max_files: config.limits.max_files };
     let checker = Checker::new(&config.base.path, &config.sandbox.python, config.sandbox.uid, config.sandbox.gid);
-    let registry = Arc::new(Registry::open(&stage.registry, caps, checker)?);
+    let registry = Arc::new(Registry::open(&stage.registry, caps, checker, config.packages.allow_unpinned)?);
     let metrics = Arc::new(Metrics::new(backend.clone()));
     let instances = Instances::new(
         backend.clone(),
+        packages.clone(),
         InstanceConfig {
             keep_warm: config.instances.keep_warm,
             idle_timeout: Duration::from_secs(config.instances.idle_timeout_s),
@@ -224,12 +237,18 @@ pub async fn serve(dir: &Path) -> Result<()> {
             max_total: config.instances.max_total,
             timeout: config.timeout(),
             limits: config.sandbox_limits(),
+            handler_cache: HandlerCacheConfig {
+                pause: config.handler_cache.pause,
+                memory_limit: config.handler_cache.memory_mb << 20,
+            },
         },
         metrics.clone(),
     );
+    metrics.watch_caches(Arc::downgrade(&instances), packages.clone());
     let app = router(Api {
         registry: registry.clone(),
         instances: instances.clone(),
+        packages,
         metrics,
         max_body: (config.limits.max_body_mb << 20) as usize,
         max_upload: (config.limits.max_upload_mb << 20) as usize,
@@ -254,14 +273,83 @@ pub async fn serve(dir: &Path) -> Result<()> {
     served.context("serving HTTP")
 }
 
+/// The install cache and the installer that fills it.
+pub fn make_packages(config: &Config, cache: InstallCache, stage: Arc<Stage>, layout: Arc<Layout>, cgroup_parent: &str) -> Packages {
+    let p = &config.packages;
+    let installer = Installer::new(
+        stage,
+        layout,
+        cgroup_parent.to_string(),
+        InstallerConfig {
+            python: config.sandbox.python.clone(),
+            uid: config.sandbox.uid,
+            gid: config.sandbox.gid,
+            index_url: p.index_url.clone(),
+            extra_index_url: p.extra_index_url.clone(),
+            wheel_dir: (!p.wheel_dir.is_empty()).then(|| PathBuf::from(&p.wheel_dir)),
+            offline: p.offline,
+            timeout: Duration::from_secs(p.install_timeout_s),
+            limits: Limits { memory_bytes: p.install_memory_mb << 20, pids: p.install_pids, cpus: 0.0 },
+        },
+    );
+    Packages::new(cache, installer, p.install_cache, p.allow_unpinned, config.sandbox.uid, config.sandbox.gid)
+}
+
+/// Make the configured static Zygote tree in the background (its packages may take a while
+/// to install); a tree file that does not parse stops the start.
+fn preload_tree(config: &Config, backend: &Arc<dyn Backend>, packages: &Arc<Packages>) -> Result<()> {
+    if config.import_cache.tree.is_empty() {
+        return Ok(());
+    }
+    let tree = crate::packages::tree::load(Path::new(&config.import_cache.tree))?;
+    let Some(cache) = backend.import_cache() else {
+        tracing::warn!("import_cache.tree is set but the {} backend has no Zygotes", backend.name());
+        return Ok(());
+    };
+    let packages = packages.clone();
+    tokio::spawn(async move {
+        match crate::packages::tree::resolve(&tree, &packages).await {
+            Ok(nodes) => {
+                cache.preload(&nodes).await;
+                tracing::info!("static Zygote tree made");
+            }
+            Err(e) => tracing::error!("the static Zygote tree could not be made: {e:#}"),
+        }
+    });
+    Ok(())
+}
+
 async fn make_backend(config: &Config, dir: &Path, layout: Arc<Layout>, parents: &[String], stage: Arc<Stage>) -> Result<Arc<dyn Backend>> {
     let limits = config.sandbox_limits();
     match config.sandbox.backend {
         BackendKind::Sock | BackendKind::SockNoZygote => {
-            let pool = Arc::new(CgroupPool::new(layout, &parents[0], limits, config.sandbox.cgroup_pool, config.sandbox.cgroup_pool * 4)?);
+            let pool = Arc::new(CgroupPool::new(layout.clone(), &parents[0], limits, config.sandbox.cgroup_pool, config.sandbox.cgroup_pool * 4)?);
+            let zygote_limits = Limits { memory_bytes: config.sandbox.zygote_memory_mb << 20, pids: 1024, cpus: 0.0 };
+            let zygotes = (config.sandbox.backend == BackendKind::Sock).then(|| {
+                let ic = &config.import_cache;
+                ImportCache::new(
+                    ImportCacheConfig {
+                        enabled: ic.enabled,
+                        memory_limit: ic.memory_mb << 20,
+                        window: Duration::from_secs(ic.window_s),
+                        max_depth: ic.max_depth,
+                        learn: ic.learn_imports,
+                        zygote_uid: ic.zygote_uid,
+                        zygote_gid: ic.zygote_gid,
+                        uid: config.sandbox.uid,
+                        gid: config.sandbox.gid,
+                        python: config.sandbox.python.clone(),
+                        start_timeout: config.start_timeout(),
+                        import_timeout: Duration::from_millis(ic.import_timeout_ms),
+                        zygote_limits,
+                    },
+                    stage.clone(),
+                    layout,
+                    &parents[0],
+                )
+            });
             let backend = SockBackend::new(
                 LeanConfig {
-                    zygote: config.sandbox.backend == BackendKind::Sock,
                     uid: config.sandbox.uid,
                     gid: config.sandbox.gid,
                     mount_proc: config.sandbox.mount_proc,
@@ -269,10 +357,11 @@ async fn make_backend(config: &Config, dir: &Path, layout: Arc<Layout>, parents:
                     python: config.sandbox.python.clone(),
                     start_timeout: config.start_timeout(),
                     max_response: (config.limits.max_response_mb << 20) as u32,
-                    zygote_limits: Limits { memory_bytes: config.sandbox.zygote_memory_mb << 20, pids: 1024, cpus: 0.0 },
+                    zygote_limits,
                 },
                 stage,
                 pool,
+                zygotes,
             );
             backend.start().await.map_err(|e| anyhow::anyhow!("starting the root Zygote: {e}"))?;
             Ok(Arc::new(backend))

@@ -10,6 +10,13 @@
 //! sandboxes are destroyed after `idle_timeout`, and evicted least recently used first when
 //! the worker needs room for another lambda.
 //!
+//! Idle sandboxes are SOCK's handler cache: each is paused (cgroup freezer) as it goes idle
+//! and resumed for the next request; when paused sandboxes together pass their memory limit
+//! (PSS, measured when they pause and every second after) the least recently used are
+//! evicted ([`crate::handler_cache`]). A cold start first awaits its lambda's packages
+//! ([`crate::packages`]): resolved and installed once, or installed afresh with the install
+//! cache off.
+//!
 //! All state sits behind one mutex, held only for bookkeeping (never across a sandbox
 //! operation), which keeps the hand-offs between requests simple to reason about.
 
@@ -24,7 +31,9 @@ use sprout_sandbox::channel::{Reply, Request};
 use sprout_sandbox::{Backend, CreateError, InvokeError, Limits, Sandbox, SandboxSpec};
 use tokio::sync::oneshot;
 
+use crate::handler_cache::{self, Eviction, HandlerCacheConfig};
 use crate::metrics::{Metrics, SandboxState};
+use crate::packages::{InstallError, Packages};
 use crate::registry::Lambda;
 
 #[derive(Debug, Clone)]
@@ -37,6 +46,7 @@ pub struct InstanceConfig {
     /// Time limit of one request in its sandbox; also the longest a request may queue.
     pub timeout: Duration,
     pub limits: Limits,
+    pub handler_cache: HandlerCacheConfig,
 }
 
 /// Why a request got no reply from its handler.
@@ -52,6 +62,8 @@ pub enum Failure {
     Load { message: String, traceback: Option<String> },
     #[error("no sandbox could be provisioned: {0}")]
     Platform(String),
+    #[error("the lambda's packages could not be installed: {0}")]
+    Install(InstallError),
     #[error(transparent)]
     Sandbox(#[from] InvokeError),
 }
@@ -68,6 +80,9 @@ struct Idle {
     sandbox: Sandbox,
     lambda: Arc<Lambda>,
     since: Instant,
+    paused: bool,
+    /// PSS when last measured (0 until then).
+    pss: u64,
 }
 
 enum Grant {
@@ -94,11 +109,15 @@ struct State {
 
 pub struct Instances {
     backend: Arc<dyn Backend>,
+    packages: Arc<Packages>,
     cfg: InstanceConfig,
+    cache: handler_cache::Counters,
     state: Mutex<State>,
     metrics: Arc<Metrics>,
     destroying: Arc<AtomicUsize>,
     closed: AtomicBool,
+    /// Wakes the background task to measure a newly paused sandbox.
+    measure: tokio::sync::Notify,
 }
 
 /// A sandbox lent to one request.
@@ -109,22 +128,33 @@ struct Lease {
 }
 
 impl Instances {
-    pub fn new(backend: Arc<dyn Backend>, cfg: InstanceConfig, metrics: Arc<Metrics>) -> Arc<Instances> {
+    pub fn new(backend: Arc<dyn Backend>, packages: Arc<Packages>, cfg: InstanceConfig, metrics: Arc<Metrics>) -> Arc<Instances> {
         let instances = Arc::new(Instances {
             backend,
+            packages,
             cfg,
+            cache: handler_cache::Counters::default(),
             state: Mutex::new(State::default()),
             metrics,
             destroying: Arc::new(AtomicUsize::new(0)),
             closed: AtomicBool::new(false),
+            measure: tokio::sync::Notify::new(),
         });
         let weak = Arc::downgrade(&instances);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
-                tick.tick().await;
+                let Some(notified) = weak.upgrade() else { return };
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = notified.measure.notified() => {}
+                }
+                drop(notified);
                 match weak.upgrade() {
-                    Some(i) => i.reap_idle(),
+                    Some(i) => {
+                        i.reap_idle();
+                        i.measure_paused().await;
+                    }
                     None => return,
                 }
             }
@@ -148,7 +178,7 @@ impl Instances {
             return Err(Failure::ShuttingDown);
         }
         enum Next {
-            Warm(Box<Sandbox>),
+            Warm(Box<Idle>),
             Create,
             Wait(oneshot::Receiver<Grant>),
         }
@@ -163,10 +193,13 @@ impl Instances {
             pool.idle = current;
             pool.live -= stale.len();
             *total -= stale.len();
+            self.cache.evicted(Eviction::Replaced, stale.len());
             doomed.extend(stale.into_iter().map(|i| i.sandbox));
             if let Some(idle) = pool.idle.pop() {
-                Next::Warm(Box::new(idle.sandbox))
-            } else if pool.live < self.cfg.max_per_lambda && (*total < self.cfg.max_total || evict_lru(pools, total, &mut doomed)) {
+                Next::Warm(Box::new(idle))
+            } else if pool.live < self.cfg.max_per_lambda
+                && (*total < self.cfg.max_total || evict_lru(pools, total, &mut doomed, &self.cache))
+            {
                 let pool = pools.get_mut(&lambda.name).unwrap();
                 pool.live += 1;
                 *total += 1;
@@ -189,9 +222,25 @@ impl Instances {
         self.metrics.sandbox_state(SandboxState::Idle, -(idle_gone as i64));
         self.destroy_all(doomed);
         match next {
-            Next::Warm(sandbox) => {
+            Next::Warm(idle) => {
                 self.metrics.sandbox_state(SandboxState::Busy, 1);
-                Ok(Lease { sandbox: *sandbox, lambda: lambda.clone(), cold: false })
+                let Idle { sandbox, paused, .. } = *idle;
+                if paused {
+                    let started = Instant::now();
+                    let resumed = sandbox.resume();
+                    self.cache.resumed(started.elapsed());
+                    if let Err(e) = resumed {
+                        tracing::warn!(sandbox = sandbox.id, "resuming a paused sandbox: {e}");
+                    }
+                }
+                if !sandbox.reusable() {
+                    // It died while idle (e.g. with its Zygote): make a new one in its place.
+                    self.cache.evicted(Eviction::Dead, 1);
+                    self.metrics.sandbox_state(SandboxState::Busy, -1);
+                    self.destroy_all(vec![sandbox]);
+                    return self.create(lambda).await;
+                }
+                Ok(Lease { sandbox, lambda: lambda.clone(), cold: false })
             }
             Next::Create => self.create(lambda).await,
             Next::Wait(mut rx) => {
@@ -230,13 +279,24 @@ impl Instances {
 
     /// Provision a sandbox for `lambda`; room for it is already counted.
     async fn create(&self, lambda: &Arc<Lambda>) -> Result<Lease, Failure> {
+        self.metrics.sandbox_state(SandboxState::Starting, 1);
+        let packages = match self.packages.for_sandbox(&lambda.parsed_requirements).await {
+            Ok(set) => set,
+            Err(e) => {
+                self.metrics.sandbox_state(SandboxState::Starting, -1);
+                self.give_back_room(&lambda.name);
+                return Err(Failure::Install(e));
+            }
+        };
         let spec = SandboxSpec {
             lambda: lambda.name.clone(),
             code_dir: lambda.dir.clone(),
             limits: self.cfg.limits,
             env: Vec::new(),
+            packages: packages.packages.clone(),
+            paths: packages.paths.clone(),
+            attached: Some(packages),
         };
-        self.metrics.sandbox_state(SandboxState::Starting, 1);
         let created = self.backend.create(&spec).await;
         self.metrics.sandbox_state(SandboxState::Starting, -1);
         match created {
@@ -276,7 +336,12 @@ impl Instances {
                 }
             }
             if let Grant::Sandbox(sandbox, lambda) = grant {
-                pool.idle.push(Idle { sandbox: *sandbox, lambda, since: Instant::now() });
+                let paused = self.cfg.handler_cache.pause && pause(&sandbox);
+                if paused {
+                    self.cache.paused();
+                    self.measure.notify_one();
+                }
+                pool.idle.push(Idle { sandbox: *sandbox, lambda, since: Instant::now(), paused, pss: 0 });
                 self.metrics.sandbox_state(SandboxState::Idle, 1);
             }
             return;
@@ -336,6 +401,9 @@ impl Instances {
                     .drain(..)
                     .partition(|i| i.since.elapsed() < self.cfg.idle_timeout && i.lambda.is_current());
                 pool.idle = keep;
+                let replaced = expired.iter().filter(|i| !i.lambda.is_current()).count();
+                self.cache.evicted(Eviction::Replaced, replaced);
+                self.cache.evicted(Eviction::Idle, expired.len() - replaced);
                 let gone = before - pool.idle.len();
                 pool.live -= gone;
                 *total -= gone;
@@ -347,17 +415,81 @@ impl Instances {
         self.destroy_all(doomed);
     }
 
-    /// Per-lambda figures for `/stats`.
+    /// Measure the PSS of paused sandboxes and evict the least recently used while they pass
+    /// the handler cache's memory limit. Measuring reads /proc, so it happens outside the lock.
+    async fn measure_paused(&self) {
+        let probes: Vec<(u64, Vec<i32>)> = {
+            let st = self.state.lock().unwrap();
+            st.pools.values().flat_map(|p| p.idle.iter().filter(|i| i.paused)).map(|i| (i.sandbox.id, i.sandbox.pids())).collect()
+        };
+        if probes.is_empty() {
+            return;
+        }
+        let measured: Vec<(u64, u64)> = tokio::task::spawn_blocking(move || {
+            probes.into_iter().map(|(id, pids)| (id, sprout_sandbox::memory::pss_of_pids(&pids))).collect()
+        })
+        .await
+        .unwrap_or_default();
+        let mut doomed = Vec::new();
+        {
+            let mut st = self.state.lock().unwrap();
+            let State { pools, total } = &mut *st;
+            for idle in pools.values_mut().flat_map(|p| p.idle.iter_mut()) {
+                if let Some((_, pss)) = measured.iter().find(|(id, _)| *id == idle.sandbox.id) {
+                    idle.pss = *pss;
+                }
+            }
+            let entries: Vec<(Instant, u64, u64)> = pools
+                .values()
+                .flat_map(|p| p.idle.iter().filter(|i| i.paused))
+                .map(|i| (i.since, i.pss, i.sandbox.id))
+                .collect();
+            for id in handler_cache::over_limit(entries, self.cfg.handler_cache.memory_limit) {
+                for pool in pools.values_mut() {
+                    if let Some(at) = pool.idle.iter().position(|i| i.sandbox.id == id) {
+                        doomed.push(pool.idle.remove(at).sandbox);
+                        pool.live -= 1;
+                        *total -= 1;
+                    }
+                }
+            }
+            pools.retain(|_, p| p.live > 0 || !p.waiters.is_empty());
+        }
+        if !doomed.is_empty() {
+            self.cache.evicted(Eviction::Memory, doomed.len());
+            self.metrics.sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
+            self.destroy_all(doomed);
+        }
+    }
+
+    /// Per-lambda figures and the handler cache's, for `/stats`.
     pub fn stats(&self) -> Value {
         let st = self.state.lock().unwrap();
         let mut out = serde_json::Map::new();
+        let (mut paused, mut paused_pss) = (0, 0);
         for (name, pool) in &st.pools {
             out.insert(
                 name.clone(),
                 json!({"sandboxes": pool.live, "idle": pool.idle.len(), "queued": pool.waiters.len(), "served": pool.served}),
             );
+            for idle in pool.idle.iter().filter(|i| i.paused) {
+                paused += 1;
+                paused_pss += idle.pss;
+            }
         }
-        json!({"total_sandboxes": st.total, "per_lambda": out})
+        json!({
+            "total_sandboxes": st.total,
+            "per_lambda": out,
+            "handler_cache": self.cache.json(&self.cfg.handler_cache, paused, paused_pss),
+        })
+    }
+
+    /// Handler cache figures for /metrics: (paused sandboxes, their PSS, evictions by reason).
+    pub fn cache_figures(&self) -> (usize, u64, Vec<(&'static str, u64)>) {
+        let st = self.state.lock().unwrap();
+        let paused: Vec<&Idle> = st.pools.values().flat_map(|p| p.idle.iter().filter(|i| i.paused)).collect();
+        let evictions = Eviction::ALL.iter().map(|e| (e.label(), self.cache.evictions(*e))).collect();
+        (paused.len(), paused.iter().map(|i| i.pss).sum(), evictions)
     }
 
     /// Stop taking requests, destroy every idle sandbox and wait for destruction to finish.
@@ -382,8 +514,19 @@ impl Instances {
     }
 }
 
+/// Pause a sandbox going idle; false when it cannot be paused (it then idles runnable).
+fn pause(sandbox: &Sandbox) -> bool {
+    match sandbox.pause() {
+        Ok(paused) => paused,
+        Err(e) => {
+            tracing::warn!(sandbox = sandbox.id, "pausing an idle sandbox: {e}");
+            false
+        }
+    }
+}
+
 /// Make room by removing the least recently used idle sandbox of any lambda.
-fn evict_lru(pools: &mut HashMap<String, Pool>, total: &mut usize, doomed: &mut Vec<Sandbox>) -> bool {
+fn evict_lru(pools: &mut HashMap<String, Pool>, total: &mut usize, doomed: &mut Vec<Sandbox>, cache: &handler_cache::Counters) -> bool {
     let oldest = pools
         .iter()
         .flat_map(|(name, p)| p.idle.iter().enumerate().map(move |(i, idle)| (idle.since, name.clone(), i)))
@@ -394,5 +537,6 @@ fn evict_lru(pools: &mut HashMap<String, Pool>, total: &mut usize, doomed: &mut 
     pool.live -= 1;
     *total -= 1;
     doomed.push(idle.sandbox);
+    cache.evicted(Eviction::Room, 1);
     true
 }

@@ -5,7 +5,10 @@
 //!
 //! * [`api`] — how requests arrive: the HTTP routes (`/run`, `/registry`, `/stats`, ...).
 //! * [`registry`] and [`archive`], [`syntax`] — what runs: lambda code, uploaded and checked.
-//! * [`instances`] — which sandbox serves a request: warm reuse, cold starts, queues.
+//! * [`instances`] — which sandbox serves a request: warm reuse, cold starts, queues; idle
+//!   sandboxes paused as the handler cache ([`handler_cache`]).
+//! * [`packages`] — a lambda's requirements, resolved and installed once into the install
+//!   cache (the import cache of Zygotes lives with the sandboxes).
 //! * the sandboxes themselves live in the `sprout-sandbox` crate, behind one `Backend` trait.
 //!
 //! [`config`] is `DIR/config.toml`; [`daemon`] starts, stops and cleans up a worker;
@@ -15,7 +18,10 @@ pub mod api;
 pub mod archive;
 pub mod config;
 pub mod daemon;
+pub mod handler_cache;
 pub mod instances;
 pub mod metrics;
+pub mod packages;
+pub mod preinstall;
 pub mod registry;
 pub mod syntax;

@@ -2,7 +2,7 @@
 //! latencies, sandboxes by state, errors by kind, cgroup pool use) and the same figures with
 //! latency percentiles (HdrHistogram) for the JSON of `/stats`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram as Hdr;
@@ -56,9 +56,13 @@ impl SandboxState {
     }
 }
 
-/// Exposes the backend's own counters at scrape time.
+/// Where the caches' figures come from, set once the worker has made them.
+type CacheSources = Arc<OnceLock<(Weak<crate::instances::Instances>, Arc<crate::packages::Packages>)>>;
+
+/// Exposes the backend's own counters and the caches' figures at scrape time.
 struct BackendCollector {
     backend: Arc<dyn Backend>,
+    caches: CacheSources,
 }
 
 impl std::fmt::Debug for BackendCollector {
@@ -78,10 +82,43 @@ impl Collector for BackendCollector {
             ("sprout_cgroups_reused", "Cgroups taken from the pool", s.cgroups_reused),
             ("sprout_zygote_restarts", "Times the root Zygote was replaced", s.zygote_restarts),
         ];
-        for (name, help, value) in counters {
+        let mut all: Vec<(&str, &str, u64)> = counters.to_vec();
+        if let Some(cache) = self.backend.import_cache() {
+            all.extend(cache.counters().into_iter().filter(|(name, _, _)| *name != "sprout_zygote_restarts"));
+        }
+        let handler_cache = match self.caches.get() {
+            Some((instances, packages)) => {
+                all.extend(packages.counters());
+                instances.upgrade().map(|i| i.cache_figures())
+            }
+            None => None,
+        };
+        for (name, help, value) in all {
             let counter = ConstCounter::new(value);
             let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
             counter.encode(metric)?;
+        }
+        if let Some((paused, pss, evictions)) = handler_cache {
+            let gauges = [
+                ("sprout_handler_cache_paused", "Idle sandboxes paused in the handler cache", paused as i64),
+                ("sprout_handler_cache_pss_bytes", "Memory (PSS) of the paused sandboxes", pss as i64),
+            ];
+            for (name, help, value) in gauges {
+                let gauge = prometheus_client::metrics::gauge::ConstGauge::new(value);
+                let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+                gauge.encode(metric)?;
+            }
+            let mut family = encoder.encode_descriptor(
+                "sprout_handler_cache_evictions",
+                "Idle sandboxes evicted from the handler cache, by reason",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (reason, n) in evictions {
+                let labels = [("reason", reason)];
+                let metric = family.encode_family(&labels)?;
+                ConstCounter::new(n).encode(metric)?;
+            }
         }
         Ok(())
     }
@@ -104,6 +141,7 @@ pub struct Metrics {
     percentiles: Mutex<Percentiles>,
     started: Instant,
     backend: Arc<dyn Backend>,
+    caches: CacheSources,
 }
 
 fn latency_histogram() -> Histogram {
@@ -129,7 +167,8 @@ impl Metrics {
         registry.register("sprout_sandbox_start_duration_seconds", "Time to provision a sandbox and load its lambda", sandbox_start.clone());
         registry.register("sprout_sandboxes", "Sandboxes by state", sandboxes.clone());
         registry.register("sprout_errors", "Failed requests, by error code", errors.clone());
-        registry.register_collector(Box::new(BackendCollector { backend: backend.clone() }));
+        let caches: CacheSources = Arc::default();
+        registry.register_collector(Box::new(BackendCollector { backend: backend.clone(), caches: caches.clone() }));
         for state in [SandboxState::Starting, SandboxState::Busy, SandboxState::Idle] {
             sandboxes.get_or_create(&StateLabels { state: state.label() }).set(0);
         }
@@ -145,7 +184,18 @@ impl Metrics {
             percentiles: Mutex::new(Percentiles { cold: hdr(), warm: hdr(), sandbox_start: hdr() }),
             started: Instant::now(),
             backend,
+            caches,
         }
+    }
+
+    /// Report the handler and install caches' figures too.
+    pub fn watch_caches(&self, instances: Weak<crate::instances::Instances>, packages: Arc<crate::packages::Packages>) {
+        let _ = self.caches.set((instances, packages));
+    }
+
+    /// The import cache's figures and tree (null for backends without Zygotes).
+    pub fn import_cache_stats(&self) -> Value {
+        self.backend.import_cache().map(|c| c.stats()).unwrap_or(Value::Null)
     }
 
     /// A request that reached a sandbox and got a reply (the handler may still have failed).

@@ -6,6 +6,8 @@
 //! Replacing a lambda takes effect for the next sandbox; sandboxes still running the old
 //! version keep their code mounted, and the old directory is removed when the last of them
 //! lets go of its [`Lambda`] (an `Arc`). On start the newest version of each name is kept.
+//! A `requirements.txt` beside f.py is parsed and checked at upload (pinned versions unless
+//! the configuration allows otherwise); its packages are installed by [`crate::packages`].
 
 use std::collections::HashMap;
 use std::fs;
@@ -18,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::archive::{self, ArchiveError, Caps};
+use crate::packages::requirements::{self, Requirement, RequirementsError};
 use crate::syntax::Checker;
 
 /// One published version of a lambda.
@@ -32,6 +35,11 @@ pub struct Lambda {
     pub unpacked_bytes: u64,
     /// Seconds since the Unix epoch.
     pub uploaded: u64,
+    /// Its requirements.txt in canonical form, one package per line (none without one).
+    #[serde(default)]
+    pub requirements: Vec<String>,
+    #[serde(skip)]
+    pub parsed_requirements: Vec<Requirement>,
     #[serde(skip)]
     pub dir: PathBuf,
     #[serde(skip)]
@@ -69,6 +77,8 @@ pub enum UploadError {
     Archive(#[from] ArchiveError),
     #[error("syntax error in {0}")]
     Syntax(crate::syntax::SyntaxError),
+    #[error(transparent)]
+    Requirements(#[from] RequirementsError),
     #[error("{0}")]
     Internal(String),
 }
@@ -79,6 +89,7 @@ impl UploadError {
             UploadError::InvalidName(_) => "invalid_name",
             UploadError::Archive(e) => e.code(),
             UploadError::Syntax(_) => "syntax_error",
+            UploadError::Requirements(e) => e.code(),
             UploadError::Internal(_) => "internal",
         }
     }
@@ -96,13 +107,14 @@ pub struct Registry {
     dir: PathBuf,
     caps: Caps,
     checker: Checker,
+    allow_unpinned: bool,
     lambdas: RwLock<HashMap<String, Arc<Lambda>>>,
     next_version: AtomicU64,
 }
 
 impl Registry {
     /// Open the registry at `dir`, keeping the newest version of each lambda found there.
-    pub fn open(dir: &Path, caps: Caps, checker: Checker) -> anyhow::Result<Registry> {
+    pub fn open(dir: &Path, caps: Caps, checker: Checker, allow_unpinned: bool) -> anyhow::Result<Registry> {
         fs::create_dir_all(dir)?;
         let staging = dir.join(".staging");
         if staging.exists() {
@@ -131,6 +143,11 @@ impl Registry {
                 continue;
             };
             lambda.dir = path;
+            let text = lambda.requirements.join("\n");
+            match requirements::parse(&text, true) {
+                Ok(parsed) => lambda.parsed_requirements = parsed,
+                Err(e) => tracing::warn!(lambda = %name, "stored requirements no longer parse: {e}"),
+            }
             let older = match newest.get(&name) {
                 Some(current) if current.version > version => Some(lambda),
                 _ => newest.insert(name, lambda),
@@ -144,6 +161,7 @@ impl Registry {
             dir: dir.to_path_buf(),
             caps,
             checker,
+            allow_unpinned,
             lambdas: RwLock::new(lambdas),
             next_version: AtomicU64::new(max_version + 1),
         })
@@ -185,6 +203,15 @@ impl Registry {
             Ok(Some(err)) => return Err(UploadError::Syntax(err)),
             Err(e) => return Err(UploadError::Internal(format!("{e:#}"))),
         }
+        let parsed = match fs::read(staging.join("requirements.txt")) {
+            Ok(bytes) => {
+                let text = String::from_utf8(bytes).map_err(|_| {
+                    RequirementsError::Invalid { line: 0, message: "requirements.txt is not UTF-8".into() }
+                })?;
+                requirements::parse(&text, self.allow_unpinned)?
+            }
+            Err(_) => Vec::new(),
+        };
         let dir = self.dir.join(format!("{name}@{version}"));
         let lambda = Lambda {
             name: name.to_string(),
@@ -194,6 +221,8 @@ impl Registry {
             files: unpacked.files,
             unpacked_bytes: unpacked.bytes,
             uploaded: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            requirements: parsed.iter().map(|r| r.canonical()).collect(),
+            parsed_requirements: parsed,
             dir: dir.clone(),
             retired: AtomicBool::new(false),
         };

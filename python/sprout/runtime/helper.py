@@ -9,17 +9,23 @@ standard library only. Two roles:
 
 Both connect to /host/sprout.sock, where the worker listens, and speak frames:
 ``<u32 header length><u32 body length><JSON header><body bytes>`` (little endian). A handler
-first receives ``{"op": "init", "env": {...}}``, loads the lambda, says hello, then answers
-one request frame with one reply frame until the worker hangs up.
+first receives ``{"op": "init", "env": {...}, "paths": [...]}`` (its packages' directories
+for sys.path), loads the lambda, says hello (naming the package modules the lambda loaded,
+which the worker's import cache learns from), then answers one request frame with one reply
+frame until the worker hangs up.
 
 A Zygote says hello and hands its socket to the provisioning loop in libsprout.so (C, see
 crates/sandbox/csrc/zygote.c), which never returns to Python in the Zygote: Python code
 running there would write to the shared heap, and after every fork each page written is
 copied. For each fork request the loop clones a child into new PID, IPC and UTS namespaces
 (the namespace flags go to clone itself, so SOCK's second fork is unnecessary); the child
-enters the sandbox root with fchdir + chroot, joins its cgroups, drops root, connects to its
-sandbox's socket and returns into Python here, as that sandbox's handler. A Zygote never
-loads lambda code, so no function sees another's state.
+enters its root with fchdir + chroot, joins its cgroups, takes its user, connects to its
+own socket and returns into Python here, either as a handler or as a new Zygote (SOCK's
+import cache, section 4.3): a child Zygote receives ``{"op": "zygote", "paths": [...],
+"imports": [...]}``, imports those modules from those package directories, says which
+imports failed, and serves forks in turn. A Zygote never loads lambda code, and imports only
+packages every lambda forked from it asked for, so no function sees another's state or code
+it did not request.
 """
 
 import io
@@ -33,10 +39,13 @@ import traceback
 
 SOCKET_PATH = "/host/sprout.sock"
 HANDLER_DIR = "/handler"
-PACKAGES_DIR = "/packages"
+PACKAGES_DIR = "/packages/"
 FRAME = struct.Struct("<II")
 MAX_HEADER = 1 << 20
+BASE_PATH = list(sys.path)  # the interpreter's own (standard library) entries
+MAX_LEARNED = 300  # package modules reported per package
 
+ROLE_HANDLER, ROLE_ZYGOTE = 0, 1
 
 
 # ---------------------------------------------------------------- framing
@@ -93,15 +102,37 @@ def _error(code, message, exc=None):
     return header, b""
 
 
+def set_path(package_paths):
+    """sys.path: the lambda's code, its packages (and nothing else), the standard library."""
+    sys.path[:] = [HANDLER_DIR] + [p for p in package_paths if p.startswith(PACKAGES_DIR)] + BASE_PATH
+
+
+def package_modules(since=0):
+    """The modules loaded from each package directory since sys.modules held `since`
+    entries: {"/packages/<name>==<v>": [module, ...]}. Only the newest entries are visited
+    (dicts keep insertion order): touching the Zygote's shared objects would copy pages."""
+    import itertools
+
+    found = {}
+    added = len(sys.modules) - since
+    if added <= 0:
+        return found
+    for name, module in itertools.islice(reversed(sys.modules.items()), added):
+        origin = getattr(module, "__file__", None)
+        if isinstance(origin, str) and origin.startswith(PACKAGES_DIR):
+            package = "/".join(origin.split("/", 3)[:3])
+            names = found.setdefault(package, [])
+            if len(names) < MAX_LEARNED:
+                names.append(name)
+    return found
+
+
 def load_lambda():
     """Load /handler/f.py as module ``f``; returns ("wsgi", app) or ("function", f).
 
     Compiled and executed directly rather than through importlib's loaders: after a fork,
     every page the interpreter touches is copied, and the loaders touch many."""
-    sys.dont_write_bytecode = True  # /handler is read-only
-    for path in (PACKAGES_DIR, HANDLER_DIR):
-        if path not in sys.path:
-            sys.path.insert(0, path)
+    sys.dont_write_bytecode = True  # /handler and /packages are read-only
     path = HANDLER_DIR + "/f.py"
     with open(path, "rb") as source:
         code = compile(source.read(), path, "exec", dont_inherit=True)
@@ -223,10 +254,11 @@ def kill_leftovers():
 
 
 def apply_init(init):
-    """The worker's first frame: environment variables of this lambda."""
+    """The worker's first frame: environment variables and package paths of this lambda."""
     env = init.get("env")
     if env:
         os.environ.update(env)
+    set_path(init.get("paths") or [])
 
 
 def serve_lambda(sock):
@@ -235,6 +267,7 @@ def serve_lambda(sock):
     except EOFError:
         return
     apply_init(init)
+    modules_before = len(sys.modules)
     try:
         kind, entry = load_lambda()
     except BaseException as exc:
@@ -242,7 +275,7 @@ def serve_lambda(sock):
                           "message": f"{type(exc).__name__}: {exc}",
                           "traceback": _short_traceback(exc)})
         return
-    send_frame(sock, {"op": "hello", "kind": kind})
+    send_frame(sock, {"op": "hello", "kind": kind, "package_modules": package_modules(modules_before)})
     invoke = invoke_wsgi if kind == "wsgi" else invoke_function
     while True:
         try:
@@ -269,9 +302,7 @@ def _warm_app(environ, start_response):
 def warm_up():
     """Run the handler's code paths once, so that what they build on first use (import
     machinery caches, compiled regexes, codecs) is built here, shared by every fork."""
-    for path in (PACKAGES_DIR, HANDLER_DIR):
-        if path not in sys.path:
-            sys.path.insert(0, path)
+    set_path([])
     with open(__file__, "rb") as source:
         compile(source.read(), __file__, "exec", dont_inherit=True)
     invoke_function(lambda event: event, {}, b'{"a": [1, 2.5, "x", null, true]}')
@@ -279,27 +310,59 @@ def warm_up():
     request = {"method": "GET", "path": "/a%20b", "query": "q=1", "headers": [["Host", "h:80"], ["X-A", "b"]]}
     invoke_wsgi(_warm_app, request, b"")
     apply_init({"env": {}})
+    package_modules(len(sys.modules) - 1)
+
+
+def import_packages(sock):
+    """A new child Zygote: put its packages on sys.path and import what the worker names.
+    Returns False when the worker hung up instead."""
+    import importlib
+
+    try:
+        order, _ = recv_frame(sock)
+    except EOFError:
+        return False
+    paths = order.get("paths") or []
+    sys.path[:] = [p for p in paths if p.startswith(PACKAGES_DIR)] + BASE_PATH
+    imported, failed = [], {}
+    for name in order.get("imports") or []:
+        try:
+            importlib.import_module(name)
+            imported.append(name)
+        except BaseException as exc:  # a package's import may do anything, even exit
+            failed[name] = f"{type(exc).__name__}: {exc}"[:500]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    send_frame(sock, {"op": "hello", "role": "zygote", "imported": imported, "failed": failed})
+    return True
 
 
 def serve_zygote(sock):
     import ctypes
     import gc
 
-    lib = ctypes.CDLL(os.path.join(RUNTIME_DIR, "libsprout.so"))
+    lib = ctypes.PyDLL(os.path.join(RUNTIME_DIR, "libsprout.so"))  # keeps the GIL across forks
     provision = lib.sprout_zygote_serve
-    provision.argtypes = [ctypes.c_int]
+    provision.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
     provision.restype = ctypes.c_int
     after_fork_in_child = ctypes.pythonapi.PyOS_AfterFork_Child
+    role = ctypes.c_int(ROLE_HANDLER)
     warm_up()
     send_frame(sock, {"op": "hello", "role": "zygote"})
-    gc.collect()
-    gc.freeze()  # keep the shared heap out of the collector so forks stay copy-on-write
-    channel = provision(sock.fileno())  # returns only in a new sandbox, or at hang-up
-    if channel < 0:
-        return
-    after_fork_in_child()
-    sock.detach()  # already closed by the child
-    serve_lambda(socket.socket(fileno=channel))
+    while True:
+        gc.collect()
+        gc.freeze()  # keep the shared heap out of the collector so forks stay copy-on-write
+        channel = provision(sock.fileno(), ctypes.byref(role))  # returns in a child, or at hang-up
+        if channel < 0:
+            return
+        after_fork_in_child()
+        sock.detach()  # already closed by the child
+        sock = socket.socket(fileno=channel)
+        if role.value != ROLE_ZYGOTE:
+            serve_lambda(sock)
+            return
+        if not import_packages(sock):
+            return
 
 
 def main(argv):

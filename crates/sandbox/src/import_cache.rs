@@ -1,0 +1,818 @@
+//! The import cache (SOCK sections 4.2-4.3): a tree of Zygotes, each an interpreter that has
+//! imported some packages, forked from its parent so that they all share memory copy-on-write.
+//!
+//! * **Selection.** A handler is forked from the Zygote whose packages are the largest subset
+//!   of what its lambda needs — never one holding a package the lambda did not ask for (ties
+//!   broken at random). When that Zygote is not an exact match, a child that imports the rest
+//!   is made first (requests for the same set wait for it), and the handler is forked from
+//!   the child. The root Zygote imports nothing and serves lambdas without packages.
+//! * **What a Zygote imports.** For each package it adds: the top-level modules of packages
+//!   the lambda named, and the package modules lambdas were seen to load (their hellos report
+//!   them). When lambdas turn out to load more than an exact Zygote holds, a fuller one
+//!   replaces it, up to [`MAX_REFRESHES`] times.
+//! * **Eviction.** When the Zygotes' PSS passes the limit, the one with the highest benefit/cost
+//!   goes first: benefit = on-disk size of the packages it adds over its parent, cost = its
+//!   uses (forks) within the recent window. Zygotes with live children (Zygotes or handlers)
+//!   and those of a static tree are never evicted.
+//! * **Faults.** A Zygote that dies takes its subtree with it (they live in its PID
+//!   namespace); the next request for its packages makes a new one, and until then is served
+//!   by the nearest live ancestor. A dead root Zygote is restarted.
+//!
+//! Package Zygotes are confined more tightly than handlers need: see `userns` and
+//! `mounts::clone_tree`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::sync::OnceCell;
+
+use crate::backend::{sandbox_env, CreateError, Package};
+use crate::cgroup::{Cgroup, Layout, Limits};
+use crate::channel::{Endpoint, Hello, ZygoteOrder};
+use crate::mounts;
+use crate::output::log_pipe;
+use crate::process::{spawn, PidFd, SpawnSpec};
+use crate::stage::{Stage, HELPER_IN_SANDBOX};
+use crate::zygote::{ForkError, ForkRequest, ZygoteProcess, FLAG_MOUNT_PROC, FLAG_USERNS, FLAG_ZYGOTE};
+
+/// Times an exact Zygote may be replaced by a fuller one as lambdas reveal what they import.
+pub const MAX_REFRESHES: u32 = 3;
+/// How long a package set whose Zygote failed to start is served without trying again.
+const FAILURE_BACKOFF: Duration = Duration::from_secs(30);
+/// Most modules learned per package.
+const MAX_LEARNED: usize = 300;
+
+#[derive(Debug, Clone)]
+pub struct ImportCacheConfig {
+    /// Make child Zygotes with packages (false: every handler forks from the root Zygote).
+    pub enabled: bool,
+    /// PSS of all package Zygotes above which the cache evicts.
+    pub memory_limit: u64,
+    /// Uses within this window are an entry's cost of eviction.
+    pub window: Duration,
+    /// Deepest chain of Zygotes below the root.
+    pub max_depth: usize,
+    /// Learn modules to pre-import from what lambdas load.
+    pub learn: bool,
+    /// Host user and group package Zygotes run as (root inside their user namespace).
+    pub zygote_uid: u32,
+    pub zygote_gid: u32,
+    /// Handlers' user and group.
+    pub uid: u32,
+    pub gid: u32,
+    pub python: String,
+    pub start_timeout: Duration,
+    /// How long a child Zygote may take to import its packages.
+    pub import_timeout: Duration,
+    /// Limits of each Zygote's own cgroup.
+    pub zygote_limits: Limits,
+}
+
+/// One node of a static tree (OpenLambda's `{"packages": [...], "children": [...]}`) with its
+/// packages resolved: everything the node holds, its ancestors' packages included.
+#[derive(Debug, Clone)]
+pub struct StaticNode {
+    pub packages: Vec<Package>,
+    pub children: Vec<StaticNode>,
+}
+
+#[derive(Default)]
+struct NodeInfo {
+    alive: bool,
+    retired: bool,
+    uses: VecDeque<Instant>,
+    total_uses: u64,
+    handlers: usize,
+    children: BTreeSet<u64>,
+    pss: u64,
+    refreshing: bool,
+}
+
+/// A Zygote in the tree.
+pub struct Node {
+    pub id: u64,
+    parent: Option<Arc<Node>>,
+    depth: usize,
+    /// Keys of every package it holds.
+    packages: BTreeSet<String>,
+    /// Packages it holds beyond its parent's, and their on-disk size.
+    added: Vec<String>,
+    benefit: u64,
+    modules: BTreeSet<String>,
+    failed: BTreeMap<String, String>,
+    pinned: bool,
+    refreshes: u32,
+    created: Instant,
+    start_ms: f64,
+    process: tokio::sync::Mutex<Option<ZygoteProcess>>,
+    info: Mutex<NodeInfo>,
+}
+
+impl Node {
+    pub fn is_root(&self) -> bool {
+        self.parent.is_none()
+    }
+
+    fn alive(&self) -> bool {
+        self.info.lock().unwrap().alive
+    }
+
+    fn uses_within(&self, window: Duration) -> usize {
+        let mut info = self.info.lock().unwrap();
+        while info.uses.front().map(|t| t.elapsed() > window).unwrap_or(false) {
+            info.uses.pop_front();
+        }
+        info.uses.len()
+    }
+}
+
+/// A handler's hold on the Zygote it was forked from: while any exist, the Zygote is not
+/// evicted (it would take the handlers with it).
+pub struct NodeUse(Arc<Node>);
+
+impl Drop for NodeUse {
+    fn drop(&mut self) {
+        let mut info = self.0.info.lock().unwrap();
+        info.handlers = info.handlers.saturating_sub(1);
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    created_for_miss: AtomicU64,
+    fallbacks: AtomicU64,
+    created: AtomicU64,
+    creation_failures: AtomicU64,
+    evictions: AtomicU64,
+    deaths: AtomicU64,
+    refreshes: AtomicU64,
+    root_restarts: AtomicU64,
+}
+
+/// A Zygote chosen for a handler.
+pub struct Source {
+    pub node: Arc<Node>,
+    /// How the choice went: "hit", "created" or "fallback" (for lambdas with packages).
+    pub outcome: &'static str,
+}
+
+pub struct ImportCache {
+    cfg: ImportCacheConfig,
+    stage: Arc<Stage>,
+    layout: Arc<Layout>,
+    cgroup_parent: String,
+    nodes: Mutex<BTreeMap<u64, Arc<Node>>>,
+    root: tokio::sync::Mutex<Option<Arc<Node>>>,
+    pending: Mutex<HashMap<BTreeSet<String>, Arc<OnceCell<Option<Arc<Node>>>>>>,
+    failed_sets: Mutex<HashMap<BTreeSet<String>, Instant>>,
+    learned: Mutex<HashMap<String, BTreeSet<String>>>,
+    userns: Option<OwnedFd>,
+    next_id: AtomicU64,
+    counters: Counters,
+}
+
+impl ImportCache {
+    pub fn new(cfg: ImportCacheConfig, stage: Arc<Stage>, layout: Arc<Layout>, cgroup_parent: &str) -> Arc<ImportCache> {
+        let userns = if cfg.enabled {
+            match crate::userns::create(cfg.zygote_uid, cfg.zygote_gid, cfg.uid, cfg.gid) {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    tracing::warn!("no user namespace for package Zygotes ({e}): the import cache is off");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let cache = Arc::new(ImportCache {
+            cfg,
+            stage,
+            layout,
+            cgroup_parent: cgroup_parent.to_string(),
+            nodes: Mutex::new(BTreeMap::new()),
+            root: tokio::sync::Mutex::new(None),
+            pending: Mutex::new(HashMap::new()),
+            failed_sets: Mutex::new(HashMap::new()),
+            learned: Mutex::new(HashMap::new()),
+            userns,
+            next_id: AtomicU64::new(1),
+            counters: Counters::default(),
+        });
+        let weak = Arc::downgrade(&cache);
+        tokio::spawn(async move { maintain(weak).await });
+        cache
+    }
+
+    fn enabled(&self) -> bool {
+        self.cfg.enabled && self.userns.is_some()
+    }
+
+    /// The live root Zygote, started (or restarted) as needed.
+    pub async fn root(self: &Arc<Self>) -> Result<Arc<Node>, CreateError> {
+        let mut guard = self.root.lock().await;
+        if let Some(root) = guard.as_ref() {
+            if root.alive() {
+                return Ok(root.clone());
+            }
+            self.counters.root_restarts.fetch_add(1, Ordering::Relaxed);
+        }
+        let root = Arc::new(self.start_root().await?);
+        self.nodes.lock().unwrap().insert(0, root.clone());
+        self.watch(&root).await;
+        *guard = Some(root.clone());
+        Ok(root)
+    }
+
+    async fn start_root(&self) -> Result<Node, CreateError> {
+        let dir = self.stage.run.join("zygote").join("0");
+        let root = dir.join("root");
+        std::fs::create_dir_all(&root).map_err(CreateError::platform)?;
+        let _ = mounts::detach(&root);
+        self.stage.stitch(&root, None, 16, 0, 0).map_err(CreateError::platform)?;
+        let result = async {
+            let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
+            let mut cgroup = Cgroup::create(self.layout.clone(), &format!("{}/zygote-0", self.cgroup_parent))
+                .map_err(CreateError::platform)?;
+            cgroup.set_limits(&self.cfg.zygote_limits).map_err(CreateError::platform)?;
+            let log = log_pipe("<zygote 0>", 0).map_err(CreateError::platform)?;
+            let argv = [self.cfg.python.clone(), "-I".into(), "-S".into(), HELPER_IN_SANDBOX.into(), "zygote".into()];
+            let started = Instant::now();
+            let process = spawn(&SpawnSpec {
+                root: &root,
+                cgroup_procs: cgroup.procs_fds(),
+                new_namespaces: true,
+                mount_proc: false,
+                hostname: Some("zygote"),
+                user: None,
+                argv: &argv,
+                env: &sandbox_env(&[]),
+                output: Some(log.as_raw_fd()),
+                workdir: None,
+            })
+            .map_err(CreateError::platform)?;
+            drop(log);
+            let (mut channel, _) = match endpoint.accept(self.cfg.start_timeout, 1 << 20).await {
+                Ok(c) => c,
+                Err(e) => {
+                    process.kill();
+                    process.reap();
+                    return Err(CreateError::platform(format!("the root Zygote did not start: {e}")));
+                }
+            };
+            let hello: Hello = channel.recv().await.map(|(h, _)| h).map_err(CreateError::platform)?;
+            if hello.role.as_deref() != Some("zygote") {
+                process.kill();
+                return Err(CreateError::platform(format!("the root Zygote said {hello:?}")));
+            }
+            tracing::info!(pid = process.pid(), "root Zygote ready");
+            let zygote = ZygoteProcess { channel, process, cgroup, root: root.clone() };
+            Ok(Node {
+                id: 0,
+                parent: None,
+                depth: 0,
+                packages: BTreeSet::new(),
+                added: Vec::new(),
+                benefit: 0,
+                modules: BTreeSet::new(),
+                failed: BTreeMap::new(),
+                pinned: true,
+                refreshes: 0,
+                created: Instant::now(),
+                start_ms: started.elapsed().as_secs_f64() * 1000.0,
+                process: tokio::sync::Mutex::new(Some(zygote)),
+                info: Mutex::new(NodeInfo { alive: true, ..Default::default() }),
+            })
+        }
+        .await;
+        if result.is_err() {
+            let _ = mounts::detach(&root);
+        }
+        result
+    }
+
+    /// Notice when `node`'s process exits, and forget it (and its subtree) then.
+    async fn watch(self: &Arc<Self>, node: &Arc<Node>) {
+        let pidfd = match node.process.lock().await.as_ref().map(|z| z.process.try_clone()) {
+            Some(Ok(p)) => p,
+            _ => return,
+        };
+        let weak = Arc::downgrade(self);
+        let id = node.id;
+        tokio::spawn(async move {
+            while !pidfd.exited(Duration::from_secs(3600)).await {}
+            if let Some(cache) = weak.upgrade() {
+                cache.forget(id, true).await;
+            }
+        });
+    }
+
+    /// Remove node `id` and its descendants from the tree and stop their processes. `died`:
+    /// it exited by itself (rather than being evicted or shut down).
+    async fn forget(self: &Arc<Self>, id: u64, died: bool) {
+        let mut doomed = Vec::new();
+        {
+            let mut nodes = self.nodes.lock().unwrap();
+            let mut stack = vec![id];
+            while let Some(n) = stack.pop() {
+                if let Some(node) = nodes.remove(&n) {
+                    let mut info = node.info.lock().unwrap();
+                    info.alive = false;
+                    stack.extend(info.children.iter().copied());
+                    drop(info);
+                    if let Some(parent) = &node.parent {
+                        parent.info.lock().unwrap().children.remove(&n);
+                    }
+                    doomed.push(node);
+                }
+            }
+        }
+        if doomed.is_empty() {
+            return;
+        }
+        if died {
+            self.counters.deaths.fetch_add(doomed.len() as u64, Ordering::Relaxed);
+            tracing::warn!(zygote = id, lost = doomed.len(), "a Zygote died; it is replaced when next needed");
+        }
+        // Children first: a parent's death would kill them anyway, but their mounts and
+        // cgroups are ours to remove.
+        for node in doomed.into_iter().rev() {
+            if let Some(z) = node.process.lock().await.take() {
+                z.stop().await;
+            }
+        }
+    }
+
+    /// The Zygote to fork a handler of a lambda needing `packages` from; makes a child
+    /// Zygote first when no exact one exists.
+    pub async fn source_for(self: &Arc<Self>, packages: &[Package]) -> Result<Source, CreateError> {
+        let root = self.root().await?;
+        if packages.is_empty() {
+            return Ok(Source { node: root, outcome: "none" });
+        }
+        if !self.enabled() {
+            self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+            return Ok(Source { node: root, outcome: "fallback" });
+        }
+        let want: BTreeSet<String> = packages.iter().map(|p| p.key.clone()).collect();
+        let best = self.best_subset(&want).unwrap_or(root);
+        if best.packages == want {
+            self.counters.hits.fetch_add(1, Ordering::Relaxed);
+            self.maybe_refresh(&best, packages);
+            return Ok(Source { node: best, outcome: "hit" });
+        }
+        let recently_failed = self.failed_sets.lock().unwrap().get(&want).map(|t| t.elapsed() < FAILURE_BACKOFF).unwrap_or(false);
+        if best.depth >= self.cfg.max_depth || recently_failed {
+            self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+            return Ok(Source { node: best, outcome: "fallback" });
+        }
+        let cell = self.pending.lock().unwrap().entry(want.clone()).or_default().clone();
+        let made = cell
+            .get_or_init(|| async {
+                let made = self.create_child(&best, packages, false).await;
+                self.pending.lock().unwrap().remove(&want);
+                made
+            })
+            .await
+            .clone();
+        match made {
+            Some(node) if node.alive() => {
+                self.counters.created_for_miss.fetch_add(1, Ordering::Relaxed);
+                Ok(Source { node, outcome: "created" })
+            }
+            _ => {
+                self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+                Ok(Source { node: if best.alive() { best } else { self.root().await? }, outcome: "fallback" })
+            }
+        }
+    }
+
+    /// The live, current Zygote whose packages are the largest subset of `want`.
+    fn best_subset(&self, want: &BTreeSet<String>) -> Option<Arc<Node>> {
+        let nodes = self.nodes.lock().unwrap();
+        let fitting: Vec<&Arc<Node>> = nodes
+            .values()
+            .filter(|n| n.packages.is_subset(want))
+            .filter(|n| {
+                let info = n.info.lock().unwrap();
+                info.alive && !info.retired
+            })
+            .collect();
+        let most = fitting.iter().map(|n| n.packages.len()).max()?;
+        let ties: Vec<&&Arc<Node>> = fitting.iter().filter(|n| n.packages.len() == most).collect();
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let pick = (nanos as usize / 64) % ties.len();
+        Some((*ties[pick]).clone())
+    }
+
+    /// Modules to import for `packages` beyond what `parent` holds.
+    fn imports_for(&self, parent: &Node, packages: &[Package]) -> Vec<String> {
+        let learned = self.learned.lock().unwrap();
+        let mut out: Vec<String> = Vec::new();
+        for p in packages.iter().filter(|p| !parent.packages.contains(&p.key)) {
+            let mut names: Vec<String> = p.modules.clone();
+            if let Some(seen) = learned.get(&p.key) {
+                names.extend(seen.iter().cloned());
+            }
+            for n in names {
+                if !out.contains(&n) && !parent.modules.contains(&n) {
+                    out.push(n);
+                }
+            }
+        }
+        out
+    }
+
+    /// When lambdas load modules of an exact Zygote's packages that it has not imported,
+    /// make a fuller replacement in the background and retire this one.
+    fn maybe_refresh(self: &Arc<Self>, node: &Arc<Node>, packages: &[Package]) {
+        if node.is_root() || node.pinned || node.refreshes >= MAX_REFRESHES || !self.cfg.learn {
+            return;
+        }
+        let Some(parent) = node.parent.clone() else { return };
+        let missing = self.imports_for(&parent, packages).into_iter().any(|m| !node.modules.contains(&m) && !node.failed.contains_key(&m));
+        if !missing {
+            return;
+        }
+        {
+            let mut info = node.info.lock().unwrap();
+            if info.refreshing {
+                return;
+            }
+            info.refreshing = true;
+        }
+        let (cache, old, packages) = (self.clone(), node.clone(), packages.to_vec());
+        tokio::spawn(async move {
+            let made = cache.create_child_with(&parent, &packages, false, old.refreshes + 1).await;
+            if made.is_some() {
+                cache.counters.refreshes.fetch_add(1, Ordering::Relaxed);
+                old.info.lock().unwrap().retired = true;
+            }
+            old.info.lock().unwrap().refreshing = false;
+        });
+    }
+
+    async fn create_child(self: &Arc<Self>, parent: &Arc<Node>, packages: &[Package], pinned: bool) -> Option<Arc<Node>> {
+        self.create_child_with(parent, packages, pinned, 0).await
+    }
+
+    /// Fork a child Zygote of `parent` holding `packages` and wait until it has imported them.
+    async fn create_child_with(self: &Arc<Self>, parent: &Arc<Node>, packages: &[Package], pinned: bool, refreshes: u32) -> Option<Arc<Node>> {
+        let want: BTreeSet<String> = packages.iter().map(|p| p.key.clone()).collect();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        match self.spawn_child(id, parent, packages).await {
+            Ok((zygote, hello)) => {
+                let added: Vec<String> = packages.iter().filter(|p| !parent.packages.contains(&p.key)).map(|p| p.key.clone()).collect();
+                let benefit = packages.iter().filter(|p| added.contains(&p.key)).map(|p| p.size_bytes).sum();
+                let mut modules = parent.modules.clone();
+                modules.extend(hello.imported.unwrap_or_default());
+                let failed = hello.failed.unwrap_or_default();
+                if !failed.is_empty() {
+                    tracing::info!(zygote = id, ?failed, "some modules could not be imported ahead; handlers import them");
+                }
+                let node = Arc::new(Node {
+                    id,
+                    parent: Some(parent.clone()),
+                    depth: parent.depth + 1,
+                    packages: want,
+                    added,
+                    benefit,
+                    modules,
+                    failed,
+                    pinned,
+                    refreshes,
+                    created: Instant::now(),
+                    start_ms: started.elapsed().as_secs_f64() * 1000.0,
+                    process: tokio::sync::Mutex::new(Some(zygote)),
+                    info: Mutex::new(NodeInfo { alive: true, ..Default::default() }),
+                });
+                {
+                    let mut nodes = self.nodes.lock().unwrap();
+                    let mut parent_info = parent.info.lock().unwrap();
+                    if !parent_info.alive {
+                        // The parent died meanwhile, and this child with it.
+                        drop(parent_info);
+                        drop(nodes);
+                        self.counters.creation_failures.fetch_add(1, Ordering::Relaxed);
+                        let node2 = node.clone();
+                        let cache = self.clone();
+                        tokio::spawn(async move {
+                            if let Some(z) = node2.process.lock().await.take() {
+                                z.stop().await;
+                            }
+                            drop(cache);
+                        });
+                        return None;
+                    }
+                    parent_info.children.insert(id);
+                    nodes.insert(id, node.clone());
+                }
+                self.watch(&node).await;
+                self.counters.created.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    zygote = id,
+                    parent = parent.id,
+                    packages = ?node.added,
+                    modules = node.modules.len() - parent.modules.len(),
+                    ms = format!("{:.1}", node.start_ms),
+                    "child Zygote ready"
+                );
+                Some(node)
+            }
+            Err(e) => {
+                self.counters.creation_failures.fetch_add(1, Ordering::Relaxed);
+                self.failed_sets.lock().unwrap().insert(want, Instant::now());
+                tracing::warn!(parent = parent.id, "a child Zygote failed to start: {e}");
+                None
+            }
+        }
+    }
+
+    async fn spawn_child(&self, id: u64, parent: &Arc<Node>, packages: &[Package]) -> Result<(ZygoteProcess, Hello), CreateError> {
+        let dir = self.stage.run.join("zygote").join(id.to_string());
+        let root = dir.join("root");
+        std::fs::create_dir_all(&root).map_err(CreateError::platform)?;
+        self.stage.stitch(&root, None, 16, self.cfg.uid, self.cfg.gid).map_err(CreateError::platform)?;
+        let mut cgroup = match Cgroup::create(self.layout.clone(), &format!("{}/zygote-{id}", self.cgroup_parent)) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = mounts::detach(&root);
+                return Err(CreateError::platform(e));
+            }
+        };
+        let result = async {
+            cgroup.set_limits(&self.cfg.zygote_limits).map_err(CreateError::platform)?;
+            let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
+            let log = log_pipe(&format!("<zygote {id}>"), id).map_err(CreateError::platform)?;
+            let tree = mounts::clone_tree(&root).map_err(CreateError::platform)?;
+            let mut fds: Vec<RawFd> = vec![tree.as_raw_fd(), log.as_raw_fd()];
+            let mut flags = FLAG_ZYGOTE;
+            if parent.is_root() {
+                fds.push(self.userns.as_ref().ok_or_else(|| CreateError::platform("no user namespace"))?.as_raw_fd());
+                flags |= FLAG_USERNS;
+            }
+            let request = ForkRequest { uid: 0, gid: 0, flags };
+            self.fork_from(parent, request, &fds).await?;
+            drop(log);
+            drop_tree(tree);
+            let (mut channel, process) = accept_and_place(endpoint, &cgroup, self.cfg.start_timeout, 1 << 20).await?;
+            let imports = self.imports_for(parent, packages);
+            let paths: Vec<String> = packages.iter().map(|p| p.path.clone()).collect();
+            channel
+                .send(&ZygoteOrder { op: "zygote", paths: &paths, imports: &imports }, &[])
+                .await
+                .map_err(CreateError::platform)?;
+            let hello = tokio::time::timeout(self.cfg.import_timeout, channel.recv::<Hello>()).await;
+            let hello = match hello {
+                Ok(Ok((h, _))) if h.role.as_deref() == Some("zygote") => h,
+                Ok(Ok((h, _))) => return Err(CreateError::platform(format!("the child Zygote said {h:?}"))),
+                Ok(Err(e)) => {
+                    let why = if cgroup.oom_kills() > 0 { "it ran out of memory importing".to_string() } else { e.to_string() };
+                    return Err(CreateError::platform(format!("the child Zygote died while importing: {why}")));
+                }
+                Err(_) => return Err(CreateError::platform(format!("the child Zygote did not import within {:?}", self.cfg.import_timeout))),
+            };
+            Ok((channel, process, hello))
+        }
+        .await;
+        match result {
+            Ok((channel, process, hello)) => Ok((ZygoteProcess { channel, process, cgroup, root }, hello)),
+            Err(e) => {
+                cgroup.kill_all();
+                cgroup.wait_empty(Duration::from_secs(5)).await;
+                let _ = mounts::detach(&root);
+                let _ = std::fs::remove_dir_all(&dir);
+                let _ = cgroup.remove();
+                Err(e)
+            }
+        }
+    }
+
+    /// Send a fork request to `node`. A root that stopped answering is restarted by the next
+    /// caller of [`ImportCache::root`]; a child that did is forgotten.
+    async fn fork_from(&self, node: &Arc<Node>, request: ForkRequest, fds: &[RawFd]) -> Result<PidFd, CreateError> {
+        let mut guard = node.process.lock().await;
+        let Some(zygote) = guard.as_mut() else {
+            return Err(CreateError::platform(format!("Zygote {} is gone", node.id)));
+        };
+        match zygote.fork(request, fds, self.cfg.start_timeout).await {
+            Ok(pidfd) => Ok(pidfd),
+            Err(ForkError::Refused(e)) => Err(CreateError::platform(format!("Zygote {} could not fork: {e}", node.id))),
+            Err(ForkError::Broken(why)) => {
+                node.info.lock().unwrap().alive = false;
+                if let Some(z) = guard.take() {
+                    z.process.kill();
+                }
+                Err(CreateError::platform(format!("Zygote {} stopped answering: {why}", node.id)))
+            }
+        }
+    }
+
+    /// Fork a handler from `source` into the sandbox stitched at `root`. From the root
+    /// Zygote the child joins `cgroup` itself and the pidfd is returned; from a package
+    /// Zygote (untrusted) the root is a detached copy, and the caller must take the handler's
+    /// identity from its connection and move it into the cgroup ([`accept_and_place`]).
+    pub async fn fork_handler(
+        &self,
+        source: &Arc<Node>,
+        root: &Path,
+        log: &OwnedFd,
+        cgroup: &Cgroup,
+        mount_proc: bool,
+    ) -> Result<(Option<PidFd>, NodeUse), CreateError> {
+        {
+            let mut info = source.info.lock().unwrap();
+            info.uses.push_back(Instant::now());
+            info.total_uses += 1;
+            info.handlers += 1;
+        }
+        let hold = NodeUse(source.clone());
+        if source.is_root() {
+            let root_dir = std::fs::File::open(root).map_err(CreateError::platform)?;
+            let mut fds = vec![root_dir.as_raw_fd(), log.as_raw_fd()];
+            fds.extend(cgroup.procs_fds().iter().map(|f| f.as_raw_fd()));
+            let flags = if mount_proc { FLAG_MOUNT_PROC } else { 0 };
+            let pidfd = self.fork_from(source, ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags }, &fds).await?;
+            return Ok((Some(pidfd), hold));
+        }
+        let tree = mounts::clone_tree(root).map_err(CreateError::platform)?;
+        let fds = [tree.as_raw_fd(), log.as_raw_fd()];
+        let result = self.fork_from(source, ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags: 0 }, &fds).await;
+        drop_tree(tree);
+        result.map(|_| (None, hold))
+    }
+
+    /// Record the package modules a handler's lambda loaded (its hello's report).
+    pub fn learn(&self, report: &BTreeMap<String, Vec<String>>) {
+        if !self.cfg.learn {
+            return;
+        }
+        let mut learned = self.learned.lock().unwrap();
+        for (path, modules) in report {
+            let Some(key) = path.strip_prefix("/packages/").filter(|k| k.contains("==")) else { continue };
+            let set = learned.entry(key.to_string()).or_default();
+            for m in modules {
+                if set.len() >= MAX_LEARNED {
+                    break;
+                }
+                set.insert(m.clone());
+            }
+        }
+    }
+
+    /// Make the Zygotes of a static tree (pinned: never evicted, remade when they die).
+    pub async fn preload(self: &Arc<Self>, tree: &[StaticNode]) {
+        let Ok(root) = self.root().await else { return };
+        let mut stack: Vec<(Arc<Node>, &StaticNode)> = tree.iter().map(|n| (root.clone(), n)).collect();
+        while let Some((parent, spec)) = stack.pop() {
+            let Some(node) = self.create_child(&parent, &spec.packages, true).await else { continue };
+            stack.extend(spec.children.iter().map(|c| (node.clone(), c)));
+        }
+    }
+
+    /// Measure every Zygote's PSS; evict while package Zygotes pass the limit; remove
+    /// retired Zygotes that no one uses any more.
+    async fn evict(self: &Arc<Self>) {
+        let nodes: Vec<Arc<Node>> = self.nodes.lock().unwrap().values().cloned().collect();
+        let mut total = 0;
+        for node in &nodes {
+            let pid = node.process.lock().await.as_ref().map(|z| z.process.pid());
+            let pss = pid.and_then(crate::memory::pss_bytes).unwrap_or(0);
+            node.info.lock().unwrap().pss = pss;
+            if !node.is_root() {
+                total += pss;
+            }
+        }
+        let idle = |n: &Arc<Node>| {
+            let info = n.info.lock().unwrap();
+            info.alive && info.children.is_empty() && info.handlers == 0 && !n.is_root()
+        };
+        for node in nodes.iter().filter(|n| idle(n) && n.info.lock().unwrap().retired) {
+            total = total.saturating_sub(node.info.lock().unwrap().pss);
+            self.forget(node.id, false).await;
+        }
+        while total > self.cfg.memory_limit {
+            let window = self.cfg.window;
+            let candidates: Vec<Arc<Node>> =
+                self.nodes.lock().unwrap().values().filter(|n| !n.pinned && idle(n)).cloned().collect();
+            let score = |n: &Arc<Node>| {
+                let uses = n.uses_within(window) as f64;
+                (if uses == 0.0 { f64::INFINITY } else { n.benefit as f64 / uses }, n.benefit)
+            };
+            let Some(victim) = candidates.into_iter().max_by(|a, b| score(a).partial_cmp(&score(b)).unwrap_or(std::cmp::Ordering::Equal)) else {
+                break; // everything left is pinned or in use
+            };
+            let pss = victim.info.lock().unwrap().pss;
+            tracing::info!(zygote = victim.id, packages = ?victim.added, pss_mb = pss >> 20, "evicting a Zygote");
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+            self.forget(victim.id, false).await;
+            total = total.saturating_sub(pss);
+        }
+    }
+
+    /// Stop every Zygote (at shutdown).
+    pub async fn shutdown(self: &Arc<Self>) {
+        let root = self.root.lock().await.take();
+        let ids: Vec<u64> = self.nodes.lock().unwrap().keys().copied().filter(|id| *id != 0).collect();
+        for id in ids.into_iter().rev() {
+            self.forget(id, false).await;
+        }
+        if let Some(root) = root {
+            self.forget(root.id, false).await;
+        }
+    }
+
+    pub fn counters(&self) -> [(&'static str, &'static str, u64); 8] {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        [
+            ("sprout_import_cache_hits", "Handlers forked from a Zygote holding all their packages", get(&c.hits)),
+            ("sprout_import_cache_misses", "Handlers for which a child Zygote was made first", get(&c.created_for_miss)),
+            ("sprout_import_cache_fallbacks", "Handlers forked from a Zygote lacking some of their packages", get(&c.fallbacks)),
+            ("sprout_zygotes_created", "Child Zygotes made", get(&c.created)),
+            ("sprout_zygote_creation_failures", "Child Zygotes that failed to start", get(&c.creation_failures)),
+            ("sprout_zygote_evictions", "Zygotes evicted from the import cache", get(&c.evictions)),
+            ("sprout_zygote_deaths", "Zygotes that died by themselves", get(&c.deaths)),
+            ("sprout_zygote_restarts", "Times the root Zygote was restarted", get(&c.root_restarts)),
+        ]
+    }
+
+    /// The tree and the cache's figures, for /stats and `sprout zygotes`.
+    pub fn stats(&self) -> Value {
+        let nodes = self.nodes.lock().unwrap();
+        fn describe(node: &Node, nodes: &BTreeMap<u64, Arc<Node>>, window: Duration) -> Value {
+            let recent = node.uses_within(window);
+            let info = node.info.lock().unwrap();
+            let children: Vec<Value> =
+                info.children.iter().filter_map(|c| nodes.get(c)).map(|c| describe(c, nodes, window)).collect();
+            json!({
+                "id": node.id,
+                "adds": node.added,
+                "packages": node.packages.len(),
+                "modules": node.modules.len(),
+                "failed_imports": node.failed.len(),
+                "uses": info.total_uses,
+                "recent_uses": recent,
+                "handlers": info.handlers,
+                "pss_mb": info.pss as f64 / (1 << 20) as f64,
+                "benefit_mb": node.benefit as f64 / (1 << 20) as f64,
+                "start_ms": node.start_ms,
+                "age_s": node.created.elapsed().as_secs(),
+                "pinned": node.pinned && node.parent.is_some(),
+                "retired": info.retired,
+                "children": children,
+            })
+        }
+        let tree = nodes.get(&0).map(|root| describe(root, &nodes, self.cfg.window));
+        let package_pss: u64 = nodes.values().filter(|n| !n.is_root()).map(|n| n.info.lock().unwrap().pss).sum();
+        let mut out = serde_json::Map::new();
+        out.insert("enabled".into(), json!(self.enabled()));
+        out.insert("zygotes".into(), json!(nodes.len()));
+        out.insert("package_zygotes_pss_mb".into(), json!(package_pss as f64 / (1 << 20) as f64));
+        out.insert("memory_limit_mb".into(), json!(self.cfg.memory_limit >> 20));
+        for (name, _, value) in self.counters() {
+            out.insert(name.trim_start_matches("sprout_").to_string(), json!(value));
+        }
+        out.insert("tree".into(), tree.unwrap_or(Value::Null));
+        Value::Object(out)
+    }
+}
+
+/// Close a detached tree's descriptor off the async threads: the kernel dissolves the copy
+/// (waiting for an RCU grace period) when the last holder lets go.
+fn drop_tree(tree: OwnedFd) {
+    tokio::task::spawn_blocking(move || drop(tree));
+}
+
+/// Wait for the process forked into a sandbox to connect, take its identity from the
+/// connection (the kernel's word, not the Zygote's) and move it into `cgroup`.
+pub async fn accept_and_place(
+    endpoint: Endpoint,
+    cgroup: &Cgroup,
+    timeout: Duration,
+    max_body: u32,
+) -> Result<(crate::channel::Channel, PidFd), CreateError> {
+    let (channel, peer) = endpoint.accept(timeout, max_body).await.map_err(CreateError::platform)?;
+    let peer = peer.ok_or_else(|| CreateError::platform("cannot identify the process that connected"))?;
+    cgroup.add_pid(peer.pid()).map_err(|e| CreateError::platform(format!("moving the new process into its cgroup: {e}")))?;
+    if peer.has_exited() {
+        return Err(CreateError::platform("the new process exited during setup"));
+    }
+    Ok((channel, peer))
+}
+
+/// Every second: measure, evict, and drop nodes no one can use.
+async fn maintain(cache: Weak<ImportCache>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let Some(cache) = cache.upgrade() else { return };
+        cache.evict().await;
+    }
+}
