@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
 import sprout  # noqa: E402
+from wheels import make_wheel, module  # noqa: E402
 
 SPROUT = Path(os.environ.get("SPROUT_BIN", ROOT / "target" / "release" / "sprout"))
 EXAMPLES = ROOT / "examples" / "lambdas"
@@ -187,3 +188,67 @@ def worker(tmp_path_factory, sprout_bin):
     yield w
     w.stop()
     assert w.leftovers() == [], f"worker left {w.leftovers()}"
+
+
+# ---------------------------------------------------------------- packages
+
+PROBE = """
+import sys
+PRELOADED = sorted(m for m in list(sys.modules) if m.split(".")[0] in ("alpha", "beta", "gamma", "bigpkg", "evil"))
+{imports}
+
+def f(event):
+    import importlib
+    out = {{"preloaded": PRELOADED, "paths": [p for p in sys.path if p.startswith("/packages")]}}
+    for name in (event or {{}}).get("try", []):
+        try:
+            importlib.import_module(name)
+            out[name] = True
+        except ImportError:
+            out[name] = False
+    if "beta" in sys.modules:
+        out["beta2"] = hasattr(sys.modules["beta"], "VERSION2")
+    return out
+"""
+
+
+def probe(imports=()):
+    """Source of a lambda reporting which test packages it sees and which were imported
+    before its f.py ran (by the Zygote it was forked from)."""
+    return PROBE.format(imports="\n".join(f"import {m}" for m in imports))
+
+
+@pytest.fixture(scope="session")
+def wheel_dir(tmp_path_factory):
+    """Wheels of small test packages: alpha 1.0 (needs beta >= 1; has alpha.sub), beta 1.0
+    and 2.0, gamma 1.0, bigpkg 1.0 (3 MiB on disk)."""
+    d = tmp_path_factory.mktemp("wheels")
+    make_wheel(d, "alpha", "1.0", {**module("alpha", deps=["beta"]), "alpha/sub.py": "SUB = True\n"}, requires=["beta>=1.0"])
+    make_wheel(d, "beta", "1.0", module("beta"))
+    make_wheel(d, "beta", "2.0", module("beta", "VERSION2 = True"))
+    make_wheel(d, "gamma", "1.0", module("gamma"))
+    make_wheel(d, "bigpkg", "1.0", {**module("bigpkg"), "bigpkg/data.bin": os.urandom(3 << 20)})
+    d.chmod(0o755)  # pip reads it as the sandbox user
+    return d
+
+
+def offline(wheel_dir, **sections):
+    """Worker settings that install packages only from `wheel_dir`, plus `sections`."""
+    settings = {"packages": {"wheel_dir": str(wheel_dir), "offline": True}}
+    for name, values in sections.items():
+        settings.setdefault(name, {}).update(values)
+    return settings
+
+
+def deploy_with(worker, name, source, requirements):
+    return worker.client.upload(name, targz({"f.py": source, "requirements.txt": requirements}))
+
+
+def zygote_nodes(stats):
+    """Every node of the import cache's tree, flattened."""
+    out, stack = [], [stats["import_cache"]["tree"]]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node["children"])
+    return out

@@ -133,3 +133,7 @@ class Client:
 
     def metrics(self):
         return self._check(self._call("GET", "/metrics")).body.decode()
+
+    def packages(self):
+        """The install cache's packages: [{"key": "name==version", "top_level": [...], ...}]."""
+        return self._check(self._call("GET", "/packages")).json()

@@ -126,8 +126,10 @@ enum BenchCommand {
 
 fn log_init(filter: &str) {
     let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| filter.to_string());
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 }

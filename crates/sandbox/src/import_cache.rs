@@ -162,6 +162,9 @@ pub struct Source {
     pub outcome: &'static str,
 }
 
+/// Child Zygotes being made, by package set: later requests for the set wait for them.
+type Pending = Mutex<HashMap<BTreeSet<String>, Arc<OnceCell<Option<Arc<Node>>>>>>;
+
 pub struct ImportCache {
     cfg: ImportCacheConfig,
     stage: Arc<Stage>,
@@ -169,7 +172,7 @@ pub struct ImportCache {
     cgroup_parent: String,
     nodes: Mutex<BTreeMap<u64, Arc<Node>>>,
     root: tokio::sync::Mutex<Option<Arc<Node>>>,
-    pending: Mutex<HashMap<BTreeSet<String>, Arc<OnceCell<Option<Arc<Node>>>>>>,
+    pending: Pending,
     failed_sets: Mutex<HashMap<BTreeSet<String>, Instant>>,
     learned: Mutex<HashMap<String, BTreeSet<String>>>,
     userns: Option<OwnedFd>,
@@ -701,11 +704,8 @@ impl ImportCache {
             let window = self.cfg.window;
             let candidates: Vec<Arc<Node>> =
                 self.nodes.lock().unwrap().values().filter(|n| !n.pinned && idle(n)).cloned().collect();
-            let score = |n: &Arc<Node>| {
-                let uses = n.uses_within(window) as f64;
-                (if uses == 0.0 { f64::INFINITY } else { n.benefit as f64 / uses }, n.benefit)
-            };
-            let Some(victim) = candidates.into_iter().max_by(|a, b| score(a).partial_cmp(&score(b)).unwrap_or(std::cmp::Ordering::Equal)) else {
+            let scored: Vec<(u64, u64, usize)> = candidates.iter().map(|n| (n.id, n.benefit, n.uses_within(window))).collect();
+            let Some(victim) = choose_victim(&scored).and_then(|id| candidates.into_iter().find(|n| n.id == id)) else {
                 break; // everything left is pinned or in use
             };
             let pss = victim.info.lock().unwrap().pss;
@@ -728,7 +728,7 @@ impl ImportCache {
         }
     }
 
-    pub fn counters(&self) -> [(&'static str, &'static str, u64); 8] {
+    pub fn counters(&self) -> [(&'static str, &'static str, u64); 9] {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         [
@@ -740,6 +740,7 @@ impl ImportCache {
             ("sprout_zygote_evictions", "Zygotes evicted from the import cache", get(&c.evictions)),
             ("sprout_zygote_deaths", "Zygotes that died by themselves", get(&c.deaths)),
             ("sprout_zygote_restarts", "Times the root Zygote was restarted", get(&c.root_restarts)),
+            ("sprout_zygote_refreshes", "Zygotes replaced by fuller ones as lambdas revealed their imports", get(&c.refreshes)),
         ]
     }
 
@@ -814,5 +815,32 @@ async fn maintain(cache: Weak<ImportCache>) {
         tick.tick().await;
         let Some(cache) = cache.upgrade() else { return };
         cache.evict().await;
+    }
+}
+
+/// SOCK's eviction rule: of the candidates (id, benefit in bytes, uses within the window),
+/// evict the one with the highest benefit/cost, cost being its uses; unused ones come first
+/// (their ratio is infinite), the larger benefit breaking ties.
+pub fn choose_victim(candidates: &[(u64, u64, usize)]) -> Option<u64> {
+    let ratio = |&(_, benefit, uses): &(u64, u64, usize)| if uses == 0 { f64::INFINITY } else { benefit as f64 / uses as f64 };
+    candidates
+        .iter()
+        .max_by(|a, b| ratio(a).partial_cmp(&ratio(b)).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)))
+        .map(|c| c.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::choose_victim;
+
+    #[test]
+    fn the_highest_benefit_per_use_goes_first() {
+        // 40 MB used 10 times (4 MB/use) against 10 MB used once (10 MB/use).
+        assert_eq!(choose_victim(&[(1, 40 << 20, 10), (2, 10 << 20, 1)]), Some(2));
+        // An unused Zygote goes before any used one, however small.
+        assert_eq!(choose_victim(&[(1, 400 << 20, 1), (2, 1, 0)]), Some(2));
+        // Among unused ones, the one freeing most.
+        assert_eq!(choose_victim(&[(1, 5, 0), (2, 9, 0), (3, 7, 0)]), Some(2));
+        assert_eq!(choose_victim(&[]), None);
     }
 }

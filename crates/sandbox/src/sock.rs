@@ -271,7 +271,11 @@ impl Backend for SockBackend {
         BackendStats {
             cgroups_created: pool.created,
             cgroups_reused: pool.reused,
-            zygote_restarts: self.zygotes.as_ref().map(|z| z.counters()[7].2).unwrap_or(0),
+            zygote_restarts: self
+                .zygotes
+                .as_ref()
+                .and_then(|z| z.counters().into_iter().find(|c| c.0 == "sprout_zygote_restarts").map(|c| c.2))
+                .unwrap_or(0),
             ..self.counters.stats()
         }
     }

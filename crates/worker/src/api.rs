@@ -293,7 +293,7 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) ->
                 // Install ahead of the first request; a failure is reported to requests.
                 let (packages, reqs, name) = (api.packages.clone(), lambda.parsed_requirements.clone(), lambda.name.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = packages.prepare(&reqs).await {
+                    if let Err(e) = packages.prefetch(&reqs).await {
                         tracing::warn!(lambda = %name, "installing the lambda's packages failed: {e}");
                     }
                 });

@@ -194,6 +194,10 @@ pub async fn serve(dir: &Path) -> Result<()> {
     if !base::is_ready(&config.base.path, &config.base.suite) {
         bail!("no base image at {}; run `sprout worker init {}`", config.base.path.display(), dir.display());
     }
+    let static_tree = match config.import_cache.tree.as_str() {
+        "" => None,
+        path => Some(crate::packages::tree::load(Path::new(path))?),
+    };
     let layout = Arc::new(detect_layout(&config)?);
     let parents = config.cgroup_parents(&dir);
     let leftovers = cleanup::cleanup(&dir, &layout, &parents)?;
@@ -221,7 +225,9 @@ pub async fn serve(dir: &Path) -> Result<()> {
             return Err(e);
         }
     };
-    preload_tree(&config, &backend, &packages)?;
+    if let Some(tree) = static_tree {
+        preload_tree(tree, &backend, &packages);
+    }
     let caps = Caps { max_bytes: config.limits.max_unpacked_mb << 20, max_files: config.limits.max_files };
     let checker = Checker::new(&config.base.path, &config.sandbox.python, config.sandbox.uid, config.sandbox.gid);
     let registry = Arc::new(Registry::open(&stage.registry, caps, checker, config.packages.allow_unpinned)?);
@@ -296,15 +302,11 @@ pub fn make_packages(config: &Config, cache: InstallCache, stage: Arc<Stage>, la
 }
 
 /// Make the configured static Zygote tree in the background (its packages may take a while
-/// to install); a tree file that does not parse stops the start.
-fn preload_tree(config: &Config, backend: &Arc<dyn Backend>, packages: &Arc<Packages>) -> Result<()> {
-    if config.import_cache.tree.is_empty() {
-        return Ok(());
-    }
-    let tree = crate::packages::tree::load(Path::new(&config.import_cache.tree))?;
+/// to install). The file was checked before the worker started anything.
+fn preload_tree(tree: crate::packages::tree::TreeNode, backend: &Arc<dyn Backend>, packages: &Arc<Packages>) {
     let Some(cache) = backend.import_cache() else {
         tracing::warn!("import_cache.tree is set but the {} backend has no Zygotes", backend.name());
-        return Ok(());
+        return;
     };
     let packages = packages.clone();
     tokio::spawn(async move {
@@ -316,7 +318,6 @@ fn preload_tree(config: &Config, backend: &Arc<dyn Backend>, packages: &Arc<Pack
             Err(e) => tracing::error!("the static Zygote tree could not be made: {e:#}"),
         }
     });
-    Ok(())
 }
 
 async fn make_backend(config: &Config, dir: &Path, layout: Arc<Layout>, parents: &[String], stage: Arc<Stage>) -> Result<Arc<dyn Backend>> {

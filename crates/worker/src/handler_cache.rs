@@ -83,7 +83,7 @@ impl Counters {
             "paused_pss_mb": paused_pss as f64 / (1 << 20) as f64,
             "pauses": self.pauses.load(Ordering::Relaxed),
             "resumes": resumes,
-            "mean_resume_us": if resumes > 0 { self.resume_us.load(Ordering::Relaxed) / resumes } else { 0 },
+            "mean_resume_us": self.resume_us.load(Ordering::Relaxed).checked_div(resumes).unwrap_or(0),
             "evictions": evictions,
         })
     }

@@ -77,6 +77,8 @@ impl Drop for EphemeralDir {
 }
 
 type Outcome = (Instant, Result<Arc<PackageSet>, InstallError>);
+/// Installs in progress, by package key: concurrent needs of one package share its install.
+type Installing = Mutex<HashMap<String, Arc<OnceCell<Result<InstalledPackage, InstallError>>>>>;
 
 #[derive(Default)]
 struct Counters {
@@ -95,7 +97,7 @@ pub struct Packages {
     use_cache: bool,
     allow_unpinned: bool,
     sets: Mutex<HashMap<String, Arc<OnceCell<Outcome>>>>,
-    installing: Mutex<HashMap<String, Arc<OnceCell<Result<InstalledPackage, InstallError>>>>>,
+    installing: Installing,
     counters: Counters,
     uid: u32,
     gid: u32,
@@ -148,6 +150,15 @@ impl Packages {
             self.counters.hits.fetch_add(set.packages.len() as u64, Ordering::Relaxed);
         }
         Ok(set)
+    }
+
+    /// Install a freshly uploaded lambda's packages ahead of its first request (nothing with
+    /// the install cache off: then every sandbox installs its own).
+    pub async fn prefetch(&self, reqs: &[Requirement]) -> Result<(), InstallError> {
+        if self.use_cache && !reqs.is_empty() {
+            self.prepare(reqs).await?;
+        }
+        Ok(())
     }
 
     /// Resolve and install `reqs` into the cache (once; concurrent callers share the work).
