@@ -41,12 +41,23 @@ def test_idle_sandboxes_are_paused_and_resumed(make_worker):
     assert wait_for(lambda: list(sandbox_freezer_states(w).values()) == ["FROZEN"]), sandbox_freezer_states(w)
     for i in range(3):
         assert run(w, "echo", i) == ("warm", sandbox)
-        assert list(sandbox_freezer_states(w).values()) == ["FROZEN"]
+        # Paused again once idle for handler_cache.pause_after_ms (100 ms by default).
+        assert wait_for(lambda: list(sandbox_freezer_states(w).values()) == ["FROZEN"])
     cache = w.client.stats()["handler_cache"]
     assert cache["paused"] == 1 and cache["pauses"] == 4 and cache["resumes"] == 3
     assert wait_for(lambda: w.client.stats()["handler_cache"]["paused_pss_mb"] > 0)
     metrics = w.client.metrics()
     assert "sprout_handler_cache_paused 1" in metrics and 'sprout_handler_cache_evictions_total{reason="memory"} 0' in metrics
+
+
+def test_a_sandbox_reused_at_once_is_never_paused(make_worker):
+    w = make_worker(handler_cache={"pause_after_ms": 2000})
+    w.client.deploy(str(EXAMPLES / "echo"))
+    _, sandbox = run(w, "echo")
+    for i in range(5):
+        assert run(w, "echo", i) == ("warm", sandbox)
+    assert w.client.stats()["handler_cache"]["pauses"] == 0
+    assert wait_for(lambda: list(sandbox_freezer_states(w).values()) == ["FROZEN"], seconds=5)
 
 
 def test_pausing_can_be_turned_off(make_worker):

@@ -3,9 +3,13 @@
 //!
 //! * [`sandboxes`]: SOCK figures 14-16 on this machine: cold starts at several concurrency
 //!   levels and warm invocations, for every sandbox backend, through the real worker.
+//! * [`packages`]: SOCK figures 17-21: cold starts with and without the install, import and
+//!   handler caches, with real and synthetic packages, and the memory the import cache saves.
 //! * [`primitives`]: SOCK section 2 (figures 1-5) on this kernel: bind against overlay
 //!   mounts, namespace creation and teardown, cgroup reuse against creation.
 
+pub mod packages;
 pub mod primitives;
 pub mod report;
 pub mod sandboxes;
+pub mod worker;

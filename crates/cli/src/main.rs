@@ -111,6 +111,28 @@ enum BenchCommand {
         #[arg(long, default_value = "/tmp/sprout-bench-sandboxes")]
         work_dir: PathBuf,
     },
+    /// Packages and the three caches (SOCK figures 17-21, and memory).
+    Packages {
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+        /// Parts to run, comma-separated (others keep their results from an earlier run).
+        #[arg(long, value_delimiter = ',', default_value = "cold,django,scale,resize,memory")]
+        parts: Vec<String>,
+        /// Fewer samples and points, for a quick look.
+        #[arg(long)]
+        quick: bool,
+        /// Seconds each scalability point runs.
+        #[arg(long, default_value_t = 60.0)]
+        scale_seconds: f64,
+        #[arg(long, default_value_t = 0)]
+        worker_cpu: usize,
+        #[arg(long, default_value_t = 1)]
+        client_cpu: usize,
+        #[arg(long, default_value = "/tmp/sprout-bench-packages")]
+        work_dir: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Linux primitives behind containers (SOCK figures 1-5).
     Primitives {
         #[arg(long, default_value = "bench/results")]
@@ -220,6 +242,26 @@ fn run(cli: Cli) -> Result<()> {
                 ..Default::default()
             };
             let results = sprout_bench::sandboxes::run(&opts)?;
+            println!("{}", serde_json::to_string_pretty(&results["targets"])?);
+        }
+        Command::Bench(BenchCommand::Packages { out, parts, quick, scale_seconds, worker_cpu, client_cpu, work_dir, seed }) => {
+            for p in &parts {
+                if !sprout_bench::packages::PARTS.contains(&p.as_str()) {
+                    anyhow::bail!("unknown part {p:?}; the parts are {}", sprout_bench::packages::PARTS.join(", "));
+                }
+            }
+            let opts = sprout_bench::packages::Options {
+                parts,
+                quick,
+                scale_seconds,
+                worker_cpu,
+                client_cpu,
+                work_dir,
+                out_dir: out,
+                seed,
+                ..Default::default()
+            };
+            let results = sprout_bench::packages::run(&opts)?;
             println!("{}", serde_json::to_string_pretty(&results["targets"])?);
         }
         Command::Bench(BenchCommand::Primitives { out, seconds, quick }) => {

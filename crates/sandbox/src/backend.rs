@@ -263,11 +263,16 @@ impl Counters {
     }
 }
 
-/// The environment every sandbox process starts with (the lambda's own comes on top).
+/// The environment every sandbox process starts with; `extra` adds to it and overrides it.
 pub(crate) fn sandbox_env(extra: &[(String, String)]) -> Vec<(String, String)> {
     let base = [("PATH", "/usr/local/bin:/usr/bin:/bin"), ("LANG", "C.UTF-8"), ("HOME", "/host"), ("TMPDIR", "/tmp")];
     let mut env: Vec<(String, String)> = base.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    env.extend(extra.iter().cloned());
+    for (key, value) in extra {
+        match env.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = value.clone(),
+            None => env.push((key.clone(), value.clone())),
+        }
+    }
     env
 }
 
@@ -290,6 +295,16 @@ pub(crate) fn handler_kind(hello: crate::channel::Hello) -> Result<HandlerKind, 
             message: hello.message.unwrap_or_else(|| "the handler failed to load".into()),
             traceback: hello.traceback,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn extra_variables_override_the_defaults() {
+        let env = super::sandbox_env(&[("TMPDIR".into(), "/host/work/tmp".into()), ("X".into(), "1".into())]);
+        assert_eq!(env.iter().filter(|(k, _)| k == "TMPDIR").collect::<Vec<_>>(), vec![&("TMPDIR".to_string(), "/host/work/tmp".to_string())]);
+        assert!(env.contains(&("X".into(), "1".into())));
     }
 }
 

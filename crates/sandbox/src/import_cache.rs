@@ -644,10 +644,13 @@ impl ImportCache {
             let pidfd = self.fork_from(source, ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags }, &fds).await?;
             return Ok((Some(pidfd), hold));
         }
+        let t0 = Instant::now();
         let tree = mounts::clone_tree(root).map_err(CreateError::platform)?;
+        let cloned = t0.elapsed();
         let fds = [tree.as_raw_fd(), log.as_raw_fd()];
         let result = self.fork_from(source, ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags: 0 }, &fds).await;
         drop_tree(tree);
+        tracing::debug!(zygote = source.id, clone_us = cloned.as_micros() as u64, fork_us = (t0.elapsed() - cloned).as_micros() as u64, "forked");
         result.map(|_| (None, hold))
     }
 

@@ -132,8 +132,7 @@ async fn execute(root: &Path, cgroup: &Cgroup, spec: &OneshotSpec) -> io::Result
     let (reader, writer) = pipe()?;
     let oom_before = cgroup.oom_kills();
     let argv = spec.argv.clone();
-    let mut env = crate::backend::sandbox_env(&[]);
-    env.extend(spec.env.iter().cloned());
+    let env = crate::backend::sandbox_env(&spec.env);
     let process = spawn(&SpawnSpec {
         root,
         cgroup_procs: cgroup.procs_fds(),

@@ -179,6 +179,7 @@ impl SockBackend {
     }
 
     async fn provision(&self, id: u64, spec: &SandboxSpec, root: &Path, cgroup: &Cgroup) -> Result<Provisioned, CreateError> {
+        let t0 = Instant::now();
         let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
         let log = log_pipe(&spec.lambda, id).map_err(CreateError::platform)?;
         let (forked, hold) = match &self.zygotes {
@@ -214,6 +215,7 @@ impl SockBackend {
             }
         };
         drop(log);
+        let forked_at = t0.elapsed();
         let (mut channel, process) = match forked {
             Some(process) => {
                 let died = |dead: bool| {
@@ -234,7 +236,15 @@ impl SockBackend {
             // Forked by a package Zygote: the kernel says who connected; we place it.
             None => accept_and_place(endpoint, cgroup, self.cfg.start_timeout, self.cfg.max_response).await?,
         };
+        let connected_at = t0.elapsed();
         let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
+        tracing::debug!(
+            sandbox = id,
+            fork_us = forked_at.as_micros() as u64,
+            connect_us = (connected_at - forked_at).as_micros() as u64,
+            load_us = (t0.elapsed() - connected_at).as_micros() as u64,
+            "provisioned"
+        );
         Ok(Provisioned { channel, process: Some(process), hello, hold })
     }
 }

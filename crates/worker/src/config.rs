@@ -121,7 +121,7 @@ impl Default for ImportCacheSection {
 
 impl Default for HandlerCacheSection {
     fn default() -> Self {
-        HandlerCacheSection { pause: true, memory_mb: 1024 }
+        HandlerCacheSection { pause: true, pause_after_ms: 100, memory_mb: 1024 }
     }
 }
 
@@ -271,6 +271,7 @@ pub struct ImportCacheSection {
 #[serde(default, deny_unknown_fields)]
 pub struct HandlerCacheSection {
     pub pause: bool,
+    pub pause_after_ms: u64,
     pub memory_mb: u64,
 }
 

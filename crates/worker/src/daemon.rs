@@ -245,6 +245,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
             limits: config.sandbox_limits(),
             handler_cache: HandlerCacheConfig {
                 pause: config.handler_cache.pause,
+                pause_after: Duration::from_millis(config.handler_cache.pause_after_ms),
                 memory_limit: config.handler_cache.memory_mb << 20,
             },
         },

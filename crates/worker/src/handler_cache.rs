@@ -11,8 +11,10 @@ use serde_json::{json, Value};
 
 #[derive(Debug, Clone, Copy)]
 pub struct HandlerCacheConfig {
-    /// Pause idle sandboxes (false: they stay runnable, as in issue 2's worker).
+    /// Pause idle sandboxes (false: they stay runnable).
     pub pause: bool,
+    /// How long a sandbox is idle before it is paused.
+    pub pause_after: std::time::Duration,
     /// Bytes of PSS paused sandboxes may hold in all.
     pub memory_limit: u64,
 }

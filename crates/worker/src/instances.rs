@@ -36,6 +36,9 @@ use crate::metrics::{Metrics, SandboxState};
 use crate::packages::{InstallError, Packages};
 use crate::registry::Lambda;
 
+/// How often every paused sandbox's PSS is measured again.
+const REMEASURE: Duration = Duration::from_secs(5);
+
 #[derive(Debug, Clone)]
 pub struct InstanceConfig {
     pub keep_warm: bool,
@@ -118,6 +121,7 @@ pub struct Instances {
     closed: AtomicBool,
     /// Wakes the background task to measure a newly paused sandbox.
     measure: tokio::sync::Notify,
+    me: std::sync::Weak<Instances>,
 }
 
 /// A sandbox lent to one request.
@@ -129,7 +133,8 @@ struct Lease {
 
 impl Instances {
     pub fn new(backend: Arc<dyn Backend>, packages: Arc<Packages>, cfg: InstanceConfig, metrics: Arc<Metrics>) -> Arc<Instances> {
-        let instances = Arc::new(Instances {
+        let instances = Arc::new_cyclic(|me| Instances {
+            me: me.clone(),
             backend,
             packages,
             cfg,
@@ -143,20 +148,25 @@ impl Instances {
         let weak = Arc::downgrade(&instances);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut last_full = Instant::now();
             loop {
                 let Some(notified) = weak.upgrade() else { return };
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = notified.measure.notified() => {}
-                }
+                let ticked = tokio::select! {
+                    _ = tick.tick() => true,
+                    _ = notified.measure.notified() => false,
+                };
                 drop(notified);
-                match weak.upgrade() {
-                    Some(i) => {
-                        i.reap_idle();
-                        i.measure_paused().await;
-                    }
-                    None => return,
+                let Some(i) = weak.upgrade() else { return };
+                if ticked {
+                    i.reap_idle();
                 }
+                // Newly paused sandboxes at once; all of them (their shares of pages change as
+                // sharers come and go) every few seconds, since each measure walks page tables.
+                let all = ticked && last_full.elapsed() >= REMEASURE;
+                if all {
+                    last_full = Instant::now();
+                }
+                i.measure_paused(all).await;
             }
         });
         instances
@@ -336,12 +346,10 @@ impl Instances {
                 }
             }
             if let Grant::Sandbox(sandbox, lambda) = grant {
-                let paused = self.cfg.handler_cache.pause && pause(&sandbox);
-                if paused {
-                    self.cache.paused();
-                    self.measure.notify_one();
+                if self.cfg.handler_cache.pause {
+                    self.schedule_pause(&lambda.name, sandbox.id);
                 }
-                pool.idle.push(Idle { sandbox: *sandbox, lambda, since: Instant::now(), paused, pss: 0 });
+                pool.idle.push(Idle { sandbox: *sandbox, lambda, since: Instant::now(), paused: false, pss: 0 });
                 self.metrics.sandbox_state(SandboxState::Idle, 1);
             }
             return;
@@ -349,6 +357,28 @@ impl Instances {
         drop(st);
         self.destroy_all(vec![sandbox]);
         self.give_back_room(&lambda.name);
+    }
+
+    /// Pause sandbox `id` of lambda `name` once it has been idle for `pause_after`: off the
+    /// path of the request that just used it, and never for a sandbox reused at once.
+    fn schedule_pause(&self, name: &str, id: u64) {
+        let (me, name, delay) = (self.me.clone(), name.to_string(), self.cfg.handler_cache.pause_after);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let Some(me) = me.upgrade() else { return };
+            let mut st = me.state.lock().unwrap();
+            let Some(idle) = st.pools.get_mut(&name).and_then(|p| p.idle.iter_mut().find(|i| i.sandbox.id == id)) else {
+                return; // taken by a request, or gone
+            };
+            if idle.paused || idle.since.elapsed() < delay {
+                return; // already paused, or idle again only since later (that pause is scheduled)
+            }
+            if pause(&idle.sandbox) {
+                idle.paused = true;
+                me.cache.paused();
+                me.measure.notify_one();
+            }
+        });
     }
 
     /// One sandbox of `name` is gone: let a waiting request (of this lambda first) use the room.
@@ -415,12 +445,17 @@ impl Instances {
         self.destroy_all(doomed);
     }
 
-    /// Measure the PSS of paused sandboxes and evict the least recently used while they pass
-    /// the handler cache's memory limit. Measuring reads /proc, so it happens outside the lock.
-    async fn measure_paused(&self) {
+    /// Measure the PSS of paused sandboxes (`all`, or only those not measured yet) and evict
+    /// the least recently used while they pass the handler cache's memory limit. Measuring
+    /// reads /proc, so it happens outside the lock.
+    async fn measure_paused(&self, all: bool) {
         let probes: Vec<(u64, Vec<i32>)> = {
             let st = self.state.lock().unwrap();
-            st.pools.values().flat_map(|p| p.idle.iter().filter(|i| i.paused)).map(|i| (i.sandbox.id, i.sandbox.pids())).collect()
+            st.pools
+                .values()
+                .flat_map(|p| p.idle.iter().filter(|i| i.paused && (all || i.pss == 0)))
+                .map(|i| (i.sandbox.id, i.sandbox.pids()))
+                .collect()
         };
         if probes.is_empty() {
             return;

@@ -191,7 +191,7 @@ impl Packages {
     }
 
     async fn make_set(&self, reqs: &[Requirement], text: &str, digest: &str) -> Result<PackageSet, InstallError> {
-        let pins = match self.cache.resolution(digest) {
+        let pins = match self.cache.resolution(digest).or_else(|| self.resolve_locally(reqs)) {
             Some(pins) => pins,
             None => {
                 let staging = self.cache.staging(self.uid, self.gid).map_err(|e| InstallError::internal(e.to_string()))?;
@@ -235,6 +235,47 @@ impl Packages {
             .collect();
         let paths = packages.iter().map(|p| p.path.clone()).collect();
         Ok(PackageSet { packages, paths, ephemeral: None })
+    }
+
+    /// A fully pinned set whose packages are all in the cache and bring every dependency they
+    /// need, at versions they accept, is used as written (OpenLambda's model: pip-compile
+    /// output needs no resolver). None when anything is uncertain: pip resolves then.
+    fn resolve_locally(&self, reqs: &[Requirement]) -> Option<Vec<Pin>> {
+        let mut held: Vec<(String, InstalledPackage)> = Vec::new();
+        for r in reqs {
+            if r.marker.is_some() || !r.extras.is_empty() {
+                return None;
+            }
+            held.push((r.normalized.clone(), self.cache.get(&cache::key(&r.normalized, r.pinned_version()?))?));
+        }
+        let mut pins = Vec::new();
+        for (name, package) in &held {
+            let mut depends_on = Vec::new();
+            for dist in &package.requires_dist {
+                let (requirement, marker) = match dist.split_once(';') {
+                    Some((r, m)) => (r.trim(), Some(m.trim())),
+                    None => (dist.trim(), None),
+                };
+                if marker.map(|m| m.contains("extra")).unwrap_or(false) {
+                    continue; // an optional extra nobody asked for
+                }
+                let dep = requirements::normalize(pip::requirement_name(requirement));
+                let specifier = requirement[pip::requirement_name(requirement).len()..].trim();
+                match held.iter().find(|(n, _)| *n == dep) {
+                    Some((_, found)) => {
+                        if !requirements::satisfies(&found.version, specifier.split(';').next().unwrap_or(""))? {
+                            return None; // a conflict: let pip explain it
+                        }
+                        depends_on.push(dep);
+                    }
+                    // Missing, and needed (or maybe needed: a marker we do not evaluate).
+                    None => return None,
+                }
+            }
+            depends_on.sort();
+            pins.push(Pin { name: name.clone(), version: package.version.clone(), depends_on });
+        }
+        Some(pins)
     }
 
     /// Install one pinned package, once even when several sets need it at the same time.

@@ -273,7 +273,7 @@ fn io_error(e: std::io::Error) -> PipError {
 }
 
 /// The distribution name at the start of a Requires-Dist value.
-fn requirement_name(r: &str) -> &str {
+pub fn requirement_name(r: &str) -> &str {
     let end = r.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))).unwrap_or(r.len());
     &r[..end]
 }

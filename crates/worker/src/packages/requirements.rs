@@ -176,6 +176,59 @@ pub fn parse(text: &str, allow_unpinned: bool) -> Result<Vec<Requirement>, Requi
     Ok(out)
 }
 
+/// Release segments of a plain version ("1.26.4" -> [1, 26, 4]); None for pre-releases,
+/// local versions and anything else this check leaves to pip.
+fn release(version: &str) -> Option<Vec<u64>> {
+    let v = version.trim().trim_start_matches('v');
+    let v = v.split_once('!').map(|(_, r)| r).unwrap_or(v);
+    let v = v.strip_suffix(".post0").unwrap_or(v);
+    v.split('.').map(|part| part.parse::<u64>().ok()).collect()
+}
+
+fn compare(a: &[u64], b: &[u64]) -> std::cmp::Ordering {
+    let n = a.len().max(b.len());
+    let at = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
+    (0..n).map(|i| at(a, i).cmp(&at(b, i))).find(|o| o.is_ne()).unwrap_or(std::cmp::Ordering::Equal)
+}
+
+/// Whether `version` meets a PEP 440 specifier such as `>=1.0,<3` or `~=2.1`; None when the
+/// versions or operators are beyond this simple check (pip then decides).
+pub fn satisfies(version: &str, specifier: &str) -> Option<bool> {
+    use std::cmp::Ordering::*;
+    let have = release(version)?;
+    let spec = specifier.trim().trim_start_matches('(').trim_end_matches(')');
+    for clause in spec.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+        let op_len = clause.find(|c: char| c.is_ascii_alphanumeric()).unwrap_or(clause.len());
+        let (op, want) = (clause[..op_len].trim(), clause[op_len..].trim());
+        if let Some(prefix) = want.strip_suffix(".*") {
+            let want = release(prefix)?;
+            let same = have.len() >= want.len() && have[..want.len()] == want[..];
+            match op {
+                "==" if !same => return Some(false),
+                "!=" if same => return Some(false),
+                "==" | "!=" => continue,
+                _ => return None,
+            }
+        }
+        let want = release(want)?;
+        let order = compare(&have, &want);
+        let ok = match op {
+            "==" | "===" => order == Equal,
+            "!=" => order != Equal,
+            ">=" => order != Less,
+            "<=" => order != Greater,
+            ">" => order == Greater,
+            "<" => order == Less,
+            "~=" if want.len() >= 2 => order != Less && have.len() >= want.len() - 1 && have[..want.len() - 1] == want[..want.len() - 1],
+            _ => return None,
+        };
+        if !ok {
+            return Some(false);
+        }
+    }
+    Some(true)
+}
+
 /// The canonical text of a requirement set: one sorted line each (the key of its resolution).
 pub fn canonical_text(reqs: &[Requirement]) -> String {
     reqs.iter().map(|r| r.canonical() + "\n").collect()
@@ -214,6 +267,21 @@ mod tests {
             assert!(err.to_string().contains("line 1"), "{bad}: {err}");
         }
         assert!(matches!(parse("a==1\nA==2\n", false), Err(RequirementsError::Duplicate(_))));
+    }
+
+    #[test]
+    fn simple_specifiers_are_checked_and_the_rest_left_to_pip() {
+        assert_eq!(satisfies("2.31.0", ">=2.0,<3"), Some(true));
+        assert_eq!(satisfies("3.0", ">=2.0,<3"), Some(false));
+        assert_eq!(satisfies("1.26.4", "~=1.26"), Some(true));
+        assert_eq!(satisfies("2.0", "~=1.26"), Some(false));
+        assert_eq!(satisfies("4.2.7", "==4.2.*"), Some(true));
+        assert_eq!(satisfies("4.3", "==4.2.*"), Some(false));
+        assert_eq!(satisfies("1.0", "!=1.0.0"), Some(false));
+        assert_eq!(satisfies("1.0", "(>=0.9)"), Some(true));
+        assert_eq!(satisfies("1.0", ""), Some(true));
+        assert_eq!(satisfies("2.0b1", ">=1"), None);
+        assert_eq!(satisfies("1.0", "===weird"), None);
     }
 
     #[test]
