@@ -21,6 +21,8 @@ The worker is serving on http://127.0.0.1:5000. Try:
   curl -X POST localhost:5000/run/echo -d '{"hello": "world"}'
   curl localhost:5000/run/hello/ada
   curl -X POST localhost:5000/run/fail -d 1          # 500, with the traceback
+  curl -X POST localhost:5000/run/jinja -d '{"name": "ada"}'   # a lambda with a package
+  target/release/sprout zygotes worker               # the import cache's Zygotes
   curl localhost:5000/stats
 Its log is worker/worker.log; stop it with: target/release/sprout worker down worker
 USAGE

@@ -563,8 +563,11 @@ impl ImportCache {
             let request = ForkRequest { uid: 0, gid: 0, flags };
             self.fork_from(parent, request, &fds).await?;
             drop(log);
+            // Held until the child has connected: the last holder of a detached tree waits for
+            // an RCU grace period as it goes, and that must not be the new Zygote.
+            let accepted = accept_and_place(endpoint, &cgroup, self.cfg.start_timeout, 1 << 20).await;
             drop_tree(tree);
-            let (mut channel, process) = accept_and_place(endpoint, &cgroup, self.cfg.start_timeout, 1 << 20).await?;
+            let (mut channel, process) = accepted?;
             let imports = self.imports_for(parent, packages);
             let paths: Vec<String> = packages.iter().map(|p| p.path.clone()).collect();
             channel
@@ -620,7 +623,8 @@ impl ImportCache {
     /// Fork a handler from `source` into the sandbox stitched at `root`. From the root
     /// Zygote the child joins `cgroup` itself and the pidfd is returned; from a package
     /// Zygote (untrusted) the root is a detached copy, and the caller must take the handler's
-    /// identity from its connection and move it into the cgroup ([`accept_and_place`]).
+    /// identity from its connection and move it into the cgroup ([`accept_and_place`]), and
+    /// only then let go of the copy's descriptor (returned in the [`Forked`]).
     pub async fn fork_handler(
         &self,
         source: &Arc<Node>,
@@ -628,7 +632,7 @@ impl ImportCache {
         log: &OwnedFd,
         cgroup: &Cgroup,
         mount_proc: bool,
-    ) -> Result<(Option<PidFd>, NodeUse), CreateError> {
+    ) -> Result<Forked, CreateError> {
         {
             let mut info = source.info.lock().unwrap();
             info.uses.push_back(Instant::now());
@@ -642,16 +646,21 @@ impl ImportCache {
             fds.extend(cgroup.procs_fds().iter().map(|f| f.as_raw_fd()));
             let flags = if mount_proc { FLAG_MOUNT_PROC } else { 0 };
             let pidfd = self.fork_from(source, ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags }, &fds).await?;
-            return Ok((Some(pidfd), hold));
+            return Ok(Forked { process: Some(pidfd), hold, tree: None });
         }
         let t0 = Instant::now();
         let tree = mounts::clone_tree(root).map_err(CreateError::platform)?;
         let cloned = t0.elapsed();
         let fds = [tree.as_raw_fd(), log.as_raw_fd()];
         let result = self.fork_from(source, ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags: 0 }, &fds).await;
-        drop_tree(tree);
         tracing::debug!(zygote = source.id, clone_us = cloned.as_micros() as u64, fork_us = (t0.elapsed() - cloned).as_micros() as u64, "forked");
-        result.map(|_| (None, hold))
+        match result {
+            Ok(_) => Ok(Forked { process: None, hold, tree: Some(DetachedTree(Some(tree))) }),
+            Err(e) => {
+                drop_tree(tree);
+                Err(e)
+            }
+        }
     }
 
     /// Record the package modules a handler's lambda loaded (its hello's report).
@@ -794,6 +803,25 @@ fn drop_tree(tree: OwnedFd) {
     tokio::task::spawn_blocking(move || drop(tree));
 }
 
+/// A handler just forked: its process (when the Zygote is trusted to say), its hold on the
+/// Zygote, and the descriptor of its detached root, to be dropped once it has connected.
+pub struct Forked {
+    pub process: Option<PidFd>,
+    pub hold: NodeUse,
+    pub tree: Option<DetachedTree>,
+}
+
+/// A detached tree's descriptor, closed off the async threads when dropped.
+pub struct DetachedTree(Option<OwnedFd>);
+
+impl Drop for DetachedTree {
+    fn drop(&mut self) {
+        if let Some(fd) = self.0.take() {
+            drop_tree(fd);
+        }
+    }
+}
+
 /// Wait for the process forked into a sandbox to connect, take its identity from the
 /// connection (the kernel's word, not the Zygote's) and move it into `cgroup`.
 pub async fn accept_and_place(
@@ -804,7 +832,14 @@ pub async fn accept_and_place(
 ) -> Result<(crate::channel::Channel, PidFd), CreateError> {
     let (channel, peer) = endpoint.accept(timeout, max_body).await.map_err(CreateError::platform)?;
     let peer = peer.ok_or_else(|| CreateError::platform("cannot identify the process that connected"))?;
-    cgroup.add_pid(peer.pid()).map_err(|e| CreateError::platform(format!("moving the new process into its cgroup: {e}")))?;
+    // A move may wait for an RCU grace period (see Layout::favor_dynamic_modifications):
+    // never on the async threads.
+    let fds: Vec<std::os::fd::OwnedFd> = cgroup.procs_fds().iter().map(|f| f.try_clone()).collect::<std::io::Result<_>>().map_err(CreateError::platform)?;
+    let pid = peer.pid();
+    tokio::task::spawn_blocking(move || crate::cgroup::write_pid(&fds, pid))
+        .await
+        .map_err(CreateError::platform)?
+        .map_err(|e| CreateError::platform(format!("moving the new process into its cgroup: {e}")))?;
     if peer.has_exited() {
         return Err(CreateError::platform("the new process exited during setup"));
     }

@@ -103,7 +103,9 @@ impl SockBackend {
             None => cgroup.kill_all(),
         }
         let empty = cgroup.procs().is_empty() || cgroup.wait_empty(Duration::from_secs(5)).await;
-        if let Err(e) = mounts::detach(&root) {
+        // Unmounting waits for an RCU grace period: keep it off the async threads.
+        let unmounted = tokio::task::spawn_blocking(move || mounts::detach(&root).map_err(|e| (e, root))).await;
+        if let Ok(Err((e, root))) = unmounted {
             tracing::warn!("unmounting sandbox root {}: {e}", root.display());
         }
         if empty {
@@ -182,13 +184,13 @@ impl SockBackend {
         let t0 = Instant::now();
         let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
         let log = log_pipe(&spec.lambda, id).map_err(CreateError::platform)?;
-        let (forked, hold) = match &self.zygotes {
+        let (forked, hold, tree) = match &self.zygotes {
             Some(zygotes) => {
                 let mut attempt = 0;
                 loop {
                     let source = zygotes.source_for(&spec.packages).await?;
                     match zygotes.fork_handler(&source.node, root, &log, cgroup, self.cfg.mount_proc).await {
-                        Ok((pidfd, hold)) => break (pidfd, Some(hold)),
+                        Ok(f) => break (f.process, Some(f.hold), f.tree),
                         // The Zygote died under us: choose again (it is gone from the tree).
                         Err(e) if attempt == 0 => tracing::warn!("forking from Zygote {}: {e}; retrying", source.node.id),
                         Err(e) => return Err(e),
@@ -211,7 +213,7 @@ impl SockBackend {
                     workdir: None,
                 })
                 .map_err(CreateError::platform)?;
-                (Some(process), None)
+                (Some(process), None, None)
             }
         };
         drop(log);
@@ -236,6 +238,7 @@ impl SockBackend {
             // Forked by a package Zygote: the kernel says who connected; we place it.
             None => accept_and_place(endpoint, cgroup, self.cfg.start_timeout, self.cfg.max_response).await?,
         };
+        drop(tree); // the handler holds its root now: closing ours is not the last reference
         let connected_at = t0.elapsed();
         let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
         tracing::debug!(

@@ -76,7 +76,7 @@ impl Default for InstancesSection {
 
 impl Default for CgroupsSection {
     fn default() -> Self {
-        CgroupsSection { version: sprout_sandbox::cgroup::Version::Auto, v2_root: String::new() }
+        CgroupsSection { version: sprout_sandbox::cgroup::Version::Auto, v2_root: String::new(), favor_dynmods: true }
     }
 }
 
@@ -215,6 +215,7 @@ pub struct InstancesSection {
 pub struct CgroupsSection {
     pub version: sprout_sandbox::cgroup::Version,
     pub v2_root: String,
+    pub favor_dynmods: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -217,6 +217,12 @@ pub async fn serve(dir: &Path) -> Result<()> {
         install_cache.sweep(); // ours alone: remove what an interrupted install left
     }
     let stage = Arc::new(Stage::prepare(&dir, &config.base.path, &install_cache.installed_dir())?);
+    if config.cgroups.favor_dynmods {
+        match layout.favor_dynamic_modifications(&stage.run.join("cgroup-dynmods")) {
+            Ok(done) => tracing::info!("{done}: moving sandboxes into their cgroups stays cheap"),
+            Err(e) => tracing::warn!("{e}; cold starts may wait for RCU grace periods when requests are sparse"),
+        }
+    }
     let packages = Arc::new(make_packages(&config, install_cache, stage.clone(), layout.clone(), &parents[0]));
     let backend = match make_backend(&config, &dir, layout.clone(), &parents, stage.clone()).await {
         Ok(b) => b,
