@@ -95,6 +95,18 @@ def test_zygotes_learn_the_modules_lambdas_load(make_worker, wheel_dir):
     assert w.client.stats()["import_cache"]["zygote_refreshes"] >= 1
 
 
+def test_zygotes_learn_what_handlers_import_lazily_while_serving(make_worker, wheel_dir):
+    # f.py imports alpha; alpha.sub is imported only inside f, on the first request.
+    lazy = probe(["alpha"]).replace("def f(event):\n", "def f(event):\n    import alpha.sub\n")
+    w = make_worker(**offline(wheel_dir, instances={"keep_warm": False}))
+    deploy_with(w, "lazy", lazy, AB)
+    assert "alpha.sub" not in w.client.run("lazy")["preloaded"]
+    deadline = time.time() + 20
+    while "alpha.sub" not in w.client.run("lazy")["preloaded"]:
+        assert time.time() < deadline, "the Zygote never learned alpha.sub"
+        time.sleep(0.2)
+
+
 def test_a_dead_zygote_is_replaced_and_its_lambdas_served_meanwhile(make_worker, wheel_dir):
     w = make_worker(**offline(wheel_dir, instances={"keep_warm": False}))
     deploy_with(w, "ab", probe(["alpha"]), AB)

@@ -129,6 +129,8 @@ pub struct Sandbox {
     /// Dropped with the sandbox: what it was made with (its Zygote's use count, a
     /// per-sandbox package install).
     pub(crate) attached: Vec<Box<dyn Any + Send + Sync>>,
+    /// The import cache, to learn the package modules its handler loads on first use.
+    pub(crate) learner: Option<std::sync::Weak<crate::import_cache::ImportCache>>,
 }
 
 /// What `invoke` needs of a sandbox's cgroup when the backend owns it elsewhere.
@@ -152,6 +154,9 @@ impl Sandbox {
             Ok(Ok(reply)) => {
                 if !self.only_helper_left() {
                     self.tainted = true;
+                }
+                if let (Some(report), Some(cache)) = (&reply.0.package_modules, self.learner.as_ref().and_then(|l| l.upgrade())) {
+                    cache.learn(report);
                 }
                 Ok(reply)
             }

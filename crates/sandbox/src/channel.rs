@@ -83,6 +83,9 @@ pub struct ZygoteOrder<'a> {
 /// A helper's answer: an HTTP status with headers, or an error the handler caused.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Reply {
+    /// Package modules the handler first loaded while serving this request (early requests).
+    #[serde(default)]
+    pub package_modules: Option<std::collections::BTreeMap<String, Vec<String>>>,
     #[serde(default)]
     pub status: Option<u16>,
     #[serde(default)]

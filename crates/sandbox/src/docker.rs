@@ -348,6 +348,7 @@ impl DockerBackend {
             resources: Resources::Docker { container: full_id.to_string(), scratch: scratch.to_path_buf() },
             tainted: false,
             attached: crate::backend::attachments(spec),
+            learner: None,
         })
     }
 }

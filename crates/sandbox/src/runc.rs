@@ -230,6 +230,7 @@ impl RuncBackend {
             resources: Resources::Runc { container: name.to_string(), bundle: bundle.to_path_buf() },
             tainted: false,
             attached: crate::backend::attachments(spec),
+            learner: None,
         })
     }
 

@@ -171,6 +171,7 @@ impl SockBackend {
                     resources: Resources::Lean { slot, cgroup },
                     tainted: false,
                     attached,
+                    learner: self.zygotes.as_ref().map(Arc::downgrade),
                 })
             }
             Err(load_error) => {

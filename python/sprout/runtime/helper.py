@@ -44,6 +44,7 @@ FRAME = struct.Struct("<II")
 MAX_HEADER = 1 << 20
 BASE_PATH = list(sys.path)  # the interpreter's own (standard library) entries
 MAX_LEARNED = 300  # package modules reported per package
+LEARN_REQUESTS = 3  # requests after which a handler reports modules they loaded lazily
 
 ROLE_HANDLER, ROLE_ZYGOTE = 0, 1
 
@@ -277,12 +278,20 @@ def serve_lambda(sock):
         return
     send_frame(sock, {"op": "hello", "kind": kind, "package_modules": package_modules(modules_before)})
     invoke = invoke_wsgi if kind == "wsgi" else invoke_function
+    served = 0
     while True:
         try:
             request, body = recv_frame(sock)
         except EOFError:
             return
+        modules_before = len(sys.modules)
         header, out = invoke(entry, request, body)
+        served += 1
+        if served <= LEARN_REQUESTS and len(sys.modules) > modules_before:
+            # Packages often import parts of themselves on first use (Pillow's file formats).
+            learned = package_modules(modules_before)
+            if learned:
+                header["package_modules"] = learned
         sys.stdout.flush()
         sys.stderr.flush()
         kill_leftovers()
