@@ -19,7 +19,13 @@
 //!   by the nearest live ancestor. A dead root Zygote is restarted.
 //!
 //! Package Zygotes are confined more tightly than handlers need: see `userns` and
-//! `mounts::clone_tree`.
+//! `mounts::clone_tree`. Starting and stopping Zygotes is in [`spawn`], eviction in [`evict`].
+
+mod evict;
+mod spawn;
+
+pub use evict::choose_victim;
+pub use spawn::accept_and_place;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -208,7 +214,7 @@ impl ImportCache {
             counters: Counters::default(),
         });
         let weak = Arc::downgrade(&cache);
-        tokio::spawn(async move { maintain(weak).await });
+        tokio::spawn(async move { evict::maintain(weak).await });
         cache
     }
 
@@ -230,125 +236,6 @@ impl ImportCache {
         self.watch(&root).await;
         *guard = Some(root.clone());
         Ok(root)
-    }
-
-    async fn start_root(&self) -> Result<Node, CreateError> {
-        let dir = self.stage.run.join("zygote").join("0");
-        let root = dir.join("root");
-        std::fs::create_dir_all(&root).map_err(CreateError::platform)?;
-        let _ = mounts::detach(&root);
-        self.stage.stitch(&root, None, 16, 0, 0).map_err(CreateError::platform)?;
-        let result = async {
-            let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
-            let mut cgroup = Cgroup::create(self.layout.clone(), &format!("{}/zygote-0", self.cgroup_parent))
-                .map_err(CreateError::platform)?;
-            cgroup.set_limits(&self.cfg.zygote_limits).map_err(CreateError::platform)?;
-            let log = log_pipe("<zygote 0>", 0).map_err(CreateError::platform)?;
-            let argv = [self.cfg.python.clone(), "-I".into(), "-S".into(), HELPER_IN_SANDBOX.into(), "zygote".into()];
-            let started = Instant::now();
-            let process = spawn(&SpawnSpec {
-                root: &root,
-                cgroup_procs: cgroup.procs_fds(),
-                new_namespaces: true,
-                mount_proc: false,
-                hostname: Some("zygote"),
-                user: None,
-                argv: &argv,
-                env: &sandbox_env(&[]),
-                output: Some(log.as_raw_fd()),
-                workdir: None,
-            })
-            .map_err(CreateError::platform)?;
-            drop(log);
-            let (mut channel, _) = match endpoint.accept(self.cfg.start_timeout, 1 << 20).await {
-                Ok(c) => c,
-                Err(e) => {
-                    process.kill();
-                    process.reap();
-                    return Err(CreateError::platform(format!("the root Zygote did not start: {e}")));
-                }
-            };
-            let hello: Hello = channel.recv().await.map(|(h, _)| h).map_err(CreateError::platform)?;
-            if hello.role.as_deref() != Some("zygote") {
-                process.kill();
-                return Err(CreateError::platform(format!("the root Zygote said {hello:?}")));
-            }
-            tracing::info!(pid = process.pid(), "root Zygote ready");
-            let zygote = ZygoteProcess { channel, process, cgroup, root: root.clone() };
-            Ok(Node {
-                id: 0,
-                parent: None,
-                depth: 0,
-                packages: BTreeSet::new(),
-                added: Vec::new(),
-                benefit: 0,
-                modules: BTreeSet::new(),
-                failed: BTreeMap::new(),
-                pinned: true,
-                refreshes: 0,
-                created: Instant::now(),
-                start_ms: started.elapsed().as_secs_f64() * 1000.0,
-                process: tokio::sync::Mutex::new(Some(zygote)),
-                info: Mutex::new(NodeInfo { alive: true, ..Default::default() }),
-            })
-        }
-        .await;
-        if result.is_err() {
-            let _ = mounts::detach(&root);
-        }
-        result
-    }
-
-    /// Notice when `node`'s process exits, and forget it (and its subtree) then.
-    async fn watch(self: &Arc<Self>, node: &Arc<Node>) {
-        let pidfd = match node.process.lock().await.as_ref().map(|z| z.process.try_clone()) {
-            Some(Ok(p)) => p,
-            _ => return,
-        };
-        let weak = Arc::downgrade(self);
-        let id = node.id;
-        tokio::spawn(async move {
-            while !pidfd.exited(Duration::from_secs(3600)).await {}
-            if let Some(cache) = weak.upgrade() {
-                cache.forget(id, true).await;
-            }
-        });
-    }
-
-    /// Remove node `id` and its descendants from the tree and stop their processes. `died`:
-    /// it exited by itself (rather than being evicted or shut down).
-    async fn forget(self: &Arc<Self>, id: u64, died: bool) {
-        let mut doomed = Vec::new();
-        {
-            let mut nodes = self.nodes.lock().unwrap();
-            let mut stack = vec![id];
-            while let Some(n) = stack.pop() {
-                if let Some(node) = nodes.remove(&n) {
-                    let mut info = node.info.lock().unwrap();
-                    info.alive = false;
-                    stack.extend(info.children.iter().copied());
-                    drop(info);
-                    if let Some(parent) = &node.parent {
-                        parent.info.lock().unwrap().children.remove(&n);
-                    }
-                    doomed.push(node);
-                }
-            }
-        }
-        if doomed.is_empty() {
-            return;
-        }
-        if died {
-            self.counters.deaths.fetch_add(doomed.len() as u64, Ordering::Relaxed);
-            tracing::warn!(zygote = id, lost = doomed.len(), "a Zygote died; it is replaced when next needed");
-        }
-        // Children first: a parent's death would kill them anyway, but their mounts and
-        // cgroups are ours to remove.
-        for node in doomed.into_iter().rev() {
-            if let Some(z) = node.process.lock().await.take() {
-                z.stop().await;
-            }
-        }
     }
 
     /// The Zygote to fork a handler of a lambda needing `packages` from; makes a child
@@ -460,166 +347,6 @@ impl ImportCache {
         });
     }
 
-    async fn create_child(self: &Arc<Self>, parent: &Arc<Node>, packages: &[Package], pinned: bool) -> Option<Arc<Node>> {
-        self.create_child_with(parent, packages, pinned, 0).await
-    }
-
-    /// Fork a child Zygote of `parent` holding `packages` and wait until it has imported them.
-    async fn create_child_with(self: &Arc<Self>, parent: &Arc<Node>, packages: &[Package], pinned: bool, refreshes: u32) -> Option<Arc<Node>> {
-        let want: BTreeSet<String> = packages.iter().map(|p| p.key.clone()).collect();
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let started = Instant::now();
-        match self.spawn_child(id, parent, packages).await {
-            Ok((zygote, hello)) => {
-                let added: Vec<String> = packages.iter().filter(|p| !parent.packages.contains(&p.key)).map(|p| p.key.clone()).collect();
-                let benefit = packages.iter().filter(|p| added.contains(&p.key)).map(|p| p.size_bytes).sum();
-                let mut modules = parent.modules.clone();
-                modules.extend(hello.imported.unwrap_or_default());
-                let failed = hello.failed.unwrap_or_default();
-                if !failed.is_empty() {
-                    tracing::info!(zygote = id, ?failed, "some modules could not be imported ahead; handlers import them");
-                }
-                let node = Arc::new(Node {
-                    id,
-                    parent: Some(parent.clone()),
-                    depth: parent.depth + 1,
-                    packages: want,
-                    added,
-                    benefit,
-                    modules,
-                    failed,
-                    pinned,
-                    refreshes,
-                    created: Instant::now(),
-                    start_ms: started.elapsed().as_secs_f64() * 1000.0,
-                    process: tokio::sync::Mutex::new(Some(zygote)),
-                    info: Mutex::new(NodeInfo { alive: true, ..Default::default() }),
-                });
-                {
-                    let mut nodes = self.nodes.lock().unwrap();
-                    let mut parent_info = parent.info.lock().unwrap();
-                    if !parent_info.alive {
-                        // The parent died meanwhile, and this child with it.
-                        drop(parent_info);
-                        drop(nodes);
-                        self.counters.creation_failures.fetch_add(1, Ordering::Relaxed);
-                        let node2 = node.clone();
-                        let cache = self.clone();
-                        tokio::spawn(async move {
-                            if let Some(z) = node2.process.lock().await.take() {
-                                z.stop().await;
-                            }
-                            drop(cache);
-                        });
-                        return None;
-                    }
-                    parent_info.children.insert(id);
-                    nodes.insert(id, node.clone());
-                }
-                self.watch(&node).await;
-                self.counters.created.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(
-                    zygote = id,
-                    parent = parent.id,
-                    packages = ?node.added,
-                    modules = node.modules.len() - parent.modules.len(),
-                    ms = format!("{:.1}", node.start_ms),
-                    "child Zygote ready"
-                );
-                Some(node)
-            }
-            Err(e) => {
-                self.counters.creation_failures.fetch_add(1, Ordering::Relaxed);
-                self.failed_sets.lock().unwrap().insert(want, Instant::now());
-                tracing::warn!(parent = parent.id, "a child Zygote failed to start: {e}");
-                None
-            }
-        }
-    }
-
-    async fn spawn_child(&self, id: u64, parent: &Arc<Node>, packages: &[Package]) -> Result<(ZygoteProcess, Hello), CreateError> {
-        let dir = self.stage.run.join("zygote").join(id.to_string());
-        let root = dir.join("root");
-        std::fs::create_dir_all(&root).map_err(CreateError::platform)?;
-        self.stage.stitch(&root, None, 16, self.cfg.uid, self.cfg.gid).map_err(CreateError::platform)?;
-        let mut cgroup = match Cgroup::create(self.layout.clone(), &format!("{}/zygote-{id}", self.cgroup_parent)) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = mounts::detach(&root);
-                return Err(CreateError::platform(e));
-            }
-        };
-        let result = async {
-            cgroup.set_limits(&self.cfg.zygote_limits).map_err(CreateError::platform)?;
-            let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
-            let log = log_pipe(&format!("<zygote {id}>"), id).map_err(CreateError::platform)?;
-            let tree = mounts::clone_tree(&root).map_err(CreateError::platform)?;
-            let mut fds: Vec<RawFd> = vec![tree.as_raw_fd(), log.as_raw_fd()];
-            let mut flags = FLAG_ZYGOTE;
-            if parent.is_root() {
-                fds.push(self.userns.as_ref().ok_or_else(|| CreateError::platform("no user namespace"))?.as_raw_fd());
-                flags |= FLAG_USERNS;
-            }
-            let request = ForkRequest { uid: 0, gid: 0, flags };
-            self.fork_from(parent, request, &fds).await?;
-            drop(log);
-            // Held until the child has connected: the last holder of a detached tree waits for
-            // an RCU grace period as it goes, and that must not be the new Zygote.
-            let accepted = accept_and_place(endpoint, &cgroup, self.cfg.start_timeout, 1 << 20).await;
-            drop_tree(tree);
-            let (mut channel, process) = accepted?;
-            let imports = self.imports_for(parent, packages);
-            let paths: Vec<String> = packages.iter().map(|p| p.path.clone()).collect();
-            channel
-                .send(&ZygoteOrder { op: "zygote", paths: &paths, imports: &imports }, &[])
-                .await
-                .map_err(CreateError::platform)?;
-            let hello = tokio::time::timeout(self.cfg.import_timeout, channel.recv::<Hello>()).await;
-            let hello = match hello {
-                Ok(Ok((h, _))) if h.role.as_deref() == Some("zygote") => h,
-                Ok(Ok((h, _))) => return Err(CreateError::platform(format!("the child Zygote said {h:?}"))),
-                Ok(Err(e)) => {
-                    let why = if cgroup.oom_kills() > 0 { "it ran out of memory importing".to_string() } else { e.to_string() };
-                    return Err(CreateError::platform(format!("the child Zygote died while importing: {why}")));
-                }
-                Err(_) => return Err(CreateError::platform(format!("the child Zygote did not import within {:?}", self.cfg.import_timeout))),
-            };
-            Ok((channel, process, hello))
-        }
-        .await;
-        match result {
-            Ok((channel, process, hello)) => Ok((ZygoteProcess { channel, process, cgroup, root }, hello)),
-            Err(e) => {
-                cgroup.kill_all();
-                cgroup.wait_empty(Duration::from_secs(5)).await;
-                let _ = mounts::detach(&root);
-                let _ = std::fs::remove_dir_all(&dir);
-                let _ = cgroup.remove();
-                Err(e)
-            }
-        }
-    }
-
-    /// Send a fork request to `node`. A root that stopped answering is restarted by the next
-    /// caller of [`ImportCache::root`]; a child that did is forgotten.
-    async fn fork_from(&self, node: &Arc<Node>, request: ForkRequest, fds: &[RawFd]) -> Result<PidFd, CreateError> {
-        let mut guard = node.process.lock().await;
-        let Some(zygote) = guard.as_mut() else {
-            return Err(CreateError::platform(format!("Zygote {} is gone", node.id)));
-        };
-        match zygote.fork(request, fds, self.cfg.start_timeout).await {
-            Ok(pidfd) => Ok(pidfd),
-            Err(ForkError::Refused(e)) => Err(CreateError::platform(format!("Zygote {} could not fork: {e}", node.id))),
-            Err(ForkError::Broken(why)) => {
-                node.info.lock().unwrap().alive = false;
-                if let Some(z) = guard.take() {
-                    z.process.kill();
-                }
-                Err(CreateError::platform(format!("Zygote {} stopped answering: {why}", node.id)))
-            }
-        }
-    }
-
     /// Fork a handler from `source` into the sandbox stitched at `root`. From the root
     /// Zygote the child joins `cgroup` itself and the pidfd is returned; from a package
     /// Zygote (untrusted) the root is a detached copy, and the caller must take the handler's
@@ -691,55 +418,6 @@ impl ImportCache {
         }
     }
 
-    /// Measure every Zygote's PSS; evict while package Zygotes pass the limit; remove
-    /// retired Zygotes that no one uses any more.
-    async fn evict(self: &Arc<Self>) {
-        let nodes: Vec<Arc<Node>> = self.nodes.lock().unwrap().values().cloned().collect();
-        let mut total = 0;
-        for node in &nodes {
-            let pid = node.process.lock().await.as_ref().map(|z| z.process.pid());
-            let pss = pid.and_then(crate::memory::pss_bytes).unwrap_or(0);
-            node.info.lock().unwrap().pss = pss;
-            if !node.is_root() {
-                total += pss;
-            }
-        }
-        let idle = |n: &Arc<Node>| {
-            let info = n.info.lock().unwrap();
-            info.alive && info.children.is_empty() && info.handlers == 0 && !n.is_root()
-        };
-        for node in nodes.iter().filter(|n| idle(n) && n.info.lock().unwrap().retired) {
-            total = total.saturating_sub(node.info.lock().unwrap().pss);
-            self.forget(node.id, false).await;
-        }
-        while total > self.cfg.memory_limit {
-            let window = self.cfg.window;
-            let candidates: Vec<Arc<Node>> =
-                self.nodes.lock().unwrap().values().filter(|n| !n.pinned && idle(n)).cloned().collect();
-            let scored: Vec<(u64, u64, usize)> = candidates.iter().map(|n| (n.id, n.benefit, n.uses_within(window))).collect();
-            let Some(victim) = choose_victim(&scored).and_then(|id| candidates.into_iter().find(|n| n.id == id)) else {
-                break; // everything left is pinned or in use
-            };
-            let pss = victim.info.lock().unwrap().pss;
-            tracing::info!(zygote = victim.id, packages = ?victim.added, pss_mb = pss >> 20, "evicting a Zygote");
-            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
-            self.forget(victim.id, false).await;
-            total = total.saturating_sub(pss);
-        }
-    }
-
-    /// Stop every Zygote (at shutdown).
-    pub async fn shutdown(self: &Arc<Self>) {
-        let root = self.root.lock().await.take();
-        let ids: Vec<u64> = self.nodes.lock().unwrap().keys().copied().filter(|id| *id != 0).collect();
-        for id in ids.into_iter().rev() {
-            self.forget(id, false).await;
-        }
-        if let Some(root) = root {
-            self.forget(root.id, false).await;
-        }
-    }
-
     pub fn counters(&self) -> [(&'static str, &'static str, u64); 9] {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -795,6 +473,7 @@ impl ImportCache {
         out.insert("tree".into(), tree.unwrap_or(Value::Null));
         Value::Object(out)
     }
+
 }
 
 /// Close a detached tree's descriptor off the async threads: the kernel dissolves the copy
@@ -819,66 +498,5 @@ impl Drop for DetachedTree {
         if let Some(fd) = self.0.take() {
             drop_tree(fd);
         }
-    }
-}
-
-/// Wait for the process forked into a sandbox to connect, take its identity from the
-/// connection (the kernel's word, not the Zygote's) and move it into `cgroup`.
-pub async fn accept_and_place(
-    endpoint: Endpoint,
-    cgroup: &Cgroup,
-    timeout: Duration,
-    max_body: u32,
-) -> Result<(crate::channel::Channel, PidFd), CreateError> {
-    let (channel, peer) = endpoint.accept(timeout, max_body).await.map_err(CreateError::platform)?;
-    let peer = peer.ok_or_else(|| CreateError::platform("cannot identify the process that connected"))?;
-    // A move may wait for an RCU grace period (see Layout::favor_dynamic_modifications):
-    // never on the async threads.
-    let fds: Vec<std::os::fd::OwnedFd> = cgroup.procs_fds().iter().map(|f| f.try_clone()).collect::<std::io::Result<_>>().map_err(CreateError::platform)?;
-    let pid = peer.pid();
-    tokio::task::spawn_blocking(move || crate::cgroup::write_pid(&fds, pid))
-        .await
-        .map_err(CreateError::platform)?
-        .map_err(|e| CreateError::platform(format!("moving the new process into its cgroup: {e}")))?;
-    if peer.has_exited() {
-        return Err(CreateError::platform("the new process exited during setup"));
-    }
-    Ok((channel, peer))
-}
-
-/// Every second: measure, evict, and drop nodes no one can use.
-async fn maintain(cache: Weak<ImportCache>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tick.tick().await;
-        let Some(cache) = cache.upgrade() else { return };
-        cache.evict().await;
-    }
-}
-
-/// SOCK's eviction rule: of the candidates (id, benefit in bytes, uses within the window),
-/// evict the one with the highest benefit/cost, cost being its uses; unused ones come first
-/// (their ratio is infinite), the larger benefit breaking ties.
-pub fn choose_victim(candidates: &[(u64, u64, usize)]) -> Option<u64> {
-    let ratio = |&(_, benefit, uses): &(u64, u64, usize)| if uses == 0 { f64::INFINITY } else { benefit as f64 / uses as f64 };
-    candidates
-        .iter()
-        .max_by(|a, b| ratio(a).partial_cmp(&ratio(b)).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)))
-        .map(|c| c.0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::choose_victim;
-
-    #[test]
-    fn the_highest_benefit_per_use_goes_first() {
-        // 40 MB used 10 times (4 MB/use) against 10 MB used once (10 MB/use).
-        assert_eq!(choose_victim(&[(1, 40 << 20, 10), (2, 10 << 20, 1)]), Some(2));
-        // An unused Zygote goes before any used one, however small.
-        assert_eq!(choose_victim(&[(1, 400 << 20, 1), (2, 1, 0)]), Some(2));
-        // Among unused ones, the one freeing most.
-        assert_eq!(choose_victim(&[(1, 5, 0), (2, 9, 0), (3, 7, 0)]), Some(2));
-        assert_eq!(choose_victim(&[]), None);
     }
 }
