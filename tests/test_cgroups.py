@@ -63,3 +63,20 @@ def test_v2_cleanup_after_kill_9(tmp_path, sprout_bin):
     w.sprout("worker", "cleanup", w.dir)
     assert not os.path.isdir(os.path.join(V2_ROOT, w.cgroup_names[0]))
     assert w.leftovers() == []
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(V2_ROOT, "cgroup.procs")), reason="no cgroup2 mount here")
+def test_package_zygotes_and_the_handler_cache_on_cgroup_v2(make_worker, wheel_dir):
+    from conftest import deploy_with, offline, probe
+    w = make_worker(**offline(wheel_dir, cgroups={"version": "v2", "v2_root": V2_ROOT}))
+    deploy_with(w, "ab", probe(["alpha"]), "alpha==1.0\nbeta==1.0\n")
+    assert w.client.run("ab")["preloaded"] == ["alpha", "beta"]  # forked from a package Zygote
+    parent = os.path.join(V2_ROOT, w.cgroup_names[0])
+    holding = [g for g in os.listdir(parent) if g.startswith("sb-") and open(os.path.join(parent, g, "cgroup.procs")).read().split()]
+    assert len(holding) == 1, "the worker moved the handler into its own v2 group"
+    frozen = os.path.join(parent, holding[0], "cgroup.freeze")
+    deadline = time.time() + 5
+    while open(frozen).read().strip() != "1" and time.time() < deadline:
+        time.sleep(0.05)
+    assert open(frozen).read().strip() == "1", "the idle handler was paused with the v2 freezer"
+    assert w.client.run("ab")["preloaded"] == ["alpha", "beta"]

@@ -188,11 +188,15 @@ pub struct ImportCache {
 
 impl ImportCache {
     pub fn new(cfg: ImportCacheConfig, stage: Arc<Stage>, layout: Arc<Layout>, cgroup_parent: &str) -> Arc<ImportCache> {
+        // Package Zygotes need both a user namespace and detached mount trees (Linux 5.2) to
+        // be confined; without them the cache stays off rather than run them less confined.
         let userns = if cfg.enabled {
-            match crate::userns::create(cfg.zygote_uid, cfg.zygote_gid, cfg.uid, cfg.gid) {
+            let confinable = mounts::clone_tree(&stage.base)
+                .and_then(|_| crate::userns::create(cfg.zygote_uid, cfg.zygote_gid, cfg.uid, cfg.gid));
+            match confinable {
                 Ok(fd) => Some(fd),
                 Err(e) => {
-                    tracing::warn!("no user namespace for package Zygotes ({e}): the import cache is off");
+                    tracing::warn!("package Zygotes cannot be confined here ({e}): the import cache is off");
                     None
                 }
             }
