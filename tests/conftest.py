@@ -252,3 +252,38 @@ def zygote_nodes(stats):
         out.append(node)
         stack.extend(node["children"])
     return out
+
+
+# ---------------------------------------------------------------- sprout.store
+
+STORE_BACKENDS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server (Debian's), started for the session and stopped after."""
+    from sprout.store.pgserver import TempPostgres
+
+    server = TempPostgres().start()
+    yield server
+    server.stop()
+
+
+_databases = iter(range(1, 1 << 30))
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def store_url(request, tmp_path):
+    """A fresh, empty database of each backend (the test runs once per backend)."""
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path}/store.db"
+    return request.getfixturevalue("postgres").create_database(f"t{next(_databases)}")
+
+
+@pytest.fixture
+def db(store_url):
+    import sprout.store as store
+
+    database = store.open(store_url)
+    yield database
+    database.close()

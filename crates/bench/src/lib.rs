@@ -5,6 +5,8 @@
 //!   levels and warm invocations, for every sandbox backend, through the real worker.
 //! * [`packages`]: SOCK figures 17-21: cold starts with and without the install, import and
 //!   handler caches, with real and synthetic packages, and the memory the import cache saves.
+//! * [`store`]: Mirage figure 3: sprout.store against hand-written sqlite3, SQLAlchemy and
+//!   Peewee, and on PostgreSQL (the driver is bench/store_bench.py).
 //! * [`primitives`]: SOCK section 2 (figures 1-5) on this kernel: bind against overlay
 //!   mounts, namespace creation and teardown, cgroup reuse against creation.
 
@@ -12,4 +14,5 @@ pub mod packages;
 pub mod primitives;
 pub mod report;
 pub mod sandboxes;
+pub mod store;
 pub mod worker;

@@ -133,6 +133,23 @@ enum BenchCommand {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// sprout.store against hand-written sqlite3, SQLAlchemy and Peewee (Mirage figure 3).
+    Store {
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+        /// Iterations per record size and system.
+        #[arg(long, default_value_t = 5000)]
+        iterations: u64,
+        /// Record sizes in bytes, comma-separated.
+        #[arg(long, default_value = "64,1024,4096,16384,65536")]
+        sizes: String,
+        /// Systems to run, comma-separated.
+        #[arg(long, default_value = "sprout-sqlite,sqlite3-default,sqlite3-tuned,sqlalchemy,peewee,sprout-postgres")]
+        systems: String,
+        /// Runs per point (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        repeats: u64,
+    },
     /// Linux primitives behind containers (SOCK figures 1-5).
     Primitives {
         #[arg(long, default_value = "bench/results")]
@@ -263,6 +280,9 @@ fn run(cli: Cli) -> Result<()> {
             };
             let results = sprout_bench::packages::run(&opts)?;
             println!("{}", serde_json::to_string_pretty(&results["targets"])?);
+        }
+        Command::Bench(BenchCommand::Store { out, iterations, sizes, systems, repeats }) => {
+            sprout_bench::store::run(&out, iterations, &sizes, &systems, repeats)?;
         }
         Command::Bench(BenchCommand::Primitives { out, seconds, quick }) => {
             let opts = sprout_bench::primitives::Options { out_dir: out, seconds_per_point: seconds, quick, ..Default::default() };

@@ -1,0 +1,132 @@
+"""sprout.store: declare a dataclass, get a typed store (Mirage's storage, for Python).
+
+    from dataclasses import dataclass
+    import sprout.store as store
+
+    @dataclass
+    class Contact:
+        name: str
+        mail: str = store.field(index=True)
+
+    db = store.open("sqlite:///contacts.db")          # or "postgresql://user@host/db"
+    contacts = db.table(Contact)
+    contacts.save(Contact("Anil", "avsm2@cam.ac.uk"))
+    cam = contacts.query(contacts.fields.mail.contains("ac.uk")).all()
+
+No SQL is written by the user: for each type the store generates, once, a specialized encoder,
+decoder and statements (``codegen``, ``sql``), over SQLite tuned as Mirage's storage was or
+over PostgreSQL (``backends``), from the same source.
+"""
+
+import itertools
+import time
+from urllib.parse import parse_qsl, urlsplit
+
+from .backends import PostgresBackend, SQLiteBackend
+from .errors import ConflictError, ConnectError, NotFound, QueryError, SchemaError, StoreError, ValidationError
+from .model import field, model_of, version
+from .query import And, Contains, In, IsNull, Not, Or, Query
+from .table import Table
+
+__all__ = [
+    "open", "Database", "Table", "Query", "field", "version",
+    "And", "Or", "Not", "Contains", "In", "IsNull",
+    "StoreError", "ConnectError", "SchemaError", "ValidationError", "QueryError", "ConflictError", "NotFound",
+]
+
+
+class Database:
+    """An open database: tables by type, transactions, and shortcuts by object."""
+
+    _serial = itertools.count(1)
+
+    def __init__(self, backend, url):
+        self.backend = backend
+        self.url = url
+        self._tables = {}
+        # Where objects keep the id of their row in this database (no attribute has this name).
+        self.identity_key = f"\x00sprout.store:{next(Database._serial)}"
+
+    def __repr__(self):
+        return f"<sprout.store.Database {self.url}>"
+
+    @property
+    def engine(self):
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self.backend.dialect.name
+
+    def table(self, cls):
+        """The table of dataclass ``cls``, created (or evolved) on first use."""
+        table = self._tables.get(cls)
+        if table is None:
+            table = self._tables[cls] = Table(self, model_of(cls))
+            # Made inside a transaction that rolls back, its table is gone again.
+            self.backend.on_rollback(lambda: self._tables.pop(cls, None))
+            for f in table.model.fields:
+                if f.kind in ("ref", "reflist"):
+                    self.table(f.element)  # the tables of referenced types exist up front
+        return table
+
+    def transaction(self):
+        """``with db.transaction():`` groups writes: all of them are committed, or none."""
+        return self.backend.transaction()
+
+    def atomic(self, fn, retries=10):
+        """Run ``fn()`` in a transaction, again (up to ``retries`` times) if a concurrent one
+        made it conflict; returns what ``fn`` returned."""
+        for attempt in range(retries + 1):
+            try:
+                with self.transaction():
+                    return fn()
+            except ConflictError:
+                if attempt == retries:
+                    raise
+                time.sleep(0.001 * (2 ** min(attempt, 6)))
+
+    def save(self, obj):
+        return self.table(type(obj)).save(obj)
+
+    def get(self, cls, rowid):
+        return self.table(cls).get(rowid)
+
+    def query(self, cls, where=None):
+        return self.table(cls).query(where)
+
+    def delete(self, obj):
+        return self.table(type(obj)).delete(obj)
+
+    def close(self):
+        self.backend.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open(url, **options):
+    """Open a database by URL:
+
+    * ``sqlite:///absolute/path.db``, ``sqlite:relative/path.db``, ``sqlite::memory:``, with
+      tuning options as query parameters (see ``backends``) or keyword arguments;
+    * ``postgresql://user:password@host:port/dbname`` (libpq's URL), through psycopg 3.
+    """
+    if not isinstance(url, str):
+        raise ConnectError(f"a database URL is a str, not {type(url).__name__}")
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "sqlite":
+        rest = url[len("sqlite:"):]
+        path, _, query = rest.partition("?")
+        if path.startswith("//"):
+            path = path[2:]
+        if not path:
+            raise ConnectError(f"{url!r} names no file: write sqlite:///path/to/file.db (or sqlite::memory:)")
+        opts = dict(parse_qsl(query))
+        opts.update({k: str(int(v) if isinstance(v, bool) else v) for k, v in options.items()})
+        return Database(SQLiteBackend(path, opts), url)
+    if scheme in ("postgresql", "postgres"):
+        parts = urlsplit(url)
+        opts = {k: str(v) for k, v in options.items()}
+        return Database(PostgresBackend(url, opts), f"{parts.scheme}://{parts.hostname or ''}{parts.path}")
+    raise ConnectError(f"unknown database {url!r}: use sqlite:///path or postgresql://...")
