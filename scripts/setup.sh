@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pkg in debootstrap runc docker.io; do
+for pkg in debootstrap runc docker.io postgresql; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -15,8 +15,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     apt-get install -y -q --no-install-recommends "${need_apt[@]}"
 fi
 
-echo "==> python packages (pytest, matplotlib)"
-python3 -m pip install -q --disable-pip-version-check "pytest>=7" "matplotlib>=3.6"
+echo "==> python packages (pytest, matplotlib; psycopg for sprout.store on PostgreSQL; the store benchmark's peers)"
+python3 -m pip install -q --disable-pip-version-check "pytest>=7" "matplotlib>=3.6" "psycopg[binary]>=3.1" "sqlalchemy>=2,<3" "peewee>=3.17"
 
 echo "==> cargo build --release"
 cargo build --release --quiet
