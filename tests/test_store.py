@@ -114,6 +114,19 @@ def test_a_value_saved_twice_is_one_row_with_a_stable_id(db):
         people.get(first)
 
 
+def test_a_copy_of_a_saved_object_is_a_new_object(db):
+    import copy
+
+    people = db.table(Person)
+    ada = people.get(people.save(Person("ada", 36)))
+    twin = copy.copy(ada)
+    twin.name = "twin"
+    assert people.id_of(twin) is None and people.save(twin) != people.id_of(ada)
+    assert sorted(p.name for p in people.all()) == ["ada", "twin"]
+    again = dataclasses.replace(ada, age=40)
+    assert people.save(again) not in (people.id_of(ada), people.id_of(twin)) and people.count() == 3
+
+
 def test_references_are_saved_with_their_parent_and_loaded_eagerly(db):
     people = db.table(Person)
     home = Address("London", "N1")
