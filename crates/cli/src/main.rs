@@ -42,9 +42,40 @@ enum Command {
     Packages(PackagesCommand),
     /// Print the tree of Zygotes (the import cache) of the worker running in DIR.
     Zygotes { dir: PathBuf },
+    /// The memcached-compatible cache server.
+    #[command(subcommand)]
+    Cache(CacheCommand),
     /// Run a benchmark; results go to bench/results/.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum CacheCommand {
+    /// Serve the memcached text, binary and meta protocols (memcached's flag names).
+    Serve {
+        /// TCP port (0: any free port, printed at start).
+        #[arg(short = 'p', long, default_value_t = 11211)]
+        port: u16,
+        /// Address to listen on.
+        #[arg(short = 'l', long, default_value = "127.0.0.1")]
+        listen: String,
+        /// Memory for items, in megabytes.
+        #[arg(short = 'm', long = "memory-limit", default_value_t = 64)]
+        memory_mb: usize,
+        /// Cores (one pinned event loop each).
+        #[arg(short = 't', long = "threads", default_value_t = 4)]
+        cores: usize,
+        /// Most simultaneous connections.
+        #[arg(short = 'c', long = "conn-limit", default_value_t = 1024)]
+        max_conns: usize,
+        /// Largest item (bytes, or with k or m: 1m), counted as memcached counts it.
+        #[arg(short = 'I', long = "max-item-size", default_value = "1m")]
+        item_max: String,
+        /// CPUs to pin the cores to, comma-separated (default: this process's CPUs).
+        #[arg(long, value_delimiter = ',')]
+        cpus: Option<Vec<usize>>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -242,6 +273,26 @@ fn run(cli: Cli) -> Result<()> {
             for p in cache.list() {
                 println!("{:<40} {:>8.1} MiB  {}", p.key, p.size_bytes as f64 / (1 << 20) as f64, p.top_level.join(" "));
             }
+        }
+        Command::Cache(CacheCommand::Serve { port, listen, memory_mb, cores, max_conns, item_max, cpus }) => {
+            log_init("info");
+            let item_max = sprout_cache::server::parse_size(&item_max)?;
+            if item_max < 1024 {
+                anyhow::bail!("-I must be at least 1k (got {item_max} bytes)");
+            }
+            let settings = sprout_cache::Settings {
+                listen,
+                port,
+                limit_bytes: memory_mb.max(1) << 20,
+                cores: cores.max(1),
+                max_conns: max_conns.max(1),
+                item_max,
+                cpus,
+            };
+            sprout_cache::server::serve_until_signal(settings, |server| {
+                tracing::info!("sprout cache listening on {} with {} cores (CPUs {:?})", server.addr(), server.shared().settings.cores, server.cpus());
+                println!("listening on {}", server.addr());
+            })?;
         }
         Command::Zygotes { dir } => {
             let config = sprout_worker::config::Config::load(&dir)?;

@@ -1,0 +1,251 @@
+//! The text protocol's commands run against the store, with memcached's replies and errors
+//! word for word (`protocol.txt`).
+
+use bytes::{Buf, BytesMut};
+
+use crate::meta;
+use crate::output::Output;
+use crate::session::{Env, Next, Reply, StatsRequest, StoreOp, MAX_GET_LINE, MAX_LINE};
+use crate::stats::{CoreStats, Counters};
+use crate::store::{Deleted, DeltaError, Mode};
+use crate::text::{self, Command, Reject, StoreKind};
+
+/// Handle the next command line in `input`, if it has a whole one.
+pub fn step(input: &mut BytesMut, env: &Env, out: &mut Output) -> Next {
+    let Some(nl) = memchr(b'\n', input) else {
+        if input.len() > MAX_LINE {
+            // memcached: a long line without a newline must be a multiget, else the
+            // connection goes.
+            let spaces = input.iter().take_while(|&&b| b == b' ').count();
+            let rest = &input[spaces..];
+            if spaces > 100 || !(rest.starts_with(b"get ") || rest.starts_with(b"gets ")) || input.len() > MAX_GET_LINE {
+                return Next::Close;
+            }
+        }
+        return Next::NeedMore;
+    };
+    let end = if nl > 1 && input[nl - 1] == b'\r' { nl - 1 } else { nl };
+    CoreStats::add(&env.stats.bytes_read, nl as u64 + 1);
+    let next = match text::parse(&input[..end]) {
+        Ok(Command::Store { kind, key, flags, exptime, bytes, cas, noreply }) => {
+            let op = StoreOp {
+                reply: Reply::Text { noreply },
+                mode: match kind {
+                    StoreKind::Set => Mode::Set,
+                    StoreKind::Add => Mode::Add,
+                    StoreKind::Replace => Mode::Replace,
+                    StoreKind::Append => Mode::Append(0),
+                    StoreKind::Prepend => Mode::Prepend(0),
+                    StoreKind::Cas => Mode::Cas(cas),
+                },
+                key: key.to_vec(),
+                flags,
+                exptime: env.shared.clock.expiry(exptime),
+                len: bytes,
+                trailer: 2,
+            };
+            input.advance(nl + 1);
+            CoreStats::add(&env.stats.bytes_read, (bytes + 2) as u64);
+            return begin_store(op, kind, noreply, env, out);
+        }
+        Ok(command) => execute(command, env, out),
+        Err(reject) => {
+            match reject {
+                Reject::Error => out.put(b"ERROR\r\n"),
+                Reject::Client { message, noreply } => {
+                    if !noreply {
+                        out.put(b"CLIENT_ERROR ");
+                        out.put(message.as_bytes());
+                        out.put(b"\r\n");
+                    }
+                }
+                Reject::Server(message) => {
+                    out.put(b"SERVER_ERROR ");
+                    out.put(message.as_bytes());
+                    out.put(b"\r\n");
+                }
+                Reject::Close => {
+                    input.advance(nl + 1);
+                    return Next::Close;
+                }
+            }
+            Next::Continue
+        }
+    };
+    input.advance(nl + 1);
+    next
+}
+
+/// A store command's line is read: refuse a value that can never fit (discarding it as it
+/// arrives, never buffering it), else wait for it.
+fn begin_store(op: StoreOp, kind: StoreKind, noreply: bool, env: &Env, out: &mut Output) -> Next {
+    let item_max = env.shared.settings.item_max;
+    if item_size(op.key.len(), op.len) > item_max {
+        CoreStats::bump(&env.stats.store_too_large);
+        if !noreply {
+            out.put(b"SERVER_ERROR object too large for cache\r\n");
+        }
+        // memcached drops the old value of a set it could not store, so no stale value
+        // outlives a failed overwrite.
+        if kind == StoreKind::Set {
+            env.shared.store.delete(&op.key, 0, env.shared.clock.now());
+        }
+        return Next::Swallow(op.len + 2);
+    }
+    Next::Data(op)
+}
+
+/// An item's size as memcached counts it against `-I`: its 48-byte header, the key and its
+/// NUL, the value and its "\r\n". A value that fits stock memcached fits here, and no larger.
+pub fn item_size(key: usize, value: usize) -> usize {
+    48 + key + 1 + value + 2
+}
+
+fn execute(command: Command<'_>, env: &Env, out: &mut Output) -> Next {
+    let store = &env.shared.store;
+    let stats = env.stats;
+    let now = env.shared.clock.now();
+    match command {
+        Command::Get { cas, touch, keys } => {
+            let exptime = touch.map(|t| env.shared.clock.expiry(t));
+            // A key too long fails the whole command, before any value is sent.
+            if text::keys(keys).any(|k| k.len() > text::KEY_MAX) {
+                out.put(b"CLIENT_ERROR bad command line format\r\n");
+                return Next::Continue;
+            }
+            for key in text::keys(keys) {
+                CoreStats::bump(&stats.cmd_get);
+                let item = match exptime {
+                    Some(t) => {
+                        CoreStats::bump(&stats.cmd_touch);
+                        store.touch(key, t, now)
+                    }
+                    None => store.get(key, now),
+                };
+                match item {
+                    Some(item) => {
+                        CoreStats::bump(&stats.get_hits);
+                        if exptime.is_some() {
+                            CoreStats::bump(&stats.touch_hits);
+                        }
+                        out.put(b"VALUE ");
+                        out.put(key);
+                        out.put(b" ");
+                        out.put_u64(item.flags as u64);
+                        out.put(b" ");
+                        out.put_u64(item.value.len() as u64);
+                        if cas {
+                            out.put(b" ");
+                            out.put_u64(item.cas);
+                        }
+                        out.put(b"\r\n");
+                        out.put_value(&item.value);
+                        out.put(b"\r\n");
+                    }
+                    None => {
+                        CoreStats::bump(&stats.get_misses);
+                        if exptime.is_some() {
+                            CoreStats::bump(&stats.touch_misses);
+                        }
+                    }
+                }
+            }
+            out.put(b"END\r\n");
+        }
+        Command::Delete { key, noreply } => {
+            let deleted = store.delete(key, 0, now) == Deleted::Deleted;
+            CoreStats::bump(if deleted { &stats.delete_hits } else { &stats.delete_misses });
+            if !noreply {
+                out.put(if deleted { b"DELETED\r\n" } else { b"NOT_FOUND\r\n" });
+            }
+        }
+        Command::Delta { incr, key, delta, noreply } => {
+            let result = store.delta(key, incr, delta, 0, stats.next_cas(), None, now);
+            let (hits, misses) = if incr { (&stats.incr_hits, &stats.incr_misses) } else { (&stats.decr_hits, &stats.decr_misses) };
+            match result {
+                Ok((value, _)) => {
+                    CoreStats::bump(hits);
+                    if !noreply {
+                        out.put_u64(value);
+                        out.put(b"\r\n");
+                    }
+                }
+                Err(DeltaError::NonNumeric) => {
+                    if !noreply {
+                        out.put(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n");
+                    }
+                }
+                Err(_) => {
+                    CoreStats::bump(misses);
+                    if !noreply {
+                        out.put(b"NOT_FOUND\r\n");
+                    }
+                }
+            }
+        }
+        Command::Touch { key, exptime, noreply } => {
+            CoreStats::bump(&stats.cmd_touch);
+            let touched = store.touch(key, env.shared.clock.expiry(exptime), now).is_some();
+            CoreStats::bump(if touched { &stats.touch_hits } else { &stats.touch_misses });
+            if !noreply {
+                out.put(if touched { b"TOUCHED\r\n" } else { b"NOT_FOUND\r\n" });
+            }
+        }
+        Command::FlushAll { delay, noreply } => {
+            CoreStats::bump(&stats.cmd_flush);
+            if delay > 0 {
+                store.flush(Some(env.shared.clock.expiry(delay)));
+            } else {
+                store.flush(None);
+            }
+            if !noreply {
+                out.put(b"OK\r\n");
+            }
+        }
+        Command::Stats { args } => {
+            let group = args.first().map(|g| g.to_vec());
+            return Next::Stats(StatsRequest::Text { group });
+        }
+        Command::Version => {
+            out.put(b"VERSION ");
+            out.put(crate::shared::VERSION.as_bytes());
+            out.put(b"\r\n");
+        }
+        Command::Verbosity { noreply } => {
+            if !noreply {
+                out.put(b"OK\r\n");
+            }
+        }
+        Command::Quit => return Next::Close,
+        Command::Meta { name, tokens } => return meta::execute(name, &tokens, env, out),
+        Command::Store { .. } => unreachable!("store commands are handled by step"),
+    }
+    Next::Continue
+}
+
+/// The reply to `stats [group]` once the cores' counters are gathered.
+pub fn stats_reply(group: Option<&[u8]>, counters: &Counters, env: &Env, out: &mut Output) {
+    if group == Some(b"reset") {
+        env.shared.store.reset_stats();
+        out.put(b"RESET\r\n");
+        return;
+    }
+    match env.shared.report(group, counters) {
+        Some(lines) => {
+            for (name, value) in lines {
+                out.put(b"STAT ");
+                out.put(name.as_bytes());
+                out.put(b" ");
+                out.put(value.as_bytes());
+                out.put(b"\r\n");
+            }
+            out.put(b"END\r\n");
+        }
+        None => out.put(b"ERROR\r\n"),
+    }
+}
+
+#[inline]
+pub fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
+    haystack.iter().position(|&b| b == needle)
+}

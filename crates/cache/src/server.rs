@@ -1,0 +1,177 @@
+//! The server: one runtime core per `-t`, each with its own listening socket on the shared
+//! port (SO_REUSEPORT: the kernel spreads new connections over the cores), accepting into
+//! connections that then live on that core for good. The connection limit is one shared
+//! count; a connection over it is told so in memcached's words and closed.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use socket2::{Domain, Protocol, Socket, Type};
+use sprout_runtime::mio::net::TcpListener;
+use sprout_runtime::{Control, EbbRef, IoHandler, Ready, Runtime, Stopper, Token};
+
+use crate::conn::Conn;
+use crate::shared::{Settings, Shared};
+use crate::stats::{CoreStats, StatsRoot};
+
+/// A running cache server.
+pub struct Server {
+    runtime: Option<Runtime>,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Bind and start serving: returns once every core listens.
+    pub fn start(settings: Settings) -> Result<Server> {
+        let mut builder = Runtime::builder().cores(settings.cores).name("cache");
+        if let Some(cpus) = &settings.cpus {
+            builder = builder.cpus(cpus.clone());
+        }
+        let ip: std::net::IpAddr = settings.listen.parse().with_context(|| format!("bad listen address {:?}", settings.listen))?;
+        // The first socket picks the port (when 0 asks for any); the others share it.
+        let first = bind(SocketAddr::new(ip, settings.port)).with_context(|| format!("listening on {}:{}", settings.listen, settings.port))?;
+        let addr = first.local_addr()?;
+        let mut listeners = vec![first];
+        for _ in 1..settings.cores {
+            listeners.push(bind(addr)?);
+        }
+        let stats = EbbRef::<CoreStats>::create(StatsRoot { cores: settings.cores });
+        let mut settings = settings;
+        settings.port = addr.port();
+        let shared = Arc::new(Shared::new(settings, stats));
+        let runtime = builder.build().context("starting the runtime's cores")?;
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        for (core, listener) in listeners.into_iter().enumerate() {
+            let shared = shared.clone();
+            let ready_tx = ready_tx.clone();
+            runtime.spawn_on(core, move || {
+                let acceptor = Acceptor { listener: TcpListener::from_std(listener), shared };
+                let _ = ready_tx.send(sprout_runtime::register(Box::new(acceptor)).map(|_| ()));
+            });
+        }
+        for _ in 0..runtime.num_cores() {
+            ready_rx.recv().context("a core stopped while starting")?.context("registering a listener")?;
+        }
+        Ok(Server { runtime: Some(runtime), addr, shared })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The CPUs the cores are pinned to.
+    pub fn cpus(&self) -> Vec<usize> {
+        self.runtime.as_ref().map(|r| r.cpus().to_vec()).unwrap_or_default()
+    }
+
+    pub fn stopper(&self) -> Stopper {
+        self.runtime.as_ref().expect("running").stopper()
+    }
+
+    /// Wait until the server is stopped (by a `Stopper`).
+    pub fn wait(mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.join();
+        }
+    }
+}
+
+fn bind(addr: SocketAddr) -> std::io::Result<StdListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+/// A core's listening socket.
+struct Acceptor {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+}
+
+impl IoHandler for Acceptor {
+    fn source(&mut self) -> &mut dyn sprout_runtime::mio::event::Source {
+        &mut self.listener
+    }
+
+    fn ready(&mut self, token: Token, _ready: Ready) -> Control {
+        let stats = self.shared.stats.rep_rc();
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    let open = self.shared.conns.fetch_add(1, Ordering::Relaxed);
+                    if open >= self.shared.settings.max_conns {
+                        self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+                        CoreStats::bump(&stats.rejected_connections);
+                        let mut stream = stream;
+                        let _ = stream.write_all(b"ERROR Too many open connections\r\n");
+                        continue;
+                    }
+                    let _ = stream.set_nodelay(true);
+                    let conn = Conn::new(stream, self.shared.clone(), stats.clone());
+                    if let Err(e) = sprout_runtime::register(Box::new(conn)) {
+                        tracing::warn!("registering a connection: {e}");
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Control::Keep,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of descriptors and the like: try again shortly (no new edge will
+                    // come for connections already waiting).
+                    tracing::warn!("accept failed: {e}");
+                    sprout_runtime::timer(std::time::Duration::from_millis(10), move || sprout_runtime::notify(token));
+                    return Control::Keep;
+                }
+            }
+        }
+    }
+}
+
+/// Serve until SIGINT or SIGTERM, then stop every core and return.
+pub fn serve_until_signal(settings: Settings, on_ready: impl FnOnce(&Server)) -> Result<()> {
+    // Block the signals before any core starts (threads inherit the mask), and wait for
+    // them on this thread.
+    // SAFETY: plain signal-mask manipulation with initialized sets.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    let server = Server::start(settings)?;
+    on_ready(&server);
+    let stopper = server.stopper();
+    let mut signal = 0;
+    // SAFETY: sigwait with the set blocked above.
+    unsafe { libc::sigwait(&set, &mut signal) };
+    tracing::info!("signal {signal}: stopping");
+    stopper.stop();
+    server.wait();
+    Ok(())
+}
+
+/// A size as memcached's `-I` takes it: bytes, or with a k or m suffix.
+pub fn parse_size(text: &str) -> Result<usize> {
+    let t = text.trim().to_ascii_lowercase();
+    let (digits, unit) = match t.strip_suffix('m') {
+        Some(d) => (d, 1 << 20),
+        None => match t.strip_suffix('k') {
+            Some(d) => (d, 1 << 10),
+            None => (t.as_str(), 1),
+        },
+    };
+    let n: usize = digits.parse().with_context(|| format!("bad size {text:?} (bytes, or a number with k or m)"))?;
+    Ok(n * unit)
+}

@@ -1,0 +1,279 @@
+//! One connection's protocol state machine, without the socket: bytes in, replies out.
+//! It picks the protocol from the first byte (0x80: binary, else text, as memcached does),
+//! reads commands and data blocks, and hands values too large for the read buffer a buffer
+//! of their own that the connection reads into directly. The fuzz targets drive it alone.
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use crate::output::Output;
+use crate::shared::Shared;
+use crate::stats::CoreStats;
+use crate::store::{Mode, Stored};
+use crate::{ascii, binary};
+
+/// A value whose block (with its trailer) is at least this large and not yet all read gets a
+/// buffer of its own, read into straight from the socket; smaller ones wait in the read
+/// buffer and are copied out once.
+pub const DIRECT_MIN: usize = 16 * 1024;
+
+/// A text line may grow to this size without a newline when it is a get (memcached's
+/// multigets are unbounded; this is our bound), else to 2048 bytes, as memcached.
+pub const MAX_GET_LINE: usize = 1 << 20;
+pub const MAX_LINE: usize = 2048;
+
+/// What a connection handles a request with: the server's shared state and this core's
+/// counters.
+pub struct Env<'a> {
+    pub shared: &'a Shared,
+    pub stats: &'a CoreStats,
+}
+
+/// What the connection must do after `process`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Everything complete was handled; read more.
+    NeedMore,
+    /// Gather the counters of every core, then call `finish_stats`.
+    Stats,
+    /// Send what is queued, then close.
+    Close,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Proto {
+    Unknown,
+    Text,
+    Binary,
+}
+
+/// How to answer a store once its value has arrived.
+#[derive(Clone, Copy, Debug)]
+pub enum Reply {
+    Text { noreply: bool },
+    Binary { opcode: u8, opaque: u32, quiet: bool },
+}
+
+/// A store command waiting for (or holding) its value.
+pub struct StoreOp {
+    pub reply: Reply,
+    pub mode: Mode,
+    pub key: Vec<u8>,
+    pub flags: u32,
+    /// Relative expiry.
+    pub exptime: u32,
+    /// Value bytes, without the trailer.
+    pub len: usize,
+    /// Bytes after the value: 2 for the text protocol's "\r\n", 0 for binary.
+    pub trailer: usize,
+}
+
+enum State {
+    Ready,
+    /// Waiting for a value; `buf` is its own buffer when it is large.
+    Data { op: StoreOp, buf: Option<BytesMut> },
+    /// Discarding this many bytes (a refused value).
+    Swallow(usize),
+    /// Waiting for a stats gather.
+    Stats,
+    Closing,
+}
+
+/// What `stats` asked for.
+#[derive(Clone, Debug)]
+pub enum StatsRequest {
+    Text { group: Option<Vec<u8>> },
+    Binary { group: Option<Vec<u8>>, opaque: u32 },
+}
+
+impl StatsRequest {
+    pub fn group(&self) -> Option<&[u8]> {
+        match self {
+            StatsRequest::Text { group } | StatsRequest::Binary { group, .. } => group.as_deref(),
+        }
+    }
+
+    /// `stats reset` zeroes counters instead of reporting them.
+    pub fn is_reset(&self) -> bool {
+        self.group() == Some(b"reset")
+    }
+}
+
+pub struct Session {
+    proto: Proto,
+    state: State,
+    stats_request: Option<StatsRequest>,
+}
+
+impl Default for Session {
+    fn default() -> Self {
+        Session::new()
+    }
+}
+
+impl Session {
+    pub fn new() -> Session {
+        Session { proto: Proto::Unknown, state: State::Ready, stats_request: None }
+    }
+
+    /// The stats a `Step::Stats` asked for.
+    pub fn stats_request(&self) -> Option<&StatsRequest> {
+        self.stats_request.as_ref()
+    }
+
+    /// Handle everything complete in `input` (consuming it), writing replies to `out`.
+    pub fn process(&mut self, input: &mut BytesMut, env: &Env, out: &mut Output) -> Step {
+        loop {
+            match &mut self.state {
+                State::Closing => return Step::Close,
+                State::Stats => return Step::Stats,
+                State::Swallow(left) => {
+                    let n = (*left).min(input.len());
+                    input.advance(n);
+                    *left -= n;
+                    if *left > 0 {
+                        return Step::NeedMore;
+                    }
+                    self.state = State::Ready;
+                }
+                State::Data { op, buf } => {
+                    let need = op.len + op.trailer;
+                    let block = match buf {
+                        Some(b) => {
+                            let n = (need - b.len()).min(input.len());
+                            b.extend_from_slice(&input[..n]);
+                            input.advance(n);
+                            if b.len() < need {
+                                return Step::NeedMore;
+                            }
+                            std::mem::take(b)
+                        }
+                        None => {
+                            if input.len() < need {
+                                if need >= DIRECT_MIN {
+                                    let mut own = BytesMut::with_capacity(need);
+                                    own.extend_from_slice(input);
+                                    input.clear();
+                                    *buf = Some(own);
+                                }
+                                return Step::NeedMore;
+                            }
+                            // Copied out once, to a buffer of exactly its size.
+                            let block = BytesMut::from(&input[..need]);
+                            input.advance(need);
+                            block
+                        }
+                    };
+                    let State::Data { op, .. } = std::mem::replace(&mut self.state, State::Ready) else { unreachable!() };
+                    complete_store(op, block, env, out);
+                }
+                State::Ready => {
+                    if input.is_empty() {
+                        return Step::NeedMore;
+                    }
+                    if self.proto == Proto::Unknown {
+                        self.proto = if input[0] == binary::REQUEST_MAGIC { Proto::Binary } else { Proto::Text };
+                    }
+                    let next = match self.proto {
+                        Proto::Binary => binary::step(input, env, out),
+                        _ => ascii::step(input, env, out),
+                    };
+                    match next {
+                        Next::Continue => {}
+                        Next::NeedMore => return Step::NeedMore,
+                        Next::Data(op) => self.state = State::Data { op, buf: None },
+                        Next::Swallow(n) => self.state = State::Swallow(n),
+                        Next::Stats(request) => {
+                            self.stats_request = Some(request);
+                            self.state = State::Stats;
+                            return Step::Stats;
+                        }
+                        Next::Close => {
+                            self.state = State::Closing;
+                            return Step::Close;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Where the connection may read the rest of a large value directly: the value's own
+    /// buffer, and how many bytes it still needs.
+    pub fn direct_buffer(&mut self) -> Option<(&mut BytesMut, usize)> {
+        match &mut self.state {
+            State::Data { op, buf: Some(b) } => {
+                let need = op.len + op.trailer - b.len();
+                Some((b, need))
+            }
+            _ => None,
+        }
+    }
+
+    /// Reply to the stats request with the gathered counters, and go on.
+    pub fn finish_stats(&mut self, counters: &crate::stats::Counters, env: &Env, out: &mut Output) {
+        if let Some(request) = self.stats_request.take() {
+            match &request {
+                StatsRequest::Text { group } => ascii::stats_reply(group.as_deref(), counters, env, out),
+                StatsRequest::Binary { group, opaque } => binary::stats_reply(group.as_deref(), *opaque, counters, env, out),
+            }
+        }
+        if matches!(self.state, State::Stats) {
+            self.state = State::Ready;
+        }
+    }
+}
+
+/// What one protocol step decided.
+pub enum Next {
+    /// A command was handled; look for the next.
+    Continue,
+    /// The next command is not complete.
+    NeedMore,
+    /// A store command's value comes next.
+    Data(StoreOp),
+    /// Discard this many bytes next.
+    Swallow(usize),
+    Stats(StatsRequest),
+    Close,
+}
+
+/// Store a value that has fully arrived (`block` holds it and its trailer), and reply.
+pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Output) {
+    let stats = env.stats;
+    if op.trailer == 2 && &block[op.len..] != b"\r\n" {
+        if let Reply::Text { noreply: false } = op.reply {
+            out.put(b"CLIENT_ERROR bad data chunk\r\n");
+        }
+        return;
+    }
+    block.truncate(op.len);
+    let value: Bytes = block.freeze();
+    CoreStats::bump(&stats.cmd_set);
+    let now = env.shared.clock.now();
+    let result = env.shared.store.store(op.mode, &op.key, value, op.flags, op.exptime, stats.next_cas(), now);
+    if let Mode::Cas(_) = op.mode {
+        match result {
+            Stored::Stored(_) => CoreStats::bump(&stats.cas_hits),
+            Stored::Exists => CoreStats::bump(&stats.cas_badval),
+            Stored::NotFound => CoreStats::bump(&stats.cas_misses),
+            _ => {}
+        }
+    }
+    if result == Stored::TooLarge {
+        CoreStats::bump(&stats.store_too_large);
+    }
+    match op.reply {
+        Reply::Text { noreply } => {
+            if !noreply {
+                out.put(match result {
+                    Stored::Stored(_) => b"STORED\r\n",
+                    Stored::NotStored => b"NOT_STORED\r\n",
+                    Stored::Exists => b"EXISTS\r\n",
+                    Stored::NotFound => b"NOT_FOUND\r\n",
+                    Stored::TooLarge => &b"SERVER_ERROR out of memory storing object\r\n"[..],
+                });
+            }
+        }
+        Reply::Binary { opcode, opaque, quiet } => binary::store_reply(opcode, opaque, quiet, result, out),
+    }
+}

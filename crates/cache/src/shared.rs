@@ -1,0 +1,131 @@
+//! What every core of the server shares: its settings, the store, the clock, the connection
+//! count and the stats Ebb; and the `stats` report built from them.
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+use sprout_runtime::EbbRef;
+
+use crate::clock::Clock;
+use crate::stats::{CoreStats, Counters};
+use crate::store::Store;
+
+/// The version `version` reports: memcached's protocol level, then ours.
+pub const VERSION: &str = concat!("1.6.0-sprout-", env!("CARGO_PKG_VERSION"));
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Address to listen on.
+    pub listen: String,
+    /// TCP port (0: any free port).
+    pub port: u16,
+    /// Memory for items, in bytes (`-m` is megabytes).
+    pub limit_bytes: usize,
+    /// Cores (event loops), `-t`.
+    pub cores: usize,
+    /// Connections at most, `-c`.
+    pub max_conns: usize,
+    /// Largest value, `-I`.
+    pub item_max: usize,
+    /// CPUs to pin cores to (default: this process's affinity mask).
+    pub cpus: Option<Vec<usize>>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            listen: "127.0.0.1".into(),
+            port: 11211,
+            limit_bytes: 64 << 20,
+            cores: 4,
+            max_conns: 1024,
+            item_max: 1 << 20,
+            cpus: None,
+        }
+    }
+}
+
+pub struct Shared {
+    pub settings: Settings,
+    pub store: Store,
+    pub clock: Clock,
+    pub stats: EbbRef<CoreStats>,
+    /// Open client connections, across cores (checked against `max_conns`).
+    pub conns: AtomicUsize,
+    pub verbosity: AtomicU32,
+}
+
+impl Shared {
+    pub fn new(settings: Settings, stats: EbbRef<CoreStats>) -> Shared {
+        Shared {
+            store: Store::new(settings.limit_bytes),
+            clock: Clock::start(),
+            settings,
+            stats,
+            conns: AtomicUsize::new(0),
+            verbosity: AtomicU32::new(0),
+        }
+    }
+
+    /// The lines of `stats [group]`, or None for a group memcached does not know.
+    pub fn report(&self, group: Option<&[u8]>, counters: &Counters) -> Option<Vec<(String, String)>> {
+        let mut lines: Vec<(String, String)> = Vec::new();
+        let mut put = |name: &str, value: String| lines.push((name.to_string(), value));
+        match group {
+            None => {
+                let (user, system) = rusage();
+                let store = self.store.stats();
+                put("pid", std::process::id().to_string());
+                put("uptime", self.clock.uptime().to_string());
+                put("time", self.clock.unix().to_string());
+                put("version", VERSION.to_string());
+                put("pointer_size", (8 * std::mem::size_of::<usize>()).to_string());
+                put("rusage_user", user);
+                put("rusage_system", system);
+                put("max_connections", self.settings.max_conns.to_string());
+                for (name, value) in counters.fields() {
+                    put(name, value.to_string());
+                }
+                put("limit_maxbytes", store.limit_maxbytes.to_string());
+                put("accepting_conns", "1".into());
+                put("threads", self.settings.cores.to_string());
+                put("bytes", store.bytes.to_string());
+                put("curr_items", store.curr_items.to_string());
+                put("total_items", store.total_items.to_string());
+                put("expired_unfetched", store.expired_unfetched.to_string());
+                put("evicted_unfetched", store.evicted_unfetched.to_string());
+                put("evictions", store.evictions.to_string());
+                put("reclaimed", store.reclaimed.to_string());
+            }
+            Some(b"settings") => {
+                let s = &self.settings;
+                put("maxbytes", s.limit_bytes.to_string());
+                put("maxconns", s.max_conns.to_string());
+                put("tcpport", s.port.to_string());
+                put("udpport", "0".into());
+                put("inter", s.listen.clone());
+                put("verbosity", self.verbosity.load(Ordering::Relaxed).to_string());
+                put("num_threads", s.cores.to_string());
+                put("cas_enabled", "yes".into());
+                put("item_size_max", s.item_max.to_string());
+                put("evictions", "on".into());
+                put("binding_protocol", "auto-negotiate".into());
+                put("flush_enabled", "yes".into());
+            }
+            Some(b"items") | Some(b"slabs") | Some(b"sizes") | Some(b"conns") => {
+                // memcached's per-slab-class detail: Sprout has no slab classes; these groups
+                // answer (empty) so tools that ask them keep working.
+            }
+            Some(_) => return None,
+        }
+        Some(lines)
+    }
+}
+
+/// CPU time of the process, as memcached prints it (seconds.microseconds).
+fn rusage() -> (String, String) {
+    // SAFETY: getrusage fills the struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let fmt = |t: libc::timeval| format!("{}.{:06}", t.tv_sec, t.tv_usec);
+    (fmt(usage.ru_utime), fmt(usage.ru_stime))
+}
