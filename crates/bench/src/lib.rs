@@ -7,9 +7,12 @@
 //!   handler caches, with real and synthetic packages, and the memory the import cache saves.
 //! * [`store`]: Mirage figure 3: sprout.store against hand-written sqlite3, SQLAlchemy and
 //!   Peewee, and on PostgreSQL (the driver is bench/store_bench.py).
+//! * [`cache`]: EbbRT figures 4 and 6: the Sprout cache against Debian's memcached under
+//!   memaslap, by connections and by value size, on one core and on two.
 //! * [`primitives`]: SOCK section 2 (figures 1-5) on this kernel: bind against overlay
 //!   mounts, namespace creation and teardown, cgroup reuse against creation.
 
+pub mod cache;
 pub mod packages;
 pub mod primitives;
 pub mod report;

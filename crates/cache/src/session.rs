@@ -47,10 +47,12 @@ enum Proto {
 }
 
 /// How to answer a store once its value has arrived.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum Reply {
     Text { noreply: bool },
     Binary { opcode: u8, opaque: u32, quiet: bool },
+    /// ms: a two-letter code and the flags it asked back.
+    Meta { quiet: bool, opaque: Option<Vec<u8>>, ret: Vec<u8> },
 }
 
 /// A store command waiting for (or holding) its value.
@@ -241,7 +243,8 @@ pub enum Next {
 pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Output) {
     let stats = env.stats;
     if op.trailer == 2 && &block[op.len..] != b"\r\n" {
-        if let Reply::Text { noreply: false } = op.reply {
+        // noreply silences even this (memcached does); a meta set always hears it.
+        if matches!(op.reply, Reply::Text { noreply: false } | Reply::Meta { .. }) {
             out.put(b"CLIENT_ERROR bad data chunk\r\n");
         }
         return;
@@ -275,5 +278,6 @@ pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Out
             }
         }
         Reply::Binary { opcode, opaque, quiet } => binary::store_reply(opcode, opaque, quiet, result, out),
+        Reply::Meta { quiet, opaque, ret } => crate::meta::store_reply(result, &op.key, quiet, opaque.as_deref(), ret, out),
     }
 }

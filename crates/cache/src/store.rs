@@ -34,6 +34,8 @@ pub struct Item {
     pub value: Bytes,
     pub flags: u32,
     pub cas: u64,
+    /// Relative expiry time; 0 = never.
+    pub exptime: u32,
 }
 
 /// How a store treats an existing (or missing) item.
@@ -279,7 +281,7 @@ impl Store {
         shard.bump(i, self.next_tick());
         let e = &mut shard.entries[i as usize];
         e.fetched = true;
-        Some(Item { value: e.value.clone(), flags: e.flags, cas: e.cas })
+        Some(Item { value: e.value.clone(), flags: e.flags, cas: e.cas, exptime: e.exptime })
     }
 
     /// Whether a live item exists (no LRU bump).
@@ -298,7 +300,7 @@ impl Store {
         let e = &mut shard.entries[i as usize];
         e.exptime = exptime;
         e.fetched = true;
-        Some(Item { value: e.value.clone(), flags: e.flags, cas: e.cas })
+        Some(Item { value: e.value.clone(), flags: e.flags, cas: e.cas, exptime: e.exptime })
     }
 
     /// Store `value` under `key` as `mode` says, with the new cas `cas`.

@@ -181,6 +181,32 @@ enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         repeats: u64,
     },
+    /// The Sprout cache against Debian's memcached under memaslap (EbbRT figures 4 and 6).
+    Cache {
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+        /// Server core budgets, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        cores: Vec<usize>,
+        /// Connection counts of the first sweep.
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,128,256")]
+        connections: Vec<usize>,
+        /// Value sizes (bytes) of the second sweep.
+        #[arg(long, value_delimiter = ',', default_value = "64,128,256,512,1024,2048,4096,8192,16384")]
+        values: Vec<usize>,
+        /// Connections during the value sweep.
+        #[arg(long, default_value_t = 64)]
+        value_connections: usize,
+        /// Seconds per memaslap run.
+        #[arg(long, default_value_t = 4)]
+        seconds: u64,
+        /// Runs per point and server (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// CPU for memaslap.
+        #[arg(long, default_value_t = 1)]
+        client_cpu: usize,
+    },
     /// Linux primitives behind containers (SOCK figures 1-5).
     Primitives {
         #[arg(long, default_value = "bench/results")]
@@ -334,6 +360,21 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench(BenchCommand::Store { out, iterations, sizes, systems, repeats }) => {
             sprout_bench::store::run(&out, iterations, &sizes, &systems, repeats)?;
+        }
+        Command::Bench(BenchCommand::Cache { out, cores, connections, values, value_connections, seconds, repeats, client_cpu }) => {
+            let opts = sprout_bench::cache::Options {
+                out_dir: out,
+                sprout: std::env::current_exe()?,
+                cores,
+                connections,
+                value_sizes: values,
+                value_connections,
+                small_value: 64,
+                seconds,
+                repeats: repeats.max(1),
+                client_cpu,
+            };
+            sprout_bench::cache::run(&opts)?;
         }
         Command::Bench(BenchCommand::Primitives { out, seconds, quick }) => {
             let opts = sprout_bench::primitives::Options { out_dir: out, seconds_per_point: seconds, quick, ..Default::default() };
