@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pkg in debootstrap runc docker.io postgresql; do
+for pkg in debootstrap runc docker.io postgresql memcached libmemcached-tools; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -13,10 +13,15 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
     apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+    if [[ " ${need_apt[*]} " == *" memcached "* ]]; then
+        # Debian's package starts a memcached service on port 11211; the tests and the cache
+        # benchmark start their own, on their own ports and cores.
+        service memcached stop >/dev/null 2>&1 || true
+    fi
 fi
 
-echo "==> python packages (pytest, matplotlib; psycopg for sprout.store on PostgreSQL; the store benchmark's peers)"
-python3 -m pip install -q --disable-pip-version-check "pytest>=7" "matplotlib>=3.6" "psycopg[binary]>=3.1" "sqlalchemy>=2,<3" "peewee>=3.17"
+echo "==> python packages (pytest, matplotlib; psycopg for sprout.store on PostgreSQL; the store benchmark's peers; memcached clients for sprout.cache and its tests)"
+python3 -m pip install -q --disable-pip-version-check "pytest>=7" "matplotlib>=3.6" "psycopg[binary]>=3.1" "sqlalchemy>=2,<3" "peewee>=3.17" "pymemcache>=4" "python-binary-memcached>=0.31"
 
 echo "==> cargo build --release"
 cargo build --release --quiet

@@ -7,7 +7,7 @@ use crate::meta;
 use crate::output::Output;
 use crate::session::{Env, Next, Reply, StatsRequest, StoreOp, MAX_GET_LINE, MAX_LINE};
 use crate::stats::{CoreStats, Counters};
-use crate::store::{Deleted, DeltaError, Mode};
+use crate::store::{item_size, Deleted, DeltaError, Lookup, Mode};
 use crate::text::{self, Command, Reject, StoreKind};
 
 /// Handle the next command line in `input`, if it has a whole one.
@@ -80,7 +80,7 @@ pub fn step(input: &mut BytesMut, env: &Env, out: &mut Output) -> Next {
 /// arrives, never buffering it), else wait for it.
 fn begin_store(op: StoreOp, kind: StoreKind, noreply: bool, env: &Env, out: &mut Output) -> Next {
     let item_max = env.shared.settings.item_max;
-    if item_size(op.key.len(), op.len) > item_max {
+    if item_size(op.key.len(), op.len, op.flags) > item_max {
         CoreStats::bump(&env.stats.store_too_large);
         if !noreply {
             out.put(b"SERVER_ERROR object too large for cache\r\n");
@@ -93,12 +93,6 @@ fn begin_store(op: StoreOp, kind: StoreKind, noreply: bool, env: &Env, out: &mut
         return Next::Swallow(op.len + 2);
     }
     Next::Data(op)
-}
-
-/// An item's size as memcached counts it against `-I`: its 48-byte header, the key and its
-/// NUL, the value and its "\r\n". A value that fits stock memcached fits here, and no larger.
-pub fn item_size(key: usize, value: usize) -> usize {
-    48 + key + 1 + value + 2
 }
 
 fn execute(command: Command<'_>, env: &Env, out: &mut Output) -> Next {
@@ -115,14 +109,16 @@ fn execute(command: Command<'_>, env: &Env, out: &mut Output) -> Next {
             }
             for key in text::keys(keys) {
                 CoreStats::bump(&stats.cmd_get);
-                let item = match exptime {
-                    Some(t) => {
-                        CoreStats::bump(&stats.cmd_touch);
-                        store.touch(key, t, now)
-                    }
-                    None => store.get(key, now),
-                };
-                match item {
+                if exptime.is_some() {
+                    CoreStats::bump(&stats.cmd_touch);
+                }
+                let found = store.lookup(key, exptime, now);
+                match &found {
+                    Lookup::Expired => CoreStats::bump(&stats.get_expired),
+                    Lookup::Flushed => CoreStats::bump(&stats.get_flushed),
+                    _ => {}
+                }
+                match found.hit() {
                     Some(item) => {
                         CoreStats::bump(&stats.get_hits);
                         if exptime.is_some() {

@@ -5,11 +5,10 @@
 
 use bytes::{Buf, BufMut, BytesMut};
 
-use crate::ascii::item_size;
 use crate::output::Output;
 use crate::session::{Env, Next, Reply, StatsRequest, StoreOp};
 use crate::stats::{CoreStats, Counters};
-use crate::store::{Deleted, DeltaError, Mode, Stored};
+use crate::store::{item_size, Deleted, DeltaError, Mode, Stored};
 use crate::text::KEY_MAX;
 
 pub const REQUEST_MAGIC: u8 = 0x80;
@@ -183,7 +182,12 @@ pub fn step(input: &mut BytesMut, env: &Env, out: &mut Output) -> Next {
         error(out, h.opcode, status::EINVAL, h.opaque);
         Next::Close
     };
-    if keylen > KEY_MAX || keylen + extlen > bodylen {
+    if keylen + extlen > bodylen {
+        // memcached's answer to a header that cannot be framed: unknown, and goodbye.
+        error(out, h.opcode, status::UNKNOWN_COMMAND, h.opaque);
+        return Next::Close;
+    }
+    if keylen > KEY_MAX {
         return invalid(out);
     }
     // Store commands: the value may be large; read the header, extras and key now and let
@@ -207,7 +211,7 @@ pub fn step(input: &mut BytesMut, env: &Env, out: &mut Output) -> Next {
         let key = input[HEADER + extlen..fixed].to_vec();
         CoreStats::add(&env.stats.bytes_read, (HEADER + bodylen) as u64);
         input.advance(fixed);
-        if item_size(key.len(), vlen) > env.shared.settings.item_max {
+        if item_size(key.len(), vlen, flags) > env.shared.settings.item_max {
             CoreStats::bump(&env.stats.store_too_large);
             error(out, h.opcode, status::E2BIG, h.opaque);
             if opcode == op::SET {
@@ -241,7 +245,6 @@ pub fn step(input: &mut BytesMut, env: &Env, out: &mut Output) -> Next {
         op::TOUCH | op::GAT | op::GATK => extlen == 4 && keylen > 0 && bodylen == keylen + 4,
         op::VERSION | op::NOOP | op::QUIT => extlen == 0 && keylen == 0 && bodylen == 0,
         op::FLUSH => keylen == 0 && bodylen == extlen && (extlen == 0 || extlen == 4),
-        op::VERBOSITY => extlen == 4 && keylen == 0 && bodylen == 4,
         op::STAT => extlen == 0 && bodylen == keylen,
         _ => {
             // Unknown: answer, then skip its body as it arrives.
@@ -351,7 +354,7 @@ fn execute(h: Header, opcode: u8, quiet: bool, ext: &[u8], key: &[u8], env: &Env
                 header(out, h.opcode, status::SUCCESS, 0, 0, 0, h.opaque, 0);
             }
         }
-        op::NOOP | op::VERBOSITY => header(out, h.opcode, status::SUCCESS, 0, 0, 0, h.opaque, 0),
+        op::NOOP => header(out, h.opcode, status::SUCCESS, 0, 0, 0, h.opaque, 0),
         op::VERSION => {
             let v = crate::shared::VERSION.as_bytes();
             header(out, h.opcode, status::SUCCESS, 0, 0, v.len() as u32, h.opaque, 0);

@@ -232,7 +232,7 @@ fn set(key: &[u8], datalen: usize, f: &Flags, env: &Env, out: &mut Output) -> Ne
             return Next::Swallow(datalen + 2);
         }
     };
-    if crate::ascii::item_size(key.len(), datalen) > env.shared.settings.item_max {
+    if crate::store::item_size(key.len(), datalen, f.client_flags.unwrap_or(0)) > env.shared.settings.item_max {
         CoreStats::bump(&env.stats.store_too_large);
         out.put(b"SERVER_ERROR object too large for cache\r\n");
         return Next::Swallow(datalen + 2);

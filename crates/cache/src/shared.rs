@@ -28,6 +28,8 @@ pub struct Settings {
     pub item_max: usize,
     /// CPUs to pin cores to (default: this process's affinity mask).
     pub cpus: Option<Vec<usize>>,
+    /// Microseconds a core keeps polling after its last request before it sleeps.
+    pub spin_us: u64,
 }
 
 impl Default for Settings {
@@ -40,6 +42,7 @@ impl Default for Settings {
             max_conns: 1024,
             item_max: 1 << 20,
             cpus: None,
+            spin_us: 0,
         }
     }
 }
@@ -57,7 +60,7 @@ pub struct Shared {
 impl Shared {
     pub fn new(settings: Settings, stats: EbbRef<CoreStats>) -> Shared {
         Shared {
-            store: Store::new(settings.limit_bytes),
+            store: Store::with_item_max(settings.limit_bytes, settings.item_max),
             clock: Clock::start(),
             settings,
             stats,

@@ -51,6 +51,26 @@ pub enum Mode {
     Cas(u64),
 }
 
+/// What a read found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    Hit(Item),
+    Miss,
+    /// There was an item, but it had expired (memcached's get_expired).
+    Expired,
+    /// There was an item, but a flush_all had invalidated it (get_flushed).
+    Flushed,
+}
+
+impl Lookup {
+    pub fn hit(self) -> Option<Item> {
+        match self {
+            Lookup::Hit(item) => Some(item),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stored {
     /// Stored, with its new cas.
@@ -132,6 +152,8 @@ pub struct Store {
     hasher: ahash::RandomState,
     used: AtomicUsize,
     limit: usize,
+    /// The largest item (`-I`), as `item_size` counts it: appends may not pass it.
+    item_max: usize,
     /// The LRU clock: one tick per store or fetch, across shards.
     tick: AtomicU64,
     /// Relative time from which items stored earlier are invalid (delayed flush_all); 0 = none.
@@ -215,7 +237,13 @@ impl Shard {
 impl Store {
     /// A store holding at most `limit_bytes` of items.
     pub fn new(limit_bytes: usize) -> Store {
+        Store::with_item_max(limit_bytes, usize::MAX)
+    }
+
+    /// A store whose appends and prepends may not grow an item past `item_max`.
+    pub fn with_item_max(limit_bytes: usize, item_max: usize) -> Store {
         Store {
+            item_max,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::new())).collect(),
             hasher: ahash::RandomState::new(),
             used: AtomicUsize::new(0),
@@ -248,40 +276,60 @@ impl Store {
         self.tick.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Whether entry `e` is dead at `now` (expired or flushed).
+    /// Why entry `e` is dead at `now`, if it is.
     #[inline]
-    fn dead(&self, e: &Entry, now: u32) -> bool {
+    fn death(&self, e: &Entry, now: u32) -> Option<Lookup> {
         if e.exptime != 0 && e.exptime <= now {
-            return true;
+            return Some(Lookup::Expired);
         }
         let flush_at = self.flush_at.load(Ordering::Relaxed);
-        flush_at != 0 && flush_at <= now && e.stored_at < flush_at
+        (flush_at != 0 && flush_at <= now && e.stored_at < flush_at).then_some(Lookup::Flushed)
     }
 
-    /// Find a live entry, dropping it if it is dead.
-    fn live(&self, shard: &mut Shard, hash: u64, key: &[u8], now: u32) -> Option<u32> {
-        let i = shard.find(hash, key)?;
-        if self.dead(&shard.entries[i as usize], now) {
+    #[inline]
+    fn dead(&self, e: &Entry, now: u32) -> bool {
+        self.death(e, now).is_some()
+    }
+
+    /// Find a live entry, dropping it if it is dead (and saying why).
+    fn find_live(&self, shard: &mut Shard, hash: u64, key: &[u8], now: u32) -> Result<u32, Lookup> {
+        let i = shard.find(hash, key).ok_or(Lookup::Miss)?;
+        if let Some(why) = self.death(&shard.entries[i as usize], now) {
             let (e, charge) = shard.remove(i);
             if !e.fetched {
                 shard.expired_unfetched += 1;
             }
             shard.reclaimed += 1;
             self.used.fetch_sub(charge, Ordering::Relaxed);
-            return None;
+            return Err(why);
         }
-        Some(i)
+        Ok(i)
+    }
+
+    fn live(&self, shard: &mut Shard, hash: u64, key: &[u8], now: u32) -> Option<u32> {
+        self.find_live(shard, hash, key, now).ok()
+    }
+
+    /// Read an item, marking it recently used; with `touch`, also give it that expiry (gat).
+    pub fn lookup(&self, key: &[u8], touch: Option<u32>, now: u32) -> Lookup {
+        let (hash, shard) = self.locate(key);
+        let mut shard = shard.lock();
+        let i = match self.find_live(&mut shard, hash, key, now) {
+            Ok(i) => i,
+            Err(why) => return why,
+        };
+        shard.bump(i, self.next_tick());
+        let e = &mut shard.entries[i as usize];
+        if let Some(exptime) = touch {
+            e.exptime = exptime;
+        }
+        e.fetched = true;
+        Lookup::Hit(Item { value: e.value.clone(), flags: e.flags, cas: e.cas, exptime: e.exptime })
     }
 
     /// Read an item, marking it recently used.
     pub fn get(&self, key: &[u8], now: u32) -> Option<Item> {
-        let (hash, shard) = self.locate(key);
-        let mut shard = shard.lock();
-        let i = self.live(&mut shard, hash, key, now)?;
-        shard.bump(i, self.next_tick());
-        let e = &mut shard.entries[i as usize];
-        e.fetched = true;
-        Some(Item { value: e.value.clone(), flags: e.flags, cas: e.cas, exptime: e.exptime })
+        self.lookup(key, None, now).hit()
     }
 
     /// Whether a live item exists (no LRU bump).
@@ -293,14 +341,7 @@ impl Store {
 
     /// Set a new expiry and read the item (gat); `touch` is this without the value.
     pub fn touch(&self, key: &[u8], exptime: u32, now: u32) -> Option<Item> {
-        let (hash, shard) = self.locate(key);
-        let mut shard = shard.lock();
-        let i = self.live(&mut shard, hash, key, now)?;
-        shard.bump(i, self.next_tick());
-        let e = &mut shard.entries[i as usize];
-        e.exptime = exptime;
-        e.fetched = true;
-        Some(Item { value: e.value.clone(), flags: e.flags, cas: e.cas, exptime: e.exptime })
+        self.lookup(key, Some(exptime), now).hit()
     }
 
     /// Store `value` under `key` as `mode` says, with the new cas `cas`.
@@ -329,6 +370,12 @@ impl Store {
             (Mode::Cas(want), Some(i)) if shard.entries[i as usize].cas != want => return Stored::Exists,
             (Mode::Append(want) | Mode::Prepend(want), Some(i)) if want != 0 && shard.entries[i as usize].cas != want => {
                 return Stored::Exists
+            }
+            (Mode::Append(_) | Mode::Prepend(_), Some(i))
+                if item_size(key.len(), shard.entries[i as usize].value.len() + value.len(), shard.entries[i as usize].flags) > self.item_max =>
+            {
+                // memcached refuses to grow an item past the item size limit.
+                return Stored::NotStored;
             }
             (Mode::Append(_), Some(i)) => {
                 let e = &shard.entries[i as usize];
@@ -537,13 +584,29 @@ impl Store {
     }
 }
 
-/// A counter value as memcached reads one: optional leading spaces, decimal digits fitting in
-/// 64 bits, then only spaces (or CR/LF).
+/// A counter value as memcached reads one (strtoull): leading white space, an optional '+',
+/// decimal digits fitting in 64 bits, then the end or white space (what follows is ignored).
 pub fn parse_counter(value: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(value).ok()?;
-    let trimmed = text.trim_start_matches(' ').trim_end_matches([' ', '\r', '\n']);
-    if trimmed.is_empty() || !trimmed.bytes().all(|b| b.is_ascii_digit()) {
+    let is_space = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
+    let mut i = value.iter().take_while(|&&b| is_space(b)).count();
+    if value.get(i) == Some(&b'+') {
+        i += 1;
+    }
+    let digits = value[i..].iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 {
         return None;
     }
-    trimmed.parse::<u64>().ok()
+    if let Some(&next) = value.get(i + digits) {
+        if !is_space(next) {
+            return None;
+        }
+    }
+    std::str::from_utf8(&value[i..i + digits]).ok()?.parse::<u64>().ok()
+}
+
+/// An item's size as memcached counts it against `-I`: a 48-byte header, 8 bytes of cas, the
+/// key and its NUL, the value and its "\r\n", and 4 more when it has flags. What fits stock
+/// memcached fits here, and nothing larger.
+pub fn item_size(key: usize, value: usize, flags: u32) -> usize {
+    48 + 8 + key + 1 + value + 2 + if flags != 0 { 4 } else { 0 }
 }

@@ -201,7 +201,7 @@ pub fn parse(line: &[u8]) -> Result<Command<'_>, Reject> {
             want((2..=4).contains(&n))?;
             let nr = noreply(&tokens);
             let delay = if n != if nr { 3 } else { 2 } {
-                parse_i32(tokens[1]).ok_or(Reject::Client { message: BAD_FORMAT, noreply: nr })?
+                parse_i32(tokens[1]).ok_or(Reject::Client { message: "invalid exptime argument", noreply: nr })?
             } else {
                 0
             };

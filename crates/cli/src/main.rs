@@ -75,6 +75,10 @@ enum CacheCommand {
         /// CPUs to pin the cores to, comma-separated (default: this process's CPUs).
         #[arg(long, value_delimiter = ',')]
         cpus: Option<Vec<usize>>,
+        /// Microseconds a core keeps polling after its last request before it sleeps (0:
+        /// sleep at once, as memcached does).
+        #[arg(long, default_value_t = 0)]
+        spin_us: u64,
     },
 }
 
@@ -300,7 +304,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{:<40} {:>8.1} MiB  {}", p.key, p.size_bytes as f64 / (1 << 20) as f64, p.top_level.join(" "));
             }
         }
-        Command::Cache(CacheCommand::Serve { port, listen, memory_mb, cores, max_conns, item_max, cpus }) => {
+        Command::Cache(CacheCommand::Serve { port, listen, memory_mb, cores, max_conns, item_max, cpus, spin_us }) => {
             log_init("info");
             let item_max = sprout_cache::server::parse_size(&item_max)?;
             if item_max < 1024 {
@@ -314,6 +318,7 @@ fn run(cli: Cli) -> Result<()> {
                 max_conns: max_conns.max(1),
                 item_max,
                 cpus,
+                spin_us,
             };
             sprout_cache::server::serve_until_signal(settings, |server| {
                 tracing::info!("sprout cache listening on {} with {} cores (CPUs {:?})", server.addr(), server.shared().settings.cores, server.cpus());

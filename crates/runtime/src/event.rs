@@ -297,7 +297,12 @@ impl Core {
 }
 
 /// The event loop of one core, run on its own (pinned) thread until the runtime stops.
-pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll) {
+///
+/// `spin`: after the last event, keep polling (without sleeping) this long before blocking in
+/// epoll_wait. Under load this saves the sleep and wake-up of every request, which in a
+/// virtual machine cost an exit and an interrupt each (EbbRT polls its device the same way
+/// while busy); an idle core still sleeps once `spin` has passed.
+pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, spin: Duration) {
     let registry = poll.registry().try_clone().expect("cloning the epoll registry");
     let core = Core {
         id,
@@ -312,6 +317,7 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll) {
     };
     CURRENT.with(|c| c.set(&core));
     let mut events = Events::with_capacity(1024);
+    let mut last_work = Instant::now();
     loop {
         core.drain_inbox();
         core.run_events();
@@ -322,7 +328,8 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll) {
         }
         let busy = !core.queue.borrow().is_empty() || !core.notified.borrow().is_empty();
         let idling = !core.idle.borrow().is_empty();
-        let timeout = if busy || idling { Some(Duration::ZERO) } else { next_timer };
+        let spinning = !spin.is_zero() && last_work.elapsed() < spin;
+        let timeout = if busy || idling || spinning { Some(Duration::ZERO) } else { next_timer };
         if let Err(e) = poll.poll(&mut events, timeout) {
             if e.kind() != std::io::ErrorKind::Interrupted {
                 tracing::error!(core = id, "epoll failed: {e}");
@@ -342,6 +349,11 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll) {
                 notified: false,
             };
             core.dispatch_io(event.token(), ready);
+        }
+        if io_events > 0 || busy {
+            if !spin.is_zero() {
+                last_work = Instant::now();
+            }
         }
         if io_events == 0 && idling && core.queue.borrow().is_empty() {
             core.run_idle();

@@ -36,7 +36,7 @@
 //!     }
 //! }
 //!
-//! let rt = Runtime::builder().cores(2).pin(false).build().unwrap();
+//! let rt = Runtime::builder().cores(2).build().unwrap();
 //! let counter = EbbRef::<Counter>::create(());
 //! for core in 0..2 {
 //!     rt.spawn_on(core, move || {
