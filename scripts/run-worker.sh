@@ -11,6 +11,12 @@ if $sprout worker status worker >/dev/null 2>&1; then
 else
     $sprout worker up worker --detach
 fi
+# The cache tier beside it (the visits example uses it): the memcached-compatible Sprout cache.
+if ! (exec 3<>/dev/tcp/127.0.0.1/11211) 2>/dev/null; then
+    nohup $sprout cache serve -p 11211 -m 64 -t 1 >worker/cache.log 2>&1 &
+    echo $! >worker/cache.pid
+    echo "==> cache on 127.0.0.1:11211 (pid $(cat worker/cache.pid); log worker/cache.log)"
+fi
 for lambda in examples/lambdas/*/; do
     $sprout deploy "$lambda" >/dev/null
     echo "deployed $(basename "$lambda")"
@@ -22,7 +28,9 @@ The worker is serving on http://127.0.0.1:5000. Try:
   curl localhost:5000/run/hello/ada
   curl -X POST localhost:5000/run/fail -d 1          # 500, with the traceback
   curl -X POST localhost:5000/run/jinja -d '{"name": "ada"}'   # a lambda with a package
+  curl -X POST localhost:5000/run/visits -d '{"page": "home"}' # counts in the cache tier
   target/release/sprout zygotes worker               # the import cache's Zygotes
   curl localhost:5000/stats
 Its log is worker/worker.log; stop it with: target/release/sprout worker down worker
+(and the cache with: kill $(cat worker/cache.pid))
 USAGE

@@ -32,8 +32,10 @@ pub struct Options {
     pub small_value: usize,
     pub seconds: u64,
     pub repeats: usize,
-    /// CPU for memaslap.
+    /// CPU for the generators.
     pub client_cpu: usize,
+    /// Also run Sprout's own generator (exact latencies) at every point.
+    pub exact: bool,
 }
 
 /// One memaslap run.
@@ -191,23 +193,59 @@ fn summarize(runs: &[Run]) -> Value {
     })
 }
 
+/// Sprout's generator, on its own thread pinned to the client CPU.
+fn exact_run(port: u16, conns: usize, value: usize, opts: &Options) -> Result<Run> {
+    let (cpu, seconds) = (opts.client_cpu, opts.seconds as f64);
+    let r = std::thread::spawn(move || {
+        let _ = crate::worker::pin_to(cpu);
+        crate::cache_load::run(([127, 0, 0, 1], port).into(), conns, value, 10_000, seconds)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the load generator panicked"))??;
+    Ok(Run { ops_per_s: r.ops_per_s, p50_us: r.p50_us, p99_us: r.p99_us, avg_us: r.mean_us })
+}
+
 /// Run one point on both servers, `repeats` times, alternating which goes first.
-fn point(servers: &[Server; 2], conns: usize, config: &Path, opts: &Options, label: &str) -> Result<Value> {
+fn point(servers: &[Server; 2], conns: usize, value: usize, config: &Path, opts: &Options, label: &str) -> Result<Value> {
     let mut runs: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
+    let mut exact: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
     for r in 0..opts.repeats {
         let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
         for i in order {
             runs[i].push(memaslap(servers[i].port, conns, config, opts.seconds, opts.client_cpu)?);
+            if opts.exact {
+                exact[i].push(exact_run(servers[i].port, conns, value, opts)?);
+            }
         }
     }
     let mut entry = Map::new();
     for (i, system) in SYSTEMS.iter().enumerate() {
-        entry.insert(system.to_string(), summarize(&runs[i]));
+        let mut summary = summarize(&runs[i]);
+        if opts.exact {
+            summary["exact"] = summarize(&exact[i]);
+        }
+        entry.insert(system.to_string(), summary);
+    }
+    if opts.exact {
+        let e = |s: &str| entry[s]["exact"]["ops_per_s"].as_f64().unwrap_or(0.0);
+        let ratio = e("sprout") / e("memcached").max(1.0);
+        entry.insert("exact_sprout_over_memcached".into(), json!((ratio * 1000.0).round() / 1000.0));
     }
     let ratio = entry["sprout"]["ops_per_s"].as_f64().unwrap_or(0.0) / entry["memcached"]["ops_per_s"].as_f64().unwrap_or(1.0).max(1.0);
     entry.insert("sprout_over_memcached".into(), json!((ratio * 1000.0).round() / 1000.0));
+    if opts.exact {
+        eprintln!(
+            "  {label:<22} exact: memcached {:>9.0} ops/s p50 {:>6.1} p99 {:>7.1} µs | sprout {:>9.0} ops/s p50 {:>6.1} p99 {:>7.1} µs",
+            entry["memcached"]["exact"]["ops_per_s"].as_f64().unwrap_or(0.0),
+            entry["memcached"]["exact"]["p50_us"].as_f64().unwrap_or(0.0),
+            entry["memcached"]["exact"]["p99_us"].as_f64().unwrap_or(0.0),
+            entry["sprout"]["exact"]["ops_per_s"].as_f64().unwrap_or(0.0),
+            entry["sprout"]["exact"]["p50_us"].as_f64().unwrap_or(0.0),
+            entry["sprout"]["exact"]["p99_us"].as_f64().unwrap_or(0.0),
+        );
+    }
     eprintln!(
-        "  {label:<22} memcached {:>9.0} ops/s p99 {:>7.1} µs | sprout {:>9.0} ops/s p99 {:>7.1} µs | ×{ratio:.2}",
+        "  {label:<22} memaslap: memcached {:>9.0} ops/s p99 {:>7.1} µs | sprout {:>9.0} ops/s p99 {:>7.1} µs | ×{ratio:.2}",
         entry["memcached"]["ops_per_s"].as_f64().unwrap_or(0.0),
         entry["memcached"]["p99_us"].as_f64().unwrap_or(0.0),
         entry["sprout"]["ops_per_s"].as_f64().unwrap_or(0.0),
@@ -228,18 +266,19 @@ pub fn run(opts: &Options) -> Result<Value> {
         let mut by_conns = Map::new();
         let small = write_config(&work, opts.small_value)?;
         for &conns in &opts.connections {
-            by_conns.insert(conns.to_string(), point(&servers, conns, &small, opts, &format!("{conns} conns, {} B", opts.small_value))?);
+            by_conns.insert(conns.to_string(), point(&servers, conns, opts.small_value, &small, opts, &format!("{conns} conns, {} B", opts.small_value))?);
         }
         let mut by_size = Map::new();
         for &size in &opts.value_sizes {
             let config = write_config(&work, size)?;
-            by_size.insert(size.to_string(), point(&servers, opts.value_connections, &config, opts, &format!("{} conns, {size} B", opts.value_connections))?);
+            by_size.insert(size.to_string(), point(&servers, opts.value_connections, size, &config, opts, &format!("{} conns, {size} B", opts.value_connections))?);
         }
         cores_json.insert(budget.to_string(), json!({ "cpus": cpus, "connections": by_conns, "value_bytes": by_size }));
     }
     let results = json!({
         "machine": report::machine(),
         "generator": "memaslap (Debian's memcaslap, libmemcached-tools), 1 thread, 9:1 get:set, 32-byte keys",
+        "exact_generator": if opts.exact { "sprout-bench's own: 1 pinned thread, closed loop, one request in flight per connection, 9:1 get:set over 10,000 31-byte keys, latency of every request in an HdrHistogram (field `exact`)" } else { "not run" },
         "method": {
             "pinning": format!("servers pinned to CPUs 0..cores (taskset; sprout also pins each core's thread); memaslap on CPU {}; with 2 server cores the generator shares CPU 1 with one of them", opts.client_cpu),
             "seconds_per_run": opts.seconds,
@@ -262,19 +301,28 @@ fn memcached_version() -> String {
 }
 
 fn markdown(r: &Value) -> String {
-    let mut md = format!("# Cache: Sprout against memcached (EbbRT figures 4 and 6)\n\n{}\n\n{}; {}\n\n", r["machine"].as_str().unwrap_or(""), r["generator"].as_str().unwrap_or(""), r["method"]["pinning"].as_str().unwrap_or(""));
+    let mut md = format!(
+        "# Cache: Sprout against memcached (EbbRT figures 4 and 6)\n\n{}\n\nmemaslap: {}. Exact: {}. {}.\n",
+        r["machine"].as_str().unwrap_or(""),
+        r["generator"].as_str().unwrap_or(""),
+        r["exact_generator"].as_str().unwrap_or(""),
+        r["method"]["pinning"].as_str().unwrap_or(""),
+    );
     let Some(cores) = r["cores"].as_object() else { return md };
     for (budget, c) in cores {
         for (sweep, title) in [("connections", "connections"), ("value_bytes", "value bytes")] {
-            md += &format!("\n## {budget} core(s), by {title}\n\n| {title} | memcached ops/s | sprout ops/s | sprout / memcached | memcached p50 / p99 (µs) | sprout p50 / p99 (µs) |\n|---:|---:|---:|---:|---:|---:|\n");
+            md += &format!(
+                "\n## {budget} core(s), by {title}\n\n| {title} | memcached ops/s | sprout ops/s | ratio | p50 / p99 µs, memcached | p50 / p99 µs, sprout | exact ratio | exact p50 / p99 µs, memcached | exact p50 / p99 µs, sprout |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            );
             let Some(points) = c[sweep].as_object() else { continue };
             let mut keys: Vec<&String> = points.keys().collect();
             keys.sort_by_key(|k| k.parse::<usize>().unwrap_or(0));
             for k in keys {
                 let p = &points[k];
                 let f = |s: &str, f: &str| p[s][f].as_f64().unwrap_or(0.0);
+                let e = |s: &str, f: &str| p[s]["exact"][f].as_f64().unwrap_or(0.0);
                 md += &format!(
-                    "| {k} | {:.0} | {:.0} | **{:.2}×** | {:.0} / {:.0} | {:.0} / {:.0} |\n",
+                    "| {k} | {:.0} | {:.0} | **{:.2}×** | {:.0} / {:.0} | {:.0} / {:.0} | **{:.2}×** | {:.0} / {:.0} | {:.0} / {:.0} |\n",
                     f("memcached", "ops_per_s"),
                     f("sprout", "ops_per_s"),
                     p["sprout_over_memcached"].as_f64().unwrap_or(0.0),
@@ -282,6 +330,11 @@ fn markdown(r: &Value) -> String {
                     f("memcached", "p99_us"),
                     f("sprout", "p50_us"),
                     f("sprout", "p99_us"),
+                    p["exact_sprout_over_memcached"].as_f64().unwrap_or(0.0),
+                    e("memcached", "p50_us"),
+                    e("memcached", "p99_us"),
+                    e("sprout", "p50_us"),
+                    e("sprout", "p99_us"),
                 );
             }
         }

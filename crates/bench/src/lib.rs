@@ -13,6 +13,7 @@
 //!   mounts, namespace creation and teardown, cgroup reuse against creation.
 
 pub mod cache;
+pub mod cache_load;
 pub mod packages;
 pub mod primitives;
 pub mod report;

@@ -1,8 +1,8 @@
 //! The meta commands of memcached 1.6 (`protocol.txt`, "Meta Commands"): mg, ms, md, ma,
 //! mn. Each takes single-letter flags, some with a token (`T30`, `Oabc`), and answers with a
 //! two-letter code (HD, VA, EN, NS, EX, NF) followed by the flags asked to be returned.
-//! Supported: mg `c f k O q s t v T E`-less subset below; ms `c C F I k O q T M`; md `C k O
-//! q`; ma `c C D J k M N O q t T v`; `b` (base64 keys) on all.
+//! Supported: mg `c f k O q s t T u v`; ms `c C F k O q T M`; md `C k O q`; ma `c C D J k M
+//! N O q t T v`; `b` (base64 keys) on all; `h l I x` are accepted and ignored.
 
 use crate::output::Output;
 use crate::session::{Env, Next, Reply, StoreOp};

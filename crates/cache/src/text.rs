@@ -50,17 +50,37 @@ pub enum Reject {
 
 pub const BAD_FORMAT: &str = "bad command line format";
 
+/// A line's tokens, in place (no allocation per command).
+pub struct Tokens<'a> {
+    slots: [&'a [u8]; MAX_TOKENS],
+    len: usize,
+}
+
+impl<'a> std::ops::Deref for Tokens<'a> {
+    type Target = [&'a [u8]];
+    fn deref(&self) -> &[&'a [u8]] {
+        &self.slots[..self.len]
+    }
+}
+
+impl<'a> Tokens<'a> {
+    fn push(&mut self, t: &'a [u8]) {
+        self.slots[self.len] = t;
+        self.len += 1;
+    }
+}
+
 /// Split a line on spaces as memcached's tokenize_command: runs of spaces separate, the
 /// 23rd token holds the rest of the line.
-pub fn tokenize(line: &[u8]) -> Vec<&[u8]> {
-    let mut tokens = Vec::with_capacity(8);
+pub fn tokenize(line: &[u8]) -> Tokens<'_> {
+    let mut tokens = Tokens { slots: [&[]; MAX_TOKENS], len: 0 };
     let mut start = 0;
     let mut i = 0;
     while i < line.len() {
         if line[i] == b' ' {
             if start != i {
                 tokens.push(&line[start..i]);
-                if tokens.len() == MAX_TOKENS - 1 {
+                if tokens.len == MAX_TOKENS - 1 {
                     start = i + 1;
                     // memcached keeps the unprocessed rest as a final value.
                     if start < line.len() {
@@ -247,7 +267,7 @@ mod tests {
 
     #[test]
     fn tokenizes_like_memcached() {
-        assert_eq!(tokenize(b"  set  k 0 0 1 "), vec![&b"set"[..], b"k", b"0", b"0", b"1"]);
+        assert_eq!(&*tokenize(b"  set  k 0 0 1 "), &[&b"set"[..], b"k", b"0", b"0", b"1"][..]);
         let long: Vec<u8> = (0..30).map(|i| format!("k{i} ")).collect::<String>().into_bytes();
         let t = tokenize(&long);
         assert_eq!(t.len(), 24);

@@ -207,9 +207,12 @@ enum BenchCommand {
         /// Runs per point and server (the median is reported).
         #[arg(long, default_value_t = 3)]
         repeats: usize,
-        /// CPU for memaslap.
+        /// CPU for the load generators.
         #[arg(long, default_value_t = 1)]
         client_cpu: usize,
+        /// Skip Sprout's own generator (exact latencies) and run memaslap alone.
+        #[arg(long)]
+        memaslap_only: bool,
     },
     /// Linux primitives behind containers (SOCK figures 1-5).
     Primitives {
@@ -366,7 +369,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Store { out, iterations, sizes, systems, repeats }) => {
             sprout_bench::store::run(&out, iterations, &sizes, &systems, repeats)?;
         }
-        Command::Bench(BenchCommand::Cache { out, cores, connections, values, value_connections, seconds, repeats, client_cpu }) => {
+        Command::Bench(BenchCommand::Cache { out, cores, connections, values, value_connections, seconds, repeats, client_cpu, memaslap_only }) => {
             let opts = sprout_bench::cache::Options {
                 out_dir: out,
                 sprout: std::env::current_exe()?,
@@ -378,6 +381,7 @@ fn run(cli: Cli) -> Result<()> {
                 seconds,
                 repeats: repeats.max(1),
                 client_cpu,
+                exact: !memaslap_only,
             };
             sprout_bench::cache::run(&opts)?;
         }
