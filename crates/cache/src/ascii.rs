@@ -10,9 +10,13 @@ use crate::stats::{CoreStats, Counters};
 use crate::store::{item_size, Deleted, DeltaError, Lookup, Mode};
 use crate::text::{self, Command, Reject, StoreKind};
 
-/// Handle the next command line in `input`, if it has a whole one.
-pub fn step(input: &mut BytesMut, env: &Env, out: &mut Output) -> Next {
-    let Some(nl) = memchr(b'\n', input) else {
+/// Handle the next command line in `input`, if it has a whole one. `scanned`: how much of
+/// `input` an earlier call already searched for a newline (so a long line arriving in small
+/// pieces is searched once, not once per piece); reset when a line is consumed.
+pub fn step(input: &mut BytesMut, scanned: &mut usize, env: &Env, out: &mut Output) -> Next {
+    let from = (*scanned).min(input.len());
+    let Some(nl) = memchr(b'\n', &input[from..]).map(|i| i + from) else {
+        *scanned = input.len();
         if input.len() > MAX_LINE {
             // memcached: a long line without a newline must be a multiget, else the
             // connection goes.
@@ -243,5 +247,5 @@ pub fn stats_reply(group: Option<&[u8]>, counters: &Counters, env: &Env, out: &m
 
 #[inline]
 pub fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
-    haystack.iter().position(|&b| b == needle)
+    memchr::memchr(needle, haystack)
 }

@@ -1,5 +1,5 @@
 //! A client connection on its core: reads what arrived, runs every complete command through
-//! its session, and writes all the replies with one writev — EbbRT's receive event, run to
+//! its session, and writes all the replies with one sendmsg — EbbRT's receive event, run to
 //! completion. A short read means the socket is drained (epoll reports new data as a new
 //! edge), so a request costs one read and one write, with no read that only says EAGAIN.
 

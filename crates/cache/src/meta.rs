@@ -194,7 +194,7 @@ fn get(key: &[u8], f: &Flags, env: &Env, out: &mut Output) {
     CoreStats::bump(&env.stats.cmd_get);
     let item = match f.ttl {
         Some(ttl) => store.touch(key, env.shared.clock.expiry(ttl), now),
-        None if f.no_bump => store.contains(key, now).then(|| store.get(key, now)).flatten(),
+        None if f.no_bump => store.peek(key, now),
         None => store.get(key, now),
     };
     let Some(item) = item else {
@@ -242,6 +242,7 @@ fn set(key: &[u8], datalen: usize, f: &Flags, env: &Env, out: &mut Output) -> Ne
             quiet: f.quiet,
             opaque: f.opaque.map(|o| o.to_vec()),
             ret: f.order.clone(),
+            base64: f.base64,
         },
         mode,
         key: key.to_vec(),
@@ -314,7 +315,17 @@ fn arithmetic(key: &[u8], f: &Flags, env: &Env, out: &mut Output) {
 }
 
 /// The reply to ms once its value is stored.
-pub fn store_reply(result: crate::store::Stored, key: &[u8], quiet: bool, opaque: Option<&[u8]>, order: Vec<u8>, out: &mut Output) {
+/// `key` is the stored (decoded) key; with `base64` it is returned encoded, as mg, md and ma
+/// return the key the client sent.
+pub fn store_reply(
+    result: crate::store::Stored,
+    key: &[u8],
+    base64: bool,
+    quiet: bool,
+    opaque: Option<&[u8]>,
+    order: Vec<u8>,
+    out: &mut Output,
+) {
     use crate::store::Stored;
     let (code, cas): (&[u8], Option<u64>) = match result {
         Stored::Stored(cas) => {
@@ -332,7 +343,11 @@ pub fn store_reply(result: crate::store::Stored, key: &[u8], quiet: bool, opaque
         }
     };
     out.put(code);
-    let f = Flags { order, opaque, ..Default::default() };
+    let encoded = base64.then(|| {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(key)
+    });
+    let f = Flags { order, opaque, base64, shown_key: encoded.as_deref().map(str::as_bytes), ..Default::default() };
     put_flags(out, &f, key, cas, None, None, None);
     out.put(b"\r\n");
 }

@@ -1,6 +1,6 @@
 //! A connection's outgoing bytes: small replies are written into one buffer, stored values
 //! are queued by reference (the `Bytes` the store holds) and the lot goes out with one
-//! `writev`, so a value is never copied on its way out.
+//! gathering `sendmsg`, so a value is never copied on its way out.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -12,7 +12,10 @@ use bytes::{Buf, Bytes, BytesMut};
 /// own and a reference count.
 pub const INLINE_VALUE_MAX: usize = 512;
 
-/// At most this many iovecs per writev (Linux's IOV_MAX is 1024).
+/// Copy small values into the reply buffer only while it holds less than this.
+const INLINE_LIMIT: usize = 1 << 20;
+
+/// At most this many iovecs per sendmsg (Linux's IOV_MAX is 1024).
 const MAX_IOVECS: usize = 64;
 
 #[derive(Default)]
@@ -50,9 +53,11 @@ impl Output {
         self.buf.extend_from_slice(&digits[i..]);
     }
 
-    /// A stored value: copied when small, else queued by reference.
+    /// A stored value: copied when small, else queued by reference. Once a reply has grown
+    /// past `INLINE_LIMIT` (a multi-get of many keys), small values go by reference too, so a
+    /// get line cannot make the connection copy more than that.
     pub fn put_value(&mut self, value: &Bytes) {
-        if value.len() <= INLINE_VALUE_MAX {
+        if value.len() <= INLINE_VALUE_MAX && self.buf.len() < INLINE_LIMIT {
             self.buf.extend_from_slice(value);
         } else {
             self.seal();
@@ -97,8 +102,16 @@ impl Output {
                 slices[count] = IoSlice::new(&self.buf);
                 count += 1;
             }
-            // SAFETY: IoSlice is ABI-compatible with iovec; the buffers outlive the call.
-            let n = unsafe { libc::writev(fd, slices.as_ptr() as *const libc::iovec, count as libc::c_int) };
+            // sendmsg rather than writev: the socket's own path, without the VFS layers, and
+            // MSG_NOSIGNAL so a peer that left gives EPIPE, never a signal.
+            // SAFETY: IoSlice is ABI-compatible with iovec; the buffers outlive the call, and
+            // msghdr is plain data.
+            let n = unsafe {
+                let mut msg: libc::msghdr = std::mem::zeroed();
+                msg.msg_iov = slices.as_ptr() as *mut libc::iovec;
+                msg.msg_iovlen = count as _;
+                libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+            };
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 match e.kind() {

@@ -52,7 +52,8 @@ pub enum Reply {
     Text { noreply: bool },
     Binary { opcode: u8, opaque: u32, quiet: bool },
     /// ms: a two-letter code and the flags it asked back.
-    Meta { quiet: bool, opaque: Option<Vec<u8>>, ret: Vec<u8> },
+    /// `base64`: the key came base64-encoded (`b`), and goes back so.
+    Meta { quiet: bool, opaque: Option<Vec<u8>>, ret: Vec<u8>, base64: bool },
 }
 
 /// A store command waiting for (or holding) its value.
@@ -102,6 +103,8 @@ impl StatsRequest {
 
 pub struct Session {
     proto: Proto,
+    /// Bytes of the read buffer already searched for a newline (text protocol).
+    scanned: usize,
     state: State,
     stats_request: Option<StatsRequest>,
 }
@@ -114,7 +117,7 @@ impl Default for Session {
 
 impl Session {
     pub fn new() -> Session {
-        Session { proto: Proto::Unknown, state: State::Ready, stats_request: None }
+        Session { proto: Proto::Unknown, scanned: 0, state: State::Ready, stats_request: None }
     }
 
     /// The stats a `Step::Stats` asked for.
@@ -177,8 +180,11 @@ impl Session {
                     }
                     let next = match self.proto {
                         Proto::Binary => binary::step(input, env, out),
-                        _ => ascii::step(input, env, out),
+                        _ => ascii::step(input, &mut self.scanned, env, out),
                     };
+                    if !matches!(next, Next::NeedMore) {
+                        self.scanned = 0;
+                    }
                     match next {
                         Next::Continue => {}
                         Next::NeedMore => return Step::NeedMore,
@@ -278,6 +284,8 @@ pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Out
             }
         }
         Reply::Binary { opcode, opaque, quiet } => binary::store_reply(opcode, opaque, quiet, result, out),
-        Reply::Meta { quiet, opaque, ret } => crate::meta::store_reply(result, &op.key, quiet, opaque.as_deref(), ret, out),
+        Reply::Meta { quiet, opaque, ret, base64 } => {
+            crate::meta::store_reply(result, &op.key, base64, quiet, opaque.as_deref(), ret, out)
+        }
     }
 }

@@ -327,6 +327,15 @@ impl Store {
         Lookup::Hit(Item { value: e.value.clone(), flags: e.flags, cas: e.cas, exptime: e.exptime })
     }
 
+    /// Read an item without marking it used (meta get's `u`).
+    pub fn peek(&self, key: &[u8], now: u32) -> Option<Item> {
+        let (hash, shard) = self.locate(key);
+        let mut shard = shard.lock();
+        let i = self.live(&mut shard, hash, key, now)?;
+        let e = &shard.entries[i as usize];
+        Some(Item { value: e.value.clone(), flags: e.flags, cas: e.cas, exptime: e.exptime })
+    }
+
     /// Read an item, marking it recently used.
     pub fn get(&self, key: &[u8], now: u32) -> Option<Item> {
         self.lookup(key, None, now).hit()

@@ -81,3 +81,12 @@ fn oversized_values_are_swallowed() {
         assert!(o.peak_held <= 3100, "chunking {c0}: held {}", o.peak_held);
     }
 }
+
+/// Found by the fuzzer (`meta_set_base64_key_returned_decoded`): `ms` with `b` (base64 key)
+/// and `k` returned the decoded key raw, without `b`, so a key decoding to a space or a
+/// newline broke the reply line. Like mg, md and ma, it returns the key as the client sent it.
+#[test]
+fn meta_set_returns_a_base64_key_encoded() {
+    let o = fuzz_driver::run_stream([0, 0], b"ms IA== 2 b k\r\nhi\r\nms DQo= 1 b k c\r\nx\r\nmg DQo= b k v\r\n", true);
+    assert_eq!(o.output, b"HD kIA== b\r\nHD kDQo= c3 b\r\nVA 1 kDQo= b\r\nx\r\n");
+}

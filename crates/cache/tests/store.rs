@@ -163,3 +163,16 @@ fn concurrent_cores_keep_the_accounting_exact() {
     assert_eq!(st.bytes as usize, st.curr_items as usize * per_item, "bytes must equal the charges of the items held");
     assert!(st.evictions > 0);
 }
+
+#[test]
+fn peek_reads_without_changing_the_lru_order() {
+    let per_item = 4 + 1000 + ITEM_OVERHEAD;
+    let s = Store::new(per_item * 3);
+    for i in 0..3 {
+        set(&s, &format!("k{i:03}"), &"v".repeat(1000), i + 1);
+    }
+    assert!(s.peek(b"k000", NOW).is_some(), "peek reads the value");
+    set(&s, "k003", &"v".repeat(1000), 4);
+    assert!(value(&s, "k000").is_none(), "a peeked item stays least recently used");
+    assert!(value(&s, "k001").is_some());
+}

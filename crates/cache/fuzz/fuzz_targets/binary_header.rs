@@ -20,27 +20,37 @@ fn stats_ebb() -> EbbRef<CoreStats> {
     *EBB.get_or_init(|| EbbRef::create(StatsRoot { cores: 1 }))
 }
 
-/// The replies, as bytes: `Output` writes only to a file descriptor.
+/// The replies, as bytes: `Output` sends only to a file descriptor (a socket), so it sends to
+/// one end of a Unix socket pair and this reads the other.
 fn replies(out: &mut Output) -> Vec<u8> {
-    use std::io::{Read, Seek};
-    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
     thread_local! {
-        static FILE: std::cell::RefCell<std::fs::File> = std::cell::RefCell::new({
-            // SAFETY: a NUL-terminated name; the new fd is owned by the File.
-            let fd = unsafe { libc::memfd_create(c"binary-header".as_ptr(), libc::MFD_CLOEXEC) };
-            assert!(fd >= 0, "memfd_create failed");
-            unsafe { std::fs::File::from_raw_fd(fd) }
-        });
+        static PAIR: (UnixStream, UnixStream) = {
+            let (a, b) = UnixStream::pair().expect("socketpair");
+            a.set_nonblocking(true).unwrap();
+            b.set_nonblocking(true).unwrap();
+            (a, b)
+        };
     }
-    FILE.with(|f| {
-        let mut f = f.borrow_mut();
-        f.set_len(0).unwrap();
-        f.rewind().unwrap();
-        assert!(out.flush(f.as_raw_fd()).unwrap());
-        f.rewind().unwrap();
+    PAIR.with(|(ours, peer)| {
         let mut v = Vec::new();
-        f.read_to_end(&mut v).unwrap();
-        v
+        let mut chunk = [0u8; 64 * 1024];
+        loop {
+            let done = out.flush(ours.as_raw_fd()).expect("send replies");
+            loop {
+                match (&*peer).read(&mut chunk) {
+                    Ok(0) => break,
+                    Ok(n) => v.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("read replies: {e}"),
+                }
+            }
+            if done {
+                return v;
+            }
+        }
     })
 }
 

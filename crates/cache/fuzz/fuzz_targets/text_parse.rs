@@ -31,7 +31,7 @@ fn check_line(line: &[u8]) {
         let squeezed: Vec<u8> = line.iter().copied().filter(|&b| b != b' ').collect();
         assert_eq!(joined, squeezed);
     }
-    for t in &tokens {
+    for t in tokens.iter() {
         if let Some(v) = text::parse_u64(t) {
             let digits = t.strip_prefix(b"+").unwrap_or(t);
             assert!(digits.iter().all(u8::is_ascii_digit));

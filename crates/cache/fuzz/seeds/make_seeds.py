@@ -70,6 +70,37 @@ TEXT_BASIC = (
     b"get after_quit\r\n"
 )
 
+# Meta commands (Zm9v is base64 for "foo").
+TEXT_META = (
+    b"ms foo 3 T0 F5 c k\r\nbar\r\n"
+    b"mg foo v f k c s t\r\n"
+    b"mg foo q k O123\r\n"
+    b"mg missing v q\r\n"
+    b"mg missing v\r\n"
+    b"mg foo u v T30\r\n"
+    b"ms Zm9v 2 b k c\r\nhi\r\n"
+    b"mg Zm9v b v k\r\n"
+    b"md Zm9v b k q\r\n"
+    b"ma n N0 J10 v\r\n"
+    b"ma n D5 MD v c\r\n"
+    b"ma n q\r\n"
+    b"ma foo\r\n"
+    b"ms foo 3 MA\r\nxyz\r\n"
+    b"ms foo 3 MP C1\r\nabc\r\n"
+    b"ms foo 2 ME\r\nzz\r\n"
+    b"ms foo 2 MR I\r\nzz\r\n"
+    b"ms foo x\r\n"
+    b"ms foo 2 Z\r\nzz\r\n"
+    b"ms foo 2 MX\r\nzz\r\n"
+    b"ms foo 2\r\nzzzz\r\n"
+    b"ms !!!! 2 b\r\nzz\r\n"
+    b"md foo k O9\r\n"
+    b"md foo\r\n"
+    b"mg\r\n"
+    b"mn\r\n"
+    b"me foo\r\n"
+)
+
 BINARY_BASIC = b"".join([
     pkt(0x01, b"foo", set_extras(7, 0), b"bar", opaque=1),
     pkt(0x00, b"foo", opaque=2),
@@ -131,6 +162,9 @@ SESSION = {
     "text_long_line_closes": ([K512, 5], b"xyz " * 700 + b"\r\nversion\r\n", True),
     "text_http": ([WHOLE, 0], b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", True),
     "text_bare_lf_cr": ([ONE, 0], b"\r\n\n\r\r\nversion\nmn\r\n", True),
+    "text_meta": ([WHOLE, 0], TEXT_META, False),
+    "text_meta_chunked": ([SEVEN, 3], TEXT_META, True),
+    "text_meta_oversized": ([K64, 0], b"ms big 70000 T0\r\n" + b"q" * 1000 + b"\r\nmn\r\n", True),
     "text_many_tokens": ([WHOLE, 0], b"get " + b" ".join(b"k%d" % i for i in range(40)) + b"\r\n", False),
     "binary_basic": ([WHOLE, 0], BINARY_BASIC, False),
     "binary_basic_bytewise": ([ONE, 0], BINARY_BASIC, True),
@@ -154,6 +188,7 @@ TEXT_PARSE = {
     "spaces": b"   get   a  b   \r\n \r\n\r\nset  k  0  0  1  noreply  \r\n",
     "tokens": b" ".join(b"t%d" % i for i in range(30)) + b"\n" + b"get " + b" ".join(b"k%d" % i for i in range(30)),
     "meta": b"mg key v f t\r\nms key 2 T0\r\nmd key q\r\nma key\r\nmn\r\nme key\r\nmz\r\n",
+    "meta_session": TEXT_META,
     "http": b"GET /index.html HTTP/1.1\r\nPOST / HTTP/1.0\r\n",
 }
 

@@ -14,19 +14,26 @@
 //! Invariants:
 //! * nothing panics (in the crate or here);
 //! * binary: every batch of output is whole response packets, each starting with magic 0x81
-//!   with keylen + extlen <= bodylen; text: every non-empty batch ends with "\r\n";
+//!   with keylen + extlen <= bodylen; text: every batch is whole replies: lines that begin
+//!   with a reply word memcached uses (or a number, for incr/decr), with no newline inside
+//!   (clients read replies line by line), meta replies made of non-empty space-separated
+//!   tokens, each `VALUE` and `VA` line
+//!   followed by exactly the data block it announces and "\r\n";
 //! * a direct (value) buffer is only offered while it still needs bytes, and while it exists
 //!   the read buffer is empty;
 //! * memory: what the session holds (the unconsumed read buffer plus the capacity of a direct
 //!   buffer) never exceeds the bytes fed so far + 64 KiB;
 //! * the store's `used()` never exceeds its limit + one item max, and after `flush_all` the
-//!   charged bytes go back to exactly 0 (no accounting drift).
+//!   charged bytes go back to exactly 0 (no accounting drift);
+//! * chunking changes nothing: `run` also feeds the stream whole and compares the replies,
+//!   unless the difference is legitimate: the chunked run closed on memcached's long-line rule
+//!   (a partial line over 2048 bytes that is not a get), a reply holds the time-dependent
+//!   general stats, or a clock second passed during either run.
 
 #![allow(dead_code)]
 
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, OnceLock};
 
 use bytes::BytesMut;
@@ -69,21 +76,26 @@ pub struct Outcome {
     pub peak_held: usize,
     /// Whether a direct buffer was ever handed out.
     pub used_direct: bool,
+    /// Closed on the long-line rule: a partial text line over MAX_LINE bytes, not a get.
+    pub long_line_close: bool,
+    /// The store's clock at the end (2 unless a second passed during the run).
+    pub end_now: u32,
 }
 
-/// Where replies go: `Output` only writes to a file descriptor, so an anonymous memory file
-/// stands in for the socket.
+/// Where replies go: `Output` sends only to a file descriptor (a socket), so one end of a
+/// Unix socket pair stands in for the client's connection, and the driver reads the other.
 struct Sink {
-    file: File,
+    ours: std::os::unix::net::UnixStream,
+    peer: std::os::unix::net::UnixStream,
     batch: Vec<u8>,
 }
 
 impl Sink {
     fn new() -> Sink {
-        // SAFETY: memfd_create with a NUL-terminated name; the fd is owned by the File.
-        let fd = unsafe { libc::memfd_create(c"sprout-fuzz-out".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-        Sink { file: unsafe { File::from_raw_fd(fd) }, batch: Vec::new() }
+        let (ours, peer) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        ours.set_nonblocking(true).unwrap();
+        peer.set_nonblocking(true).unwrap();
+        Sink { ours, peer, batch: Vec::new() }
     }
 
     /// Take what `out` holds into `self.batch`.
@@ -93,13 +105,24 @@ impl Sink {
             return;
         }
         let pending = out.pending();
-        let done = out.flush(self.file.as_raw_fd()).expect("write replies");
-        assert!(done && out.is_empty(), "a file takes every byte");
-        self.file.seek(SeekFrom::Start(0)).unwrap();
-        self.file.read_to_end(&mut self.batch).unwrap();
-        assert_eq!(self.batch.len(), pending, "pending() counts what flush writes");
-        self.file.set_len(0).unwrap();
-        self.file.seek(SeekFrom::Start(0)).unwrap();
+        loop {
+            let done = out.flush(self.ours.as_raw_fd()).expect("send replies");
+            // Read what the socket holds (all of it, while the sender is full).
+            let mut chunk = [0u8; 64 * 1024];
+            loop {
+                match self.peer.read(&mut chunk) {
+                    Ok(0) => break,
+                    Ok(n) => self.batch.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("read replies: {e}"),
+                }
+            }
+            if done {
+                break;
+            }
+        }
+        assert!(out.is_empty(), "flush reported done with bytes pending");
+        assert_eq!(self.batch.len(), pending, "pending() counts what flush sends");
     }
 }
 
@@ -109,7 +132,7 @@ fn check_replies(binary: bool, batch: &[u8]) {
         return;
     }
     if !binary {
-        assert!(batch.ends_with(b"\r\n"), "text replies end with CRLF: ...{:?}", tail(batch));
+        check_text_replies(batch);
         return;
     }
     let mut rest = batch;
@@ -122,6 +145,55 @@ fn check_replies(binary: bool, batch: &[u8]) {
         assert!(keylen + extlen <= bodylen, "keylen {keylen} + extlen {extlen} > bodylen {bodylen}");
         assert!(rest.len() >= 24 + bodylen, "response body shorter ({}) than its bodylen {bodylen}", rest.len() - 24);
         rest = &rest[24 + bodylen..];
+    }
+}
+
+/// Text replies: each line "\r\n"-terminated and starting with a reply word; the data blocks
+/// of `VALUE` (text get) and `VA` (meta) exactly as long as announced.
+fn check_text_replies(batch: &[u8]) {
+    let mut rest = batch;
+    while !rest.is_empty() {
+        let Some(end) = rest.windows(2).position(|w| w == b"\r\n") else {
+            panic!("text reply without CRLF: {:?}", tail(rest));
+        };
+        let line = &rest[..end];
+        rest = &rest[end + 2..];
+        // Clients read replies line by line: a newline inside one ends it early.
+        assert!(!line.contains(&b'\n'), "newline inside a reply line: {:?}", String::from_utf8_lossy(line));
+        let word = line.split(|&b| b == b' ').next().unwrap_or(b"");
+        let block = match word {
+            // VALUE <key> <flags> <bytes> [<cas>]
+            b"VALUE" => {
+                let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+                assert!(matches!(fields.len(), 4 | 5), "malformed VALUE line: {:?}", String::from_utf8_lossy(line));
+                Some(fields[3])
+            }
+            // VA <size> <flags>*
+            b"VA" => {
+                assert!(!line.ends_with(b" ") && !contains(line, b"  "), "empty token in {:?}", String::from_utf8_lossy(line));
+                Some(line.split(|&b| b == b' ').nth(1).unwrap_or(b""))
+            }
+            b"STORED" | b"NOT_STORED" | b"EXISTS" | b"NOT_FOUND" | b"DELETED" | b"TOUCHED" | b"END" | b"ERROR"
+            | b"OK" | b"RESET" | b"MN" => {
+                assert_eq!(line, word, "unexpected words after {:?}", String::from_utf8_lossy(word));
+                None
+            }
+            // Meta replies: a code, then flags, each a non-empty token.
+            b"HD" | b"EN" | b"NS" | b"EX" | b"NF" => {
+                assert!(!line.ends_with(b" ") && !contains(line, b"  "), "empty token in {:?}", String::from_utf8_lossy(line));
+                None
+            }
+            b"CLIENT_ERROR" | b"SERVER_ERROR" | b"STAT" | b"VERSION" => None,
+            w if !w.is_empty() && w.iter().all(u8::is_ascii_digit) && line == w => None,
+            _ => panic!("not a reply line: {:?} (after {} bytes)", String::from_utf8_lossy(line), batch.len() - rest.len() - end - 2),
+        };
+        if let Some(len) = block {
+            let len: usize = std::str::from_utf8(len).ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+                panic!("bad data length in {:?}", String::from_utf8_lossy(line))
+            });
+            assert!(rest.len() >= len + 2 && &rest[len..len + 2] == b"\r\n", "data block not {len} bytes + CRLF after {:?}", String::from_utf8_lossy(line));
+            rest = &rest[len + 2..];
+        }
     }
 }
 
@@ -149,10 +221,35 @@ pub fn split(data: &[u8]) -> ([u8; 2], &[u8]) {
     }
 }
 
-/// Run a fuzz input (`[c0, c1, stream...]`).
+/// Run a fuzz input (`[c0, c1, stream...]`): in the chunks it picks, then (when that was not
+/// already whole) whole, and the replies must be the same.
 pub fn run(data: &[u8]) -> Outcome {
     let (ctrl, stream) = split(data);
-    run_stream(ctrl, stream, false)
+    let chunked = run_stream(ctrl, stream, true);
+    if ctrl[0] & 7 != 0 && !chunked.long_line_close {
+        let whole = run_stream([0, 0], stream, true);
+        let timeless = |o: &Outcome| o.end_now == 2 && !contains(&o.output, b"rusage_user");
+        if timeless(&chunked) && timeless(&whole) {
+            if let Some(at) = chunked.output.iter().zip(&whole.output).position(|(a, b)| a != b) {
+                panic!(
+                    "chunking changed the replies at byte {at}: chunked {:?} vs whole {:?}",
+                    excerpt(&chunked.output, at),
+                    excerpt(&whole.output, at)
+                );
+            }
+            assert_eq!(chunked.output.len(), whole.output.len(), "chunking changed the length of the replies");
+            assert_eq!(chunked.closed, whole.closed, "chunking changed whether the session closed");
+        }
+    }
+    chunked
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn excerpt(b: &[u8], at: usize) -> String {
+    String::from_utf8_lossy(&b[at.saturating_sub(40)..(at + 40).min(b.len())]).into_owned()
 }
 
 /// Run `stream` with the chunking `ctrl` picks; keep the replies in the outcome when asked.
@@ -215,11 +312,15 @@ pub fn run_stream(ctrl: [u8; 2], stream: &[u8], keep_output: bool) -> Outcome {
             assert!(used <= limit + ITEM_MAX, "store used {used} > limit {limit} + item max");
             if closed {
                 outcome.closed = true;
+                outcome.long_line_close = !outcome.binary
+                    && input.len() > sprout_cache::session::MAX_LINE
+                    && !input.contains(&b'\n');
                 break 'feed;
             }
         }
     }
 
+    outcome.end_now = shared.clock.now();
     // The charges must add up: a flush frees exactly what is charged.
     let used = shared.store.used();
     assert!(used <= limit + ITEM_MAX, "store used {used} > limit {limit} + item max");
