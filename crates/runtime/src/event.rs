@@ -22,6 +22,9 @@ pub type CoreId = usize;
 type LocalEvent = Box<dyn FnOnce()>;
 pub(crate) type RemoteEvent = Box<dyn FnOnce() + Send>;
 
+/// Pause hints between two empty polls while spinning (a microsecond or two).
+const SPIN_BACKOFF: u32 = 512;
+
 /// The token of the inbox's eventfd; I/O handlers get tokens from their slab, below it.
 const WAKE_TOKEN: Token = Token(usize::MAX);
 
@@ -329,6 +332,13 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, spin: Du
         let busy = !core.queue.borrow().is_empty() || !core.notified.borrow().is_empty();
         let idling = !core.idle.borrow().is_empty();
         let spinning = !spin.is_zero() && last_work.elapsed() < spin;
+        if spinning && !busy && !idling {
+            // Back off between empty polls: each epoll_wait takes the epoll lock that the
+            // peers' wake-ups take too, so polling flat out slows the very senders it waits on.
+            for _ in 0..SPIN_BACKOFF {
+                std::hint::spin_loop();
+            }
+        }
         let timeout = if busy || idling || spinning { Some(Duration::ZERO) } else { next_timer };
         if let Err(e) = poll.poll(&mut events, timeout) {
             if e.kind() != std::io::ErrorKind::Interrupted {
