@@ -38,13 +38,18 @@
 //!
 //! let rt = Runtime::builder().cores(2).build().unwrap();
 //! let counter = EbbRef::<Counter>::create(());
+//! let (done, counted) = mpsc::channel();
 //! for core in 0..2 {
+//!     let done = done.clone();
 //!     rt.spawn_on(core, move || {
 //!         for _ in 0..1000 {
 //!             counter.with(|c| c.count.set(c.count.get() + 1));   // no lock, no atomic
 //!         }
+//!         done.send(()).unwrap();
 //!     });
 //! }
+//! counted.recv().unwrap();
+//! counted.recv().unwrap();
 //! let (tx, rx) = mpsc::channel();
 //! rt.spawn_on(0, move || {
 //!     counter.gather(|c| c.count.get(), move |counts| {
