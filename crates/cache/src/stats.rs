@@ -25,6 +25,11 @@ macro_rules! counters {
         }
 
         impl CoreStats {
+            /// A core's representative with every counter at zero.
+            fn zeroed(core: CoreId, cores: usize) -> CoreStats {
+                CoreStats { core, cores: cores.max(1) as u64, cas_seq: Cell::new(0), $($name: Cell::new(0),)* }
+            }
+
             pub fn snapshot(&self) -> Counters {
                 Counters { $($name: self.$name.get(),)* }
             }
@@ -105,36 +110,6 @@ impl Ebb for CoreStats {
     type Root = StatsRoot;
 
     fn create_rep(root: &Arc<StatsRoot>, core: CoreId) -> CoreStats {
-        CoreStats {
-            core,
-            cores: root.cores.max(1) as u64,
-            cas_seq: Cell::new(0),
-            curr_connections: Cell::new(0),
-            total_connections: Cell::new(0),
-            rejected_connections: Cell::new(0),
-            cmd_get: Cell::new(0),
-            cmd_set: Cell::new(0),
-            cmd_flush: Cell::new(0),
-            cmd_touch: Cell::new(0),
-            cmd_meta: Cell::new(0),
-            get_hits: Cell::new(0),
-            get_misses: Cell::new(0),
-            get_expired: Cell::new(0),
-            get_flushed: Cell::new(0),
-            delete_misses: Cell::new(0),
-            delete_hits: Cell::new(0),
-            incr_misses: Cell::new(0),
-            incr_hits: Cell::new(0),
-            decr_misses: Cell::new(0),
-            decr_hits: Cell::new(0),
-            cas_misses: Cell::new(0),
-            cas_hits: Cell::new(0),
-            cas_badval: Cell::new(0),
-            touch_hits: Cell::new(0),
-            touch_misses: Cell::new(0),
-            store_too_large: Cell::new(0),
-            bytes_read: Cell::new(0),
-            bytes_written: Cell::new(0),
-        }
+        CoreStats::zeroed(core, root.cores)
     }
 }

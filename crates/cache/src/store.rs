@@ -341,13 +341,6 @@ impl Store {
         self.lookup(key, None, now).hit()
     }
 
-    /// Whether a live item exists (no LRU bump).
-    pub fn contains(&self, key: &[u8], now: u32) -> bool {
-        let (hash, shard) = self.locate(key);
-        let mut shard = shard.lock();
-        self.live(&mut shard, hash, key, now).is_some()
-    }
-
     /// Set a new expiry and read the item (gat); `touch` is this without the value.
     pub fn touch(&self, key: &[u8], exptime: u32, now: u32) -> Option<Item> {
         self.lookup(key, Some(exptime), now).hit()
