@@ -78,7 +78,9 @@ fn cpu_list(cpus: &[usize]) -> String {
     cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
 }
 
-fn start(system: &str, sprout: &Path, cpus: &[usize]) -> Result<Server> {
+/// `shared_cpu`: the generator runs on one of `cpus`, so Sprout's threads float over them
+/// (as memcached's always do) instead of pinning one core's loop beside the generator.
+fn start(system: &str, sprout: &Path, cpus: &[usize], shared_cpu: bool) -> Result<Server> {
     let port = free_port()?;
     let threads = cpus.len().to_string();
     let mut cmd = Command::new("taskset");
@@ -91,6 +93,9 @@ fn start(system: &str, sprout: &Path, cpus: &[usize]) -> Result<Server> {
         _ => {
             cmd.arg(sprout).args(["cache", "serve", "-l", "127.0.0.1", "-m", "1024", "-c", "4096", "-t", &threads]);
             cmd.arg("-p").arg(port.to_string()).arg("--cpus").arg(cpu_list(cpus));
+            if shared_cpu {
+                cmd.arg("--no-pin");
+            }
         }
     }
     let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().with_context(|| format!("starting {system} (scripts/setup.sh installs memcached)"))?;
@@ -262,7 +267,8 @@ pub fn run(opts: &Options) -> Result<Value> {
     for &budget in &opts.cores {
         let cpus: Vec<usize> = (0..budget).collect();
         eprintln!("== {budget} core(s): servers on CPUs {cpus:?}, memaslap on CPU {}", opts.client_cpu);
-        let servers = [start("memcached", &opts.sprout, &cpus)?, start("sprout", &opts.sprout, &cpus)?];
+        let shared_cpu = cpus.contains(&opts.client_cpu);
+        let servers = [start("memcached", &opts.sprout, &cpus, shared_cpu)?, start("sprout", &opts.sprout, &cpus, shared_cpu)?];
         let mut by_conns = Map::new();
         let small = write_config(&work, opts.small_value)?;
         for &conns in &opts.connections {
@@ -280,7 +286,7 @@ pub fn run(opts: &Options) -> Result<Value> {
         "generator": "memaslap (Debian's memcaslap, libmemcached-tools), 1 thread, 9:1 get:set, 32-byte keys",
         "exact_generator": if opts.exact { "sprout-bench's own: 1 pinned thread, closed loop, one request in flight per connection, 9:1 get:set over 10,000 31-byte keys, latency of every request in an HdrHistogram (field `exact`)" } else { "not run" },
         "method": {
-            "pinning": format!("servers pinned to CPUs 0..cores (taskset; sprout also pins each core's thread); memaslap on CPU {}; with 2 server cores the generator shares CPU 1 with one of them", opts.client_cpu),
+            "pinning": format!("servers confined to CPUs 0..cores (taskset); memaslap on CPU {}; sprout pins each core's thread to its CPU, except with 2 server cores, where the generator shares CPU 1 and both servers' threads float over CPUs 0-1 (sprout --no-pin, memcached's default); neither polls when idle (sprout's default --spin-us 0)", opts.client_cpu),
             "seconds_per_run": opts.seconds,
             "repeats": opts.repeats,
             "statistic": "median of the repeats; the two servers alternate which runs first",

@@ -27,7 +27,7 @@ pub struct Server {
 impl Server {
     /// Bind and start serving: returns once every core listens.
     pub fn start(settings: Settings) -> Result<Server> {
-        let mut builder = Runtime::builder().cores(settings.cores).name("cache").spin(std::time::Duration::from_micros(settings.spin_us));
+        let mut builder = Runtime::builder().cores(settings.cores).name("cache").pin(settings.pin).spin(std::time::Duration::from_micros(settings.spin_us));
         if let Some(cpus) = &settings.cpus {
             builder = builder.cpus(cpus.clone());
         }

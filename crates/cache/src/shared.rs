@@ -28,6 +28,9 @@ pub struct Settings {
     pub item_max: usize,
     /// CPUs to pin cores to (default: this process's affinity mask).
     pub cpus: Option<Vec<usize>>,
+    /// Pin each core's thread to one CPU (false: the threads float over the allowed CPUs,
+    /// as memcached's do, which is fairer when a core's CPU is shared with other work).
+    pub pin: bool,
     /// Microseconds a core keeps polling after its last request before it sleeps.
     pub spin_us: u64,
 }
@@ -42,6 +45,7 @@ impl Default for Settings {
             max_conns: 1024,
             item_max: 1 << 20,
             cpus: None,
+            pin: true,
             spin_us: 0,
         }
     }

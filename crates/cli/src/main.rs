@@ -75,10 +75,15 @@ enum CacheCommand {
         /// CPUs to pin the cores to, comma-separated (default: this process's CPUs).
         #[arg(long, value_delimiter = ',')]
         cpus: Option<Vec<usize>>,
+        /// Let the cores' threads float over those CPUs instead of pinning one to each
+        /// (fairer when a CPU is shared with other work, such as a load generator).
+        #[arg(long)]
+        no_pin: bool,
         /// Microseconds a core keeps polling after its last request before it sleeps
-        /// (EbbRT's idle polling: saves a virtual CPU's sleep and wake-up per request under
-        /// load; 0 sleeps at once, as memcached does).
-        #[arg(long, default_value_t = 50)]
+        /// (EbbRT's idle polling). 0, the default, sleeps at once as memcached does; on this
+        /// project's 2-vCPU VM polling helped one connection a little and cost 10-20% from 4
+        /// connections up, so use it only on dedicated physical cores.
+        #[arg(long, default_value_t = 0)]
         spin_us: u64,
     },
 }
@@ -308,7 +313,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{:<40} {:>8.1} MiB  {}", p.key, p.size_bytes as f64 / (1 << 20) as f64, p.top_level.join(" "));
             }
         }
-        Command::Cache(CacheCommand::Serve { port, listen, memory_mb, cores, max_conns, item_max, cpus, spin_us }) => {
+        Command::Cache(CacheCommand::Serve { port, listen, memory_mb, cores, max_conns, item_max, cpus, no_pin, spin_us }) => {
             log_init("info");
             let item_max = sprout_cache::server::parse_size(&item_max)?;
             if item_max < 1024 {
@@ -322,6 +327,7 @@ fn run(cli: Cli) -> Result<()> {
                 max_conns: max_conns.max(1),
                 item_max,
                 cpus,
+                pin: !no_pin,
                 spin_us,
             };
             sprout_cache::server::serve_until_signal(settings, |server| {
