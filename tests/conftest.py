@@ -7,7 +7,6 @@ names, so tests never share state.
 """
 
 import io
-import json
 import os
 import signal
 import socket
@@ -23,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
 import sprout  # noqa: E402
+from toml_sections import to_toml  # noqa: E402,F401  (worker settings, inline tables included)
 from wheels import make_wheel, module  # noqa: E402
 
 SPROUT = Path(os.environ.get("SPROUT_BIN", ROOT / "target" / "release" / "sprout"))
@@ -34,15 +34,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def to_toml(sections):
-    lines = []
-    for section, values in sections.items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            lines.append(f"{key} = {json.dumps(value)}")
-    return "\n".join(lines) + "\n"
 
 
 def mounts_under(path):

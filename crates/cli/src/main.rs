@@ -1,6 +1,8 @@
 //! `sprout`: one command line in front of the worker, its client and its benchmarks.
 
 mod client;
+mod load;
+mod olio;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -48,6 +50,47 @@ enum Command {
     /// Run a benchmark; results go to bench/results/.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// The Olio application: its two deployments and its database loader (apps/olio).
+    #[command(subcommand)]
+    Olio(OlioCommand),
+    /// Cloudstone's load generator: Markov-chain, closed-loop sessions against a site.
+    #[command(subcommand)]
+    Load(load::LoadCommand),
+    /// Cloudstone: the search for the most users within the SLA, and comparisons.
+    #[command(subcommand)]
+    Cloudstone(load::CloudstoneCommand),
+}
+
+/// Each runs the Python tool that does the work, with every argument passed through
+/// (`sprout olio up --help` shows its flags).
+#[derive(Subcommand)]
+enum OlioCommand {
+    /// Start a deployment: --stack sprout|conventional --dir STATE [--cpus 0] [--port 8080]
+    /// [--cache on|off] [--users N --seed S]; prints the site's URL.
+    #[command(disable_help_flag = true)]
+    Up {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// Stop everything of a deployment: --dir STATE.
+    #[command(disable_help_flag = true)]
+    Down {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// A deployment's state as JSON: --dir STATE (exit 0 up, 3 down, 4 part of it runs).
+    #[command(disable_help_flag = true)]
+    Status {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// Fill a database with Olio's data: --users N | --concurrent C, --seed S, --db URL,
+    /// --files DIR [--today YYYY-MM-DD] [--recreate] [--allow-small] [--quiet].
+    #[command(disable_help_flag = true)]
+    Load {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -391,6 +434,17 @@ fn run(cli: Cli) -> Result<()> {
                 exact: !memaslap_only,
             };
             sprout_bench::cache::run(&opts)?;
+        }
+        Command::Load(command) => load::main(command)?,
+        Command::Cloudstone(command) => load::cloudstone(command)?,
+        Command::Olio(command) => {
+            let (module, verb, args) = match command {
+                OlioCommand::Up { args } => ("olio_deploy", Some("up"), args),
+                OlioCommand::Down { args } => ("olio_deploy", Some("down"), args),
+                OlioCommand::Status { args } => ("olio_deploy", Some("status"), args),
+                OlioCommand::Load { args } => ("olio.loader", None, args),
+            };
+            return Err(olio::exec_python(module, verb, &args));
         }
         Command::Bench(BenchCommand::Primitives { out, seconds, quick }) => {
             let opts = sprout_bench::primitives::Options { out_dir: out, seconds_per_point: seconds, quick, ..Default::default() };

@@ -11,7 +11,6 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::cgroup::Layout;
-use crate::mounts;
 use crate::stage::Stage;
 
 /// What a cleanup removed.
@@ -46,8 +45,7 @@ pub fn cleanup(worker_dir: &Path, layout: &Layout, parents: &[String]) -> io::Re
     }
     let stage = Stage::paths(worker_dir);
     if stage.run.exists() {
-        report.mounts_removed = mounts::detach_all_under(&stage.run)?;
-        std::fs::remove_dir_all(&stage.run)?;
+        report.mounts_removed = crate::stage::remove_run(&stage.run)?;
     }
     Ok(report)
 }

@@ -5,7 +5,8 @@
 //! The worker talks to the Engine API over its Unix socket (HTTP/1.1 with hyper, one
 //! connection per call). [`DockerBackend::prepare`] imports the base root file system as an
 //! image once; each sandbox is then a container of that image with the helper, the packages
-//! and the lambda's code bound in read-only, and a scratch directory bound at /host where the
+//! and the lambda's code bound in read-only, the worker's volumes bound as configured, and a
+//! scratch directory bound at /host where the
 //! worker listens before the container starts — the same files and the same helper as a lean
 //! sandbox, behind the engine's create/start/delete round trips, image layers and per-container
 //! cgroups. Containers carry a `sprout.worker` label, so [`DockerBackend::remove_leftovers`]
@@ -289,6 +290,11 @@ impl DockerBackend {
                 format!("{}:/opt/sprout:ro", self.stage.runtime.display()),
                 format!("{}:/packages:ro", self.stage.packages.display()),
             ],
+            // The worker's volumes, as lean sandboxes see them (the engine makes the mount points).
+            "Mounts": self.stage.volumes.iter().map(|v| json!({
+                "Type": "bind", "Source": v.host, "Target": v.path, "ReadOnly": !v.writable,
+                "BindOptions": {"Propagation": "rprivate"},
+            })).collect::<Vec<Value>>(),
             "NetworkMode": "none",
             "Memory": limits.memory_bytes,
             "MemorySwap": limits.memory_bytes,

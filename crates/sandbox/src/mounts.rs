@@ -34,6 +34,36 @@ pub fn remount_readonly(path: &Path, nodev: bool) -> io::Result<()> {
     mount(None::<&str>, path, None::<&str>, flags, None::<&str>).map_err(|e| err(e, "read-only remount of", path))
 }
 
+/// Set the flags of the volume bound at `path`: nosuid and nodev, read-only unless
+/// `writable`, and whatever noexec, atime and read-only flags the host's mount of the
+/// directory had (a bind inherits them, and a remount would otherwise drop them). A
+/// writable volume on a read-only host mount is an error, not a silent widening.
+pub fn remount_volume(path: &Path, writable: bool) -> io::Result<()> {
+    use nix::sys::statvfs::{statvfs, FsFlags};
+    let had = statvfs(path).map_err(|e| err(e, "statvfs", path))?.flags();
+    if writable && had.contains(FsFlags::ST_RDONLY) {
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, "it is writable = true, but its host directory is on a read-only mount"));
+    }
+    let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if !writable {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    if had.contains(FsFlags::ST_NOEXEC) {
+        flags |= MsFlags::MS_NOEXEC;
+    }
+    if had.contains(FsFlags::ST_NOATIME) {
+        flags |= MsFlags::MS_NOATIME;
+    } else if had.contains(FsFlags::ST_RELATIME) {
+        flags |= MsFlags::MS_RELATIME;
+    } else {
+        flags |= MsFlags::MS_STRICTATIME;
+    }
+    if had.contains(FsFlags::ST_NODIRATIME) {
+        flags |= MsFlags::MS_NODIRATIME;
+    }
+    mount(None::<&str>, path, None::<&str>, flags, None::<&str>).map_err(|e| err(e, "remount of", path))
+}
+
 /// Bind `src` onto `dst` read-only: a bind followed by a remount, as Linux requires.
 pub fn bind_readonly(src: &Path, dst: &Path, nodev: bool) -> io::Result<()> {
     bind(src, dst, false)?;

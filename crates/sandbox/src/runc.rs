@@ -2,16 +2,17 @@
 //! by runc, so the benchmarks can measure what SOCK's lean sandboxes save.
 //!
 //! The container runs the same base root file system (the stage's read-only `run/base`, whose
-//! submounts bring the helper at /opt/sprout and the packages at /packages along) and the same
-//! helper as a lean sandbox; only the way it comes to be differs. Each sandbox has a bundle
-//! directory `run/runc/<id>` holding an OCI runtime spec close to what `runc spec` writes —
-//! all namespaces including mount, network and cgroup, default masked paths, no capabilities —
-//! and a scratch directory bound at /host, where the worker listens before runc starts. runc
-//! creates a fresh cgroup per container (`<cgroup_parent>/<id>`): no pooling, no Zygote, which
-//! is the point of the baseline. `runc run --detach` hands its stdout and stderr down to the
-//! container, so they are the sandbox's log pipe; runc's own complaints go to a log file in
-//! the bundle, read back when it fails. The pieces both baselines share (the sandbox's
-//! environment and scratch directory, its cgroup as `invoke` sees it, the counters) live here.
+//! submounts bring the helper at /opt/sprout, the packages at /packages and the volumes
+//! along) and the same helper as a lean sandbox; only the way it comes to be differs. Each
+//! sandbox has a bundle directory `run/runc/<id>` holding an OCI runtime spec close to what
+//! `runc spec` writes — all namespaces including mount, network and cgroup, default masked
+//! paths, no capabilities — and a scratch directory bound at /host, where the worker listens
+//! before runc starts. runc creates a fresh cgroup per container (`<cgroup_parent>/<id>`): no
+//! pooling, no Zygote, which is the point of the baseline. `runc run --detach` hands its
+//! stdout and stderr down to the container, so they are the sandbox's log pipe; runc's own
+//! complaints go to a log file in the bundle, read back when it fails. The pieces both
+//! baselines share (the sandbox's environment and scratch directory, its cgroup as `invoke`
+//! sees it, the counters) live here.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};

@@ -5,6 +5,8 @@
 //! DIR/run/base            the shared base image, read-only, nosuid
 //! DIR/run/base/opt/sprout   DIR/runtime (the helper), read-only
 //! DIR/run/base/packages     the install cache's installed/ directory, read-only
+//! DIR/run/base/<path>       each volume (`sandbox.volumes`): a host directory, nosuid,
+//!                           nodev, read-only unless writable
 //! DIR/run/code            DIR/registry (lambda code), read-only, nosuid, nodev
 //! DIR/run/sb/<slot>/root  one sandbox root: run/base bound recursively, its code at
 //!                         /handler, a tmpfs scratch at /host, its own /proc
@@ -12,6 +14,12 @@
 //!
 //! A sandbox root therefore costs three mount calls (SOCK stitched four directories; the
 //! base and packages come as one recursive bind here), and one lazy unmount removes it.
+//! Volumes come along with the base at no cost per sandbox, in lean sandboxes, in the
+//! detached copies package Zygotes and their handlers live in (`open_tree` copies the tree
+//! recursively), and in runc containers, whose root is run/base bound recursively too.
+//!
+//! Since a writable volume's files are the host's, `run` is deleted only once nothing is
+//! mounted below it any more ([`remove_run`]).
 
 use std::fs;
 use std::io;
@@ -32,6 +40,14 @@ pub const HELPER_IN_SANDBOX: &str = "/opt/sprout/helper.py";
 /// `wheels` is where installer sandboxes see a local wheel directory.
 pub const BASE_MOUNT_POINTS: [&str; 5] = ["handler", "host", "packages", "opt/sprout", "wheels"];
 
+/// A host directory every sandbox sees at `path` (absolute, checked by the configuration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Volume {
+    pub host: PathBuf,
+    pub path: String,
+    pub writable: bool,
+}
+
 pub struct Stage {
     pub worker_dir: PathBuf,
     pub run: PathBuf,
@@ -40,6 +56,8 @@ pub struct Stage {
     pub registry: PathBuf,
     pub packages: PathBuf,
     pub runtime: PathBuf,
+    /// The volumes bound below `base`.
+    pub volumes: Vec<Volume>,
 }
 
 impl Stage {
@@ -54,6 +72,7 @@ impl Stage {
             registry: worker_dir.join("registry"),
             packages: worker_dir.join("packages").join("installed"),
             runtime: worker_dir.join("runtime"),
+            volumes: Vec::new(),
         }
     }
 
@@ -61,8 +80,15 @@ impl Stage {
     /// cache at `packages`. Leftovers of an earlier run must have been cleaned up first (see
     /// [`crate::cleanup`]).
     pub fn prepare(worker_dir: &Path, base_image: &Path, packages: &Path) -> io::Result<Stage> {
+        Stage::prepare_with_volumes(worker_dir, base_image, packages, &[])
+    }
+
+    /// [`Stage::prepare`], with `volumes` bound below the base for every sandbox to see.
+    /// Their mount points are made in the base image where missing.
+    pub fn prepare_with_volumes(worker_dir: &Path, base_image: &Path, packages: &Path, volumes: &[Volume]) -> io::Result<Stage> {
         let mut stage = Stage::paths(worker_dir);
         stage.packages = packages.to_path_buf();
+        stage.volumes = volumes.to_vec();
         for point in BASE_MOUNT_POINTS {
             if !base_image.join(point).is_dir() {
                 return Err(io::Error::new(
@@ -77,10 +103,12 @@ impl Stage {
         write_if_changed(&stage.runtime.join("helper.py"), HELPER_PY.as_bytes())?;
         write_if_changed(&stage.runtime.join("libsprout.so"), LIBSPROUT_SO)?;
 
+        for volume in volumes {
+            mount_point_in_base(base_image, &volume.path)
+                .map_err(|e| io::Error::new(e.kind(), format!("the volume path {}: {e}", volume.path)))?;
+        }
         if stage.run.exists() {
-            // Never recurse into a leftover mount: unmount first, then delete.
-            mounts::detach_all_under(&stage.run)?;
-            fs::remove_dir_all(&stage.run)?;
+            remove_run(&stage.run)?;
         }
         fs::create_dir_all(&stage.run)?;
         mounts::bind(&stage.run, &stage.run, false)?;
@@ -99,6 +127,13 @@ impl Stage {
         private_ro(&stage.runtime, &stage.base.join("opt/sprout"), true)?;
         private_ro(&stage.packages, &stage.base.join("packages"), true)?;
         private_ro(&stage.registry, &stage.code, true)?;
+        for volume in volumes {
+            let dst = stage.base.join(volume.path.trim_start_matches('/'));
+            let mounted = mounts::bind(&volume.host, &dst, false)
+                .and_then(|()| mounts::make_rprivate(&dst))
+                .and_then(|()| mounts::remount_volume(&dst, volume.writable));
+            mounted.map_err(|e| io::Error::new(e.kind(), format!("mounting the volume {} at {}: {e}", volume.host.display(), volume.path)))?;
+        }
         Ok(stage)
     }
 
@@ -141,10 +176,53 @@ impl Stage {
 
     /// Unmount everything the worker mounted (at shutdown).
     pub fn teardown(&self) -> io::Result<usize> {
-        let n = mounts::detach_all_under(&self.run)?;
-        let _ = fs::remove_dir_all(&self.run);
-        Ok(n)
+        remove_run(&self.run)
     }
+}
+
+/// Unmount everything at or below `run`, then delete it; returns how many mounts were
+/// removed. Refuses to delete while anything is still mounted there: deleting through a
+/// writable volume would delete the host's files.
+pub fn remove_run(run: &Path) -> io::Result<usize> {
+    let removed = mounts::detach_all_under(run)?;
+    let left = mounts::mounts_under(run)?;
+    if !left.is_empty() {
+        return Err(io::Error::other(format!(
+            "{} mounts remain under {} (first {}); not deleting it",
+            left.len(),
+            run.display(),
+            left[0].display()
+        )));
+    }
+    match fs::remove_dir_all(run) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(removed),
+    }
+}
+
+/// Make the directory `path` (absolute) in the base image for a volume to be mounted on:
+/// every part of it a real directory (a symbolic link could lead the mount out of the
+/// tree), and the directory itself empty (the volume would hide what it holds).
+pub fn mount_point_in_base(base_image: &Path, path: &str) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let refuse = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
+    let mut dir = base_image.to_path_buf();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        dir.push(part);
+        match fs::symlink_metadata(&dir) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(refuse(format!("{} is a symbolic link in the base image", dir.display())))
+            }
+            Ok(m) if !m.is_dir() => return Err(refuse(format!("{} is not a directory in the base image", dir.display()))),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => fs::DirBuilder::new().mode(0o755).create(&dir)?,
+            Err(e) => return Err(e),
+        }
+    }
+    if fs::read_dir(&dir)?.next().is_some() {
+        return Err(refuse(format!("{} holds files in the base image, which the volume would hide", dir.display())));
+    }
+    Ok(())
 }
 
 fn write_if_changed(path: &Path, content: &[u8]) -> io::Result<()> {

@@ -12,7 +12,8 @@
 //! | `GET /packages`                | the install cache's packages                              |
 //!
 //! Every failure answers with JSON `{"error": <code>, "message": ...}` and a status that says
-//! whose fault it was; the codes are [`ERROR_CODES`] and never change meaning.
+//! whose fault it was; the codes are [`ERROR_CODES`] and never change meaning. The app port
+//! ([`crate::app`]) sends requests to its lambda through the same [`forward`] as `/run`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -74,13 +75,13 @@ pub struct Api {
     pub max_upload: usize,
 }
 
-struct ApiError {
+pub(crate) struct ApiError {
     status: StatusCode,
     body: Value,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
         ApiError { status, body: json!({"error": code, "message": message.into()}) }
     }
 
@@ -121,7 +122,7 @@ pub fn router(api: Api) -> Router {
         .with_state(api)
 }
 
-async fn count_errors(State(api): State<Api>, response: Response) -> Response {
+pub(crate) async fn count_errors(State(api): State<Api>, response: Response) -> Response {
     if let Some(code) = response.extensions().get::<ErrorCode>() {
         api.metrics.error(code.0);
     }
@@ -132,7 +133,7 @@ async fn count_errors(State(api): State<Api>, response: Response) -> Response {
 #[derive(Clone, Copy)]
 struct ErrorCode(&'static str);
 
-fn fail(e: ApiError) -> Response {
+pub(crate) fn fail(e: ApiError) -> Response {
     let code = ERROR_CODES.iter().find(|c| **c == e.code()).copied().unwrap_or("internal");
     let mut response = e.into_response();
     response.extensions_mut().insert(ErrorCode(code));
@@ -186,18 +187,50 @@ async fn run(
 }
 
 async fn run_lambda(api: &Api, peer: SocketAddr, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let started = Instant::now();
     let after = uri.path().strip_prefix("/run/").unwrap_or("");
     let (raw_name, rest) = after.split_at(after.find('/').unwrap_or(after.len()));
-    let name = decode_segment(raw_name).filter(|n| valid_name(n)).unwrap_or_default();
-    let Some(lambda) = api.registry.get(&name) else {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {raw_name:?}")));
-    };
-    let body = read_body(body, api.max_body).await?;
-    let request = Request {
-        method: method.to_string(),
+    let target = Target {
+        name: decode_segment(raw_name).filter(|n| valid_name(n)).unwrap_or_default(),
+        shown: raw_name.to_string(),
         script_name: format!("/run/{raw_name}"),
         path: if rest.is_empty() { "/".to_string() } else { rest.to_string() },
+    };
+    forward(api, target, peer, method, &uri, headers, body).await
+}
+
+/// Which lambda a request goes to, and where the WSGI app sees it: `SCRIPT_NAME` and
+/// `PATH_INFO` (still percent-encoded; the helper decodes it).
+pub(crate) struct Target {
+    /// The lambda's name; empty when the request named no valid one.
+    pub name: String,
+    /// The name as the request gave it, for messages.
+    pub shown: String,
+    pub script_name: String,
+    pub path: String,
+}
+
+/// Run `target`'s lambda on the request and turn its reply into the response: the path both
+/// `/run/<name>/...` and the app port take.
+pub(crate) async fn forward(
+    api: &Api,
+    target: Target,
+    peer: SocketAddr,
+    method: Method,
+    uri: &Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let Target { name, shown, script_name, path } = target;
+    let Some(lambda) = api.registry.get(&name) else {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {shown:?}")));
+    };
+    let body = read_body(body, api.max_body).await?;
+    let is_head = method == Method::HEAD;
+    let request = Request {
+        method: method.to_string(),
+        script_name,
+        path,
         query: uri.query().unwrap_or("").to_string(),
         headers: headers
             .iter()
@@ -227,7 +260,9 @@ async fn run_lambda(api: &Api, peer: SocketAddr, method: Method, uri: Uri, heade
         let status = reply.status.and_then(|s| StatusCode::from_u16(s).ok()).unwrap_or(StatusCode::OK);
         let mut out = Response::builder().status(status);
         for (k, v) in &reply.headers {
-            if HOP_BY_HOP.contains(&k.to_ascii_lowercase().as_str()) {
+            let lower = k.to_ascii_lowercase();
+            // A reply to HEAD has no body but says how long the GET's would be.
+            if HOP_BY_HOP.contains(&lower.as_str()) && !(is_head && lower == "content-length") {
                 continue;
             }
             match (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {

@@ -12,6 +12,12 @@ use sha2::{Digest, Sha256};
 /// The documented configuration with every default; parsed, it equals `Config::default()`.
 pub const TEMPLATE: &str = include_str!("config-template.toml");
 
+mod app;
+mod volumes;
+
+pub use app::AppSection;
+pub use volumes::VolumeSection;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -26,6 +32,7 @@ pub struct Config {
     pub packages: PackagesSection,
     pub import_cache: ImportCacheSection,
     pub handler_cache: HandlerCacheSection,
+    pub app: AppSection,
 }
 
 
@@ -48,6 +55,7 @@ impl Default for SandboxSection {
             cgroup_pool: 16,
             zygote_memory_mb: 512,
             cpuset: String::new(),
+            volumes: Vec::new(),
         }
     }
 }
@@ -184,7 +192,9 @@ pub struct SandboxSection {
     pub cgroup_pool: usize,
     pub zygote_memory_mb: u64,
     pub cpuset: String,
+    pub volumes: Vec<VolumeSection>,
 }
+
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -352,7 +362,8 @@ impl Config {
         if ic.max_depth == 0 || ic.max_depth > 16 {
             bail!("import_cache.max_depth must be between 1 and 16");
         }
-        Ok(())
+        volumes::validate(&self.sandbox.volumes)?;
+        self.app.validate(&self.worker.listen)
     }
 
     /// Where the install cache lives.

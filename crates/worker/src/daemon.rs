@@ -22,6 +22,7 @@ use sprout_sandbox::stage::Stage;
 use sprout_sandbox::{base, cleanup, Backend};
 
 use crate::api::{router, Api};
+use crate::app::AppPort;
 use crate::archive::Caps;
 use crate::config::{BackendKind, Config, TEMPLATE};
 use crate::handler_cache::HandlerCacheConfig;
@@ -211,12 +212,22 @@ pub async fn serve(dir: &Path) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(&config.worker.listen)
         .await
         .with_context(|| format!("listening on {}", config.worker.listen))?;
+    let app_port = AppPort::bind(&config.app).await?;
     let install_cache = InstallCache::open(&config.package_cache_dir(&dir))
         .with_context(|| format!("opening the install cache {}", config.package_cache_dir(&dir).display()))?;
     if config.packages.cache_dir.is_empty() {
         install_cache.sweep(); // ours alone: remove what an interrupted install left
     }
-    let stage = Arc::new(Stage::prepare(&dir, &config.base.path, &install_cache.installed_dir())?);
+    let volumes: Vec<_> = config.sandbox.volumes.iter().map(|v| v.to_volume()).collect();
+    for (i, volume) in volumes.iter().enumerate() {
+        sprout_sandbox::stage::mount_point_in_base(&config.base.path, &volume.path)
+            .with_context(|| format!("sandbox.volumes[{i}].path = {:?}", volume.path))?;
+    }
+    let stage = Stage::prepare_with_volumes(&dir, &config.base.path, &install_cache.installed_dir(), &volumes);
+    let stage = Arc::new(stage.map_err(|e| {
+        let _ = cleanup::cleanup(&dir, &layout, &parents);
+        anyhow::anyhow!("preparing the sandboxes' mount tree: {e}")
+    })?);
     if config.cgroups.favor_dynmods {
         match layout.favor_dynamic_modifications(&stage.run.join("cgroup-dynmods")) {
             Ok(done) => tracing::info!("{done}: moving sandboxes into their cgroups stays cheap"),
@@ -258,31 +269,56 @@ pub async fn serve(dir: &Path) -> Result<()> {
         metrics.clone(),
     );
     metrics.watch_caches(Arc::downgrade(&instances), packages.clone());
-    let app = router(Api {
+    let api = Api {
         registry: registry.clone(),
         instances: instances.clone(),
         packages,
         metrics,
         max_body: (config.limits.max_body_mb << 20) as usize,
         max_upload: (config.limits.max_upload_mb << 20) as usize,
-    });
+    };
     fs::write(dir.join(PID), format!("{}\n", std::process::id()))?;
     tracing::info!(
         listen = %config.worker.listen,
+        app = %config.app.listen,
+        volumes = volumes.len(),
         backend = backend.name(),
         lambdas = registry.list().len(),
         cgroups = format!("v{}", layout.version()),
         "worker ready"
     );
-    let served = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(shutdown_signal())
-        .await;
+    // One signal stops both listeners.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let until_stopped = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    let api_router = router(api.clone());
+    let api_served = async {
+        axum::serve(listener, api_router.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(until_stopped())
+            .await
+    };
+    let app_served = async {
+        match app_port {
+            Some(port) => port.serve(api, until_stopped()).await,
+            None => Ok(()),
+        }
+    };
+    let (served, app_served) = tokio::join!(api_served, app_served);
     tracing::info!("shutting down");
     instances.shutdown().await;
     drop(registry);
     let report = cleanup::cleanup(&dir, &layout, &parents)?;
     tracing::info!(mounts = report.mounts_removed, "worker stopped");
     let _ = fs::remove_file(dir.join(PID));
+    app_served.context("serving the app port")?;
     served.context("serving HTTP")
 }
 

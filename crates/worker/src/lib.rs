@@ -3,7 +3,8 @@
 //! It reads the same way as OpenLambda's worker, one module per layer, a request walking
 //! down once and back:
 //!
-//! * [`api`] — how requests arrive: the HTTP routes (`/run`, `/registry`, `/stats`, ...).
+//! * [`api`] — how requests arrive: the HTTP routes (`/run`, `/registry`, `/stats`, ...);
+//!   [`app`] — the app port, one lambda served as a web site, with [`static_files`] before it.
 //! * [`registry`] and [`archive`], [`syntax`] — what runs: lambda code, uploaded and checked.
 //! * [`instances`] — which sandbox serves a request: warm reuse, cold starts, queues; idle
 //!   sandboxes paused as the handler cache ([`handler_cache`]).
@@ -15,6 +16,7 @@
 //! [`metrics`] counts for `/stats` and `/metrics`.
 
 pub mod api;
+pub mod app;
 pub mod archive;
 pub mod config;
 pub mod daemon;
@@ -24,4 +26,5 @@ pub mod metrics;
 pub mod packages;
 pub mod preinstall;
 pub mod registry;
+pub mod static_files;
 pub mod syntax;

@@ -1,7 +1,9 @@
 //! What the worker counts: Prometheus metrics for `/metrics` (invocations, cold starts,
-//! latencies, sandboxes by state, errors by kind, cgroup pool use) and the same figures with
-//! latency percentiles (HdrHistogram) for the JSON of `/stats`.
+//! latencies, sandboxes by state, errors by kind, cgroup pool use, static files served on the
+//! app port) and the same figures with latency percentiles (HdrHistogram) for the JSON of
+//! `/stats`.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -31,6 +33,12 @@ struct StartLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StaticLabels {
+    prefix: String,
+    status: u16,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -138,6 +146,9 @@ pub struct Metrics {
     sandbox_start: Histogram,
     sandboxes: Family<StateLabels, Gauge>,
     errors: Family<KindLabels, Counter>,
+    statics: Family<StaticLabels, Counter>,
+    /// The same counts by prefix and status, for `/stats` (families cannot be listed).
+    static_counts: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
     percentiles: Mutex<Percentiles>,
     started: Instant,
     backend: Arc<dyn Backend>,
@@ -157,6 +168,7 @@ impl Metrics {
         let sandbox_start = latency_histogram();
         let sandboxes = Family::<StateLabels, Gauge>::default();
         let errors = Family::<KindLabels, Counter>::default();
+        let statics = Family::<StaticLabels, Counter>::default();
         registry.register("sprout_invocations", "Requests to lambdas, by lambda, start and outcome", invocations.clone());
         registry.register("sprout_cold_starts", "Requests that needed a new sandbox", cold_starts.clone());
         registry.register(
@@ -167,6 +179,7 @@ impl Metrics {
         registry.register("sprout_sandbox_start_duration_seconds", "Time to provision a sandbox and load its lambda", sandbox_start.clone());
         registry.register("sprout_sandboxes", "Sandboxes by state", sandboxes.clone());
         registry.register("sprout_errors", "Failed requests, by error code", errors.clone());
+        registry.register("sprout_static_requests", "Requests the app port answered from a static directory, by prefix and status", statics.clone());
         let caches: CacheSources = Arc::default();
         registry.register_collector(Box::new(BackendCollector { backend: backend.clone(), caches: caches.clone() }));
         for state in [SandboxState::Starting, SandboxState::Busy, SandboxState::Idle] {
@@ -181,6 +194,8 @@ impl Metrics {
             sandbox_start,
             sandboxes,
             errors,
+            statics,
+            static_counts: Mutex::default(),
             percentiles: Mutex::new(Percentiles { cold: hdr(), warm: hdr(), sandbox_start: hdr() }),
             started: Instant::now(),
             backend,
@@ -212,6 +227,12 @@ impl Metrics {
         let mut p = self.percentiles.lock().unwrap();
         let hist = if cold { &mut p.cold } else { &mut p.warm };
         let _ = hist.record(micros);
+    }
+
+    /// A request the app port answered from the static directory of `prefix`.
+    pub fn static_request(&self, prefix: &str, status: u16) {
+        self.statics.get_or_create(&StaticLabels { prefix: prefix.to_string(), status }).inc();
+        *self.static_counts.lock().unwrap().entry(prefix.to_string()).or_default().entry(status).or_default() += 1;
     }
 
     pub fn error(&self, code: &str) {
@@ -273,6 +294,7 @@ impl Metrics {
                 "idle": gauge(SandboxState::Idle),
             },
             "errors": errors,
+            "static": *self.static_counts.lock().unwrap(),
             "backend_counters": self.backend.stats(),
             "lambdas": lambdas,
         })

@@ -18,6 +18,7 @@ decoder and statements (``codegen``, ``sql``), over SQLite tuned as Mirage's sto
 over PostgreSQL (``backends``), from the same source.
 """
 
+import contextlib
 import itertools
 import time
 from urllib.parse import parse_qsl, urlsplit
@@ -26,6 +27,7 @@ from .backends import PostgresBackend, SQLiteBackend
 from .errors import ConflictError, ConnectError, NotFound, QueryError, SchemaError, StoreError, ValidationError
 from .model import field, model_of, version
 from .query import And, Contains, In, IsNull, Not, Or, Query
+from .schema import drop
 from .table import Table
 
 __all__ = [
@@ -82,6 +84,34 @@ class Database:
                 if attempt == retries:
                     raise
                 time.sleep(0.001 * (2 ** min(attempt, 6)))
+
+    def drop(self, cls):
+        """Drop the table of dataclass ``cls`` with its rows and link tables (the tables of
+        the types it refers to stay); returns whether there was one. The next
+        ``table(cls)`` creates it anew, empty, with ids from 1."""
+        model = model_of(cls)
+        with self.transaction():
+            existed = drop(self.backend, model)
+        self._tables.pop(cls, None)
+        return existed
+
+    @contextlib.contextmanager
+    def bulk_load(self, *classes):
+        """``with db.bulk_load(A, B):`` for loading many rows of these types: on entry their
+        tables' non-unique indexes are dropped, on exit built again, each in one pass (cheaper
+        than keeping them up to date row by row). It is one transaction: if the
+        block fails, rows and indexes are as they were. Unique indexes stay (they keep
+        enforcing uniqueness); until the exit, queries on the other fields scan."""
+        tables = [self.table(cls) for cls in classes]
+        dialect = self.backend.dialect
+        with self.transaction():
+            for table in tables:
+                for statement in dialect.drop_indexes(table.model):
+                    self.backend.execute(statement)
+            yield
+            for table in tables:
+                for statement in dialect.indexes(table.model):
+                    self.backend.execute(statement)
 
     def save(self, obj):
         return self.table(type(obj)).save(obj)

@@ -25,9 +25,10 @@ IMMEDIATE``), so transactions of several processes run one after another and a
 read-modify-write inside one never loses an update.
 
 **PostgreSQL** goes through psycopg 3 in autocommit mode, with statements prepared after
-their first use; ``transaction()`` runs at SERIALIZABLE isolation, where a conflicting
-concurrent transaction makes the commit fail with :class:`ConflictError` (``Database.atomic``
-retries a function on it).
+their first use, and batches of new rows (``save_many``) sent with one ``COPY``, their ids
+reserved from the table's sequence first; ``transaction()`` runs at SERIALIZABLE isolation,
+where a conflicting concurrent transaction makes the commit fail with :class:`ConflictError`
+(``Database.atomic`` retries a function on it).
 """
 
 import contextlib
@@ -187,6 +188,17 @@ class PostgresBackend:
 
     def insert(self, sql, params):
         return self.execute(sql, params).fetchone()[0]
+
+    def copy(self, sql, rows):
+        """Send ``rows`` (tuples) through ``COPY ... FROM STDIN``."""
+        try:
+            with self.conn.cursor() as cur, cur.copy(sql) as copy:
+                for row in rows:
+                    copy.write_row(row)
+        except self.psycopg.errors.SerializationFailure as e:
+            raise ConflictError(f"a concurrent transaction changed the same rows: retry ({e})") from None
+        except self.psycopg.OperationalError as e:
+            raise StoreError(f"PostgreSQL: {str(e).strip()}") from None
 
     @contextlib.contextmanager
     def transaction(self):

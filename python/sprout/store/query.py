@@ -304,7 +304,7 @@ class Query:
         sql = f'SELECT {select} FROM "{self.table.model.table}"'
         if self._where is not None:
             sql += " WHERE " + self._where.sql(dialect, params)
-        if self._orders:
+        if self._orders and paged:
             sql += " ORDER BY " + ", ".join(f"{o.field.column}{' DESC' if o.descending else ''}" for o in self._orders) + ", id"
         elif paged and (self._limit is not None or self._offset):
             sql += " ORDER BY id"

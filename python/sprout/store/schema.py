@@ -10,7 +10,8 @@ type and nullability). When a type is opened again:
   nothing is changed;
 * indexes declared since are created.
 
-All of it happens in one transaction.
+All of it happens in one transaction. ``drop`` removes a type's table, link tables and
+record (``Database.drop``).
 """
 
 import json
@@ -86,6 +87,27 @@ def ensure(backend, model):
             backend.execute(statement)
         if added:
             backend.execute(f'UPDATE "{SCHEMA_TABLE}" SET fields = {p} WHERE name = {p}', (json.dumps(current), model.table))
+
+
+def drop(backend, model):
+    """Drop ``model``'s table, its link tables and its schema record; whether it existed.
+    A table of that name not made by sprout.store is left alone (SchemaError)."""
+    p = backend.dialect.param
+    backend.execute(f'CREATE TABLE IF NOT EXISTS "{SCHEMA_TABLE}" (name TEXT PRIMARY KEY, fields TEXT NOT NULL)')
+    with backend.transaction():
+        row = backend.rows(f'SELECT fields FROM "{SCHEMA_TABLE}" WHERE name = {p}', (model.table,))
+        if not row:
+            if _table_exists(backend, model.table):
+                raise SchemaError(f"the table {model.table!r} was not made by sprout.store: it is not dropped")
+            return False
+        # The link tables the stored version of the type has (it may differ from the current).
+        stored = json.loads(row[0][0])
+        for name, signature in sorted(stored.items()):
+            if signature.startswith("reflist:"):
+                backend.execute(f'DROP TABLE IF EXISTS "{model.table}__{name}"')
+        backend.execute(f'DROP TABLE IF EXISTS "{model.table}"')
+        backend.execute(f'DELETE FROM "{SCHEMA_TABLE}" WHERE name = {p}', (model.table,))
+        return True
 
 
 def _describe(signature):

@@ -47,6 +47,10 @@ class Dialect:
                 out.append(f'CREATE {unique}INDEX IF NOT EXISTS "{model.table}__{f.name}" ON "{model.table}" ("{f.name}")')
         return out
 
+    def drop_indexes(self, model):
+        """Statements dropping the model's non-unique indexes (``indexes`` makes them again)."""
+        return [f'DROP INDEX IF EXISTS "{model.table}__{f.name}"' for f in model.columns if f.index and not f.unique]
+
     def add_column(self, model, f, default_sql):
         null = "" if f.nullable else " NOT NULL"
         return f'ALTER TABLE "{model.table}" ADD COLUMN "{f.name}" {self.types[f.kind]}{null} DEFAULT {default_sql}'
@@ -112,6 +116,15 @@ class PostgresDialect(Dialect):
 
     def contains(self, column):
         return f"strpos({column}, %s) > 0"
+
+    def reserve_ids(self, model):
+        """Takes %s new ids from the table's identity sequence, in increasing order."""
+        return (f"""SELECT nextval(pg_get_serial_sequence('"{model.table}"', 'id')) """
+                f"FROM generate_series(1, %s) ORDER BY 1")
+
+    def copy_in(self, model):
+        """COPY of rows (id, column...) in column order."""
+        return f'COPY "{model.table}" ({self.select(model)}) FROM STDIN'
 
     def in_list(self, column, values, params):
         params.append(list(values))

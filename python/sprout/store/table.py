@@ -156,19 +156,50 @@ class Table:
             )
 
     def save_many(self, objs):
-        """Save many objects in one transaction (new ones of a flat type in one batch);
-        returns their ids."""
+        """Save many objects in one transaction; returns their ids. New objects are inserted
+        in batches, the objects they refer to first (one batch per referenced type), unless
+        the type has lists of dataclasses, a version field or references that can cycle."""
         objs = list(objs)
         for obj in objs:
             self._check(obj)
         with self.backend.transaction():
-            if not (self.flat and self.version_at is None) or any(self.id_of(o) is not None for o in objs):
+            if not self._batchable() or any(self.id_of(o) is not None for o in objs):
                 return [self._save(o, set()) for o in objs]
-            rows = [self.encode(o, None) for o in objs]
+            save_ref = self._save_refs_batched(objs) if self.refs else None
+            rows = [self.encode(o, save_ref) for o in objs]
             ids = self._insert_batch(rows)
             for obj, rowid in zip(objs, ids):
                 self._remember(obj, rowid)
             return ids
+
+    def _batchable(self, outer=()):
+        """Whether new objects can be inserted in batches: no lists of dataclasses, no version
+        field, and references (followed transitively) that never come back to a type."""
+        if self.model.reflists or self.version_at is not None:
+            return False
+        outer = outer + (self.model.cls,)
+        return all(f.element not in outer and self.db.table(f.element)._batchable(outer) for f in self.refs)
+
+    def _save_refs_batched(self, objs):
+        """Save what ``objs`` refer to: new objects in one batch per referenced type, in the
+        order of ``objs`` and their fields, known ones updated; returns the ``save_ref`` the
+        encoder calls, which answers each one's id."""
+        children = {}  # referenced type -> {id(child): child}, in first-seen order
+        for obj in objs:
+            for f in self.refs:
+                child = getattr(obj, f.name)
+                if isinstance(child, f.element):  # others: the encoder raises ValidationError
+                    children.setdefault(f.element, {}).setdefault(id(child), child)
+        ids = {}
+        for cls, found in children.items():
+            target = self.db.table(cls)
+            new = [c for c in found.values() if target.id_of(c) is None]
+            for key, child in found.items():
+                if target.id_of(child) is not None:
+                    ids[key] = target._save(child, set())
+            for child, rowid in zip(new, target.save_many(new)):
+                ids[id(child)] = rowid
+        return lambda child: ids[id(child)]
 
     def _insert_batch(self, rows):
         if not rows:
@@ -178,13 +209,12 @@ class Table:
             start = self.backend.rows(f'SELECT COALESCE(MAX(id), 0) FROM "{self.model.table}"')[0][0] + 1
             self.backend.executemany(self.sql_insert, rows)
             return list(range(start, start + len(rows)))
-        with self.backend.conn.cursor() as cur:
-            cur.executemany(self.sql_insert, rows, returning=True)
-            ids = []
-            while True:
-                ids.append(cur.fetchone()[0])
-                if not cur.nextset():
-                    return ids
+        # Ids reserved from the table's sequence, then the rows, ids and all, in one COPY
+        # rather than an INSERT ... RETURNING per row.
+        d = self.backend.dialect
+        ids = [row[0] for row in self.backend.rows(d.reserve_ids(self.model), (len(rows),))]
+        self.backend.copy(d.copy_in(self.model), ((rowid,) + row for rowid, row in zip(ids, rows)))
+        return ids
 
     def delete(self, obj_or_id):
         """Delete a row by object or id; returns whether there was one."""

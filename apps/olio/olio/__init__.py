@@ -1,0 +1,1 @@
+"""Olio, the Cloudstone social-events application: a Flask WSGI app (`olio.wsgi:app`)."""

@@ -1,0 +1,157 @@
+"""The Olio WSGI application: `create_app()` wires configuration, data, cache, file store,
+the page modules (`olio.views_events`, `olio.views_users`), error pages and the static and
+file-store routes together.
+"""
+
+import logging
+import os
+import secrets
+import tempfile
+from pathlib import Path
+
+from flask import Flask, abort, current_app, g, jsonify, render_template, send_from_directory
+from werkzeug.exceptions import HTTPException
+
+from . import auth, data
+from . import cache as caching
+from . import config as olio_config
+from .files import FileStore
+from .writes import Refused
+
+log = logging.getLogger("olio")
+
+MAX_REQUEST_BYTES = 16 << 20  # a whole form: an image, a document and the text fields
+STATIC_MAX_AGE = 3600  # seconds browsers may keep static files and uploads before asking again
+
+
+def create_app(config=None):
+    """The Flask application serving Olio with `config` (default: `olio.config.load()`)."""
+    config = config or olio_config.load()
+    for key in ("static_url", "files_url"):
+        value = getattr(config, key)
+        if not value.startswith("/") or value.endswith("/") or len(value) < 2:
+            raise olio_config.ConfigError(f"{key} must be a path like /static (not {value!r})")
+    app = Flask("olio", static_url_path=config.static_url)
+    store = FileStore(config.files)
+    store.ensure()
+    app.config.update(
+        SECRET_KEY=config.secret or _kept_secret(store.root),
+        MAX_CONTENT_LENGTH=MAX_REQUEST_BYTES,
+        SESSION_COOKIE_SAMESITE="Lax",  # a cross-site POST carries no session (no CSRF)
+        SESSION_COOKIE_HTTPONLY=True,
+        SEND_FILE_MAX_AGE_DEFAULT=STATIC_MAX_AGE,
+    )
+    app.extensions["olio"] = {"config": config, "cache": caching.make(config), "files": store}
+    data.configure(config.db)
+
+    from .views_events import events
+    from .views_users import users
+
+    app.register_blueprint(events)
+    app.register_blueprint(users)
+    app.add_url_rule(f"{config.files_url}/<path:name>", "stored_file", stored_file)
+    app.before_request(_who_is_there)
+    app.after_request(_headers)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(data.NotFound, lambda e: _error_page(404, "There is no such page."))
+    app.register_error_handler(Refused, lambda e: _error_page(e.status, str(e)))
+    app.register_error_handler(data.StoreError, _store_error)
+    for lost in _lost_connection_errors():
+        app.register_error_handler(lost, _store_error)
+    app.jinja_env.filters.update(when=_when, day=_day)
+    app.jinja_env.globals.update(file_url=file_url)
+    return app
+
+
+def olio(key):
+    """The running app's `config`, `cache` or `files` (the FileStore)."""
+    return current_app.extensions["olio"][key]
+
+
+def file_url(name):
+    """The URL of file-store file `name` (None stays None)."""
+    return None if not name else f"{olio('config').files_url}/{name}"
+
+
+def stored_file(name):
+    """A file of the file store, with Last-Modified and 304 answers to If-Modified-Since.
+    Hidden files (the kept secret, files being written) are never served."""
+    if any(part.startswith(".") for part in name.split("/")):
+        abort(404)
+    return send_from_directory(olio("files").root, name, conditional=True, max_age=STATIC_MAX_AGE)
+
+
+def _kept_secret(root):
+    """The cookie-signing key kept in `<files>/.secret`, made by the first process to need
+    it: written to a temporary file, then linked to its name, which fails if another
+    process linked first (its key then wins), so every process ends with the same key."""
+    path = Path(root) / ".secret"
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=".secret-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    key = path.read_text().strip()
+    if len(key) < 32:
+        raise olio_config.ConfigError(f"{path} holds no usable key: delete it (sessions will end) or set secret")
+    return key
+
+
+def _who_is_there():
+    g.user = auth.current_user()
+
+
+def _headers(response):
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    return response
+
+
+def _error_page(status, message):
+    if auth.wants_json():
+        return jsonify(error=message), status
+    return render_template("error.html", status=status, message=message), status
+
+
+def _http_error(e):
+    if e.code is None or e.code < 400:
+        return e
+    messages = {
+        404: "There is no such page.",
+        405: "This page does not accept that method.",
+        413: f"The request is too large: a form may carry at most {MAX_REQUEST_BYTES >> 20} MiB in all.",
+    }
+    response = _error_page(e.code, messages.get(e.code, e.description))
+    return response
+
+
+def _lost_connection_errors():
+    """The database driver's errors that mean a broken connection (beyond those sprout.store
+    turns into StoreError)."""
+    try:
+        import psycopg
+    except ImportError:
+        return []
+    return [psycopg.OperationalError]
+
+
+def _store_error(e):
+    data.forget_connection()  # the next request opens a new connection
+    log.exception("database error")
+    return _error_page(503, "The database is unavailable; please try again.")
+
+
+def _when(moment):
+    """A date and time for people: "Tue 5 May 2026, 14:30"."""
+    return "" if moment is None else f"{moment:%a} {moment.day} {moment:%b %Y, %H:%M}"
+
+
+def _day(moment):
+    return "" if moment is None else f"{moment.day} {moment:%b %Y}"

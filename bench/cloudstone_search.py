@@ -1,0 +1,146 @@
+"""Render a Cloudstone search (search.json from `sprout cloudstone search`) as an HTML page:
+the search's trace (users tried, SLA-1 and SLA-2 verdicts, throughput), the maxima, and
+dollars per user per month for each price, 1, 12 and 36 months (Cloudstone's Table 1).
+With two or more search.json files, `compare` mode writes a side-by-side page and the
+summary JSON.
+
+usage: python3 bench/cloudstone_search.py DIR/search.json
+       python3 bench/cloudstone_search.py --compare OUT_DIR A/search.json B/search.json [--json bench/results/cloudstone.json]
+"""
+
+import argparse
+import html
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {"sprout": "#2a9d8f", "conventional": "#e76f51"}
+
+
+def money(v):
+    return "n/a" if v is None else f"${v:,.4f}" if v < 0.1 else f"${v:,.2f}"
+
+
+def table(headers, rows):
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+STYLE = """<style>body{font-family:sans-serif;max-width:1300px;margin:2em auto;color:#222}table{border-collapse:collapse;margin:1em 0}
+td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}
+.ok{color:#2a9d8f}.bad{color:#e76f51}</style>"""
+
+
+def plot_trace(searches, path):
+    fig, ax = plt.subplots(figsize=(11, 4))
+    for s in searches:
+        color = COLORS.get(s["stack"], "#264653")
+        for i, step in enumerate(s["trace"]):
+            marker = "o" if step["sla2"] else ("s" if step["sla1"] else "x")
+            ax.scatter(step["users"], step["ops_per_s"], color=color, marker=marker, s=60, label=s["stack"] if i == 0 else None)
+        ax.axvline(s["sla1_users"], color=color, linestyle="--", linewidth=1)
+        ax.axvline(s["sla2_users"], color=color, linestyle=":", linewidth=1)
+    ax.set_xlabel("concurrent users (o: passes SLA-2, s: SLA-1 only, x: fails; dashed: SLA-1 max, dotted: SLA-2 max)")
+    ax.set_ylabel("operations/s in the steady state")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cost_rows(s):
+    rows = []
+    for price in s["prices"]:
+        by = s["usd_per_user_month"][price["name"]]
+        for sla, users in (("sla1", s["sla1_users"]), ("sla2", s["sla2_users"])):
+            rows.append([html.escape(price["name"]), sla.upper().replace("SLA", "SLA-"), users] + [money(by[sla][m]) for m in ("1", "12", "36")])
+    return rows
+
+
+def render_search(path):
+    s = json.loads(path.read_text())
+    out = path.parent
+    plot_trace([s], out / "search_trace.png")
+    trace = table(
+        ["users", "accounts", "SLA-1", "SLA-2", "ops/s", "first failed check", "report"],
+        [[st["users"], f"{st['registered_users']:,}", verdict(st["sla1"]), verdict(st["sla2"]), f"{st['ops_per_s']:.1f}", html.escape(st["reason"]),
+          f"<a href=\"{html.escape(str(Path(st['report']).relative_to(out)) if Path(st['report']).is_relative_to(out) else st['report'])}\">run</a>"] for st in s["trace"]],
+    )
+    prices = "".join(f"<li><b>{html.escape(p['name'])}</b>: {html.escape(p['description'])}</li>" for p in s["prices"])
+    page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>Cloudstone search: {html.escape(s['stack'])}</title>{STYLE}</head><body>
+<h1>Cloudstone search: Olio on {html.escape(s['stack'])}</h1>
+<p>Most concurrent users within the SLA: <b>{s['sla1_users']}</b> at SLA-1 (90th percentile), <b>{s['sla2_users']}</b> at SLA-2 (99th percentile);
+{s['run_seconds']:.0f} s steady state per run; deployment confined to CPUs {html.escape(s['cpus'])}, counted as {s['instances']:g} instance(s);
+{html.escape(s['machine'])}. Extra deployment flags: {html.escape(' '.join(s['up_args']) or 'none')}.</p>
+<h2>Dollars per user per month (Cloudstone Table 1)</h2>{table(['price', 'SLA', 'users', '1 month', '12 months', '36 months'], cost_rows(s))}<ul>{prices}</ul>
+<h2>The search</h2><img src="search_trace.png">{trace}</body></html>"""
+    (out / "search.html").write_text(page)
+    print(f"wrote {out / 'search.html'}")
+
+
+def verdict(ok):
+    return "<b class=ok>pass</b>" if ok else "<b class=bad>fail</b>"
+
+
+def compare(out_dir, paths, json_out):
+    searches = [json.loads(Path(p).read_text()) for p in paths]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plot_trace(searches, out_dir / "compare_trace.png")
+    default = searches[0]["default_price"]
+    rows, md = [], ["| stack | SLA-1 users | SLA-2 users | $/user/month SLA-1 | $/user/month SLA-2 |", "|---|---:|---:|---:|---:|"]
+    for s in searches:
+        c = s["usd_per_user_month"][default]
+        rows.append([html.escape(s["stack"]), s["sla1_users"], s["sla2_users"], money(c["sla1"]["1"]), money(c["sla2"]["1"])])
+        md.append(f"| {s['stack']} | {s['sla1_users']} | {s['sla2_users']} | {money(c['sla1']['1'])} | {money(c['sla2']['1'])} |")
+    if len(searches) == 2:
+        a, b = searches
+        for sla in ("sla1", "sla2"):
+            ratio = a[f"{sla}_users"] / b[f"{sla}_users"] if b[f"{sla}_users"] else float("inf")
+            md.append(f"\n{a['stack']} ÷ {b['stack']}, users per dollar at {sla.upper().replace('SLA', 'SLA-')}: **{ratio:.2f}×**")
+    page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>Cloudstone comparison</title>{STYLE}</head><body>
+<h1>Cloudstone: {' against '.join(html.escape(s['stack']) for s in searches)}</h1>
+{table(['stack', 'SLA-1 users', 'SLA-2 users', f'$/user/month SLA-1 ({default})', f'$/user/month SLA-2 ({default})'], rows)}
+<p>{'<br>'.join(html.escape(l.strip()) for l in md[2 + len(searches):])}</p><img src="compare_trace.png"></body></html>"""
+    (out_dir / "compare.html").write_text(page)
+    (out_dir / "compare.md").write_text("\n".join(md) + "\n")
+    if json_out:
+        summary = {
+            "machine": searches[0]["machine"],
+            "run_seconds": searches[0]["run_seconds"],
+            "price": default,
+            "stacks": {
+                s["stack"]: {
+                    "sla1_users": s["sla1_users"],
+                    "sla2_users": s["sla2_users"],
+                    "usd_per_user_month": s["usd_per_user_month"][default],
+                    "usd_per_user_month_by_price": s["usd_per_user_month"],
+                    "report": str(Path(paths[i]).with_name("search.html")),
+                }
+                for i, s in enumerate(searches)
+            },
+        }
+        Path(json_out).write_text(json.dumps(summary, indent=2) + "\n")
+    print("\n".join(md))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("search", nargs="*")
+    p.add_argument("--compare", metavar="OUT_DIR")
+    p.add_argument("--json")
+    a = p.parse_args()
+    if a.compare:
+        compare(a.compare, a.search, a.json)
+    else:
+        for s in a.search:
+            render_search(Path(s))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,390 @@
+//! The closed loop: simulated users, each moving between operations by the workload's chain
+//! with negative-exponential cycle times, started over the ramp-up, measured through the
+//! steady state, stopped after the ramp-down; the number of active users may follow a load
+//! profile. Runs on one thread (a current-thread tokio runtime): an agent is one process.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::rc::Rc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use anyhow::Result;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::browser::Failure;
+use crate::profile::Profile;
+use crate::stats::{Windows, WireWindows};
+use crate::workload::Workload;
+
+/// Performs a workload's operations for one application.
+pub trait Driver: 'static {
+    type User: 'static;
+    /// A new simulated user (`cold`: its browser cache starts empty).
+    fn new_user(&self, id: u64, cold: bool, rng: &mut SmallRng) -> Self::User;
+    /// Perform operation `op`; counters it bumps (e.g. "attend") go in `counters`.
+    fn run(&self, user: &mut Self::User, op: usize, rng: &mut SmallRng, counters: &mut BTreeMap<String, u64>) -> impl Future<Output = Result<(), Failure>>;
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub users: usize,
+    pub ramp_up: Duration,
+    pub steady: Duration,
+    pub ramp_down: Duration,
+    /// SLA window length (Cloudstone: 5 minutes; shorter for short runs).
+    pub window: Duration,
+    /// Time-series interval (and progress lines).
+    pub interval: Duration,
+    /// Pause between starting two users (Faban's thread start delay), at most.
+    pub start_delay: Duration,
+    pub profile: Option<Profile>,
+    pub seed: u64,
+    /// This agent's number (0-based) of `agents`: it runs the global user slots s with
+    /// s % agents == agent; user ids are agent-unique (agent * 1,000,000 + n).
+    pub agent: u32,
+    pub agents: u32,
+    pub progress: bool,
+}
+
+impl Plan {
+    pub fn total(&self) -> Duration {
+        self.ramp_up + self.steady + self.ramp_down
+    }
+
+    /// Users wanted on this agent at `t` into the run.
+    pub fn users_at(&self, t: Duration) -> usize {
+        let global = match &self.profile {
+            Some(p) => p.users_at(t.as_secs_f64()),
+            None => self.users,
+        };
+        share(global, self.agent, self.agents)
+    }
+}
+
+/// How many of `global` user slots agent `agent` of `agents` runs (slots dealt round-robin).
+pub fn share(global: usize, agent: u32, agents: u32) -> usize {
+    let (agent, agents) = (agent as usize, agents.max(1) as usize);
+    if global > agent {
+        (global - agent).div_ceil(agents)
+    } else {
+        0
+    }
+}
+
+/// What an agent measured, in a form a controller merges exactly.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct AgentResult {
+    pub agent: u32,
+    /// Per SLA window of the steady state.
+    pub steady: Option<WireWindows>,
+    /// Per interval from the start of the run (ramps included).
+    pub series: Option<WireWindows>,
+    pub cycles: u64,
+    pub cycle_ms_sum: f64,
+    pub counters: BTreeMap<String, u64>,
+    /// (seconds into the run, active users) each interval.
+    pub active_users: Vec<(f64, usize)>,
+}
+
+struct Shared<D: Driver> {
+    driver: D,
+    workload: Workload,
+    plan: Plan,
+    start: Instant,
+    steady: RefCell<Windows>,
+    series: RefCell<Windows>,
+    cycles: Cell<u64>,
+    cycle_ms_sum: Cell<f64>,
+    counters: RefCell<BTreeMap<String, u64>>,
+    stop: Cell<bool>,
+    /// Which user slots have a running task.
+    alive: RefCell<Vec<bool>>,
+}
+
+impl<D: Driver> Shared<D> {
+    fn in_steady(&self, t: Duration) -> bool {
+        t >= self.plan.ramp_up && t < self.plan.ramp_up + self.plan.steady
+    }
+}
+
+/// Run the plan to its end and return what was measured.
+pub async fn run<D: Driver>(driver: D, workload: Workload, plan: Plan) -> Result<AgentResult> {
+    let ops = workload.operations.len();
+    let shared = Rc::new(Shared {
+        steady: RefCell::new(Windows::new(ops, plan.window.as_micros() as u64)),
+        series: RefCell::new(Windows::new(ops, plan.interval.as_micros() as u64)),
+        driver,
+        workload,
+        start: Instant::now(),
+        cycles: Cell::new(0),
+        cycle_ms_sum: Cell::new(0.0),
+        counters: RefCell::new(BTreeMap::new()),
+        stop: Cell::new(false),
+        alive: RefCell::new(Vec::new()),
+        plan,
+    });
+    let local = tokio::task::LocalSet::new();
+    let active_users = local.run_until(supervise(shared.clone())).await;
+    let steady = shared.steady.borrow().to_wire()?;
+    let series = shared.series.borrow().to_wire()?;
+    let counters = shared.counters.borrow().clone();
+    Ok(AgentResult {
+        agent: shared.plan.agent,
+        steady: Some(steady),
+        series: Some(series),
+        cycles: shared.cycles.get(),
+        cycle_ms_sum: shared.cycle_ms_sum.get(),
+        counters,
+        active_users,
+    })
+}
+
+/// Start and stop users to follow the plan; print progress; return the active-user series.
+async fn supervise<D: Driver>(shared: Rc<Shared<D>>) -> Vec<(f64, usize)> {
+    let plan = shared.plan.clone();
+    let mut series = Vec::new();
+    let mut next_report = plan.interval;
+    let mut last_started = Instant::now() - plan.start_delay;
+    let mut last_count = 0u64;
+    // Users start no faster than one per start_delay, and fast enough to be all up by the
+    // end of the ramp-up.
+    let mine = share(plan.users, plan.agent, plan.agents);
+    let stagger = if mine > 0 { plan.start_delay.min(plan.ramp_up / mine as u32) } else { plan.start_delay };
+    loop {
+        let t = shared.start.elapsed();
+        if t >= plan.total() {
+            break;
+        }
+        let want = plan.users_at(t);
+        let running = shared.alive.borrow().iter().filter(|a| **a).count();
+        if running < want && last_started.elapsed() >= stagger {
+            let slot = {
+                let mut alive = shared.alive.borrow_mut();
+                let slot = alive.iter().position(|a| !a).unwrap_or(alive.len());
+                if slot == alive.len() {
+                    alive.push(true);
+                } else {
+                    alive[slot] = true;
+                }
+                slot
+            };
+            last_started = Instant::now();
+            tokio::task::spawn_local(user_loop(shared.clone(), slot));
+        }
+        if t >= next_report {
+            let active = shared.alive.borrow().iter().filter(|a| **a).count();
+            series.push((t.as_secs_f64(), active));
+            if plan.progress {
+                last_count = report(&shared, t, active, last_count);
+            }
+            next_report += plan.interval;
+        }
+        tokio::time::sleep(Duration::from_millis(if stagger.is_zero() { 1 } else { stagger.as_millis().clamp(1, 50) as u64 })).await;
+    }
+    shared.stop.set(true);
+    // Let operations in flight finish (they are past the steady state, not recorded) for a
+    // moment, then drop them.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while shared.alive.borrow().iter().any(|a| *a) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    series
+}
+
+fn report<D: Driver>(shared: &Shared<D>, t: Duration, active: usize, last_count: u64) -> u64 {
+    let plan = &shared.plan;
+    let phase = if t < plan.ramp_up {
+        "ramp-up"
+    } else if t < plan.ramp_up + plan.steady {
+        "steady"
+    } else {
+        "ramp-down"
+    };
+    let series = shared.series.borrow();
+    let count: u64 = series.windows.iter().flatten().map(|s| s.hist.len()).sum();
+    let errors: u64 = series.windows.iter().flatten().map(|s| s.error_count()).sum();
+    let rate = (count - last_count) as f64 / plan.interval.as_secs_f64();
+    let p90 = series.windows.last().map(|w| {
+        w.iter()
+            .zip(&shared.workload.operations)
+            .filter(|(s, _)| !s.hist.is_empty())
+            .map(|(s, op)| format!("{} {}", op.name, s.hist.value_at_quantile(0.9) / 1000))
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
+    eprintln!(
+        "[agent {}] {:>5.0}s {:<9} users {:>5}  {:>7.1} ops/s  errors {:>4}  p90 ms: {}",
+        plan.agent,
+        t.as_secs_f64(),
+        phase,
+        active,
+        rate,
+        errors,
+        p90.unwrap_or_default()
+    );
+    count
+}
+
+async fn user_loop<D: Driver>(shared: Rc<Shared<D>>, slot: usize) {
+    let plan = &shared.plan;
+    let id = plan.agent as u64 * 1_000_000 + slot as u64;
+    let mut rng = SmallRng::seed_from_u64(plan.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let cold = rng.random::<f64>() < shared.workload.cold_cache_share;
+    let mut user = shared.driver.new_user(id, cold, &mut rng);
+    let mut op = 0usize;
+    let mut counters = BTreeMap::new();
+    let mut previous_start: Option<Instant> = None;
+    loop {
+        let started = Instant::now();
+        let t = started - shared.start;
+        if shared.stop.get() || slot >= plan.users_at(t) {
+            break;
+        }
+        if let Some(prev) = previous_start {
+            if shared.in_steady(t) {
+                shared.cycles.set(shared.cycles.get() + 1);
+                shared.cycle_ms_sum.set(shared.cycle_ms_sum.get() + (started - prev).as_secs_f64() * 1000.0);
+            }
+        }
+        previous_start = Some(started);
+        counters.clear();
+        let outcome = shared.driver.run(&mut user, op, &mut rng, &mut counters).await;
+        let took = started.elapsed().as_micros() as u64;
+        let measured = shared.in_steady(t);
+        {
+            let mut series = shared.series.borrow_mut();
+            let s = series.at(t.as_micros() as u64, op);
+            match &outcome {
+                Ok(()) => s.record(took),
+                Err(f) => s.error(&f.kind),
+            }
+        }
+        if measured {
+            let at = (t - plan.ramp_up).as_micros() as u64;
+            let mut steady = shared.steady.borrow_mut();
+            let s = steady.at(at, op);
+            match &outcome {
+                Ok(()) => s.record(took),
+                Err(f) => s.error(&f.kind),
+            }
+            let mut all = shared.counters.borrow_mut();
+            for (k, v) in &counters {
+                *all.entry(k.clone()).or_default() += v;
+            }
+        }
+        if let Err(f) = &outcome {
+            tracing_error(plan.agent, &shared.workload.operations[op].name, f);
+        }
+        let next = shared.workload.chain.next(op, &mut rng);
+        let delay = shared.workload.cycle.draw(shared.workload.operations[next].min_cycle_ms, &mut rng);
+        let wake = started + Duration::from_secs_f64(delay / 1000.0);
+        // Sleep in slices so a stop or a lower profile ends the session promptly.
+        while Instant::now() < wake && !shared.stop.get() {
+            let left = wake.saturating_duration_since(Instant::now());
+            tokio::time::sleep(left.min(Duration::from_millis(500))).await;
+        }
+        op = next;
+    }
+    shared.alive.borrow_mut()[slot] = false;
+}
+
+/// The first few failures of each kind are printed; after that they are only counted.
+fn tracing_error(agent: u32, op: &str, f: &Failure) {
+    thread_local! {
+        static SEEN: RefCell<BTreeMap<String, u32>> = RefCell::new(BTreeMap::new());
+    }
+    SEEN.with(|seen| {
+        let mut seen = seen.borrow_mut();
+        let n = seen.entry(f.kind.clone()).or_default();
+        *n += 1;
+        if *n <= 3 {
+            eprintln!("[agent {agent}] {op} failed: {f}{}", if *n == 3 { " (further errors of this kind are only counted)" } else { "" });
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checks;
+    use crate::stats::Windows;
+
+    /// A driver whose operations take a fixed time and never touch a network: it exercises
+    /// the engine's arithmetic (the HTTP drivers are tested against the real application).
+    struct Sleeper(Duration);
+
+    impl Driver for Sleeper {
+        type User = ();
+        fn new_user(&self, _: u64, _: bool, _: &mut SmallRng) {}
+        async fn run(&self, _: &mut (), op: usize, _: &mut SmallRng, counters: &mut BTreeMap<String, u64>) -> Result<(), Failure> {
+            tokio::time::sleep(self.0).await;
+            *counters.entry(format!("op{op}")).or_default() += 1;
+            Ok(())
+        }
+    }
+
+    fn plan(users: usize, steady_s: u64, profile: Option<Profile>) -> Plan {
+        Plan {
+            users,
+            ramp_up: Duration::from_secs(30),
+            steady: Duration::from_secs(steady_s),
+            ramp_down: Duration::from_secs(10),
+            window: Duration::from_secs(300),
+            interval: Duration::from_secs(30),
+            start_delay: Duration::from_millis(100),
+            profile,
+            seed: 3,
+            agent: 0,
+            agents: 1,
+            progress: false,
+        }
+    }
+
+    fn olio() -> Workload {
+        Workload::parse(include_str!("../../../bench/workloads/olio.toml")).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_run_meets_the_mix_and_cycle_checks() {
+        // 200 users for 30 virtual minutes: about 70,000 operations.
+        let w = olio();
+        let r = run(Sleeper(Duration::from_millis(20)), w.clone(), plan(200, 1800, None)).await.unwrap();
+        let steady = Windows::from_wire(r.steady.as_ref().unwrap()).unwrap();
+        assert_eq!(steady.windows.len(), 6, "six 5-minute windows");
+        let total = steady.total();
+        let ops: u64 = total.iter().map(|s| s.hist.len()).sum();
+        assert!(ops > 60_000, "{ops}");
+        let mix = checks::mix(&w, &total);
+        assert!(mix.passed, "{}", mix.detail);
+        let cycle = checks::cycle_time(&w, r.cycle_ms_sum / r.cycles as f64, r.cycles);
+        assert!(cycle.passed, "{}", cycle.detail);
+        // Each operation took 20 ms of (virtual) time.
+        assert!((total[0].summary().p90_ms - 20.0).abs() < 1.0);
+        assert_eq!(r.counters.values().sum::<u64>(), ops);
+        // All users were up by the end of the ramp-up.
+        assert!(r.active_users.iter().any(|&(t, u)| t >= 30.0 && u == 200), "{:?}", r.active_users);
+    }
+
+    #[test]
+    fn slots_are_dealt_round_robin() {
+        assert_eq!((0..3).map(|a| share(10, a, 3)).collect::<Vec<_>>(), vec![4, 3, 3]);
+        assert_eq!((0..3).map(|a| share(2, a, 3)).collect::<Vec<_>>(), vec![1, 1, 0]);
+        assert_eq!(share(7, 0, 1), 7);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn users_follow_the_profile() {
+        let profile = Profile::parse("0 10\n100 50\n200 5\n").unwrap();
+        let r = run(Sleeper(Duration::from_millis(5)), olio(), plan(50, 300, Some(profile))).await.unwrap();
+        let at = |s: f64| r.active_users.iter().find(|(t, _)| *t >= s).map(|p| p.1).unwrap();
+        assert_eq!(at(90.0), 10);
+        assert_eq!(at(150.0), 50);
+        // Sessions end after their current cycle: within a cap (25 s) of the step down.
+        assert_eq!(at(240.0), 5);
+    }
+}

@@ -1,0 +1,75 @@
+//! One measured run, end to end: sample the system under test, run the agents, merge, judge,
+//! and write the run's JSON and HTML report into its directory.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::control::{self, Spec};
+use crate::report::{self, RunReport};
+use crate::utilization::{Sampler, SutProcesses};
+use crate::workload::Workload;
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub spec: Spec,
+    /// Which deployment this is, for the report ("sprout", "conventional", ...).
+    pub stack: String,
+    /// CPUs the agents are pinned to (round-robin).
+    pub agent_cpus: Vec<usize>,
+    /// CPUs of the system under test, whose busy time is its CPU use.
+    pub sut_cpus: Vec<usize>,
+    /// A cgroup listing the deployment's processes (for their memory).
+    pub sut_cgroup: Option<PathBuf>,
+    /// Where the run's files go: run.json, report.html and its plots.
+    pub out: PathBuf,
+    /// The `sprout` binary (agents are `sprout load agent` processes).
+    pub exe: PathBuf,
+    /// The repository (for bench/cloudstone_report.py).
+    pub repo: PathBuf,
+}
+
+pub fn run(opts: &RunOptions) -> Result<RunReport> {
+    let workload = Workload::load(&opts.spec.workload)?;
+    std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
+    let plan = opts.spec.plan()?;
+    let peak = plan.profile.as_ref().map(|p| p.peak()).unwrap_or(opts.spec.users);
+    eprintln!(
+        "==> {} against {}: {} users ({} agents on CPUs {:?}), ramp-up {} s, steady {} s, ramp-down {} s; system under test on CPUs {:?}",
+        workload.name, opts.spec.url, peak, opts.spec.agents, opts.agent_cpus, opts.spec.ramp_up_s, opts.spec.steady_s, opts.spec.ramp_down_s, opts.sut_cpus
+    );
+    let sampler = Sampler::start(Duration::from_secs(1), opts.sut_cgroup.clone().map(SutProcesses));
+    let merged = control::run_agents(&opts.exe, &opts.spec, &opts.agent_cpus);
+    let samples = sampler.stop();
+    let merged = merged?;
+    let report = report::build(&workload, &opts.spec, &opts.stack, &merged, samples, opts.sut_cpus.clone(), machine(), peak);
+    let json_path = opts.out.join("run.json");
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)?;
+    render_html(&opts.repo, &json_path)?;
+    Ok(report)
+}
+
+/// bench/cloudstone_report.py draws the plots and writes report.html beside the JSON.
+pub fn render_html(repo: &Path, json: &Path) -> Result<()> {
+    let script = repo.join("bench/cloudstone_report.py");
+    let status = Command::new("python3").arg(&script).arg(json).status().with_context(|| format!("running {}", script.display()))?;
+    anyhow::ensure!(status.success(), "{} failed ({status})", script.display());
+    Ok(())
+}
+
+pub fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| t.lines().next().and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<u64>().ok()))
+        .map(|kb| kb as f64 / (1 << 20) as f64)
+        .unwrap_or(0.0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpus} CPUs ({model}), {mem:.0} GiB, Linux {}", kernel.trim())
+}

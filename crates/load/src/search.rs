@@ -1,0 +1,232 @@
+//! Finding the most users a deployment serves within the SLA (the search Cloudstone's authors
+//! did by hand): runs at growing user counts until SLA-1 fails, then bisection for SLA-1 and
+//! for SLA-2; each run on a freshly deployed stack whose database is loaded at the matching
+//! scale. Writes search.json (the trace, the maxima, the cost) and its HTML page.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::cost::Pricing;
+use crate::report::RunReport;
+use crate::run::{self, RunOptions};
+
+#[derive(Debug, Clone)]
+pub struct SearchOptions {
+    /// Template for each run (users, url, registered users and out are set per run).
+    pub run: RunOptions,
+    pub stack: String,
+    /// CPUs the deployment is confined to.
+    pub cpus: String,
+    /// Extra arguments for `sprout olio up` (e.g. --cache off).
+    pub up_args: Vec<String>,
+    pub port: u16,
+    pub start_users: usize,
+    pub max_users: usize,
+    /// Stop bisecting when the bracket is narrower than this share of the lower bound...
+    pub resolution: f64,
+    /// ...or than this many users.
+    pub min_step: usize,
+    /// Registered accounts per concurrent user (Olio: 100), at least 1,000 (U >= 3).
+    pub accounts_per_user: u64,
+    pub pricing: PathBuf,
+    /// Instances the deployment occupies (both stacks here: one 1-vCPU instance).
+    pub instances: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Step {
+    pub users: usize,
+    pub registered_users: u64,
+    pub sla1: bool,
+    pub sla2: bool,
+    pub ops_per_s: f64,
+    /// The first failed check, if any.
+    pub reason: String,
+    pub report: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SearchResult {
+    pub stack: String,
+    pub machine: String,
+    pub run_seconds: f64,
+    pub cpus: String,
+    pub up_args: Vec<String>,
+    pub trace: Vec<Step>,
+    pub sla1_users: usize,
+    pub sla2_users: usize,
+    pub instances: f64,
+    /// price name -> {"sla1"|"sla2" -> {"1"|"12"|"36" -> $/user/month}}
+    pub usd_per_user_month: BTreeMap<String, BTreeMap<String, BTreeMap<String, Option<f64>>>>,
+    pub default_price: String,
+    pub prices: Vec<crate::cost::Price>,
+}
+
+pub fn search(opts: &SearchOptions) -> Result<SearchResult> {
+    let pricing = Pricing::load(&opts.pricing)?;
+    if opts.start_users == 0 || opts.max_users < opts.start_users {
+        bail!("--start must be at least 1 and at most --max");
+    }
+    std::fs::create_dir_all(&opts.run.out)?;
+    let mut trace: Vec<Step> = Vec::new();
+    let run_at = |users: usize, trace: &mut Vec<Step>| -> Result<(bool, bool)> {
+        if let Some(s) = trace.iter().find(|s| s.users == users) {
+            return Ok((s.sla1, s.sla2));
+        }
+        let step = one_run(opts, users)?;
+        eprintln!("==> {} users: SLA-1 {}, SLA-2 {}{}", users, pass(step.sla1), pass(step.sla2), if step.reason.is_empty() { String::new() } else { format!(" ({})", step.reason) });
+        let verdict = (step.sla1, step.sla2);
+        trace.push(step);
+        write_partial(&opts.run.out, trace)?;
+        Ok(verdict)
+    };
+    // Grow until SLA-1 fails (or the cap).
+    let (mut lo1, mut hi1) = (0usize, None::<usize>);
+    let mut users = opts.start_users;
+    loop {
+        let (sla1, _) = run_at(users, &mut trace)?;
+        if sla1 {
+            lo1 = users;
+            if users >= opts.max_users {
+                break;
+            }
+            users = (users * 2).min(opts.max_users);
+        } else {
+            hi1 = Some(users);
+            break;
+        }
+    }
+    let narrow = |lo: usize, hi: usize| hi - lo <= opts.min_step.max((lo as f64 * opts.resolution).ceil() as usize);
+    if let Some(mut hi) = hi1 {
+        while !narrow(lo1, hi) {
+            let mid = (lo1 + hi) / 2;
+            if run_at(mid, &mut trace)?.0 {
+                lo1 = mid;
+            } else {
+                hi = mid;
+            }
+        }
+    }
+    // SLA-2 below the SLA-1 maximum, from what the runs so far showed.
+    let mut lo2 = trace.iter().filter(|s| s.sla2 && s.users <= lo1).map(|s| s.users).max().unwrap_or(0);
+    // With no failure above it, every run passed SLA-2 and the SLA-1 maximum is SLA-2's too.
+    let hi2 = trace.iter().filter(|s| !s.sla2 && s.users > lo2).map(|s| s.users).min();
+    if let Some(mut hi) = hi2 {
+        while !narrow(lo2, hi) {
+            let mid = (lo2 + hi) / 2;
+            if mid == 0 {
+                break;
+            }
+            if run_at(mid, &mut trace)?.1 {
+                lo2 = mid;
+            } else {
+                hi = mid;
+            }
+        }
+    }
+    trace.sort_by_key(|s| s.users);
+    let mut usd = BTreeMap::new();
+    for price in &pricing.prices {
+        let mut by_sla = BTreeMap::new();
+        for (sla, users) in [("sla1", lo1), ("sla2", lo2)] {
+            let terms = price.per_user_month(opts.instances, users as u64).into_iter().map(|(m, v)| (m.to_string(), v)).collect();
+            by_sla.insert(sla.to_string(), terms);
+        }
+        usd.insert(price.name.clone(), by_sla);
+    }
+    let result = SearchResult {
+        stack: opts.stack.clone(),
+        machine: run::machine(),
+        run_seconds: opts.run.spec.steady_s,
+        cpus: opts.cpus.clone(),
+        up_args: opts.up_args.clone(),
+        trace,
+        sla1_users: lo1,
+        sla2_users: lo2,
+        instances: opts.instances,
+        usd_per_user_month: usd,
+        default_price: pricing.default.clone(),
+        prices: pricing.prices.clone(),
+    };
+    let path = opts.run.out.join("search.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&result)?)?;
+    render(&opts.run.repo, &path)?;
+    Ok(result)
+}
+
+fn pass(ok: bool) -> &'static str {
+    if ok {
+        "pass"
+    } else {
+        "fail"
+    }
+}
+
+fn write_partial(out: &Path, trace: &[Step]) -> Result<()> {
+    std::fs::write(out.join("search-trace.json"), serde_json::to_vec_pretty(trace)?)?;
+    Ok(())
+}
+
+/// Deploy the stack fresh with a database at the scale of `users`, run, and take it down.
+fn one_run(opts: &SearchOptions, users: usize) -> Result<Step> {
+    let registered = (users as u64 * opts.accounts_per_user).max(1000);
+    let state = opts.run.out.join("state");
+    let exe = &opts.run.exe;
+    olio(exe, &["down", "--dir"], &state).ok();
+    if state.exists() {
+        std::fs::remove_dir_all(&state).with_context(|| format!("clearing {}", state.display()))?;
+    }
+    let mut up: Vec<String> = vec!["up".into(), "--stack".into(), opts.stack.clone(), "--cpus".into(), opts.cpus.clone(), "--port".into(), opts.port.to_string(), "--users".into(), registered.to_string()];
+    up.extend(opts.up_args.iter().cloned());
+    up.push("--dir".into());
+    let up_refs: Vec<&str> = up.iter().map(String::as_str).collect();
+    olio(exe, &up_refs, &state).with_context(|| format!("deploying {} for {users} users", opts.stack))?;
+    let mut run = opts.run.clone();
+    run.spec.users = users;
+    run.spec.registered_users = registered;
+    run.spec.url = format!("http://127.0.0.1:{}", opts.port);
+    run.stack = opts.stack.clone();
+    run.out = opts.run.out.join(format!("run-{users:05}"));
+    run.sut_cgroup = confinement_cgroup(exe, &state);
+    let report = run::run(&run);
+    let down = olio(exe, &["down", "--dir"], &state);
+    let report: RunReport = report?;
+    down?;
+    let reason = report.checks.iter().find(|c| !c.passed).map(|c| format!("{}: {}", c.name, c.detail)).unwrap_or_default();
+    Ok(Step {
+        users,
+        registered_users: registered,
+        sla1: report.sla1_passed,
+        sla2: report.sla2_passed,
+        ops_per_s: report.ops_per_s,
+        reason,
+        report: run.out.join("report.html").display().to_string(),
+    })
+}
+
+fn olio(exe: &Path, args: &[&str], state: &Path) -> Result<()> {
+    let status = Command::new(exe).arg("olio").args(args).arg(state).status().with_context(|| format!("running sprout olio {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("sprout olio {} {} failed ({status})", args.join(" "), state.display());
+    }
+    Ok(())
+}
+
+/// The cgroup holding the deployment's processes, from `sprout olio status`.
+fn confinement_cgroup(exe: &Path, state: &Path) -> Option<PathBuf> {
+    let out = Command::new(exe).args(["olio", "status", "--dir"]).arg(state).output().ok()?;
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    status["confinement"]["cgroup"].as_str().map(PathBuf::from)
+}
+
+/// bench/cloudstone_search.py draws the trace and writes search.html beside the JSON.
+fn render(repo: &Path, json: &Path) -> Result<()> {
+    let script = repo.join("bench/cloudstone_search.py");
+    let status = Command::new("python3").arg(&script).arg(json).status().with_context(|| format!("running {}", script.display()))?;
+    anyhow::ensure!(status.success(), "{} failed ({status})", script.display());
+    Ok(())
+}

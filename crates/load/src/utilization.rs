@@ -1,0 +1,273 @@
+//! Utilization of the system under test, sampled from /proc while a run goes (what vmstat,
+//! mpstat, iostat and netstat show): CPU busy per CPU, memory in use, disk and network
+//! throughput, and, given the deployment's processes, their proportional memory (PSS).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Sample {
+    /// Seconds since sampling began.
+    pub t: f64,
+    /// Busy fraction (0-1) of each CPU over the last interval (all but idle and iowait).
+    pub cpu_busy: Vec<f64>,
+    /// iowait fraction over all CPUs.
+    pub cpu_iowait: f64,
+    pub mem_used_bytes: u64,
+    pub mem_total_bytes: u64,
+    pub disk_read_bytes_per_s: f64,
+    pub disk_write_bytes_per_s: f64,
+    /// Fraction of the interval some disk was busy (iostat's %util, the busiest disk).
+    pub disk_util: f64,
+    pub net_rx_bytes_per_s: f64,
+    pub net_tx_bytes_per_s: f64,
+    /// Sum of the PSS of the deployment's processes, when they are known.
+    pub sut_pss_bytes: Option<u64>,
+}
+
+/// Where the deployment's processes are listed: a cgroup directory (its `cgroup.procs`, and
+/// those of its descendants).
+#[derive(Debug, Clone)]
+pub struct SutProcesses(pub PathBuf);
+
+impl SutProcesses {
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        let mut dirs = vec![self.0.clone()];
+        while let Some(dir) = dirs.pop() {
+            if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+            }
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                dirs.extend(entries.flatten().filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false)).map(|e| e.path()));
+            }
+        }
+        pids
+    }
+
+    /// Sum of the processes' PSS (a page shared by n processes counts 1/n to each).
+    pub fn pss_bytes(&self) -> u64 {
+        self.pids()
+            .iter()
+            .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
+            .filter_map(|text| text.lines().find(|l| l.starts_with("Pss:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<u64>().ok()))
+            .sum::<u64>()
+            * 1024
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Counters {
+    /// Per CPU: (busy jiffies, total jiffies, iowait jiffies).
+    cpus: Vec<(u64, u64, u64)>,
+    disk_read_sectors: u64,
+    disk_write_sectors: u64,
+    /// Per disk: milliseconds spent doing I/O.
+    disk_io_ms: Vec<u64>,
+    net_rx: u64,
+    net_tx: u64,
+}
+
+fn read_counters() -> Counters {
+    let mut c = Counters::default();
+    if let Ok(stat) = std::fs::read_to_string("/proc/stat") {
+        for line in stat.lines().filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(|b| b.is_ascii_digit())) {
+            let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+            // user nice system idle iowait irq softirq steal (guest is inside user).
+            let total: u64 = v.iter().take(8).sum();
+            let idle = v.get(3).copied().unwrap_or(0);
+            let iowait = v.get(4).copied().unwrap_or(0);
+            c.cpus.push((total - idle - iowait, total, iowait));
+        }
+    }
+    if let Ok(disks) = std::fs::read_to_string("/proc/diskstats") {
+        for line in disks.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 14 {
+                continue;
+            }
+            let name = f[2];
+            // Whole physical disks only (partitions would count twice; loop and ram are not disks).
+            let partition = std::path::Path::new(&format!("/sys/class/block/{name}/partition")).exists();
+            if name.starts_with("loop") || name.starts_with("ram") || name.starts_with("dm-") || partition {
+                continue;
+            }
+            c.disk_read_sectors += f[5].parse::<u64>().unwrap_or(0);
+            c.disk_write_sectors += f[9].parse::<u64>().unwrap_or(0);
+            c.disk_io_ms.push(f[12].parse().unwrap_or(0));
+        }
+    }
+    if let Ok(net) = std::fs::read_to_string("/proc/net/dev") {
+        for line in net.lines().skip(2) {
+            let Some((_, rest)) = line.split_once(':') else { continue };
+            let v: Vec<u64> = rest.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+            if v.len() >= 9 {
+                c.net_rx += v[0];
+                c.net_tx += v[8];
+            }
+        }
+    }
+    c
+}
+
+fn meminfo() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let get = |key: &str| text.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 1024;
+    let total = get("MemTotal:");
+    (total.saturating_sub(get("MemAvailable:")), total)
+}
+
+fn sample(prev: &Counters, now: &Counters, secs: f64, t: f64, sut: Option<&SutProcesses>) -> Sample {
+    let cpu_busy = now
+        .cpus
+        .iter()
+        .zip(&prev.cpus)
+        .map(|(n, p)| {
+            let total = n.1.saturating_sub(p.1);
+            if total == 0 { 0.0 } else { n.0.saturating_sub(p.0) as f64 / total as f64 }
+        })
+        .collect();
+    let (io, tot) = now.cpus.iter().zip(&prev.cpus).fold((0, 0), |(io, tot), (n, p)| (io + n.2.saturating_sub(p.2), tot + n.1.saturating_sub(p.1)));
+    let (used, total) = meminfo();
+    let util = now.disk_io_ms.iter().zip(&prev.disk_io_ms).map(|(n, p)| n.saturating_sub(*p) as f64 / (secs * 1000.0)).fold(0.0, f64::max);
+    let rate = |n: u64, p: u64| n.saturating_sub(p) as f64 / secs;
+    Sample {
+        t,
+        cpu_busy,
+        cpu_iowait: if tot == 0 { 0.0 } else { io as f64 / tot as f64 },
+        mem_used_bytes: used,
+        mem_total_bytes: total,
+        disk_read_bytes_per_s: rate(now.disk_read_sectors, prev.disk_read_sectors) * 512.0,
+        disk_write_bytes_per_s: rate(now.disk_write_sectors, prev.disk_write_sectors) * 512.0,
+        disk_util: util.min(1.0),
+        net_rx_bytes_per_s: rate(now.net_rx, prev.net_rx),
+        net_tx_bytes_per_s: rate(now.net_tx, prev.net_tx),
+        sut_pss_bytes: sut.map(|s| s.pss_bytes()),
+    }
+}
+
+/// Samples on a thread of its own until stopped.
+pub struct Sampler {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Vec<Sample>>>,
+}
+
+impl Sampler {
+    pub fn start(interval: Duration, sut: Option<SutProcesses>) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let begin = Instant::now();
+            let mut samples = Vec::new();
+            let mut prev = read_counters();
+            let mut prev_at = Instant::now();
+            while !flag.load(Ordering::Relaxed) {
+                let next = prev_at + interval;
+                while Instant::now() < next && !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50).min(next.saturating_duration_since(Instant::now())));
+                }
+                let now = read_counters();
+                let secs = prev_at.elapsed().as_secs_f64();
+                if secs > 0.05 {
+                    samples.push(sample(&prev, &now, secs, begin.elapsed().as_secs_f64(), sut.as_ref()));
+                }
+                prev = now;
+                prev_at = Instant::now();
+            }
+            samples
+        });
+        Sampler { stop, thread: Some(thread) }
+    }
+
+    pub fn stop(mut self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().map(|t| t.join().unwrap_or_default()).unwrap_or_default()
+    }
+}
+
+/// CPU-seconds used on `cpus` and, when known, the deployment's memory in GB-seconds,
+/// integrated over the samples (each sample covers the interval before it).
+pub fn integrate(samples: &[Sample], cpus: &[usize]) -> (f64, Option<f64>) {
+    let mut cpu_s = 0.0;
+    let mut gb_s = 0.0;
+    let mut have_mem = true;
+    let mut prev_t = 0.0;
+    for s in samples {
+        let dt = s.t - prev_t;
+        prev_t = s.t;
+        cpu_s += cpus.iter().filter_map(|c| s.cpu_busy.get(*c)).sum::<f64>() * dt;
+        match s.sut_pss_bytes {
+            Some(b) => gb_s += b as f64 / 1e9 * dt,
+            None => have_mem = false,
+        }
+    }
+    (cpu_s, have_mem.then_some(gb_s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_thread_shows_on_its_cpu() {
+        // Spin on CPU 0 for a second while sampling: CPU 0 reads mostly busy.
+        let sampler = Sampler::start(Duration::from_millis(250), Some(SutProcesses(PathBuf::from("/nonexistent"))));
+        let spin = std::thread::spawn(|| {
+            let _ = nix_pin(0);
+            let end = Instant::now() + Duration::from_millis(1100);
+            let mut x = 0u64;
+            while Instant::now() < end {
+                x = x.wrapping_add(1);
+            }
+            x
+        });
+        spin.join().unwrap();
+        let samples = sampler.stop();
+        assert!(samples.len() >= 3, "{samples:?}");
+        let busiest = samples.iter().map(|s| s.cpu_busy[0]).fold(0.0, f64::max);
+        assert!(busiest > 0.8, "{samples:?}");
+        assert!(samples[0].mem_total_bytes > 0 && samples[0].mem_used_bytes > 0);
+        assert_eq!(samples[0].sut_pss_bytes, Some(0));
+        let (cpu_s, gb_s) = integrate(&samples, &[0]);
+        assert!(cpu_s > 0.7, "{cpu_s}");
+        assert_eq!(gb_s, Some(0.0));
+    }
+
+    fn nix_pin(cpu: usize) -> std::io::Result<()> {
+        // SAFETY: a zeroed cpu_set_t is valid; we pass its size.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn integration_of_known_samples() {
+        let s = |t: f64, busy: f64, pss: u64| Sample {
+            t,
+            cpu_busy: vec![busy, 1.0],
+            cpu_iowait: 0.0,
+            mem_used_bytes: 0,
+            mem_total_bytes: 0,
+            disk_read_bytes_per_s: 0.0,
+            disk_write_bytes_per_s: 0.0,
+            disk_util: 0.0,
+            net_rx_bytes_per_s: 0.0,
+            net_tx_bytes_per_s: 0.0,
+            sut_pss_bytes: Some(pss),
+        };
+        let samples = [s(1.0, 0.5, 1_000_000_000), s(3.0, 0.25, 2_000_000_000)];
+        let (cpu, gb) = integrate(&samples, &[0]);
+        assert!((cpu - (0.5 + 0.5)).abs() < 1e-12);
+        assert!((gb.unwrap() - (1.0 + 4.0)).abs() < 1e-12);
+    }
+}

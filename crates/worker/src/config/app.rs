@@ -1,0 +1,119 @@
+//! The `[app]` section: the app port, a second listener serving one lambda as a web site,
+//! with URL prefixes served from host directories before the lambda; and its checks.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct AppSection {
+    /// Address of the app port; empty: none.
+    pub listen: String,
+    /// The lambda served at the root of the app port.
+    pub lambda: String,
+    /// URL prefix (`/static/`) to the host directory whose files are served under it.
+    #[serde(rename = "static")]
+    pub statics: BTreeMap<String, PathBuf>,
+}
+
+impl AppSection {
+    /// Whether an app port is configured.
+    pub fn enabled(&self) -> bool {
+        !self.listen.is_empty()
+    }
+
+    pub(super) fn validate(&self, worker_listen: &str) -> Result<()> {
+        if !self.enabled() {
+            if !self.lambda.is_empty() || !self.statics.is_empty() {
+                bail!("app.lambda and app.static need app.listen, the app port's address (empty: no app port)");
+            }
+            return Ok(());
+        }
+        let Ok(listen) = self.listen.parse::<SocketAddr>() else {
+            bail!("app.listen = {:?} is not an address like 127.0.0.1:8080", self.listen);
+        };
+        if worker_listen.parse::<SocketAddr>().ok() == Some(listen) {
+            bail!("app.listen = {:?} must differ from worker.listen", self.listen);
+        }
+        if self.lambda.is_empty() {
+            bail!("app.lambda must name the lambda the app port serves");
+        }
+        if !crate::registry::valid_name(&self.lambda) {
+            bail!("app.lambda = {:?} is not a lambda name (1-64 letters, digits, '-', '_', '.')", self.lambda);
+        }
+        for (prefix, dir) in &self.statics {
+            if !valid_prefix(prefix) {
+                bail!(
+                    "app.static.{prefix:?}: a prefix must start and end with '/' and hold only plain path \
+                     segments, like \"/static/\""
+                );
+            }
+            if !dir.is_absolute() {
+                bail!("app.static.{prefix:?} = {:?} must be an absolute path", dir.display());
+            }
+            if !dir.is_dir() {
+                bail!("app.static.{prefix:?} = {:?} is not a directory", dir.display());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `/a/b/`: starts and ends with '/', at least one segment, none empty, `.` or `..`, and no
+/// character a URL would encode or treat specially.
+fn valid_prefix(prefix: &str) -> bool {
+    let Some(inner) = prefix.strip_prefix('/').and_then(|p| p.strip_suffix('/')) else { return false };
+    !inner.is_empty()
+        && inner.split('/').all(|segment| {
+            !segment.is_empty()
+                && segment != "."
+                && segment != ".."
+                && segment.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@".contains(&b))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn app(listen: &str, lambda: &str, statics: &[(&str, &str)]) -> AppSection {
+        AppSection {
+            listen: listen.into(),
+            lambda: lambda.into(),
+            statics: statics.iter().map(|(p, d)| (p.to_string(), PathBuf::from(d))).collect(),
+        }
+    }
+
+    fn error(section: AppSection) -> String {
+        format!("{:#}", section.validate("127.0.0.1:5000").unwrap_err())
+    }
+
+    #[test]
+    fn prefixes_are_plain_directories() {
+        for good in ["/static/", "/a/b-c/", "/files.v2/"] {
+            assert!(valid_prefix(good), "{good}");
+        }
+        for bad in ["/", "static/", "/static", "//", "/a//b/", "/../", "/./", "/a b/", "/%2e%2e/", "/a?/"] {
+            assert!(!valid_prefix(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        assert!(app("", "", &[]).validate("127.0.0.1:5000").is_ok());
+        assert!(error(app("", "olio", &[])).contains("app.listen"));
+        assert!(error(app("nowhere", "olio", &[])).contains("app.listen"));
+        assert!(error(app("127.0.0.1:5000", "olio", &[])).contains("worker.listen"));
+        assert!(error(app("127.0.0.1:8080", "", &[])).contains("app.lambda"));
+        assert!(error(app("127.0.0.1:8080", "a/b", &[])).contains("app.lambda"));
+        assert!(error(app("127.0.0.1:8080", "olio", &[("static", "/tmp")])).contains("app.static.\"static\""));
+        assert!(error(app("127.0.0.1:8080", "olio", &[("/s/", "tmp")])).contains("absolute"));
+        let missing = error(app("127.0.0.1:8080", "olio", &[("/s/", "/no/such/dir")]));
+        assert!(missing.contains("app.static.\"/s/\"") && missing.contains("not a directory"), "{missing}");
+        assert!(app("127.0.0.1:8080", "olio", &[("/s/", "/tmp")]).validate("127.0.0.1:5000").is_ok());
+    }
+}

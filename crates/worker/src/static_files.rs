@@ -1,0 +1,167 @@
+//! Files of one host directory, served on the app port: hyper-staticfile's HTTP side
+//! (Content-Type, Content-Length, Last-Modified, 304 on If-Modified-Since, HEAD, ranges) over
+//! an opener that cannot leave the directory.
+//!
+//! tower-http's `ServeDir` follows symbolic links wherever they point, and a directory
+//! served here may be a writable volume: a lambda could plant `x -> /etc/shadow` and fetch
+//! it through the worker, which runs as root. Checking a path before opening it races with
+//! the lambda swapping the link. So every file is opened with `openat2(RESOLVE_BENEATH)`
+//! relative to the directory, which the kernel refuses to resolve outside it, by `..`, an
+//! absolute link or a link climbing out (Linux 5.6). Only regular files are served (a FIFO
+//! would block the opening thread; it is opened non-blocking and refused), and directories
+//! never list: a request for one gets its `index.html` or 404.
+
+use std::ffi::CString;
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use hyper_staticfile::util::FileResponseBuilder;
+use hyper_staticfile::vfs::{FileOpener, FileWithMetadata};
+use hyper_staticfile::{AcceptEncoding, ResolveResult, Resolver};
+
+use crate::api::ApiError;
+
+/// One directory's files.
+#[derive(Clone)]
+pub struct StaticDir {
+    resolver: Resolver<BeneathOpener>,
+}
+
+impl StaticDir {
+    /// Open `dir` (held open for the worker's life) and check that files can be opened
+    /// beneath it safely on this kernel.
+    pub fn open(dir: &Path) -> io::Result<StaticDir> {
+        let file = std::fs::File::open(dir)?;
+        if !file.metadata()?.is_dir() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a directory"));
+        }
+        let root = Arc::new(OwnedFd::from(file));
+        match open_beneath(&root, Path::new("")) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                return Err(io::Error::other("serving files safely needs openat2 (Linux 5.6 or later)"))
+            }
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+        Ok(StaticDir { resolver: Resolver::with_opener(BeneathOpener { root }) })
+    }
+
+    /// Answer a request for `path` (below the prefix, starting with '/', percent-encoded).
+    pub async fn serve(&self, method: &Method, headers: &HeaderMap, path: &str) -> Response {
+        if method != Method::GET && method != Method::HEAD {
+            let mut response = ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "static files answer GET and HEAD only")
+                .into_response();
+            response.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            return response;
+        }
+        let file = match self.resolver.resolve_path(path, AcceptEncoding::none()).await {
+            Ok(ResolveResult::Found(file)) => file,
+            // Unreadable files and directories (which never list) are as good as absent.
+            Ok(_) => return not_found(),
+            Err(e) => return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("reading the file: {e}")).into_response(),
+        };
+        let content_type = file.content_type.clone();
+        let built = FileResponseBuilder::new().request_parts(method, headers).build(file);
+        let mut response = match built {
+            Ok(r) => r.map(Body::new),
+            Err(e) => return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()).into_response(),
+        };
+        // hyper-staticfile leaves the type out of its answers to HEAD.
+        if let (true, Some(t)) = (method == Method::HEAD && response.status() == StatusCode::OK, content_type) {
+            if let Ok(value) = HeaderValue::from_str(&t) {
+                response.headers_mut().insert(header::CONTENT_TYPE, value);
+            }
+        }
+        response
+    }
+}
+
+fn not_found() -> Response {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such file").into_response()
+}
+
+/// Opens paths (already cleaned of `..` by hyper-staticfile) beneath one directory.
+struct BeneathOpener {
+    root: Arc<OwnedFd>,
+}
+
+type Opened = io::Result<FileWithMetadata<tokio::fs::File>>;
+
+impl FileOpener for BeneathOpener {
+    type File = tokio::fs::File;
+    type Future = Pin<Box<dyn Future<Output = Opened> + Send>>;
+
+    fn open(&self, path: &Path) -> Self::Future {
+        let (root, path) = (self.root.clone(), path.to_path_buf());
+        Box::pin(async move { tokio::task::spawn_blocking(move || open_beneath(&root, &path)).await.map_err(io::Error::other)? })
+    }
+}
+
+/// Open `path` (relative; empty: the directory itself) beneath `root`, refusing to resolve
+/// outside it and anything but regular files and directories.
+fn open_beneath(root: &OwnedFd, path: &Path) -> Opened {
+    let missing = || io::Error::from(io::ErrorKind::NotFound);
+    let bytes = if path.as_os_str().is_empty() { b".".as_slice() } else { path.as_os_str().as_bytes() };
+    let name = CString::new(bytes).map_err(|_| missing())?;
+    // SAFETY: open_how is plain data; zeroed is its documented initial state.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK) as u64;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: valid descriptor, NUL-terminated path, and the size of the struct passed.
+    let fd = unsafe {
+        libc::syscall(libc::SYS_openat2, root.as_raw_fd(), name.as_ptr(), &how as *const libc::open_how, std::mem::size_of::<libc::open_how>())
+    };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        // EXDEV: the path leads out of the directory; ELOOP: a magic link or a link loop.
+        return Err(match e.raw_os_error() {
+            Some(libc::EXDEV) | Some(libc::ELOOP) | Some(libc::ENOTDIR) => missing(),
+            _ => e,
+        });
+    }
+    // SAFETY: openat2 returned a new descriptor that nothing else owns.
+    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    let meta = file.metadata()?;
+    if !meta.is_file() && !meta.is_dir() {
+        return Err(missing());
+    }
+    Ok(FileWithMetadata {
+        handle: tokio::fs::File::from_std(file),
+        size: meta.len(),
+        modified: meta.modified().ok(),
+        is_dir: meta.is_dir(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_outside_the_directory_opens() {
+        let top = tempfile::tempdir().unwrap();
+        let served = top.path().join("served");
+        std::fs::create_dir_all(served.join("sub")).unwrap();
+        std::fs::write(top.path().join("secret"), "no").unwrap();
+        std::fs::write(served.join("sub/page.html"), "yes").unwrap();
+        std::os::unix::fs::symlink("../secret", served.join("up")).unwrap();
+        std::os::unix::fs::symlink(top.path().join("secret"), served.join("absolute")).unwrap();
+        std::os::unix::fs::symlink("sub/page.html", served.join("inside")).unwrap();
+        let root = OwnedFd::from(std::fs::File::open(&served).unwrap());
+        let open = |p: &str| open_beneath(&root, Path::new(p));
+        assert!(open("sub/page.html").is_ok() && open("inside").is_ok() && open("").unwrap().is_dir);
+        for escape in ["../secret", "up", "absolute", "sub/../../secret", "/etc/hostname", "nothing"] {
+            assert_eq!(open(escape).unwrap_err().kind(), io::ErrorKind::NotFound, "{escape}");
+        }
+        nix::unistd::mkfifo(&served.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert_eq!(open("fifo").unwrap_err().kind(), io::ErrorKind::NotFound);
+    }
+}

@@ -1,0 +1,102 @@
+"""Cloudstone's generator end to end: `sprout load run` drives a real Olio (gunicorn over a
+loaded SQLite database) with Olio's Markov mix from two agents on loopback; the run's JSON
+holds merged statistics, every check with its verdict, utilization, and an HTML report.
+Also: bad workload and profile files are refused with reasons, and a dead site's failures
+are counted by kind, never dropped."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, SPROUT
+from olio_fixtures import APP_PATH, Gunicorn
+
+OLIO_WORKLOAD = ROOT / "bench" / "workloads" / "olio.toml"
+
+
+@pytest.fixture(scope="module")
+def loaded_site(tmp_path_factory):
+    work = tmp_path_factory.mktemp("cloudstone")
+    db = f"sqlite:///{work / 'olio.db'}"
+    files = work / "files"
+    subprocess.run([sys.executable, "-m", "olio.loader", "--users", "1000", "--seed", "7", "--db", db, "--files", str(files), "--quiet"],
+                   env={**os.environ, "PYTHONPATH": APP_PATH}, check=True, cwd=ROOT)
+    site = Gunicorn(db, files, secret="cloudstone-test", workers=3).start()
+    yield site
+    site.stop()
+
+
+def load_run(out, *args, check=True):
+    cmd = [str(SPROUT), "load", "run", "--out", str(out), *map(str, args)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=check, timeout=600)
+
+
+def test_two_agents_drive_olio_and_the_run_is_judged(loaded_site, tmp_path):
+    out = tmp_path / "run"
+    # 20 users over two agents, 50 s of steady state in two 25 s windows; cycle times are
+    # Olio's (5 s mean), so every user makes about ten operations.
+    r = load_run(out, "--url", loaded_site.url, "--users", 20, "--registered-users", 1000, "--agents", 2,
+                 "--agent-cpus", "1", "--ramp-up", 5, "--steady", 50, "--window", 25, "--ramp-down", 2,
+                 "--interval", 5, "--stack", "gunicorn")
+    run = json.loads((out / "run.json").read_text())
+    ops = run["operations"]
+    assert set(ops) == {"HomePage", "Login", "TagSearch", "EventDetail", "PersonDetail", "AddPerson", "AddEvent"}
+    total = sum(o["count"] + o["errors"] for o in ops.values())
+    # 20 users x 50 s / ~5 s per cycle = ~200 operations, from both agents.
+    assert 120 <= total <= 300, total
+    assert sum(o["errors"] for o in ops.values()) == 0, {k: o["errors_by_kind"] for k, o in ops.items()}
+    for name in ("HomePage", "TagSearch", "EventDetail"):
+        assert ops[name]["count"] > 0 and 0 < ops[name]["p90_ms"] <= ops[name]["p99_ms"] <= ops[name]["max_ms"]
+    # The stationary shares are computed from the matrix, not written down.
+    assert abs(sum(o["target_pct"] for o in ops.values()) - 100) < 1e-6
+    assert ops["EventDetail"]["target_pct"] > ops["AddPerson"]["target_pct"]
+    # Two SLA windows, each with every operation's summary; both agents' users are counted.
+    assert len(run["windows"]) == 2
+    assert max(u for _, u in run["active_users"]) == 20
+    names = [c["name"] for c in run["checks"]]
+    assert names[:2] == ["SLA-1 (90th percentile)", "SLA-2 (99th percentile)"]
+    assert {"operation mix", "mean cycle time", "attends on EventDetail", "users / ops per second", "errors"} <= set(names)
+    assert all(c["detail"] for c in run["checks"])
+    assert abs(run["mean_cycle_ms"] - 5000) < 1500
+    assert run["utilization"] and len(run["utilization"][0]["cpu_busy"]) >= 2
+    assert (out / "report.html").read_text().count("<img") >= 3
+    assert "SLA-1 (90th):" in r.stdout
+
+
+def test_a_dead_site_counts_every_failure_by_kind(tmp_path):
+    from conftest import free_port
+    r = load_run(tmp_path / "run", "--url", f"http://127.0.0.1:{free_port()}", "--users", 10, "--registered-users", 1000,
+                 "--ramp-up", 1, "--steady", 10, "--ramp-down", 0, "--interval", 2, check=False)
+    assert r.returncode == 0, r.stderr
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    errors = {k: v for o in run["operations"].values() for k, v in o["errors_by_kind"].items()}
+    # Every operation fails to connect (an AddEvent fails earlier: its Login could not log in).
+    assert set(errors) <= {"connect", "not logged in"} and errors["connect"] >= 8
+    assert not run["sla1_passed"] and not run["sla2_passed"]
+    assert "SLA-1 (90th): FAIL" in r.stdout
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.replace("[0, 11, 52, 36, 0, 1, 0],", "[0, 11, 52, 36, 0, 1],"), "row 1 has 6 weights"),
+    (lambda t: t.replace('driver = "olio"', 'driver = "nope"'), 'no driver named "nope"'),
+    (lambda t: t.replace('name = "Login"', 'name = "Logon"'), 'no operation "Logon"'),
+    (lambda t: t.replace("mean_ms = 5000", "mean_ms = -1"), "mean_ms must be a non-negative number"),
+])
+def test_bad_workloads_are_refused_with_reasons(tmp_path, change, message):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(change(OLIO_WORKLOAD.read_text()))
+    r = load_run(tmp_path / "run", "--url", "http://127.0.0.1:9", "--registered-users", 1000, "--workload", bad,
+                 "--steady", 1, "--ramp-up", 0, "--ramp-down", 0, check=False)
+    assert r.returncode != 0
+    assert message in r.stderr, r.stderr
+
+
+def test_a_bad_profile_is_refused_naming_the_line(tmp_path):
+    profile = tmp_path / "profile.txt"
+    profile.write_text("0 10\n30 20\n20 5\n")
+    r = load_run(tmp_path / "run", "--url", "http://127.0.0.1:9", "--registered-users", 1000, "--profile", profile,
+                 "--steady", 1, check=False)
+    assert r.returncode != 0 and "line 3: times must increase" in r.stderr, r.stderr
