@@ -19,6 +19,7 @@ from toml_sections import to_toml
 
 CSS = "body { color: #333; }\n"
 SECRET = "the host's secret\n"
+BIG = bytes(range(256)) * (5 * 4096)  # 5 MiB
 
 
 def app_settings(port, lambda_name="webapp", static=None):
@@ -39,6 +40,9 @@ def site(tmp_path_factory, sprout_bin):
     os.symlink("../secret.txt", static / "relative-link")
     os.symlink("/etc", static / "etc-link")
     os.symlink("css/site.css", static / "inner-link.css")
+    (static / ".secret").write_text(SECRET)  # hidden files are never served
+    (static / "css" / ".hidden").write_text(SECRET)
+    (static / "big.bin").write_bytes(BIG)  # past the inline size: streamed
     port = free_port()
     w = Worker(root / "worker", {"app": app_settings(port, static={"/static/": str(static)})})
     w.app_port = port
@@ -120,6 +124,13 @@ def test_static_files_have_type_length_dates_and_304(site):
     assert r.status == 200 and body.decode() == CSS
 
 
+def test_large_static_files_stream_whole_and_by_range(site):
+    r, body = call(site.app_port, "GET", "/static/big.bin")
+    assert r.status == 200 and r.getheader("Content-Length") == str(len(BIG)) and body == BIG
+    r, body = call(site.app_port, "GET", "/static/big.bin", headers={"Range": "bytes=10-19"})
+    assert r.status == 206 and body == BIG[10:20]
+
+
 def test_static_misses_directories_and_other_methods(site):
     for path in ("/static/css/missing.css", "/static/css/", "/static/css", "/static/empty-dir/", "/static/"):
         r, body = call(site.app_port, "GET", path)
@@ -141,6 +152,9 @@ def test_static_misses_directories_and_other_methods(site):
     "/static/relative-link",
     "/static/etc-link/hostname",
     "/static/%2fetc%2fhostname",
+    "/static/.secret",
+    "/static/%2esecret",
+    "/static/css/.hidden",
 ])
 def test_nothing_outside_the_static_directory_is_served(site, path):
     r, body = call(site.app_port, "GET", path)
