@@ -10,6 +10,7 @@ import io
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,8 +25,13 @@ from PIL import Image
 
 from conftest import ROOT, free_port
 
-STACKS = ["gunicorn-sqlite", "gunicorn-postgres"]
+# gunicorn alone over SQLite or PostgreSQL (quick), and the two real deployments of
+# olio_deploy: the Olio lambda on a Sprout worker, and nginx + gunicorn + memcached, each with
+# its own PostgreSQL, confined to CPU 0.
+STACKS = ["gunicorn-sqlite", "gunicorn-postgres", "sprout", "conventional"]
+DEPLOYMENTS = ("sprout", "conventional")
 APP_PATH = f"{ROOT / 'python'}{os.pathsep}{ROOT / 'apps' / 'olio'}"
+sys.path.insert(0, str(ROOT / "apps" / "olio"))
 GUNICORN = [sys.executable, "-m", "gunicorn"]
 
 
@@ -90,12 +96,35 @@ _databases = iter(range(1, 1 << 30))
 
 
 def database_url(request, stack, tmp_path):
+    if stack in DEPLOYMENTS:
+        return None  # the deployment brings its own PostgreSQL
     if stack.endswith("postgres"):
         return request.getfixturevalue("postgres").create_database(f"olio{os.getpid()}_{next(_databases)}")
     return f"sqlite:///{tmp_path}/olio.db"
 
 
+def start_deployment(stack, cache=True):
+    """`olio_deploy.running(stack)` in a state directory other users can enter (the sandbox
+    and www-data users reach the file store there), as a Site whose stop takes it down."""
+    import olio_deploy
+
+    state = Path(tempfile.mkdtemp(prefix=f"olio-{stack}-", dir="/tmp"))
+    state.chmod(0o755)
+    context = olio_deploy.running(stack, state / "state", cpus="0", cache=cache)
+    deployed = context.__enter__()
+
+    def stop():
+        try:
+            context.__exit__(None, None, None)
+        finally:
+            shutil.rmtree(state, ignore_errors=True)
+
+    return Site(deployed.url, deployed.db_url, deployed.files, stop), deployed
+
+
 def start_site(stack, db_url, files, cache="", secret=""):
+    if stack in DEPLOYMENTS:
+        return start_deployment(stack)
     if not stack.startswith("gunicorn-"):
         raise ValueError(f"unknown Olio stack {stack!r}")
     server = Gunicorn(db_url, files, cache=cache, secret=secret).start()
