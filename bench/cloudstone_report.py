@@ -137,6 +137,16 @@ def render(run, out_dir):
             ["system under test CPUs", run["sut_cpus"]], ["machine", html.escape(run["machine"])],
         ],
     )
+    res = run.get("resources") or {}
+    resources = ""
+    if res:
+        gb = res.get("gb_seconds")
+        rows = [["seconds sampled", f"{res['seconds']:.0f}"], ["CPU-seconds on the system's CPUs", f"{res['cpu_seconds']:.1f}"],
+                ["memory GB-seconds (deployment PSS)", "not known" if gb is None else f"{gb:.1f}"]]
+        for name, c in res.get("costs", {}).items():
+            used = "n/a" if c["used_usd"] is None else f"${c['used_usd']:.6f}"
+            rows.append([f"{html.escape(name)}: billed per second for what was used / {res['instances']:g} instance(s) always on", f"{used} / ${c['provisioned_usd']:.6f}"])
+        resources = "<h2>Resources used and their cost</h2>" + table(["", "value"], rows)
     verdict = lambda ok: "<b class=ok>PASS</b>" if ok else "<b class=bad>FAIL</b>"  # noqa: E731
     page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>Cloudstone run: {html.escape(run['stack'])}, {run['peak_users']} users</title>
 <style>body{{font-family:sans-serif;max-width:1400px;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
@@ -146,7 +156,7 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child,th
 <h2>Operations (steady state)</h2>{ops}<h2>Checks</h2>{checks}
 <h2>Response times</h2><img src="response_times.png"><h2>Throughput and users</h2><img src="load.png">
 {'<h2>Utilization of the system under test</h2><img src="utilization.png">' if has_util else ''}
-<h2>Settings</h2>{settings}</body></html>"""
+{resources}<h2>Settings</h2>{settings}</body></html>"""
     (out_dir / "report.html").write_text(page)
 
 

@@ -72,6 +72,12 @@ pub struct RunArgs {
     /// Where run.json, report.html and the plots go.
     #[arg(long)]
     pub out: PathBuf,
+    /// Prices for the resources the run used.
+    #[arg(long, default_value = "bench/pricing.toml")]
+    pub pricing: PathBuf,
+    /// Instances the deployment is provisioned as, for the always-on cost beside.
+    #[arg(long, default_value_t = 1.0)]
+    pub instances: f64,
 }
 
 impl RunArgs {
@@ -115,6 +121,8 @@ pub fn main(cmd: LoadCommand) -> Result<()> {
                 out: args.out.clone(),
                 exe: std::env::current_exe()?,
                 repo: crate::olio::repo_root()?,
+                pricing: Some(args.pricing.clone()),
+                instances: args.instances,
             };
             let report = run::run(&opts)?;
             print!("{}", report.text());
@@ -225,6 +233,8 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
                 stack: a.stack.clone(),
                 seed: a.seed,
                 out: out.clone(),
+                pricing: a.pricing.clone(),
+                instances: a.instances,
             };
             let opts = sprout_load::search::SearchOptions {
                 run: RunOptions {
@@ -236,6 +246,8 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
                     out: out.clone(),
                     exe: std::env::current_exe()?,
                     repo,
+                    pricing: Some(a.pricing.clone()),
+                    instances: a.instances,
                 },
                 stack: a.stack.clone(),
                 cpus: a.cpus.clone(),

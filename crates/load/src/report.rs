@@ -51,6 +51,10 @@ pub struct RunReport {
     pub utilization: Vec<Sample>,
     pub sut_cpus: Vec<usize>,
     pub machine: String,
+    /// What the system under test used over the whole run, and what that costs per price:
+    /// {"seconds", "cpu_seconds", "gb_seconds", "costs": {price: {"used_usd", "provisioned_usd"}}}
+    #[serde(default)]
+    pub resources: Value,
 }
 
 /// Olio's load-level bound (Faban's users / ops-per-second check).
@@ -140,6 +144,7 @@ pub fn build(workload: &Workload, spec: &Spec, stack: &str, merged: &Merged, uti
         utilization,
         sut_cpus,
         machine,
+        resources: Value::Null,
     }
 }
 

@@ -29,6 +29,10 @@ pub struct RunOptions {
     pub exe: PathBuf,
     /// The repository (for bench/cloudstone_report.py).
     pub repo: PathBuf,
+    /// Prices for the resources the run used (None: not priced).
+    pub pricing: Option<PathBuf>,
+    /// Instances the deployment is provisioned as (for the always-on cost beside).
+    pub instances: f64,
 }
 
 pub fn run(opts: &RunOptions) -> Result<RunReport> {
@@ -44,11 +48,29 @@ pub fn run(opts: &RunOptions) -> Result<RunReport> {
     let merged = control::run_agents(&opts.exe, &opts.spec, &opts.agent_cpus);
     let samples = sampler.stop();
     let merged = merged?;
-    let report = report::build(&workload, &opts.spec, &opts.stack, &merged, samples, opts.sut_cpus.clone(), machine(), peak);
+    let mut report = report::build(&workload, &opts.spec, &opts.stack, &merged, samples, opts.sut_cpus.clone(), machine(), peak);
+    report.resources = resources(&report, opts)?;
     let json_path = opts.out.join("run.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)?;
     render_html(&opts.repo, &json_path)?;
     Ok(report)
+}
+
+/// CPU-seconds on the system under test's CPUs and its memory GB-seconds over the run,
+/// priced per second (what was used) and as always-on instances (provisioned for the peak).
+fn resources(report: &RunReport, opts: &RunOptions) -> Result<serde_json::Value> {
+    let (cpu_seconds, gb_seconds) = crate::utilization::integrate(&report.utilization, &report.sut_cpus);
+    let seconds = report.utilization.last().map(|s| s.t).unwrap_or(0.0);
+    let mut costs = serde_json::Map::new();
+    if let Some(path) = &opts.pricing {
+        let pricing = crate::cost::Pricing::load(path)?;
+        for p in &pricing.prices {
+            let used = gb_seconds.and_then(|gb| p.used_usd(cpu_seconds, gb));
+            let provisioned = opts.instances * p.usd_per_instance_hour * seconds / 3600.0;
+            costs.insert(p.name.clone(), serde_json::json!({"used_usd": used, "provisioned_usd": provisioned}));
+        }
+    }
+    Ok(serde_json::json!({"seconds": seconds, "cpu_seconds": cpu_seconds, "gb_seconds": gb_seconds, "instances": opts.instances, "costs": costs}))
 }
 
 /// bench/cloudstone_report.py draws the plots and writes report.html beside the JSON.
