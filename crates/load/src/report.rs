@@ -107,7 +107,14 @@ pub fn build(workload: &Workload, spec: &Spec, stack: &str, merged: &Merged, uti
     if workload.driver == "olio" {
         let details = workload.index_of("EventDetail").map(|i| total[i].hist.len()).unwrap_or(0);
         common.push(checks::ratio("attends on EventDetail", merged.counters.get("attend").copied().unwrap_or(0), details, MIN_ATTEND_SHARE));
-        let users = if spec.profile.is_some() { peak_users as f64 } else { spec.users as f64 };
+        // Under a profile, the users the steady state had on average.
+        let profile = spec.profile.as_deref().and_then(|p| crate::profile::Profile::load(p).ok());
+        let users = match profile {
+            Some(p) if spec.steady_s > 0.0 => {
+                (p.user_seconds(spec.ramp_up_s + spec.steady_s) - p.user_seconds(spec.ramp_up_s)) / spec.steady_s
+            }
+            _ => spec.users as f64,
+        };
         common.push(checks::users_per_ops(users, ops_per_s, MAX_USERS_PER_OPS));
     }
     let errors: u64 = total.iter().map(|s| s.error_count()).sum();
