@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pkg in debootstrap runc docker.io postgresql memcached libmemcached-tools nginx acl; do
+for pkg in debootstrap runc docker.io postgresql memcached libmemcached-tools nginx acl chromium chromium-driver; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -25,7 +25,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 echo "==> python packages (pytest, matplotlib; psycopg for sprout.store on PostgreSQL; the store benchmark's peers; memcached clients for sprout.cache and its tests; Olio's pinned requirements, gunicorn and the test clients)"
-python3 -m pip install -q --disable-pip-version-check "pytest>=7" "matplotlib>=3.6" "psycopg[binary]>=3.1" "sqlalchemy>=2,<3" "peewee>=3.17" "pymemcache>=4" "python-binary-memcached>=0.31" "flask>=3.1" "pillow>=10.1" "gunicorn>=25.1" "requests>=2.31" "pypdf>=4"
+python3 -m pip install -q --disable-pip-version-check "pytest>=7" "matplotlib>=3.6" "psycopg[binary]>=3.1" "sqlalchemy>=2,<3" "peewee>=3.17" "pymemcache>=4" "python-binary-memcached>=0.31" "flask>=3.1" "pillow>=10.1" "gunicorn>=25.1" "requests>=2.31" "pypdf>=4" "selenium>=4.15"
 # The conventional Olio deployment runs the app on this interpreter: the same pins as its lambda.
 python3 -m pip install -q --disable-pip-version-check -r apps/olio/requirements.txt
 
