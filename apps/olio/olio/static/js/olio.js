@@ -36,13 +36,26 @@ function setUpNameCheck() {
   var input = document.getElementById("username");
   var out = document.getElementById("name-check");
   if (!input || !out) return;
-  input.addEventListener("change", function () {
+  var timer = null;
+  var asked = 0;
+  function check() {
+    var mine = ++asked;
     var body = new FormData();
     body.append("username", input.value);
     post(out.dataset.url, body).then(function (result) {
+      if (mine !== asked) return; // a later check is on its way: show only the newest answer
       out.textContent = result.data.message;
       out.className = "hint " + (result.data.available ? "free" : "taken");
     });
+  }
+  // While typing (after a pause of 300 ms), and when the field is left.
+  input.addEventListener("input", function () {
+    clearTimeout(timer);
+    timer = setTimeout(check, 300);
+  });
+  input.addEventListener("change", function () {
+    clearTimeout(timer);
+    check();
   });
 }
 
