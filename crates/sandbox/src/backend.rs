@@ -97,8 +97,20 @@ pub enum InvokeError {
     Timeout(Duration),
     #[error("the handler exceeded its memory limit of {limit_mb} MiB and was killed")]
     OutOfMemory { limit_mb: u64 },
-    #[error("the sandbox died during the request: {0}")]
-    Crashed(String),
+    #[error("the sandbox died during the request: {message}")]
+    Crashed { message: String, phase: Phase },
+}
+
+/// How far a request had got when its sandbox's channel broke: until a byte of the reply
+/// arrives, a request that is safe to run twice may be sent to another sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Writing the request failed: the handler never received all of it.
+    Sending,
+    /// The request was sent, and not one byte of the reply had arrived.
+    AwaitingReply,
+    /// The reply had begun (or was malformed, or too large): the handler had finished.
+    Replying,
 }
 
 /// Backend-specific state of one sandbox, kept until `destroy`.
@@ -143,11 +155,12 @@ pub(crate) struct CgroupView {
 
 impl Sandbox {
     /// Send one request and wait up to `timeout` for the reply. On error the sandbox is
-    /// tainted: the caller must destroy it.
+    /// tainted: the caller must destroy it; a crash says how far the request had got.
     pub async fn invoke(&mut self, request: &Request, body: &[u8], timeout: Duration) -> Result<(Reply, Bytes), InvokeError> {
         let exchange = async {
-            self.channel.send(request, body).await?;
-            self.channel.recv::<Reply>().await
+            self.channel.send(request, body).await.map_err(|e| (e, Phase::Sending))?;
+            self.channel.await_frame().await.map_err(|e| (e, Phase::AwaitingReply))?;
+            self.channel.recv::<Reply>().await.map_err(|e| (e, Phase::Replying))
         };
         let result = tokio::time::timeout(timeout, exchange).await;
         match result {
@@ -160,9 +173,9 @@ impl Sandbox {
                 }
                 Ok(reply)
             }
-            Ok(Err(e)) => {
+            Ok(Err((e, phase))) => {
                 self.tainted = true;
-                Err(self.diagnose(e))
+                Err(self.diagnose(e, phase))
             }
             Err(_) => {
                 self.tainted = true;
@@ -181,7 +194,7 @@ impl Sandbox {
     }
 
     /// Why the channel broke: the OOM killer, or some other death.
-    fn diagnose(&self, e: std::io::Error) -> InvokeError {
+    fn diagnose(&self, e: std::io::Error, phase: Phase) -> InvokeError {
         if let Some(view) = &self.cgroup_path {
             let oom_now = match &view.oom_source {
                 Some(path) => crate::cgroup::read_oom_kills(path),
@@ -191,7 +204,7 @@ impl Sandbox {
                 return InvokeError::OutOfMemory { limit_mb: self.limits.memory_bytes >> 20 };
             }
         }
-        InvokeError::Crashed(e.to_string())
+        InvokeError::Crashed { message: e.to_string(), phase }
     }
 
     /// Whether the sandbox may serve another request.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, Interest};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interest};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::process::PidFd;
@@ -172,6 +172,15 @@ impl Channel {
             self.stream.read_exact(&mut buf[got..]).await?;
         }
         Ok(fds)
+    }
+
+    /// Wait until the first byte of the next frame has arrived; an error (`UnexpectedEof`
+    /// when the peer closed the channel) if it never will.
+    pub async fn await_frame(&mut self) -> io::Result<()> {
+        if self.stream.fill_buf().await?.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the sandbox closed the channel"));
+        }
+        Ok(())
     }
 
     /// Read one frame: its header decoded as `T`, and its body.

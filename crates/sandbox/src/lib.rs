@@ -33,5 +33,5 @@ pub mod stage;
 pub mod userns;
 pub mod zygote;
 
-pub use backend::{Backend, BackendStats, CreateError, HandlerKind, InvokeError, Package, Sandbox, SandboxSpec};
+pub use backend::{Backend, BackendStats, CreateError, HandlerKind, InvokeError, Package, Phase, Sandbox, SandboxSpec};
 pub use cgroup::Limits;

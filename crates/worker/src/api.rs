@@ -309,7 +309,7 @@ fn failure_response(failure: Failure) -> ApiError {
         Failure::Sandbox(e) => match e {
             sprout_sandbox::InvokeError::Timeout(_) => ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message),
             sprout_sandbox::InvokeError::OutOfMemory { .. } => ApiError::new(StatusCode::BAD_GATEWAY, "out_of_memory", message),
-            sprout_sandbox::InvokeError::Crashed(_) => ApiError::new(StatusCode::BAD_GATEWAY, "sandbox_crashed", message),
+            sprout_sandbox::InvokeError::Crashed { .. } => ApiError::new(StatusCode::BAD_GATEWAY, "sandbox_crashed", message),
         },
     }
 }

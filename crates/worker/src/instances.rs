@@ -6,7 +6,9 @@
 //! bounded queue (429 when full) until a sandbox or room for one is handed to it. Several
 //! sandboxes thus serve one lambda concurrently when requests queue. After a request a healthy
 //! sandbox goes to the next waiter or becomes idle (with `keep_warm`); a failed one, one of a
-//! replaced version, or any with `keep_warm = false` is destroyed in the background. Idle
+//! replaced version, or any with `keep_warm = false` is destroyed in the background; a
+//! request whose sandbox died before answering runs once more on another when that is safe
+//! ([`crate::retry`]). Idle
 //! sandboxes are destroyed after `idle_timeout`, and evicted least recently used first when
 //! the worker needs room for another lambda.
 //!
@@ -35,6 +37,7 @@ use crate::handler_cache::{self, Eviction, HandlerCacheConfig};
 use crate::metrics::{Metrics, SandboxState};
 use crate::packages::{InstallError, Packages};
 use crate::registry::Lambda;
+use crate::retry;
 
 /// How often every paused sandbox's PSS is measured again.
 const REMEASURE: Duration = Duration::from_secs(5);
@@ -172,10 +175,64 @@ impl Instances {
         instances
     }
 
-    /// Run one request on a sandbox of `lambda`.
+    /// Run one request on a sandbox of `lambda`; when that sandbox dies before answering and
+    /// the request is safe to run twice ([`retry::reason`]), once more on another, within
+    /// what is left of the time limit.
     pub async fn invoke(&self, lambda: &Arc<Lambda>, request: &Request, body: &[u8]) -> Result<Invocation, Failure> {
-        let mut lease = self.acquire(lambda).await?;
-        let result = lease.sandbox.invoke(request, body, self.cfg.timeout).await;
+        let lease = self.acquire(lambda, self.cfg.timeout).await?;
+        let began = Instant::now();
+        let kind = lease.sandbox.kind;
+        let error = match self.run(lease, request, body, self.cfg.timeout).await {
+            Ok(done) => return Ok(done),
+            Err(e) => e,
+        };
+        let Some(reason) = retry::reason(kind, &request.method, &error) else { return Err(error.into()) };
+        tracing::info!(lambda = %lambda.name, reason = reason.label(), "sandbox died before answering ({error}); retrying on another");
+        match self.retry(lambda, request, body, began, reason).await {
+            Some(result) => result,
+            // No sandbox could take it in time: the request's own failure stands.
+            None => Err(error.into()),
+        }
+    }
+
+    /// Run a request whose time limit started at `began` once more, on another sandbox, in
+    /// what is left of that limit; None when no sandbox could take it in time.
+    async fn retry(
+        &self,
+        lambda: &Arc<Lambda>,
+        request: &Request,
+        body: &[u8],
+        began: Instant,
+        reason: retry::Reason,
+    ) -> Option<Result<Invocation, Failure>> {
+        let left = || self.cfg.timeout.saturating_sub(began.elapsed());
+        if left().is_zero() {
+            return None;
+        }
+        let lease = match self.acquire(lambda, left()).await {
+            Ok(lease) => lease,
+            Err(e) => {
+                tracing::warn!(lambda = %lambda.name, "no sandbox for the retry: {e}");
+                return None;
+            }
+        };
+        let limit = left();
+        if limit.is_zero() {
+            let reusable = lease.sandbox.reusable();
+            self.release(lease, reusable);
+            return None;
+        }
+        self.metrics.retry(reason);
+        Some(match self.run(lease, request, body, limit).await {
+            // The request as a whole ran out of its time limit.
+            Err(InvokeError::Timeout(_)) => Err(InvokeError::Timeout(self.cfg.timeout).into()),
+            other => other.map_err(Failure::from),
+        })
+    }
+
+    /// Send the request to the leased sandbox, waiting up to `limit`, and give the sandbox back.
+    async fn run(&self, mut lease: Lease, request: &Request, body: &[u8], limit: Duration) -> Result<Invocation, InvokeError> {
+        let result = lease.sandbox.invoke(request, body, limit).await;
         let reusable = result.is_ok() && lease.sandbox.reusable();
         let (cold, sandbox) = (lease.cold, lease.sandbox.id);
         self.release(lease, reusable);
@@ -183,7 +240,8 @@ impl Instances {
         Ok(Invocation { reply, body, cold, sandbox })
     }
 
-    async fn acquire(&self, lambda: &Arc<Lambda>) -> Result<Lease, Failure> {
+    /// A sandbox for `lambda`: an idle one, a new one, or one handed over within `wait`.
+    async fn acquire(&self, lambda: &Arc<Lambda>, wait: Duration) -> Result<Lease, Failure> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Failure::ShuttingDown);
         }
@@ -235,6 +293,7 @@ impl Instances {
             Next::Warm(idle) => {
                 self.metrics.sandbox_state(SandboxState::Busy, 1);
                 let Idle { sandbox, paused, .. } = *idle;
+                let killed = paused && handler_cache::killed_while_paused(&sandbox);
                 if paused {
                     let started = Instant::now();
                     let resumed = sandbox.resume();
@@ -243,7 +302,7 @@ impl Instances {
                         tracing::warn!(sandbox = sandbox.id, "resuming a paused sandbox: {e}");
                     }
                 }
-                if !sandbox.reusable() {
+                if killed || !sandbox.reusable() {
                     // It died while idle (e.g. with its Zygote): make a new one in its place.
                     self.cache.evicted(Eviction::Dead, 1);
                     self.metrics.sandbox_state(SandboxState::Busy, -1);
@@ -256,7 +315,7 @@ impl Instances {
             Next::Wait(mut rx) => {
                 let granted = tokio::select! {
                     grant = &mut rx => grant,
-                    _ = tokio::time::sleep(self.cfg.timeout) => {
+                    _ = tokio::time::sleep(wait) => {
                         // A grant may have arrived just now: never lose it.
                         rx.close();
                         match rx.try_recv() {
@@ -266,7 +325,7 @@ impl Instances {
                             }
                             Err(_) => {}
                         }
-                        return Err(Failure::QueueTimeout(self.cfg.timeout));
+                        return Err(Failure::QueueTimeout(wait));
                     }
                 };
                 match granted {

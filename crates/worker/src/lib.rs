@@ -7,7 +7,8 @@
 //!   [`app`] — the app port, one lambda served as a web site, with [`static_files`] before it.
 //! * [`registry`] and [`archive`], [`syntax`] — what runs: lambda code, uploaded and checked.
 //! * [`instances`] — which sandbox serves a request: warm reuse, cold starts, queues; idle
-//!   sandboxes paused as the handler cache ([`handler_cache`]).
+//!   sandboxes paused as the handler cache ([`handler_cache`]); a request whose sandbox died
+//!   before answering sent to another when that is safe ([`retry`]).
 //! * [`packages`] — a lambda's requirements, resolved and installed once into the install
 //!   cache (the import cache of Zygotes lives with the sandboxes).
 //! * the sandboxes themselves live in the `sprout-sandbox` crate, behind one `Backend` trait.
@@ -26,5 +27,6 @@ pub mod metrics;
 pub mod packages;
 pub mod preinstall;
 pub mod registry;
+pub mod retry;
 pub mod static_files;
 pub mod syntax;

@@ -1,7 +1,7 @@
 //! What the worker counts: Prometheus metrics for `/metrics` (invocations, cold starts,
-//! latencies, sandboxes by state, errors by kind, cgroup pool use, static files served on the
-//! app port) and the same figures with latency percentiles (HdrHistogram) for the JSON of
-//! `/stats`.
+//! latencies, sandboxes by state, errors by kind, retries by reason, cgroup pool use, static
+//! files served on the app port) and the same figures with latency percentiles
+//! (HdrHistogram) for the JSON of `/stats`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -33,6 +33,11 @@ struct StartLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -146,6 +151,7 @@ pub struct Metrics {
     sandbox_start: Histogram,
     sandboxes: Family<StateLabels, Gauge>,
     errors: Family<KindLabels, Counter>,
+    retries: Family<ReasonLabels, Counter>,
     statics: Family<StaticLabels, Counter>,
     /// The same counts by prefix and status, for `/stats` (families cannot be listed).
     static_counts: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
@@ -169,6 +175,7 @@ impl Metrics {
         let sandboxes = Family::<StateLabels, Gauge>::default();
         let errors = Family::<KindLabels, Counter>::default();
         let statics = Family::<StaticLabels, Counter>::default();
+        let retries = Family::<ReasonLabels, Counter>::default();
         registry.register("sprout_invocations", "Requests to lambdas, by lambda, start and outcome", invocations.clone());
         registry.register("sprout_cold_starts", "Requests that needed a new sandbox", cold_starts.clone());
         registry.register(
@@ -179,11 +186,19 @@ impl Metrics {
         registry.register("sprout_sandbox_start_duration_seconds", "Time to provision a sandbox and load its lambda", sandbox_start.clone());
         registry.register("sprout_sandboxes", "Sandboxes by state", sandboxes.clone());
         registry.register("sprout_errors", "Failed requests, by error code", errors.clone());
+        registry.register(
+            "sprout_retries",
+            "Requests run again on another sandbox after theirs died before answering, by reason",
+            retries.clone(),
+        );
         registry.register("sprout_static_requests", "Requests the app port answered from a static directory, by prefix and status", statics.clone());
         let caches: CacheSources = Arc::default();
         registry.register_collector(Box::new(BackendCollector { backend: backend.clone(), caches: caches.clone() }));
         for state in [SandboxState::Starting, SandboxState::Busy, SandboxState::Idle] {
             sandboxes.get_or_create(&StateLabels { state: state.label() }).set(0);
+        }
+        for reason in crate::retry::Reason::ALL {
+            let _shown_at_zero = retries.get_or_create(&ReasonLabels { reason: reason.label() });
         }
         let hdr = || Hdr::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds");
         Metrics {
@@ -194,6 +209,7 @@ impl Metrics {
             sandbox_start,
             sandboxes,
             errors,
+            retries,
             statics,
             static_counts: Mutex::default(),
             percentiles: Mutex::new(Percentiles { cold: hdr(), warm: hdr(), sandbox_start: hdr() }),
@@ -239,6 +255,11 @@ impl Metrics {
         self.errors.get_or_create(&KindLabels { kind: code.to_string() }).inc();
     }
 
+    /// A request sent to a second sandbox because its first died before answering.
+    pub fn retry(&self, reason: crate::retry::Reason) {
+        self.retries.get_or_create(&ReasonLabels { reason: reason.label() }).inc();
+    }
+
     pub fn sandbox_started(&self, elapsed: Duration) {
         self.sandbox_start.observe(elapsed.as_secs_f64());
         let _ = self.percentiles.lock().unwrap().sandbox_start.record((elapsed.as_micros() as u64).max(1));
@@ -280,6 +301,10 @@ impl Metrics {
             }
             out
         };
+        let retries: serde_json::Map<String, Value> = crate::retry::Reason::ALL
+            .iter()
+            .map(|r| (r.label().to_string(), json!(self.retries.get_or_create(&ReasonLabels { reason: r.label() }).get())))
+            .collect();
         json!({
             "uptime_s": self.started.elapsed().as_secs_f64(),
             "backend": self.backend.name(),
@@ -294,6 +319,7 @@ impl Metrics {
                 "idle": gauge(SandboxState::Idle),
             },
             "errors": errors,
+            "retries": retries,
             "static": *self.static_counts.lock().unwrap(),
             "backend_counters": self.backend.stats(),
             "lambdas": lambdas,
