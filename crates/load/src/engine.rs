@@ -238,20 +238,12 @@ async fn user_loop<D: Driver>(shared: Rc<Shared<D>>, slot: usize) {
     let mut user = shared.driver.new_user(id, cold, &mut rng);
     let mut op = 0usize;
     let mut counters = BTreeMap::new();
-    let mut previous_start: Option<Instant> = None;
     loop {
         let started = Instant::now();
         let t = started - shared.start;
         if shared.stop.get() || slot >= plan.users_at(t) {
             break;
         }
-        if let Some(prev) = previous_start {
-            if shared.in_steady(t) {
-                shared.cycles.set(shared.cycles.get() + 1);
-                shared.cycle_ms_sum.set(shared.cycle_ms_sum.get() + (started - prev).as_secs_f64() * 1000.0);
-            }
-        }
-        previous_start = Some(started);
         counters.clear();
         let outcome = shared.driver.run(&mut user, op, &mut rng, &mut counters).await;
         let took = started.elapsed().as_micros() as u64;
@@ -282,6 +274,13 @@ async fn user_loop<D: Driver>(shared: Rc<Shared<D>>, slot: usize) {
         }
         let next = shared.workload.chain.next(op, &mut rng);
         let delay = shared.workload.cycle.draw(shared.workload.operations[next].min_cycle_ms, &mut rng);
+        // This operation's cycle: from its start to the next one's, which is the drawn delay,
+        // or the operation itself when it ran longer. Counted for operations that started in
+        // the steady state (by start, so long cycles near its end are not missed).
+        if measured {
+            shared.cycles.set(shared.cycles.get() + 1);
+            shared.cycle_ms_sum.set(shared.cycle_ms_sum.get() + delay.max(took as f64 / 1000.0));
+        }
         let wake = started + Duration::from_secs_f64(delay / 1000.0);
         // Sleep in slices so a stop or a lower profile ends the session promptly.
         while Instant::now() < wake && !shared.stop.get() {
