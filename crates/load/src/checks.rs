@@ -131,10 +131,16 @@ pub fn users_per_ops(users: f64, ops_per_s: f64, max: f64) -> Check {
 }
 
 /// A counted event as a share of an operation's runs, at least `min` (Olio: attends on at
-/// least 6% of EventDetails).
+/// least 6% of EventDetails) — less three standard errors of a share of `of` runs, so a short
+/// fair run is not failed by chance.
 pub fn ratio(name: &str, count: u64, of: u64, min: f64) -> Check {
     let share = if of > 0 { count as f64 / of as f64 } else { 0.0 };
-    Check { name: name.into(), passed: of > 0 && share >= min, detail: format!("{count} of {of} = {:.1}% (at least {:.1}%)", share * 100.0, min * 100.0) }
+    let limit = if of > 0 { (min - 3.0 * (min * (1.0 - min) / of as f64).sqrt()).max(0.0) } else { min };
+    Check {
+        name: name.into(),
+        passed: of > 0 && share >= limit,
+        detail: format!("{count} of {of} = {:.1}% (at least {:.1}%, {:.1}% allowing for {of} runs)", share * 100.0, min * 100.0, limit * 100.0),
+    }
 }
 
 #[cfg(test)]
@@ -218,6 +224,8 @@ mod tests {
         assert!(cycle_time(&w, 5400.0, 1000).passed && !cycle_time(&w, 5500.0, 1000).passed);
         assert!(!users_per_ops(600.0, 100.0, 5.25).passed);
         assert!(users_per_ops(500.0, 100.0, 5.25).passed);
-        assert!(ratio("attends", 7, 100, 0.06).passed && !ratio("attends", 5, 100, 0.06).passed);
+        assert!(ratio("attends", 700, 10_000, 0.06).passed && !ratio("attends", 500, 10_000, 0.06).passed);
+        // 1,000 runs measure a 6% share to 0.75 points: 5.0% passes, 3.0% is a real shortfall.
+        assert!(ratio("attends", 50, 1000, 0.06).passed && !ratio("attends", 30, 1000, 0.06).passed);
     }
 }
