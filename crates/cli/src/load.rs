@@ -123,6 +123,7 @@ pub fn main(cmd: LoadCommand) -> Result<()> {
                 repo: crate::olio::repo_root()?,
                 pricing: Some(args.pricing.clone()),
                 instances: args.instances,
+                machine: sprout_bench::report::machine(),
             };
             let report = run::run(&opts)?;
             print!("{}", report.text());
@@ -248,6 +249,7 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
                     repo,
                     pricing: Some(a.pricing.clone()),
                     instances: a.instances,
+                    machine: sprout_bench::report::machine(),
                 },
                 stack: a.stack.clone(),
                 cpus: a.cpus.clone(),

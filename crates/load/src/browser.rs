@@ -86,7 +86,7 @@ impl Browser {
     }
 
     pub async fn post_form(&mut self, path: &str, fields: &[(&str, &str)]) -> Outcome<Response> {
-        let body = form_urlencoded(fields);
+        let body = form_urlencoded::Serializer::new(String::new()).extend_pairs(fields).finish();
         self.send(Method::POST, path, Some("application/x-www-form-urlencoded".into()), Some(Bytes::from(body))).await
     }
 
@@ -159,9 +159,9 @@ impl Browser {
             }
         };
         self.requests += 1;
-        let status = resp.status();
-        let headers = resp.headers().clone();
-        let body = resp.into_body().collect().await.map_err(|e| {
+        let (parts, body) = resp.into_parts();
+        let (status, headers) = (parts.status, parts.headers);
+        let body = body.collect().await.map_err(|e| {
             self.conn = None;
             Failure::new("connection", format!("reading the body: {e}"))
         })?;
@@ -207,22 +207,6 @@ impl Browser {
             self.cookies.insert(name, val);
         }
     }
-}
-
-fn form_urlencoded(fields: &[(&str, &str)]) -> String {
-    fields.iter().map(|(k, v)| format!("{}={}", percent_encode(k), percent_encode(v))).collect::<Vec<_>>().join("&")
-}
-
-pub fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(b as char),
-            b' ' => out.push('+'),
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
 }
 
 /// A multipart/form-data body.

@@ -90,7 +90,7 @@ fn now_ms() -> u64 {
 /// Run one agent to the end of its plan (in this process).
 pub fn run_agent(spec: &Spec) -> Result<AgentResult> {
     if let Some(cpu) = spec.cpu {
-        pin_to(cpu).with_context(|| format!("pinning the agent to CPU {cpu}"))?;
+        sprout_runtime::pin_to(cpu).with_context(|| format!("pinning the agent to CPU {cpu}"))?;
     }
     let workload = Workload::load(&spec.workload)?;
     let plan = spec.plan()?;
@@ -203,16 +203,4 @@ pub fn run_agents(exe: &std::path::Path, spec: &Spec, cpus: &[usize]) -> Result<
         bail!("{}", failures.join("; "));
     }
     merge(&results)
-}
-
-fn pin_to(cpu: usize) -> std::io::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; its size is passed.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }

@@ -33,6 +33,8 @@ pub struct RunOptions {
     pub pricing: Option<PathBuf>,
     /// Instances the deployment is provisioned as (for the always-on cost beside).
     pub instances: f64,
+    /// What the report says the machine is.
+    pub machine: String,
 }
 
 pub fn run(opts: &RunOptions) -> Result<RunReport> {
@@ -48,7 +50,7 @@ pub fn run(opts: &RunOptions) -> Result<RunReport> {
     let merged = control::run_agents(&opts.exe, &opts.spec, &opts.agent_cpus);
     let samples = sampler.stop();
     let merged = merged?;
-    let mut report = report::build(&workload, &opts.spec, &opts.stack, &merged, samples, opts.sut_cpus.clone(), machine(), peak);
+    let mut report = report::build(&workload, &opts.spec, &opts.stack, &merged, samples, opts.sut_cpus.clone(), opts.machine.clone(), peak);
     report.resources = resources(&report, opts)?;
     let json_path = opts.out.join("run.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)?;
@@ -79,19 +81,4 @@ pub fn render_html(repo: &Path, json: &Path) -> Result<()> {
     let status = Command::new("python3").arg(&script).arg(json).status().with_context(|| format!("running {}", script.display()))?;
     anyhow::ensure!(status.success(), "{} failed ({status})", script.display());
     Ok(())
-}
-
-pub fn machine() -> String {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
-        .unwrap_or_default();
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| t.lines().next().and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<u64>().ok()))
-        .map(|kb| kb as f64 / (1 << 20) as f64)
-        .unwrap_or(0.0);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!("{cpus} CPUs ({model}), {mem:.0} GiB, Linux {}", kernel.trim())
 }

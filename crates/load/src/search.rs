@@ -140,7 +140,7 @@ pub fn search(opts: &SearchOptions) -> Result<SearchResult> {
     }
     let result = SearchResult {
         stack: opts.stack.clone(),
-        machine: run::machine(),
+        machine: opts.run.machine.clone(),
         run_seconds: opts.run.spec.steady_s,
         cpus: opts.cpus.clone(),
         up_args: opts.up_args.clone(),

@@ -218,7 +218,7 @@ mod tests {
         // Spin on CPU 0 for a second while sampling: CPU 0 reads mostly busy.
         let sampler = Sampler::start(Duration::from_millis(250), Some(SutProcesses(PathBuf::from("/nonexistent"))));
         let spin = std::thread::spawn(|| {
-            let _ = nix_pin(0);
+            let _ = sprout_runtime::pin_to(0);
             let end = Instant::now() + Duration::from_millis(1100);
             let mut x = 0u64;
             while Instant::now() < end {
@@ -236,18 +236,6 @@ mod tests {
         let (cpu_s, gb_s) = integrate(&samples, &[0]);
         assert!(cpu_s > 0.7, "{cpu_s}");
         assert_eq!(gb_s, Some(0.0));
-    }
-
-    fn nix_pin(cpu: usize) -> std::io::Result<()> {
-        // SAFETY: a zeroed cpu_set_t is valid; we pass its size.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        Ok(())
     }
 
     #[test]

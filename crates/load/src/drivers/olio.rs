@@ -12,7 +12,7 @@ use hyper::StatusCode;
 use rand::rngs::SmallRng;
 use rand::Rng;
 
-use crate::browser::{percent_encode, Browser, Failure, Multipart, Outcome, Response};
+use crate::browser::{Browser, Failure, Multipart, Outcome, Response};
 use crate::engine::Driver;
 use crate::workload::Workload;
 
@@ -168,7 +168,8 @@ impl Olio {
             let rank = (-mean * (1.0 - rng.random::<f64>()).ln()) as u64 % self.tags;
             format!("tag{}", rank + 1)
         };
-        let resp = self.page(user, &format!("/events/tag_search?tag={}", percent_encode(&tag))).await?;
+        let query = form_urlencoded::Serializer::new(String::new()).append_pair("tag", &tag).finish();
+        let resp = self.page(user, &format!("/events/tag_search?{query}")).await?;
         user.event_links = event_links(&resp.text());
         Ok(())
     }
@@ -360,54 +361,32 @@ fn civil_from_days(z: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
-/// A small valid PNG (8x8, one colour), made without an image library: signature, IHDR,
-/// IDAT (stored deflate), IEND, each chunk with its CRC.
+/// A small valid PNG (8x8, one colour): signature, IHDR, IDAT (zlib), IEND, each chunk with
+/// its CRC.
 fn sample_png() -> Vec<u8> {
-    fn crc32(data: &[u8]) -> u32 {
-        let mut crc = 0xFFFF_FFFFu32;
-        for &b in data {
-            crc ^= b as u32;
-            for _ in 0..8 {
-                crc = if crc & 1 != 0 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
-            }
-        }
-        !crc
-    }
-    fn adler32(data: &[u8]) -> u32 {
-        let (mut a, mut b) = (1u32, 0u32);
-        for &x in data {
-            a = (a + x as u32) % 65_521;
-            b = (b + a) % 65_521;
-        }
-        (b << 16) | a
-    }
+    use std::io::Write;
     fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
         out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        let mut body = kind.to_vec();
-        body.extend_from_slice(data);
-        out.extend_from_slice(&body);
-        out.extend_from_slice(&crc32(&body).to_be_bytes());
+        let start = out.len();
+        out.extend_from_slice(kind);
+        out.extend_from_slice(data);
+        let crc = crc32fast::hash(&out[start..]);
+        out.extend_from_slice(&crc.to_be_bytes());
     }
     let (w, h) = (8u32, 8u32);
-    let mut raw = Vec::new();
+    let row: Vec<u8> = std::iter::once(0u8).chain((0..w).flat_map(|_| [0x2a, 0x7a, 0xb0])).collect(); // filter byte, then RGB
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
     for _ in 0..h {
-        raw.push(0); // filter: none
-        for _ in 0..w {
-            raw.extend_from_slice(&[0x2a, 0x7a, 0xb0]);
-        }
+        z.write_all(&row).expect("writing to memory");
     }
-    let mut zlib = vec![0x78, 0x01, 0x01];
-    zlib.extend_from_slice(&(raw.len() as u16).to_le_bytes());
-    zlib.extend_from_slice(&(!(raw.len() as u16)).to_le_bytes());
-    zlib.extend_from_slice(&raw);
-    zlib.extend_from_slice(&adler32(&raw).to_be_bytes());
+    let idat = z.finish().expect("writing to memory");
     let mut ihdr = Vec::new();
     ihdr.extend_from_slice(&w.to_be_bytes());
     ihdr.extend_from_slice(&h.to_be_bytes());
     ihdr.extend_from_slice(&[8, 2, 0, 0, 0]); // 8-bit RGB
     let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
     chunk(&mut png, b"IHDR", &ihdr);
-    chunk(&mut png, b"IDAT", &zlib);
+    chunk(&mut png, b"IDAT", &idat);
     chunk(&mut png, b"IEND", &[]);
     png
 }
