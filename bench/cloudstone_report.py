@@ -147,6 +147,12 @@ def render(run, out_dir):
             used = "n/a" if c["used_usd"] is None else f"${c['used_usd']:.6f}"
             rows.append([f"{html.escape(name)}: billed per second for what was used / {res['instances']:g} instance(s) always on", f"{used} / ${c['provisioned_usd']:.6f}"])
         resources = "<h2>Resources used and their cost</h2>" + table(["", "value"], rows)
+        by_process = res.get("cpu_seconds_by_process") or {}
+        if by_process:
+            total = sum(by_process.values()) or 1.0
+            ranked = sorted(by_process.items(), key=lambda kv: -kv[1])
+            resources += "<h3>Where the deployment's CPU time went (its processes, by kind)</h3>" + table(
+                ["process", "CPU-seconds", "share"], [[html.escape(k), f"{v:.1f}", f"{100 * v / total:.1f}%"] for k, v in ranked])
     verdict = lambda ok: "<b class=ok>PASS</b>" if ok else "<b class=bad>FAIL</b>"  # noqa: E731
     page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>Cloudstone run: {html.escape(run['stack'])}, {run['peak_users']} users</title>
 <style>body{{font-family:sans-serif;max-width:1400px;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}

@@ -103,10 +103,21 @@ def compare(out_dir, paths, json_out):
         for sla in ("sla1", "sla2"):
             ratio = a[f"{sla}_users"] / b[f"{sla}_users"] if b[f"{sla}_users"] else float("inf")
             md.append(f"\n{a['stack']} ÷ {b['stack']}, users per dollar at {sla.upper().replace('SLA', 'SLA-')}: **{ratio:.2f}×**")
+    terms = ["", "| price | stack | SLA | users | $/user/month over 1 month | over 12 | over 36 |", "|---|---|---|---:|---:|---:|---:|"]
+    for price in searches[0]["prices"]:
+        for s in searches:
+            by = s["usd_per_user_month"].get(price["name"], {})
+            for sla in ("sla1", "sla2"):
+                c = by.get(sla, {})
+                terms.append(f"| {price['name']} | {s['stack']} | {sla.upper().replace('SLA', 'SLA-')} | {s[f'{sla}_users']} | "
+                             + " | ".join(money(c.get(m)) for m in ("1", "12", "36")) + " |")
     page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>Cloudstone comparison</title>{STYLE}</head><body>
 <h1>Cloudstone: {' against '.join(html.escape(s['stack']) for s in searches)}</h1>
 {table(['stack', 'SLA-1 users', 'SLA-2 users', f'$/user/month SLA-1 ({default})', f'$/user/month SLA-2 ({default})'], rows)}
-<p>{'<br>'.join(html.escape(l.strip()) for l in md[2 + len(searches):])}</p><img src="compare_trace.png"></body></html>"""
+<p>{'<br>'.join(html.escape(l.strip()) for l in md[2 + len(searches):])}</p>
+{table(['price', 'stack', 'SLA', 'users', '$/user/month, 1 month', '12 months', '36 months'], [[c.strip() for c in l.strip('|').split('|')] for l in terms[3:]])}
+<img src="compare_trace.png"></body></html>"""
+    md += terms
     (out_dir / "compare.html").write_text(page)
     (out_dir / "compare.md").write_text("\n".join(md) + "\n")
     if json_out:

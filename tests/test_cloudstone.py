@@ -36,11 +36,16 @@ def load_run(out, *args, check=True):
 
 def test_two_agents_drive_olio_and_the_run_is_judged(loaded_site, tmp_path):
     out = tmp_path / "run"
+    # The deployment's processes, listed as a cgroup lists them: gunicorn's master and workers.
+    deployment = tmp_path / "deployment"
+    deployment.mkdir()
+    children = subprocess.run(["pgrep", "-P", str(loaded_site.process.pid)], capture_output=True, text=True).stdout.split()
+    (deployment / "cgroup.procs").write_text("\n".join([str(loaded_site.process.pid), *children]) + "\n")
     # 20 users over two agents, 50 s of steady state in two 25 s windows; cycle times are
     # Olio's (5 s mean), so every user makes about ten operations.
     r = load_run(out, "--url", loaded_site.url, "--users", 20, "--registered-users", 1000, "--agents", 2,
                  "--agent-cpus", "1", "--ramp-up", 5, "--steady", 50, "--window", 25, "--ramp-down", 2,
-                 "--interval", 5, "--stack", "gunicorn")
+                 "--interval", 5, "--stack", "gunicorn", "--sut-cgroup", deployment)
     run = json.loads((out / "run.json").read_text())
     ops = run["operations"]
     assert set(ops) == {"HomePage", "Login", "TagSearch", "EventDetail", "PersonDetail", "AddPerson", "AddEvent"}
@@ -62,7 +67,12 @@ def test_two_agents_drive_olio_and_the_run_is_judged(loaded_site, tmp_path):
     assert all(c["detail"] for c in run["checks"])
     assert abs(run["mean_cycle_ms"] - 5000) < 1500
     assert run["utilization"] and len(run["utilization"][0]["cpu_busy"]) >= 2
+    # Memory and CPU time are charged to the deployment's processes, by kind.
+    assert run["utilization"][-1]["sut_pss_bytes"] > 10 * 2**20
+    by_process = run["resources"]["cpu_seconds_by_process"]
+    assert list(by_process) == ["python -m gunicorn"] and by_process["python -m gunicorn"] > 0.1, by_process
     assert (out / "report.html").read_text().count("<img") >= 3
+    assert "Where the deployment's CPU time went" in (out / "report.html").read_text()
     assert "SLA-1 (90th):" in r.stdout
 
 

@@ -48,19 +48,19 @@ pub fn run(opts: &RunOptions) -> Result<RunReport> {
     );
     let sampler = Sampler::start(Duration::from_secs(1), opts.sut_cgroup.clone().map(SutProcesses));
     let merged = control::run_agents(&opts.exe, &opts.spec, &opts.agent_cpus);
-    let samples = sampler.stop();
+    let (samples, cpu_by_process) = sampler.stop();
     let merged = merged?;
     let mut report = report::build(&workload, &opts.spec, &opts.stack, &merged, samples, opts.sut_cpus.clone(), opts.machine.clone(), peak);
-    report.resources = resources(&report, opts)?;
+    report.resources = resources(&report, opts, cpu_by_process)?;
     let json_path = opts.out.join("run.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)?;
     render_html(&opts.repo, &json_path)?;
     Ok(report)
 }
 
-/// CPU-seconds on the system under test's CPUs and its memory GB-seconds over the run,
-/// priced per second (what was used) and as always-on instances (provisioned for the peak).
-fn resources(report: &RunReport, opts: &RunOptions) -> Result<serde_json::Value> {
+/// CPU-seconds on the system under test's CPUs (and by its kinds of process) and its memory
+/// GB-seconds over the run, priced per second (what was used) and as always-on instances (provisioned for the peak).
+fn resources(report: &RunReport, opts: &RunOptions, cpu_by_process: std::collections::BTreeMap<String, f64>) -> Result<serde_json::Value> {
     let (cpu_seconds, gb_seconds) = crate::utilization::integrate(&report.utilization, &report.sut_cpus);
     let seconds = report.utilization.last().map(|s| s.t).unwrap_or(0.0);
     let mut costs = serde_json::Map::new();
@@ -72,7 +72,7 @@ fn resources(report: &RunReport, opts: &RunOptions) -> Result<serde_json::Value>
             costs.insert(p.name.clone(), serde_json::json!({"used_usd": used, "provisioned_usd": provisioned}));
         }
     }
-    Ok(serde_json::json!({"seconds": seconds, "cpu_seconds": cpu_seconds, "gb_seconds": gb_seconds, "instances": opts.instances, "costs": costs}))
+    Ok(serde_json::json!({"seconds": seconds, "cpu_seconds": cpu_seconds, "gb_seconds": gb_seconds, "instances": opts.instances, "costs": costs, "cpu_seconds_by_process": cpu_by_process}))
 }
 
 /// bench/cloudstone_report.py draws the plots and writes report.html beside the JSON.

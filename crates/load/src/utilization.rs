@@ -1,7 +1,9 @@
 //! Utilization of the system under test, sampled from /proc while a run goes (what vmstat,
 //! mpstat, iostat and netstat show): CPU busy per CPU, memory in use, disk and network
-//! throughput, and, given the deployment's processes, their proportional memory (PSS).
+//! throughput, and, given the deployment's processes, their proportional memory (PSS) and
+//! their CPU time by kind of process.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -59,6 +61,78 @@ impl SutProcesses {
             .sum::<u64>()
             * 1024
     }
+}
+
+/// CPU time of the deployment's processes by what they are (postgres, gunicorn, nginx, the
+/// Sprout worker, its sandboxes...): where the time goes. Processes present at the first look
+/// count from then; those that appear later count from their start; one that exits between
+/// two looks loses its last interval.
+#[derive(Debug, Default)]
+struct ProcessCpu {
+    /// pid -> (what it is, ticks when first seen, ticks when last seen)
+    seen: HashMap<u32, (String, u64, u64)>,
+    looked: bool,
+}
+
+impl ProcessCpu {
+    fn look(&mut self, sut: &SutProcesses) {
+        for pid in sut.pids() {
+            let Some((name, ticks)) = process_ticks(pid) else { continue };
+            let appeared_later = self.looked;
+            let entry = self.seen.entry(pid).or_insert_with(|| (name.clone(), if appeared_later { 0 } else { ticks }, ticks));
+            if entry.0 != name && ticks < entry.2 {
+                *entry = (name, 0, ticks); // the pid was reused
+            } else {
+                entry.2 = ticks;
+            }
+        }
+        self.looked = true;
+    }
+
+    fn seconds_by_kind(&self) -> BTreeMap<String, f64> {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let mut by = BTreeMap::new();
+        for (name, first, last) in self.seen.values() {
+            *by.entry(name.clone()).or_insert(0.0) += last.saturating_sub(*first) as f64 / hz;
+        }
+        by
+    }
+}
+
+/// (what the process is, its user + system ticks) from /proc.
+fn process_ticks(pid: u32) -> Option<(String, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (comm, rest) = stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") "))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let args: Vec<String> = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    Some((process_kind(comm, &args), ticks))
+}
+
+/// A process's kind for the breakdown: its command, with the subcommand of `sprout` and the
+/// module or script of a Python interpreter.
+pub fn process_kind(comm: &str, args: &[String]) -> String {
+    let base = |a: &str| a.rsplit('/').next().unwrap_or(a).to_string();
+    if comm == "sprout" {
+        return match args.get(1) {
+            Some(sub) => format!("sprout {sub}"),
+            None => "sprout".into(),
+        };
+    }
+    if comm.starts_with("python") {
+        if let Some(i) = args.iter().position(|a| a == "-m") {
+            if let Some(module) = args.get(i + 1) {
+                return format!("python -m {module}");
+            }
+        }
+        if let Some(script) = args.iter().skip(1).find(|a| !a.starts_with('-')) {
+            return format!("python {}", base(script));
+        }
+        return "python".into();
+    }
+    comm.to_string()
 }
 
 #[derive(Debug, Clone, Default)]
@@ -154,7 +228,7 @@ fn sample(prev: &Counters, now: &Counters, secs: f64, t: f64, sut: Option<&SutPr
 /// Samples on a thread of its own until stopped.
 pub struct Sampler {
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<Vec<Sample>>>,
+    thread: Option<JoinHandle<(Vec<Sample>, BTreeMap<String, f64>)>>,
 }
 
 impl Sampler {
@@ -164,6 +238,10 @@ impl Sampler {
         let thread = std::thread::spawn(move || {
             let begin = Instant::now();
             let mut samples = Vec::new();
+            let mut processes = ProcessCpu::default();
+            if let Some(sut) = &sut {
+                processes.look(sut);
+            }
             let mut prev = read_counters();
             let mut prev_at = Instant::now();
             while !flag.load(Ordering::Relaxed) {
@@ -176,15 +254,19 @@ impl Sampler {
                 if secs > 0.05 {
                     samples.push(sample(&prev, &now, secs, begin.elapsed().as_secs_f64(), sut.as_ref()));
                 }
+                if let Some(sut) = &sut {
+                    processes.look(sut);
+                }
                 prev = now;
                 prev_at = Instant::now();
             }
-            samples
+            (samples, processes.seconds_by_kind())
         });
         Sampler { stop, thread: Some(thread) }
     }
 
-    pub fn stop(mut self) -> Vec<Sample> {
+    /// The samples, and the deployment's CPU-seconds by kind of process (empty without one).
+    pub fn stop(mut self) -> (Vec<Sample>, BTreeMap<String, f64>) {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.take().map(|t| t.join().unwrap_or_default()).unwrap_or_default()
     }
@@ -227,7 +309,8 @@ mod tests {
             x
         });
         spin.join().unwrap();
-        let samples = sampler.stop();
+        let (samples, by_process) = sampler.stop();
+        assert!(by_process.is_empty(), "{by_process:?}");
         assert!(samples.len() >= 3, "{samples:?}");
         let busiest = samples.iter().map(|s| s.cpu_busy[0]).fold(0.0, f64::max);
         assert!(busiest > 0.8, "{samples:?}");
@@ -236,6 +319,38 @@ mod tests {
         let (cpu_s, gb_s) = integrate(&samples, &[0]);
         assert!(cpu_s > 0.7, "{cpu_s}");
         assert_eq!(gb_s, Some(0.0));
+    }
+
+    #[test]
+    fn cpu_time_is_charged_to_the_deployments_processes_by_kind() {
+        // A stand-in cgroup listing this test process: a thread spinning 600 ms shows as
+        // about that much CPU time, under this process's kind.
+        let dir = std::env::temp_dir().join(format!("sprout-load-cg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup.procs"), format!("{}\n", std::process::id())).unwrap();
+        let sampler = Sampler::start(Duration::from_millis(100), Some(SutProcesses(dir.clone())));
+        std::thread::sleep(Duration::from_millis(150));
+        let end = Instant::now() + Duration::from_millis(600);
+        let mut x = 0u64;
+        while Instant::now() < end {
+            x = x.wrapping_add(1);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        let (_, by_process) = sampler.stop();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let total: f64 = by_process.values().sum();
+        assert!(x > 0 && (0.5..3.0).contains(&total), "{by_process:?}");
+        assert_eq!(by_process.len(), 1, "{by_process:?}");
+    }
+
+    #[test]
+    fn processes_are_named_by_what_they_run() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(process_kind("postgres", &args(&["postgres: olio olio 127.0.0.1(5) idle"])), "postgres");
+        assert_eq!(process_kind("sprout", &args(&["/x/sprout", "worker", "up"])), "sprout worker");
+        assert_eq!(process_kind("python3", &args(&["/usr/bin/python3", "-m", "gunicorn", "-c", "g.py"])), "python -m gunicorn");
+        assert_eq!(process_kind("python3", &args(&["python3", "-u", "/srv/zygote.py"])), "python zygote.py");
+        assert_eq!(process_kind("nginx", &args(&["nginx: worker process"])), "nginx");
     }
 
     #[test]
