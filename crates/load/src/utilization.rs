@@ -111,14 +111,22 @@ fn process_ticks(pid: u32) -> Option<(String, u64)> {
     Some((process_kind(comm, &args), ticks))
 }
 
-/// A process's kind for the breakdown: its command, with the subcommand of `sprout` and the
-/// module or script of a Python interpreter.
+/// A process's kind for the breakdown: its command, with the subcommand of `sprout`, the
+/// module or script of a Python interpreter, and the role of a PostgreSQL server process.
 pub fn process_kind(comm: &str, args: &[String]) -> String {
     let base = |a: &str| a.rsplit('/').next().unwrap_or(a).to_string();
     if comm == "sprout" {
         return match args.get(1) {
             Some(sub) => format!("sprout {sub}"),
             None => "sprout".into(),
+        };
+    }
+    if comm == "postgres" {
+        // A server process titles itself `postgres: <role>`; a backend's role is its client.
+        return match args.first().and_then(|a| a.strip_prefix("postgres: ")) {
+            Some(title) if title.contains('(') || title.split_whitespace().count() > 3 => "postgres: backend".into(),
+            Some(title) => format!("postgres: {}", title.trim()),
+            None => "postgres".into(),
         };
     }
     if comm.starts_with("python") {
@@ -346,7 +354,9 @@ mod tests {
     #[test]
     fn processes_are_named_by_what_they_run() {
         let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(process_kind("postgres", &args(&["postgres: olio olio 127.0.0.1(5) idle"])), "postgres");
+        assert_eq!(process_kind("postgres", &args(&["postgres: olio olio 127.0.0.1(5) idle"])), "postgres: backend");
+        assert_eq!(process_kind("postgres", &args(&["postgres: autovacuum worker   "])), "postgres: autovacuum worker");
+        assert_eq!(process_kind("postgres", &args(&["/usr/lib/postgresql/15/bin/postgres", "-D", "/x"])), "postgres");
         assert_eq!(process_kind("sprout", &args(&["/x/sprout", "worker", "up"])), "sprout worker");
         assert_eq!(process_kind("python3", &args(&["/usr/bin/python3", "-m", "gunicorn", "-c", "g.py"])), "python -m gunicorn");
         assert_eq!(process_kind("python3", &args(&["python3", "-u", "/srv/zygote.py"])), "python zygote.py");
