@@ -121,9 +121,29 @@ def summarize(a, profiles):
         lines.append(f"| {w['profile']} | {w['stack']} | {w['peak_users']} | {w['cpu_seconds']} | {w['gb_seconds']} | {used} | "
                      f"${w['provisioned_for_peak_usd']:.5f} ({w['conventional_peak_instances']}) | {'pass' if w['sla1'] else 'fail'} | "
                      f"{'pass' if w['sla2'] else 'fail'} | {w['ops_per_s']} |")
+    lines += where_the_time_goes(runs)
     (out / "profiles.md").write_text("\n".join(lines) + "\n")
     plot(runs, out / "profiles.png")
     print("\n".join(lines))
+
+
+def where_the_time_goes(runs):
+    """CPU milliseconds per operation served, by kind of process, for each run."""
+    lines = []
+    for (profile, stack), r in sorted(runs.items()):
+        by = r["resources"].get("cpu_seconds_by_process") or {}
+        ops = sum(o["count"] + o["errors"] for o in r["operations"].values())
+        if not by or not ops:
+            continue
+        if not lines:
+            lines = ["", "Where the deployment's CPU time went, in CPU milliseconds per operation (steady-state operations; every process of the deployment):", "",
+                     "| profile | stack | process | CPU-ms per operation | share |", "|---|---|---|---:|---:|"]
+        total = sum(by.values())
+        for kind, sec in sorted(by.items(), key=lambda kv: -kv[1]):
+            if sec / total >= 0.005:
+                lines.append(f"| {profile} | {stack} | {kind} | {1000 * sec / ops:.2f} | {100 * sec / total:.1f}% |")
+        lines.append(f"| {profile} | {stack} | **all** | **{1000 * total / ops:.2f}** | 100% |")
+    return lines
 
 
 def plot(runs, path):
