@@ -103,13 +103,14 @@ def summarize(a, profiles):
                 "profile": profile.stem, "stack": stack, "peak_users": peak, "seconds": round(res["seconds"], 1),
                 "cpu_seconds": round(res["cpu_seconds"], 1), "gb_seconds": None if res["gb_seconds"] is None else round(res["gb_seconds"], 1),
                 "used_usd": cost["used_usd"], "sla1": r["sla1_passed"], "sla2": r["sla2_passed"], "ops_per_s": round(r["ops_per_s"], 2),
-                "errors": sum(o["summary"]["errors"] for o in r["operations"].values()) if r["operations"] else 0,
+                "errors": sum(o["errors"] for o in r["operations"].values()),
                 "conventional_peak_instances": instances, "provisioned_for_peak_usd": provisioned,
                 "report": str(path.parent / "report.html"),
             }
             rows.append(row)
             runs[(profile.stem, stack)] = r
     out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "profiles.json").write_text(json.dumps({"price": price, "conventional_users_per_instance_sla2": cap, "cpus": a.cpus,
                                                    "agent_cpus": a.agent_cpus, "runs": rows}, indent=2))
     lines = [f"Prices: `{price}` (per-second rates for what was used; per instance-hour for the provisioned stack). "
