@@ -156,6 +156,27 @@ def test_bulk_load_builds_the_indexes_after_the_rows(db):
     assert visits.query(visits.fields.who == 3).count() == len([i for i in range(500) if i % 7 == 3])
 
 
+def planner_rows(db, table):
+    """The row count in the planner's column statistics of a table (None: none gathered)."""
+    if db.engine == "sqlite":
+        if not db.backend.rows("SELECT name FROM sqlite_master WHERE name = 'sqlite_stat1'"):
+            return None
+        rows = db.backend.rows(f"SELECT stat FROM sqlite_stat1 WHERE tbl = '{table}'")
+        return int(rows[0][0].split()[0]) if rows else None
+    # CREATE INDEX sets reltuples too; only ANALYZE fills pg_stats.
+    if not db.backend.rows(f"SELECT 1 FROM pg_stats WHERE tablename = '{table}'"):
+        return None
+    return int(db.backend.rows(f"SELECT reltuples FROM pg_class WHERE relname = '{table}'")[0][0])
+
+
+def test_bulk_load_leaves_the_planner_statistics_of_what_it_loaded(db):
+    visits = db.table(Visit)
+    assert planner_rows(db, "visit") is None
+    with db.bulk_load(Visit):
+        visits.save_many([Visit(i % 7, f"w{i % 3}", f"t{i}") for i in range(300)])
+    assert planner_rows(db, "visit") == 300
+
+
 def test_bulk_load_that_fails_leaves_rows_and_indexes_as_they_were(db):
     visits = db.table(Visit)
     visits.save(Visit(1, "kept", "k"))

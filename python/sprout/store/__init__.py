@@ -101,7 +101,10 @@ class Database:
         tables' non-unique indexes are dropped, on exit built again, each in one pass (cheaper
         than keeping them up to date row by row). It is one transaction: if the
         block fails, rows and indexes are as they were. Unique indexes stay (they keep
-        enforcing uniqueness); until the exit, queries on the other fields scan."""
+        enforcing uniqueness); until the exit, queries on the other fields scan. The exit
+        also gathers the planner's statistics of the tables (ANALYZE): without them a query
+        planner guesses, and PostgreSQL's guess for ``WHERE f = ? ORDER BY id LIMIT n`` on a
+        freshly loaded table is a walk of the whole primary key."""
         tables = [self.table(cls) for cls in classes]
         dialect = self.backend.dialect
         with self.transaction():
@@ -112,6 +115,7 @@ class Database:
             for table in tables:
                 for statement in dialect.indexes(table.model):
                     self.backend.execute(statement)
+                self.backend.execute(f'ANALYZE "{table.model.table}"')
 
     def save(self, obj):
         return self.table(type(obj)).save(obj)
