@@ -38,11 +38,13 @@ td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:f
 
 def plot_trace(searches, path):
     fig, ax = plt.subplots(figsize=(11, 4))
-    for s in searches:
+    for n, s in enumerate(searches):
         color = COLORS.get(s["stack"], "#264653")
+        # Later searches draw smaller, so equal points of two searches both show.
+        size = 140 / (n + 1)
         for i, step in enumerate(s["trace"]):
             marker = "o" if step["sla2"] else ("s" if step["sla1"] else "x")
-            ax.scatter(step["users"], step["ops_per_s"], color=color, marker=marker, s=60, label=s["stack"] if i == 0 else None)
+            ax.scatter(step["users"], step["ops_per_s"], color=color, marker=marker, s=size, label=s["stack"] if i == 0 else None)
         ax.axvline(s["sla1_users"], color=color, linestyle="--", linewidth=1)
         ax.axvline(s["sla2_users"], color=color, linestyle=":", linewidth=1)
     ax.set_xlabel("concurrent users (o: passes SLA-2, s: SLA-1 only, x: fails; dashed: SLA-1 max, dotted: SLA-2 max)")
