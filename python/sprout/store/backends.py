@@ -34,6 +34,7 @@ where a conflicting concurrent transaction makes the commit fail with :class:`Co
 import contextlib
 import os
 import sqlite3
+import time
 
 from .errors import ConflictError, ConnectError, StoreError
 from .sql import PostgresDialect, SQLiteDialect
@@ -61,15 +62,28 @@ class SQLiteBackend:
                 raise ConnectError(f"cannot open {path}: directory {parent} does not exist")
         try:
             self.conn = sqlite3.connect(path, timeout=timeout, isolation_level=None, cached_statements=512)
-            self.conn.execute("PRAGMA schema_version").fetchone()  # reads the header: is it a database?
+            deadline = time.monotonic() + timeout
+            self._while_locked(deadline, "PRAGMA schema_version")  # reads the header: is it a database?
             if self.options["tuned"] not in ("0", "false", "no"):
-                self._tune()
+                self._tune(deadline)
         except sqlite3.DatabaseError as e:
             raise ConnectError(f"cannot open {path} as an SQLite database: {e}") from None
         self.depth = 0
         self.undo = []
 
-    def _tune(self):
+    def _while_locked(self, deadline, sql):
+        """Run a statement, retrying while the database is locked, until the deadline. Opening
+        a fresh database that other processes are opening (and switching to WAL) can fail at
+        once with "locked": SQLite skips its busy handler there to rule out a deadlock."""
+        while True:
+            try:
+                return self.conn.execute(sql).fetchall()
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+
+    def _tune(self, deadline):
         o = self.options
         pragmas = [
             ("page_size", int(o["page_size"])),  # only before the first table exists
@@ -80,7 +94,7 @@ class SQLiteBackend:
             ("temp_store", "MEMORY"),
         ]
         for name, value in pragmas:
-            self.conn.execute(f"PRAGMA {name} = {value}")
+            self._while_locked(deadline, f"PRAGMA {name} = {value}")
 
     def execute(self, sql, params=()):
         try:
