@@ -52,15 +52,15 @@ impl SutProcesses {
         pids
     }
 
-    /// Sum of the processes' PSS (a page shared by n processes counts 1/n to each).
-    pub fn pss_bytes(&self) -> u64 {
-        self.pids()
-            .iter()
-            .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
-            .filter_map(|text| text.lines().find(|l| l.starts_with("Pss:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<u64>().ok()))
-            .sum::<u64>()
-            * 1024
-    }
+}
+
+/// Sum of these processes' PSS (a page shared by n processes counts 1/n to each).
+fn pss_of(pids: &[u32]) -> u64 {
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
+        .filter_map(|text| text.lines().find(|l| l.starts_with("Pss:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<u64>().ok()))
+        .sum::<u64>()
+        * 1024
 }
 
 /// CPU time of the deployment's processes by what they are (postgres, gunicorn, nginx, the
@@ -69,22 +69,18 @@ impl SutProcesses {
 /// two looks loses its last interval.
 #[derive(Debug, Default)]
 struct ProcessCpu {
-    /// pid -> (what it is, ticks when first seen, ticks when last seen)
-    seen: HashMap<u32, (String, u64, u64)>,
+    /// (pid, start time: a reused pid is another process) -> (what it is, ticks when first
+    /// seen, ticks when last seen)
+    seen: HashMap<(u32, u64), (String, u64, u64)>,
     looked: bool,
 }
 
 impl ProcessCpu {
-    fn look(&mut self, sut: &SutProcesses) {
-        for pid in sut.pids() {
-            let Some((name, ticks)) = process_ticks(pid) else { continue };
+    fn look(&mut self, pids: &[u32]) {
+        for &pid in pids {
+            let Some((started, ticks)) = process_ticks(pid) else { continue };
             let appeared_later = self.looked;
-            let entry = self.seen.entry(pid).or_insert_with(|| (name.clone(), if appeared_later { 0 } else { ticks }, ticks));
-            if entry.0 != name && ticks < entry.2 {
-                *entry = (name, 0, ticks); // the pid was reused
-            } else {
-                entry.2 = ticks;
-            }
+            self.seen.entry((pid, started)).or_insert_with(|| (process_name(pid), if appeared_later { 0 } else { ticks }, ticks)).2 = ticks;
         }
         self.looked = true;
     }
@@ -100,15 +96,21 @@ impl ProcessCpu {
     }
 }
 
-/// (what the process is, its user + system ticks) from /proc.
-fn process_ticks(pid: u32) -> Option<(String, u64)> {
+/// (start time, user + system ticks) of a process, from /proc/PID/stat.
+fn process_ticks(pid: u32) -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (comm, rest) = stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") "))?;
+    let (_, rest) = stat.rsplit_once(") ")?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+    Some((field(19)?, field(11)? + field(12)?))
+}
+
+/// What a process is ([`process_kind`] of its command name and arguments).
+fn process_name(pid: u32) -> String {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     let args: Vec<String> = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-    Some((process_kind(comm, &args), ticks))
+    process_kind(comm.trim_end(), &args)
 }
 
 /// A process's kind for the breakdown: its command, with the subcommand of `sprout`, the
@@ -204,7 +206,7 @@ fn meminfo() -> (u64, u64) {
     (total.saturating_sub(get("MemAvailable:")), total)
 }
 
-fn sample(prev: &Counters, now: &Counters, secs: f64, t: f64, sut: Option<&SutProcesses>) -> Sample {
+fn sample(prev: &Counters, now: &Counters, secs: f64, t: f64, sut_pids: Option<&[u32]>) -> Sample {
     let cpu_busy = now
         .cpus
         .iter()
@@ -229,14 +231,17 @@ fn sample(prev: &Counters, now: &Counters, secs: f64, t: f64, sut: Option<&SutPr
         disk_util: util.min(1.0),
         net_rx_bytes_per_s: rate(now.net_rx, prev.net_rx),
         net_tx_bytes_per_s: rate(now.net_tx, prev.net_tx),
-        sut_pss_bytes: sut.map(|s| s.pss_bytes()),
+        sut_pss_bytes: sut_pids.map(pss_of),
     }
 }
+
+/// What a sampler gathered: its samples, and the deployment's CPU-seconds by kind of process.
+pub type Sampled = (Vec<Sample>, BTreeMap<String, f64>);
 
 /// Samples on a thread of its own until stopped.
 pub struct Sampler {
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<(Vec<Sample>, BTreeMap<String, f64>)>>,
+    thread: Option<JoinHandle<Sampled>>,
 }
 
 impl Sampler {
@@ -248,7 +253,7 @@ impl Sampler {
             let mut samples = Vec::new();
             let mut processes = ProcessCpu::default();
             if let Some(sut) = &sut {
-                processes.look(sut);
+                processes.look(&sut.pids());
             }
             let mut prev = read_counters();
             let mut prev_at = Instant::now();
@@ -259,11 +264,13 @@ impl Sampler {
                 }
                 let now = read_counters();
                 let secs = prev_at.elapsed().as_secs_f64();
+                // The deployment's processes, listed once for both their memory and their CPU.
+                let pids = sut.as_ref().map(SutProcesses::pids);
                 if secs > 0.05 {
-                    samples.push(sample(&prev, &now, secs, begin.elapsed().as_secs_f64(), sut.as_ref()));
+                    samples.push(sample(&prev, &now, secs, begin.elapsed().as_secs_f64(), pids.as_deref()));
                 }
-                if let Some(sut) = &sut {
-                    processes.look(sut);
+                if let Some(pids) = &pids {
+                    processes.look(pids);
                 }
                 prev = now;
                 prev_at = Instant::now();
@@ -274,7 +281,7 @@ impl Sampler {
     }
 
     /// The samples, and the deployment's CPU-seconds by kind of process (empty without one).
-    pub fn stop(mut self) -> (Vec<Sample>, BTreeMap<String, f64>) {
+    pub fn stop(mut self) -> Sampled {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.take().map(|t| t.join().unwrap_or_default()).unwrap_or_default()
     }
