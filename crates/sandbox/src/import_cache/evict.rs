@@ -3,15 +3,22 @@
 use super::*;
 
 impl ImportCache {
-    /// Measure every Zygote's PSS; evict while package Zygotes pass the limit; remove
-    /// retired Zygotes that no one uses any more.
-    pub(super) async fn evict(self: &Arc<Self>) {
+    /// Measure the PSS of Zygotes not measured yet (`all`: of every Zygote, as sharers come
+    /// and go); evict while package Zygotes pass the limit; remove retired Zygotes that no
+    /// one uses any more.
+    pub(super) async fn evict(self: &Arc<Self>, all: bool) {
         let nodes: Vec<Arc<Node>> = self.nodes.lock().unwrap().values().cloned().collect();
         let mut total = 0;
         for node in &nodes {
-            let pid = node.process.lock().await.as_ref().map(|z| z.process.pid());
-            let pss = pid.and_then(crate::memory::pss_bytes).unwrap_or(0);
-            node.info.lock().unwrap().pss = pss;
+            let known = node.info.lock().unwrap().pss;
+            let pss = if all || known == 0 {
+                let pid = node.process.lock().await.as_ref().map(|z| z.process.pid());
+                let pss = pid.and_then(crate::memory::pss_bytes).unwrap_or(0);
+                node.info.lock().unwrap().pss = pss;
+                pss
+            } else {
+                known
+            };
             if !node.is_root() {
                 total += pss;
             }
@@ -42,13 +49,24 @@ impl ImportCache {
 
 }
 
-/// Every second: measure, evict, and drop nodes no one can use.
+/// Every Zygote's PSS is measured again this often. Measuring walks the page tables of an
+/// interpreter with its packages imported (a few milliseconds of kernel time each), so doing
+/// it every second for every Zygote was the worker's largest cost on an idle machine.
+const REMEASURE: Duration = Duration::from_secs(5);
+
+/// Every second: measure new Zygotes (all of them every [`REMEASURE`]), evict, and drop
+/// nodes no one can use.
 pub(super) async fn maintain(cache: Weak<ImportCache>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last_full: Option<Instant> = None;
     loop {
         tick.tick().await;
         let Some(cache) = cache.upgrade() else { return };
-        cache.evict().await;
+        let all = last_full.map_or(true, |at| at.elapsed() >= REMEASURE);
+        if all {
+            last_full = Some(Instant::now());
+        }
+        cache.evict(all).await;
     }
 }
 
