@@ -105,7 +105,7 @@ def summarize(a, profiles):
                 "used_usd": cost["used_usd"], "sla1": r["sla1_passed"], "sla2": r["sla2_passed"], "ops_per_s": round(r["ops_per_s"], 2),
                 "errors": sum(o["errors"] for o in r["operations"].values()),
                 "conventional_peak_instances": instances, "provisioned_for_peak_usd": provisioned,
-                "report": str(path.parent / "report.html"),
+                "report": repo_relative(path.parent / "report.html"),
             }
             rows.append(row)
             runs[(profile.stem, stack)] = r
@@ -128,6 +128,13 @@ def summarize(a, profiles):
     print("\n".join(lines))
 
 
+def repo_relative(path):
+    """`path` relative to the repository when it lies inside it (so results read the same
+    on any clone), else as given."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def where_the_time_goes(runs):
     """CPU milliseconds per operation served, by kind of process, for each run."""
     lines = []
@@ -143,7 +150,12 @@ def where_the_time_goes(runs):
         for kind, sec in sorted(by.items(), key=lambda kv: -kv[1]):
             if sec / total >= 0.005:
                 lines.append(f"| {profile} | {stack} | {kind} | {1000 * sec / ops:.2f} | {100 * sec / total:.1f}% |")
-        lines.append(f"| {profile} | {stack} | **all** | **{1000 * total / ops:.2f}** | 100% |")
+        counters = r.get("counters", {})
+        served = ""
+        if counters.get("http_requests"):
+            served = (f" ({counters['http_requests'] / ops:.1f} HTTP requests per operation, "
+                      f"{100 * counters.get('http_not_modified', 0) / counters['http_requests']:.0f}% answered 304)")
+        lines.append(f"| {profile} | {stack} | **all**{served} | **{1000 * total / ops:.2f}** | 100% |")
     return lines
 
 

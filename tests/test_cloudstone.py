@@ -66,6 +66,10 @@ def test_two_agents_drive_olio_and_the_run_is_judged(loaded_site, tmp_path):
     assert {"operation mix", "mean cycle time", "attends on EventDetail", "users / ops per second", "errors"} <= set(names)
     assert all(c["detail"] for c in run["checks"])
     assert abs(run["mean_cycle_ms"] - 5000) < 1500
+    # What the site served, from both agents: pages and assets, warm browsers revalidating
+    # (answered 304) — every operation sends at least one request, pages bring their assets.
+    counters = run["counters"]
+    assert counters["http_requests"] > total and 0 < counters["http_not_modified"] < counters["http_requests"], counters
     assert run["utilization"] and len(run["utilization"][0]["cpu_busy"]) >= 2
     # Memory and CPU time are charged to the deployment's processes, by kind.
     assert run["utilization"][-1]["sut_pss_bytes"] > 10 * 2**20

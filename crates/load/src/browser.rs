@@ -57,9 +57,9 @@ pub struct Browser {
     /// A warm browser already holds every asset (as of `warm_since`) before its first visit.
     warm_since: Option<String>,
     timeout: Duration,
-    /// Requests sent and answered 304 (for the report).
-    pub requests: u64,
-    pub not_modified: u64,
+    /// Requests sent, and those answered 304.
+    requests: u64,
+    not_modified: u64,
 }
 
 impl Browser {
@@ -67,6 +67,19 @@ impl Browser {
     /// claims for assets it has never fetched in this run.
     pub fn new(addr: SocketAddr, host: String, warm_since: Option<String>, timeout: Duration) -> Browser {
         Browser { addr, host, conn: None, cookies: HashMap::new(), cache: HashMap::new(), warm_since, timeout, requests: 0, not_modified: 0 }
+    }
+
+    /// Requests sent and 304s received so far, to count an operation's share with
+    /// [`Browser::count_since`].
+    pub fn sent(&self) -> (u64, u64) {
+        (self.requests, self.not_modified)
+    }
+
+    /// Add the requests and 304s since `before` to an operation's counters ("http_requests",
+    /// "http_not_modified"): what the site served per operation, pages and assets.
+    pub fn count_since(&self, before: (u64, u64), counters: &mut std::collections::BTreeMap<String, u64>) {
+        *counters.entry("http_requests".into()).or_default() += self.requests - before.0;
+        *counters.entry("http_not_modified".into()).or_default() += self.not_modified - before.1;
     }
 
     pub fn logged_in(&self, cookie: &str) -> bool {

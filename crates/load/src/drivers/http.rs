@@ -54,7 +54,16 @@ impl Driver for Http {
         Browser::new(self.addr, self.addr.to_string(), None, self.timeout)
     }
 
-    async fn run(&self, browser: &mut Browser, op: usize, _rng: &mut SmallRng, _counters: &mut BTreeMap<String, u64>) -> Result<(), Failure> {
+    async fn run(&self, browser: &mut Browser, op: usize, _rng: &mut SmallRng, counters: &mut BTreeMap<String, u64>) -> Result<(), Failure> {
+        let before = browser.sent();
+        let outcome = self.requests(browser, op).await;
+        browser.count_since(before, counters);
+        outcome
+    }
+}
+
+impl Http {
+    async fn requests(&self, browser: &mut Browser, op: usize) -> Result<(), Failure> {
         for (method, path) in &self.ops[op] {
             let resp = if *method == Method::HEAD { browser.head(path).await? } else { browser.get(path).await? };
             if resp.status.as_u16() >= 400 {

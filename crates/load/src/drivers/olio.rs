@@ -106,7 +106,8 @@ impl Driver for Olio {
     }
 
     async fn run(&self, user: &mut OlioUser, op: usize, rng: &mut SmallRng, counters: &mut BTreeMap<String, u64>) -> Result<(), Failure> {
-        match self.ops[op] {
+        let before = user.browser.sent();
+        let outcome = match self.ops[op] {
             Op::HomePage => self.home_page(user, rng).await,
             Op::Login => self.login(user, rng).await,
             Op::TagSearch => self.tag_search(user, rng).await,
@@ -114,7 +115,9 @@ impl Driver for Olio {
             Op::PersonDetail => self.person_detail(user, rng).await,
             Op::AddPerson => self.add_person(user, rng).await,
             Op::AddEvent => self.add_event(user, rng).await,
-        }
+        };
+        user.browser.count_since(before, counters);
+        outcome
     }
 }
 
