@@ -204,6 +204,10 @@ pub struct SearchArgs {
     /// Where search.json, search.html and each run's report go.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Keep the runs an interrupted search recorded (OUT/search-trace.json) instead of running
+    /// them again; the other flags must be the ones it ran with.
+    #[arg(long)]
+    pub resume: bool,
 }
 
 pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
@@ -259,6 +263,7 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
                 max_users: a.max,
                 resolution: a.resolution,
                 min_step: a.min_step,
+                resume: a.resume,
                 accounts_per_user: a.accounts_per_user,
                 pricing: a.pricing.clone(),
                 instances: a.instances,

@@ -30,6 +30,8 @@ pub struct SearchOptions {
     pub resolution: f64,
     /// ...or than this many users.
     pub min_step: usize,
+    /// Start from the runs in `out/search-trace.json` (an interrupted search's).
+    pub resume: bool,
     /// Registered accounts per concurrent user (Olio: 100), at least 1,000 (U >= 3).
     pub accounts_per_user: u64,
     pub pricing: PathBuf,
@@ -72,7 +74,7 @@ pub fn search(opts: &SearchOptions) -> Result<SearchResult> {
         bail!("--start must be at least 1 and at most --max");
     }
     std::fs::create_dir_all(&opts.run.out)?;
-    let mut trace: Vec<Step> = Vec::new();
+    let mut trace: Vec<Step> = if opts.resume { resumed(&opts.run.out)? } else { Vec::new() };
     let run_at = |users: usize, trace: &mut Vec<Step>| -> Result<(bool, bool)> {
         if let Some(s) = trace.iter().find(|s| s.users == users) {
             return Ok((s.sla1, s.sla2));
@@ -166,6 +168,22 @@ fn pass(ok: bool) -> &'static str {
     }
 }
 
+/// The runs an interrupted search recorded whose reports are still there; none if it recorded none.
+fn resumed(out: &Path) -> Result<Vec<Step>> {
+    let path = out.join("search-trace.json");
+    let text = match std::fs::read(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let steps: Vec<Step> = serde_json::from_slice(&text).with_context(|| format!("{} is not a search trace", path.display()))?;
+    let kept: Vec<Step> = steps.into_iter().filter(|s| Path::new(&s.report).exists() || out.join(format!("run-{:05}", s.users)).join("run.json").exists()).collect();
+    for s in &kept {
+        eprintln!("==> {} users: SLA-1 {}, SLA-2 {} (kept from {})", s.users, pass(s.sla1), pass(s.sla2), path.display());
+    }
+    Ok(kept)
+}
+
 fn write_partial(out: &Path, trace: &[Step]) -> Result<()> {
     std::fs::write(out.join("search-trace.json"), serde_json::to_vec_pretty(trace)?)?;
     Ok(())
@@ -229,4 +247,30 @@ fn render(repo: &Path, json: &Path) -> Result<()> {
     let status = Command::new("python3").arg(&script).arg(json).status().with_context(|| format!("running {}", script.display()))?;
     anyhow::ensure!(status.success(), "{} failed ({status})", script.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(users: usize, report: &str) -> Step {
+        Step { users, registered_users: users as u64 * 100, sla1: users < 300, sla2: users < 200, ops_per_s: 1.0, reason: String::new(), report: report.into() }
+    }
+
+    #[test]
+    fn resume_keeps_the_runs_whose_reports_remain() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(resumed(dir.path()).unwrap().is_empty(), "no trace: a fresh search");
+        std::fs::create_dir_all(dir.path().join("run-00100")).unwrap();
+        std::fs::write(dir.path().join("run-00100/run.json"), "{}").unwrap();
+        let kept_by_report = dir.path().join("report-200.html");
+        std::fs::write(&kept_by_report, "").unwrap();
+        write_partial(dir.path(), &[step(100, "elsewhere/report.html"), step(200, kept_by_report.to_str().unwrap()), step(400, "gone.html")]).unwrap();
+        let kept = resumed(dir.path()).unwrap();
+        assert_eq!(kept.iter().map(|s| s.users).collect::<Vec<_>>(), vec![100, 200]);
+        assert!(kept[0].sla2 && !kept[1].sla2);
+        std::fs::write(dir.path().join("search-trace.json"), "not json").unwrap();
+        let err = resumed(dir.path()).unwrap_err();
+        assert!(format!("{err:#}").contains("is not a search trace"), "{err:#}");
+    }
 }
