@@ -55,12 +55,22 @@ def plot_trace(searches, path):
     plt.close(fig)
 
 
+def lower_bound(s, sla):
+    """Whether the search's maximum for `sla` is only a lower bound: no run above it failed that
+    SLA (the search stopped at --max)."""
+    return not any(not st[sla] and st["users"] > s[f"{sla}_users"] for st in s["trace"])
+
+
+def users_text(s, sla):
+    return ("≥ " if lower_bound(s, sla) else "") + str(s[f"{sla}_users"])
+
+
 def cost_rows(s):
     rows = []
     for price in s["prices"]:
         by = s["usd_per_user_month"][price["name"]]
         for sla, users in (("sla1", s["sla1_users"]), ("sla2", s["sla2_users"])):
-            rows.append([html.escape(price["name"]), sla.upper().replace("SLA", "SLA-"), users] + [money(by[sla][m]) for m in ("1", "12", "36")])
+            rows.append([html.escape(price["name"]), sla.upper().replace("SLA", "SLA-"), users_text(s, sla)] + [money(by[sla][m]) for m in ("1", "12", "36")])
     return rows
 
 
@@ -76,7 +86,7 @@ def render_search(path):
     prices = "".join(f"<li><b>{html.escape(p['name'])}</b>: {html.escape(p['description'])}</li>" for p in s["prices"])
     page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>Cloudstone search: {html.escape(s['stack'])}</title>{STYLE}</head><body>
 <h1>Cloudstone search: Olio on {html.escape(s['stack'])}</h1>
-<p>Most concurrent users within the SLA: <b>{s['sla1_users']}</b> at SLA-1 (90th percentile), <b>{s['sla2_users']}</b> at SLA-2 (99th percentile);
+<p>Most concurrent users within the SLA: <b>{users_text(s, 'sla1')}</b> at SLA-1 (90th percentile), <b>{users_text(s, 'sla2')}</b> at SLA-2 (99th percentile){' (≥: no run above it failed; the search stopped at its --max)' if lower_bound(s, 'sla1') or lower_bound(s, 'sla2') else ''};
 {s['run_seconds']:.0f} s steady state per run; deployment confined to CPUs {html.escape(s['cpus'])}, counted as {s['instances']:g} instance(s);
 {html.escape(s['machine'])}. Extra deployment flags: {html.escape(' '.join(s['up_args']) or 'none')}.</p>
 <h2>Dollars per user per month (Cloudstone Table 1)</h2>{table(['price', 'SLA', 'users', '1 month', '12 months', '36 months'], cost_rows(s))}<ul>{prices}</ul>
@@ -98,20 +108,22 @@ def compare(out_dir, paths, json_out):
     rows, md = [], ["| stack | SLA-1 users | SLA-2 users | $/user/month SLA-1 | $/user/month SLA-2 |", "|---|---:|---:|---:|---:|"]
     for s in searches:
         c = s["usd_per_user_month"][default]
-        rows.append([html.escape(s["stack"]), s["sla1_users"], s["sla2_users"], money(c["sla1"]["1"]), money(c["sla2"]["1"])])
-        md.append(f"| {s['stack']} | {s['sla1_users']} | {s['sla2_users']} | {money(c['sla1']['1'])} | {money(c['sla2']['1'])} |")
+        rows.append([html.escape(s["stack"]), users_text(s, "sla1"), users_text(s, "sla2"), money(c["sla1"]["1"]), money(c["sla2"]["1"])])
+        md.append(f"| {s['stack']} | {users_text(s, 'sla1')} | {users_text(s, 'sla2')} | {money(c['sla1']['1'])} | {money(c['sla2']['1'])} |")
     if len(searches) == 2:
         a, b = searches
         for sla in ("sla1", "sla2"):
             ratio = a[f"{sla}_users"] / b[f"{sla}_users"] if b[f"{sla}_users"] else float("inf")
-            md.append(f"\n{a['stack']} ÷ {b['stack']}, users per dollar at {sla.upper().replace('SLA', 'SLA-')}: **{ratio:.2f}×**")
+            bounds = {lower_bound(a, sla), lower_bound(b, sla)}
+            qualifier = "" if bounds == {False} else "at least " if not lower_bound(b, sla) else "unknown (both maxima are lower bounds); at least " if lower_bound(a, sla) else "at most "
+            md.append(f"\n{a['stack']} ÷ {b['stack']}, users per dollar at {sla.upper().replace('SLA', 'SLA-')}: **{qualifier}{ratio:.2f}×**")
     terms = ["", "| price | stack | SLA | users | $/user/month over 1 month | over 12 | over 36 |", "|---|---|---|---:|---:|---:|---:|"]
     for price in searches[0]["prices"]:
         for s in searches:
             by = s["usd_per_user_month"].get(price["name"], {})
             for sla in ("sla1", "sla2"):
                 c = by.get(sla, {})
-                terms.append(f"| {price['name']} | {s['stack']} | {sla.upper().replace('SLA', 'SLA-')} | {s[f'{sla}_users']} | "
+                terms.append(f"| {price['name']} | {s['stack']} | {sla.upper().replace('SLA', 'SLA-')} | {users_text(s, sla)} | "
                              + " | ".join(money(c.get(m)) for m in ("1", "12", "36")) + " |")
     page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>Cloudstone comparison</title>{STYLE}</head><body>
 <h1>Cloudstone: {' against '.join(html.escape(s['stack']) for s in searches)}</h1>
@@ -131,6 +143,9 @@ def compare(out_dir, paths, json_out):
                 s["stack"]: {
                     "sla1_users": s["sla1_users"],
                     "sla2_users": s["sla2_users"],
+                    # True where no run above the maximum failed (the search stopped at --max).
+                    "sla1_lower_bound": lower_bound(s, "sla1"),
+                    "sla2_lower_bound": lower_bound(s, "sla2"),
                     "usd_per_user_month": s["usd_per_user_month"][default],
                     "usd_per_user_month_by_price": s["usd_per_user_month"],
                     "report": str(Path(paths[i]).with_name("search.html")),

@@ -114,3 +114,37 @@ def test_a_bad_profile_is_refused_naming_the_line(tmp_path):
     r = load_run(tmp_path / "run", "--url", "http://127.0.0.1:9", "--registered-users", 1000, "--profile", profile,
                  "--steady", 1, check=False)
     assert r.returncode != 0 and "line 3: times must increase" in r.stderr, r.stderr
+
+
+def search_json(path, stack, sla1, sla2, trace):
+    price = {"name": "paper-2008", "description": "test price", "usd_per_instance_hour": 0.8, "upfront_usd": 0.0,
+             "usd_per_vcpu_hour": None, "usd_per_gb_hour": None}
+    usd = {sla: {m: 576.0 / users for m in ("1", "12", "36")} for sla, users in (("sla1", sla1), ("sla2", sla2))}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "stack": stack, "machine": "test", "run_seconds": 300.0, "cpus": "0", "up_args": [], "instances": 1.0,
+        "sla1_users": sla1, "sla2_users": sla2, "usd_per_user_month": {"paper-2008": usd}, "default_price": "paper-2008",
+        "prices": [price],
+        "trace": [{"users": u, "registered_users": u * 100, "sla1": s1, "sla2": s2, "ops_per_s": u / 5, "reason": "",
+                   "report": str(path.parent / f"run-{u:05}/report.html")} for u, s1, s2 in trace]}))
+    return path
+
+
+def test_compare_reports_ratios_and_marks_a_maximum_no_run_failed_above(tmp_path):
+    """A search stopped at --max with SLA-1 still passing found a lower bound, not a maximum:
+    compare marks it (≥) and qualifies the ratio (at least), and cloudstone.json says so."""
+    a = search_json(tmp_path / "a/search.json", "fast", 800, 750, [(700, True, True), (750, True, True), (800, True, False)])
+    b = search_json(tmp_path / "b/search.json", "slow", 400, 300, [(300, True, True), (400, True, False), (500, False, False)])
+    out, summary = tmp_path / "cmp", tmp_path / "cloudstone.json"
+    subprocess.run([str(SPROUT), "cloudstone", "compare", a, b, "--out", out, "--json", summary], cwd=ROOT, check=True,
+                   capture_output=True, text=True)
+    md = (out / "compare.md").read_text()
+    assert "| fast | ≥ 800 | 750 |" in md and "| slow | 400 | 300 |" in md, md
+    assert "users per dollar at SLA-1: **at least 2.00×**" in md, md
+    assert "users per dollar at SLA-2: **2.50×**" in md, md
+    stacks = json.loads(summary.read_text())["stacks"]
+    assert stacks["fast"]["sla1_lower_bound"] and not stacks["fast"]["sla2_lower_bound"]
+    assert stacks["slow"]["sla1_users"] == 400 and not stacks["slow"]["sla1_lower_bound"]
+    assert (out / "compare.html").exists() and (out / "compare_trace.png").exists()
+    r = subprocess.run([str(SPROUT), "cloudstone", "compare", a], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0 and "two or more" in r.stderr, r.stderr
