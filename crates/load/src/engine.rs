@@ -104,6 +104,10 @@ struct Shared<D: Driver> {
     stop: Cell<bool>,
     /// Which user slots have a running task.
     alive: RefCell<Vec<bool>>,
+    /// How many sessions each slot has started: a profile that lowers the users and raises
+    /// them again starts new sessions in old slots, each with its own random stream (the same
+    /// stream would replay its predecessor's walk and re-register its user names).
+    lives: RefCell<Vec<u64>>,
 }
 
 impl<D: Driver> Shared<D> {
@@ -126,6 +130,7 @@ pub async fn run<D: Driver>(driver: D, workload: Workload, plan: Plan) -> Result
         counters: RefCell::new(BTreeMap::new()),
         stop: Cell::new(false),
         alive: RefCell::new(Vec::new()),
+        lives: RefCell::new(Vec::new()),
         plan,
     });
     let local = tokio::task::LocalSet::new();
@@ -173,8 +178,16 @@ async fn supervise<D: Driver>(shared: Rc<Shared<D>>) -> Vec<(f64, usize)> {
                 }
                 slot
             };
+            let life = {
+                let mut lives = shared.lives.borrow_mut();
+                if lives.len() <= slot {
+                    lives.resize(slot + 1, 0);
+                }
+                lives[slot] += 1;
+                lives[slot] - 1
+            };
             last_started = Instant::now();
-            tokio::task::spawn_local(user_loop(shared.clone(), slot));
+            tokio::task::spawn_local(user_loop(shared.clone(), slot, life));
         }
         if t >= next_report {
             let active = shared.alive.borrow().iter().filter(|a| **a).count();
@@ -230,10 +243,16 @@ fn report<D: Driver>(shared: &Shared<D>, t: Duration, active: usize, last_count:
     count
 }
 
-async fn user_loop<D: Driver>(shared: Rc<Shared<D>>, slot: usize) {
+/// The random stream of the `life`-th session in user slot `id`: distinct for every slot and
+/// every session a slot starts, the same from run to run for one seed.
+fn session_seed(seed: u64, id: u64, life: u64) -> u64 {
+    seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ life.wrapping_mul(0xD1B5_4A32_D192_ED03).rotate_left(29)
+}
+
+async fn user_loop<D: Driver>(shared: Rc<Shared<D>>, slot: usize, life: u64) {
     let plan = &shared.plan;
     let id = plan.agent as u64 * 1_000_000 + slot as u64;
-    let mut rng = SmallRng::seed_from_u64(plan.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng = SmallRng::seed_from_u64(session_seed(plan.seed, id, life));
     let cold = rng.random::<f64>() < shared.workload.cold_cache_share;
     let mut user = shared.driver.new_user(id, cold, &mut rng);
     let mut op = 0usize;
@@ -385,5 +404,52 @@ mod tests {
         assert_eq!(at(150.0), 50);
         // Sessions end after their current cycle: within a cap (25 s) of the step down.
         assert_eq!(at(240.0), 5);
+    }
+
+    /// Records each session's slot and first random draw (what a driver would name a new
+    /// account after).
+    struct Namer(RefCell<Vec<(u64, u64)>>);
+
+    impl Driver for Namer {
+        type User = ();
+        fn new_user(&self, id: u64, _: bool, rng: &mut SmallRng) {
+            self.0.borrow_mut().push((id, rng.random()));
+        }
+        async fn run(&self, _: &mut (), _: usize, _: &mut SmallRng, _: &mut BTreeMap<String, u64>) -> Result<(), Failure> {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_started_again_draws_a_new_random_stream() {
+        // 10 users, down to 2, up to 10 again: slots 2-9 start a second session.
+        let profile = Profile::parse("0 10\n100 2\n200 10\n").unwrap();
+        let namer = Namer(RefCell::new(Vec::new()));
+        let seen = Rc::new(namer);
+        run(SharedDriver(seen.clone()), olio(), plan(10, 300, Some(profile))).await.unwrap();
+        let sessions = seen.0.borrow().clone();
+        let again: Vec<_> = sessions.iter().filter(|(id, _)| sessions.iter().filter(|(other, _)| other == id).count() > 1).collect();
+        assert!(again.len() >= 16, "slots 2-9 should each have started twice: {sessions:?}");
+        let mut draws: Vec<u64> = sessions.iter().map(|(_, d)| *d).collect();
+        draws.sort_unstable();
+        draws.dedup();
+        assert_eq!(draws.len(), sessions.len(), "a session replayed another's random stream: {sessions:?}");
+        // The same seed gives the same streams: runs are reproducible.
+        assert_eq!(session_seed(3, 5, 1), session_seed(3, 5, 1));
+        assert_ne!(session_seed(3, 5, 0), session_seed(3, 5, 1));
+    }
+
+    /// Lends a driver to a run while the test keeps a handle on it.
+    struct SharedDriver<D>(Rc<D>);
+
+    impl<D: Driver> Driver for SharedDriver<D> {
+        type User = D::User;
+        fn new_user(&self, id: u64, cold: bool, rng: &mut SmallRng) -> D::User {
+            self.0.new_user(id, cold, rng)
+        }
+        async fn run(&self, user: &mut D::User, op: usize, rng: &mut SmallRng, counters: &mut BTreeMap<String, u64>) -> Result<(), Failure> {
+            self.0.run(user, op, rng, counters).await
+        }
     }
 }
