@@ -61,6 +61,11 @@ def lower_bound(s, sla):
     return not any(not st[sla] and st["users"] > s[f"{sla}_users"] for st in s["trace"])
 
 
+# The ratio a / b when a's maximum, b's, or both are only lower bounds.
+RATIO_QUALIFIER = {(False, False): "", (True, False): "at least ", (False, True): "at most ",
+                   (True, True): "unknown (both maxima are lower bounds); measured "}
+
+
 def users_text(s, sla):
     return ("≥ " if lower_bound(s, sla) else "") + str(s[f"{sla}_users"])
 
@@ -114,8 +119,7 @@ def compare(out_dir, paths, json_out):
         a, b = searches
         for sla in ("sla1", "sla2"):
             ratio = a[f"{sla}_users"] / b[f"{sla}_users"] if b[f"{sla}_users"] else float("inf")
-            bounds = {lower_bound(a, sla), lower_bound(b, sla)}
-            qualifier = "" if bounds == {False} else "at least " if not lower_bound(b, sla) else "unknown (both maxima are lower bounds); at least " if lower_bound(a, sla) else "at most "
+            qualifier = RATIO_QUALIFIER[lower_bound(a, sla), lower_bound(b, sla)]
             md.append(f"\n{a['stack']} ÷ {b['stack']}, users per dollar at {sla.upper().replace('SLA', 'SLA-')}: **{qualifier}{ratio:.2f}×**")
     terms = ["", "| price | stack | SLA | users | $/user/month over 1 month | over 12 | over 36 |", "|---|---|---|---:|---:|---:|---:|"]
     for price in searches[0]["prices"]:

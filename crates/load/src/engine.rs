@@ -106,7 +106,8 @@ struct Shared<D: Driver> {
     alive: RefCell<Vec<bool>>,
     /// How many sessions each slot has started: a profile that lowers the users and raises
     /// them again starts new sessions in old slots, each with its own random stream (the same
-    /// stream would replay its predecessor's walk and re-register its user names).
+    /// stream would replay its predecessor's walk and re-register its user names). Counted per
+    /// slot so that a slot's first session keeps the stream it always had.
     lives: RefCell<Vec<u64>>,
 }
 

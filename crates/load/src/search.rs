@@ -168,7 +168,12 @@ fn pass(ok: bool) -> &'static str {
     }
 }
 
-/// The runs an interrupted search recorded whose reports are still there; none if it recorded none.
+/// Where the run with `users` keeps its run.json and report.
+fn run_dir(out: &Path, users: usize) -> PathBuf {
+    out.join(format!("run-{users:05}"))
+}
+
+/// The runs an interrupted search recorded whose results are still there; none if it recorded none.
 fn resumed(out: &Path) -> Result<Vec<Step>> {
     let path = out.join("search-trace.json");
     let text = match std::fs::read(&path) {
@@ -177,7 +182,7 @@ fn resumed(out: &Path) -> Result<Vec<Step>> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     let steps: Vec<Step> = serde_json::from_slice(&text).with_context(|| format!("{} is not a search trace", path.display()))?;
-    let kept: Vec<Step> = steps.into_iter().filter(|s| Path::new(&s.report).exists() || out.join(format!("run-{:05}", s.users)).join("run.json").exists()).collect();
+    let kept: Vec<Step> = steps.into_iter().filter(|s| run_dir(out, s.users).join("run.json").exists()).collect();
     for s in &kept {
         eprintln!("==> {} users: SLA-1 {}, SLA-2 {} (kept from {})", s.users, pass(s.sla1), pass(s.sla2), path.display());
     }
@@ -208,7 +213,7 @@ fn one_run(opts: &SearchOptions, users: usize) -> Result<Step> {
     run.spec.registered_users = registered;
     run.spec.url = format!("http://127.0.0.1:{}", opts.port);
     run.stack = opts.stack.clone();
-    run.out = opts.run.out.join(format!("run-{users:05}"));
+    run.out = run_dir(&opts.run.out, users);
     run.sut_cgroup = confinement_cgroup(exe, &state);
     let report = run::run(&run);
     let down = olio(exe, &["down", "--dir"], &state);
@@ -261,11 +266,12 @@ mod tests {
     fn resume_keeps_the_runs_whose_reports_remain() {
         let dir = tempfile::tempdir().unwrap();
         assert!(resumed(dir.path()).unwrap().is_empty(), "no trace: a fresh search");
-        std::fs::create_dir_all(dir.path().join("run-00100")).unwrap();
-        std::fs::write(dir.path().join("run-00100/run.json"), "{}").unwrap();
-        let kept_by_report = dir.path().join("report-200.html");
-        std::fs::write(&kept_by_report, "").unwrap();
-        write_partial(dir.path(), &[step(100, "elsewhere/report.html"), step(200, kept_by_report.to_str().unwrap()), step(400, "gone.html")]).unwrap();
+        for users in [100, 200] {
+            std::fs::create_dir_all(run_dir(dir.path(), users)).unwrap();
+            std::fs::write(run_dir(dir.path(), users).join("run.json"), "{}").unwrap();
+        }
+        // 400's results are gone (its directory removed): it runs again.
+        write_partial(dir.path(), &[step(100, "run-00100/report.html"), step(200, "run-00200/report.html"), step(400, "run-00400/report.html")]).unwrap();
         let kept = resumed(dir.path()).unwrap();
         assert_eq!(kept.iter().map(|s| s.users).collect::<Vec<_>>(), vec![100, 200]);
         assert!(kept[0].sla2 && !kept[1].sla2);
