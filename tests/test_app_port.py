@@ -114,7 +114,7 @@ def test_static_files_have_type_length_dates_and_304(site):
     modified = r.getheader("Last-Modified")
     assert modified and modified.endswith("GMT")
     r, body = call(site.app_port, "GET", "/static/css/site.css", headers={"If-Modified-Since": modified})
-    assert r.status == 304 and body == b""
+    assert r.status == 304 and body == b"" and r.getheader("Last-Modified") == modified
     r, body = call(site.app_port, "GET", "/static/css/site.css", headers={"If-Modified-Since": "Mon, 01 Jan 2001 00:00:00 GMT"})
     assert r.status == 200 and body.decode() == CSS
     r, body = call(site.app_port, "HEAD", "/static/css/site.css")
