@@ -214,6 +214,9 @@ def load_if_empty(dep, options):
     env = dict(os.environ, PYTHONPATH=dep.pythonpath)
     if subprocess.run(argv, env=env).returncode:
         raise DeployError("the loader failed (its message is above)")
+    started = time.monotonic()
+    dep.postgres.vacuum_analyze()
+    dep.log(f"vacuumed and analyzed the loaded database in {time.monotonic() - started:.1f} s")
 
 
 def down(state_dir, log=_log):

@@ -194,6 +194,14 @@ class Postgres:
                 return 0
             return conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))).fetchone()[0]
 
+    def vacuum_analyze(self):
+        """VACUUM (ANALYZE) the olio database: after a bulk load, so that autovacuum's
+        insert-triggered VACUUM does not run later, inside a measurement."""
+        import psycopg
+
+        with psycopg.connect(host=str(self.socket_dir), port=self.port, user=USER, dbname=DATABASE, autocommit=True) as conn:
+            conn.execute("VACUUM (ANALYZE)")
+
 
 def server_log(pg):
     logs = sorted(Path(pg.log_dir).glob("postgresql-*.log"), key=lambda p: p.stat().st_mtime)
