@@ -184,12 +184,16 @@ class Postgres:
     def url(self, password):
         return f"postgresql://{ROLE}:{quote(password, safe='')}@127.0.0.1:{self.port}/{DATABASE}"
 
+    def _olio(self):
+        import psycopg
+
+        return psycopg.connect(host=str(self.socket_dir), port=self.port, user=USER, dbname=DATABASE, autocommit=True)
+
     def rows_in(self, table):
         """Rows of `table` in the olio database (0 when the table does not exist)."""
         from psycopg import sql
-        import psycopg
 
-        with psycopg.connect(host=str(self.socket_dir), port=self.port, user=USER, dbname=DATABASE, autocommit=True) as conn:
+        with self._olio() as conn:
             if not conn.execute("SELECT 1 FROM information_schema.tables WHERE table_name = %s", (table,)).fetchone():
                 return 0
             return conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))).fetchone()[0]
@@ -197,9 +201,7 @@ class Postgres:
     def vacuum_analyze(self):
         """VACUUM (ANALYZE) the olio database: after a bulk load, so that autovacuum's
         insert-triggered VACUUM does not run later, inside a measurement."""
-        import psycopg
-
-        with psycopg.connect(host=str(self.socket_dir), port=self.port, user=USER, dbname=DATABASE, autocommit=True) as conn:
+        with self._olio() as conn:
             conn.execute("VACUUM (ANALYZE)")
 
 

@@ -102,13 +102,23 @@ struct Shared<D: Driver> {
     cycle_ms_sum: Cell<f64>,
     counters: RefCell<BTreeMap<String, u64>>,
     stop: Cell<bool>,
-    /// Which user slots have a running task.
-    alive: RefCell<Vec<bool>>,
-    /// How many sessions each slot has started: a profile that lowers the users and raises
-    /// them again starts new sessions in old slots, each with its own random stream (the same
-    /// stream would replay its predecessor's walk and re-register its user names). Counted per
-    /// slot so that a slot's first session keeps the stream it always had.
-    lives: RefCell<Vec<u64>>,
+    /// The user slots: a session runs in a free one.
+    slots: RefCell<Vec<Slot>>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    /// A session's task runs in it.
+    running: bool,
+    /// Sessions it has started: a profile that lowers the users and raises them again starts
+    /// new sessions in old slots, each with its own random stream (the same stream would
+    /// replay its predecessor's walk and re-register its user names). Counted per slot so that
+    /// a slot's first session keeps the stream it always had.
+    sessions: u64,
+}
+
+fn running(slots: &RefCell<Vec<Slot>>) -> usize {
+    slots.borrow().iter().filter(|s| s.running).count()
 }
 
 impl<D: Driver> Shared<D> {
@@ -130,8 +140,7 @@ pub async fn run<D: Driver>(driver: D, workload: Workload, plan: Plan) -> Result
         cycle_ms_sum: Cell::new(0.0),
         counters: RefCell::new(BTreeMap::new()),
         stop: Cell::new(false),
-        alive: RefCell::new(Vec::new()),
-        lives: RefCell::new(Vec::new()),
+        slots: RefCell::new(Vec::new()),
         plan,
     });
     let local = tokio::task::LocalSet::new();
@@ -167,31 +176,23 @@ async fn supervise<D: Driver>(shared: Rc<Shared<D>>) -> Vec<(f64, usize)> {
             break;
         }
         let want = plan.users_at(t);
-        let running = shared.alive.borrow().iter().filter(|a| **a).count();
-        if running < want && last_started.elapsed() >= stagger {
-            let slot = {
-                let mut alive = shared.alive.borrow_mut();
-                let slot = alive.iter().position(|a| !a).unwrap_or(alive.len());
-                if slot == alive.len() {
-                    alive.push(true);
-                } else {
-                    alive[slot] = true;
+        if running(&shared.slots) < want && last_started.elapsed() >= stagger {
+            let (slot, life) = {
+                let mut slots = shared.slots.borrow_mut();
+                let slot = slots.iter().position(|s| !s.running).unwrap_or(slots.len());
+                if slot == slots.len() {
+                    slots.push(Slot::default());
                 }
-                slot
-            };
-            let life = {
-                let mut lives = shared.lives.borrow_mut();
-                if lives.len() <= slot {
-                    lives.resize(slot + 1, 0);
-                }
-                lives[slot] += 1;
-                lives[slot] - 1
+                let free = &mut slots[slot];
+                free.running = true;
+                free.sessions += 1;
+                (slot, free.sessions - 1)
             };
             last_started = Instant::now();
             tokio::task::spawn_local(user_loop(shared.clone(), slot, life));
         }
         if t >= next_report {
-            let active = shared.alive.borrow().iter().filter(|a| **a).count();
+            let active = running(&shared.slots);
             series.push((t.as_secs_f64(), active));
             if plan.progress {
                 last_count = report(&shared, t, active, last_count);
@@ -204,7 +205,7 @@ async fn supervise<D: Driver>(shared: Rc<Shared<D>>) -> Vec<(f64, usize)> {
     // Let operations in flight finish (they are past the steady state, not recorded) for a
     // moment, then drop them.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while shared.alive.borrow().iter().any(|a| *a) && Instant::now() < deadline {
+    while running(&shared.slots) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     series
@@ -309,7 +310,7 @@ async fn user_loop<D: Driver>(shared: Rc<Shared<D>>, slot: usize, life: u64) {
         }
         op = next;
     }
-    shared.alive.borrow_mut()[slot] = false;
+    shared.slots.borrow_mut()[slot].running = false;
 }
 
 /// The first few failures of each kind are printed; after that they are only counted.

@@ -298,6 +298,6 @@ mod tests {
         assert!(matches!(at(Some(modified + Duration::from_secs(60))), Small::NotModified(_)));
         // A second older: modified since; the whole file.
         assert!(matches!(at(Some(modified - Duration::from_secs(1))), Small::Answer(f) if f.body == b"body {}"));
-        assert!(matches!(at(Some(modified)), Small::NotModified(_)) && matches!(open_small(&root, Path::new("gone.css"), Some(modified)), Small::NotFound));
+        assert!(matches!(open_small(&root, Path::new("gone.css"), Some(modified)), Small::NotFound));
     }
 }
