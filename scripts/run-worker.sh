@@ -6,6 +6,15 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 sprout=target/release/sprout
 $sprout worker init worker
+# The one service the example lambdas may reach on the network: the cache (for visits).
+if ! grep -q '^\[\[network.allow\]\]' worker/config.toml; then
+    cat >>worker/config.toml <<'ALLOW'
+
+[[network.allow]]
+name = "cache"
+address = "127.0.0.1:11211"
+ALLOW
+fi
 if $sprout worker status worker >/dev/null 2>&1; then
     echo "==> a worker is already running in ./worker"
 else

@@ -6,7 +6,10 @@ A worker is started per test module with the defaults, or per test with settings
 names, so tests never share state.
 """
 
+import hashlib
 import io
+import ipaddress
+import json
 import os
 import signal
 import socket
@@ -51,6 +54,27 @@ def cgroup_dirs(name):
     if unified.exists():
         found.append(unified)
     return found
+
+
+def network_leftovers(tag, directory=None):
+    """Host interfaces, the nftables table and the address-block routes of the worker tagged
+    `tag` (and its claim file in `directory`) that exist."""
+    left = [f"link {n}" for n in os.listdir("/sys/class/net") if n.startswith(f"sb{tag}-")]
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    if f"sprout_{tag}" in tables:
+        left.append(f"nftables table sprout_{tag}")
+    claim = Path(directory) / "network.json" if directory else None
+    if claim and claim.exists():
+        block = json.loads(claim.read_text())["block"]
+        left.append(f"claim {block}")
+        ours = ipaddress.ip_network(block)
+        routes = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout
+        for line in routes.splitlines():
+            words = line.split()
+            dst = words[1] if words[0] in ("local", "blackhole", "broadcast", "unreachable") else words[0]
+            if dst != "default" and ours.overlaps(ipaddress.ip_network(dst, strict=False)):
+                left.append(f"route {line}")
+    return left
 
 
 def targz(files):
@@ -118,12 +142,28 @@ class Worker:
                 raise
         self.process = None
 
+    @property
+    def network_tag(self):
+        """Names the worker's nftables table and host interfaces (config.rs, network_tag)."""
+        return hashlib.sha256(f"t{self.port}".encode()).hexdigest()[:6]
+
+    def network_leftovers(self, wait=5.0):
+        """The worker's host interfaces, nftables table and routes that still exist. A
+        namespace's link goes with its last process, which the kernel finishes a moment
+        later: wait up to `wait` seconds for that."""
+        deadline = time.time() + wait
+        while True:
+            left = network_leftovers(self.network_tag, self.dir)
+            if not left or time.time() > deadline:
+                return left
+            time.sleep(0.1)
+
     def leftovers(self):
-        """Mounts and cgroups of this worker that still exist (v1 and v2 hierarchies)."""
+        """Mounts, cgroups and network of this worker that still exist (v1 and v2 hierarchies)."""
         left = mounts_under(self.dir)
         for name in self.cgroup_names:
             left += [str(d) for d in cgroup_dirs(name)]
-        return left
+        return left + self.network_leftovers()
 
     def deploy_source(self, name, source, **extra_files):
         return self.client.upload(name, targz({"f.py": source, **extra_files}))

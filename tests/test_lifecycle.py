@@ -142,10 +142,11 @@ def test_cleanup_command_after_kill_9(tmp_path, sprout_bin):
     assert pids and w.leftovers()
     report = json.loads(w.sprout("worker", "cleanup", w.dir).stdout)
     assert report["processes_killed"] >= 1 and report["mounts_removed"] >= 1
+    assert any(r.startswith("nftables table") for r in report["network_removed"]), report
     assert w.leftovers() == [] and not any(alive(p) for p in pids)
     # nothing left: a second cleanup finds nothing
     report = json.loads(w.sprout("worker", "cleanup", w.dir).stdout)
-    assert report == {"processes_killed": 0, "mounts_removed": 0, "cgroups_removed": []}
+    assert report == {"processes_killed": 0, "mounts_removed": 0, "cgroups_removed": [], "network_removed": []}
 
 
 def test_cleanup_refuses_while_the_worker_runs(make_worker):

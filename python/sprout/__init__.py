@@ -1,9 +1,12 @@
 """Sprout: serverless Python functions in lean sandboxes.
 
-``sprout.Client`` talks to a worker's HTTP API; ``sprout.runtime`` is what runs inside the
-sandboxes (standard library only).
+``sprout.Client`` talks to a worker's HTTP API; inside a sandbox, ``sprout.services()`` names
+the services a lambda may reach and ``sprout.invoke(name, event)`` calls another lambda
+(``sprout.platform``); ``sprout.runtime`` is what runs inside the sandboxes (standard library
+only).
 """
 
 from sprout.client import Client, Response, SproutError, pack
+from sprout.platform import InvokeError, invoke, service, services
 
-__all__ = ["Client", "Response", "SproutError", "pack"]
+__all__ = ["Client", "Response", "SproutError", "pack", "InvokeError", "invoke", "service", "services"]

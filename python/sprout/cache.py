@@ -8,6 +8,7 @@ A thin layer over pymemcache (``pip install pymemcache``)::
     cache.set("user:42", {"name": "ada"}, expire=300)                   # any picklable value
     cache.get("user:42")                                                 # -> {"name": "ada"}
     cache = sprout.cache.client(sprout.cache.servers_from_env())         # $SPROUT_CACHE_SERVERS
+    cache = sprout.cache.client("cache")                                 # the sandbox's service "cache"
 
 It returns a pymemcache ``HashClient`` with rendezvous (consistent) hashing, so keys are spread
 over the servers and removing one of n servers moves only that server's keys (about 1/n). The
@@ -29,6 +30,7 @@ the item size limit) raises. Any keyword argument of ``HashClient`` overrides th
 
 import os
 
+from sprout.platform import services as _services
 from pymemcache.client.base import normalize_server_spec
 from pymemcache.client.hash import HashClient
 from pymemcache.client.rendezvous import RendezvousHash
@@ -55,15 +57,19 @@ DEFAULTS = dict(
 
 def parse_servers(servers):
     """[(host, port), ...] from "h:p", "h1:p1,h2:p2", "h" (port 11211), [::1]:p, or a list of
-    such strings and (host, port) tuples."""
+    such strings and (host, port) tuples. A bare name of a service this sandbox may reach
+    (``sprout.services()``) is that service's address and port."""
     if isinstance(servers, str):
         servers = servers.replace(",", " ").split()
     elif isinstance(servers, tuple) and len(servers) == 2 and isinstance(servers[1], int):
         servers = [servers]
+    known = _services()
     out = []
     for server in servers:
         if isinstance(server, (tuple, list)):
             host, port = server
+        elif server.strip() in known:
+            host, _, port = known[server.strip()].rpartition(":")
         else:
             host, port = normalize_server_spec(server.strip())
         out.append((host, int(port)))
@@ -74,8 +80,9 @@ def parse_servers(servers):
 
 def servers_from_env(var="SPROUT_CACHE_SERVERS", default=DEFAULT_SERVERS):
     """The servers listed in the environment variable `var` (comma- or space-separated
-    host:port), or `default` when it is unset or empty."""
-    return parse_servers(os.environ.get(var, "").strip() or default)
+    host:port); when it is unset or empty, the sandbox's service named "cache" if it may
+    reach one, else `default`."""
+    return parse_servers(os.environ.get(var, "").strip() or ("cache" if "cache" in _services() else default))
 
 
 def client(servers=DEFAULT_SERVERS, **kwargs):

@@ -9,13 +9,16 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .procs import DeployError, alive, daemon_pid, descendants, http_get, read_pid, run, start_daemon, stop, tail, \
     wait_for_port
 
 LAMBDA = "olio"
+DB_SERVICE = "olio-db"  # the worker's names of PostgreSQL and the cache, inside the sandbox
+CACHE_SERVICE = "olio-cache"
 FILES_IN_SANDBOX = "/srv/olio-files"
-SPROUT_MODULES = ("__init__.py", "client.py", "cache.py", "store")  # what `olio` imports of python/sprout
+SPROUT_MODULES = ("__init__.py", "client.py", "platform.py", "cache.py", "store")  # what `olio` imports of python/sprout
 
 
 def worker_name(dep):
@@ -76,7 +79,19 @@ pause = false
 [packages]
 # Olio's pinned requirements, installed once per machine and shared by its workers.
 cache_dir = {t(str(dep.package_cache))}
+
+# The Olio lambda has a network of its own: PostgreSQL (and the cache) are all it can reach,
+# by name (olio.toml says postgresql://...@{DB_SERVICE}/...).
+[[network.allow]]
+name = {t(DB_SERVICE)}
+address = {t(f"127.0.0.1:{dep.ports['postgres']}")}
+lambdas = [{t(LAMBDA)}]
 """ + (f"""
+[[network.allow]]
+name = {t(CACHE_SERVICE)}
+address = {t(dep.cache_servers)}
+lambdas = [{t(LAMBDA)}]
+""" if dep.cache else "") + (f"""
 [cgroups]
 # Make the worker's cgroups inside the deployment's cpuset group, so sandboxes stay on its CPUs.
 v2_root = {t(str(v2_root))}
@@ -84,9 +99,16 @@ v2_root = {t(str(v2_root))}
 
 
 def lambda_config(dep):
-    values = {"db": dep.db_url, "cache": dep.cache_servers, "files": FILES_IN_SANDBOX, "secret": dep.secret}
+    """olio.toml: the services by the names the worker gives them in the sandbox (the cache at
+    its port; sprout.store finds PostgreSQL's port itself)."""
+    db = urlsplit(dep.db_url)
+    userinfo = db.netloc.rpartition("@")[0]
+    db_url = db._replace(netloc=f"{userinfo}@{DB_SERVICE}").geturl()
+    cache = f"{CACHE_SERVICE}:{dep.ports['cache']}" if dep.cache else ""
+    values = {"db": db_url, "cache": cache, "files": FILES_IN_SANDBOX, "secret": dep.secret}
     return ("# Written by olio_deploy: Olio's settings inside the sandbox (olio.config reads olio.toml beside\n"
-            "# the olio package). Sandboxes share the host's network, so 127.0.0.1 reaches PostgreSQL.\n"
+            "# the olio package). The sandbox has a network of its own, where PostgreSQL and the cache\n"
+            "# are the worker's services olio-db and olio-cache (its /etc/hosts names them).\n"
             + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
 
 

@@ -76,7 +76,10 @@ struct Worker {
 
 impl Worker {
     fn start(opts: &Options, backend: &str, keep_warm: bool, port: u16) -> Result<Worker> {
-        let dir = opts.work_dir.join(format!("{backend}-{}", if keep_warm { "warm" } else { "cold" }));
+        let dir = opts.work_dir.join(format!(
+            "{backend}-{}",
+            if keep_warm { "warm" } else { "cold" }
+        ));
         std::fs::create_dir_all(&dir)?;
         let max = opts.concurrency.iter().copied().max().unwrap_or(1).max(1);
         let config = format!(
@@ -89,25 +92,43 @@ impl Worker {
             total = max * 2,
         );
         std::fs::write(dir.join("config.toml"), config)?;
-        let init = Command::new(&opts.sprout).args(["worker", "init"]).arg(&dir).output()?;
+        let init = Command::new(&opts.sprout)
+            .args(["worker", "init"])
+            .arg(&dir)
+            .output()?;
         if !init.status.success() {
-            bail!("sprout worker init: {}", String::from_utf8_lossy(&init.stderr));
+            bail!(
+                "sprout worker init: {}",
+                String::from_utf8_lossy(&init.stderr)
+            );
         }
         let log = std::fs::File::create(dir.join("bench-worker.log"))?;
         let cpu = opts.worker_cpu;
         let mut cmd = Command::new(&opts.sprout);
-        cmd.args(["worker", "up"]).arg(&dir).stdout(log.try_clone()?).stderr(log);
+        cmd.args(["worker", "up"])
+            .arg(&dir)
+            .stdout(log.try_clone()?)
+            .stderr(log);
         unsafe {
             use std::os::unix::process::CommandExt;
             cmd.pre_exec(move || pin_to(cpu));
         }
         let child = cmd.spawn()?;
-        let mut worker = Worker { child, dir, port, sprout: opts.sprout.clone() };
+        let mut worker = Worker {
+            child,
+            dir,
+            port,
+            sprout: opts.sprout.clone(),
+        };
         let deadline = Instant::now() + Duration::from_secs(600);
         loop {
             if let Some(status) = worker.child.try_wait()? {
-                let log = std::fs::read_to_string(worker.dir.join("bench-worker.log")).unwrap_or_default();
-                bail!("the {backend} worker exited ({status}): {}", log.lines().rev().take(5).collect::<Vec<_>>().join(" | "));
+                let log = std::fs::read_to_string(worker.dir.join("bench-worker.log"))
+                    .unwrap_or_default();
+                bail!(
+                    "the {backend} worker exited ({status}): {}",
+                    log.lines().rev().take(5).collect::<Vec<_>>().join(" | ")
+                );
             }
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 break;
@@ -126,7 +147,10 @@ impl Worker {
             .args(["--url", &worker.url()])
             .output()?;
         if !deploy.status.success() {
-            bail!("deploying the no-op lambda: {}", String::from_utf8_lossy(&deploy.stderr));
+            bail!(
+                "deploying the no-op lambda: {}",
+                String::from_utf8_lossy(&deploy.stderr)
+            );
         }
         Ok(worker)
     }
@@ -136,7 +160,10 @@ impl Worker {
     }
 
     fn stop(mut self) -> Result<()> {
-        let out = Command::new(&self.sprout).args(["worker", "down"]).arg(&self.dir).output()?;
+        let out = Command::new(&self.sprout)
+            .args(["worker", "down"])
+            .arg(&self.dir)
+            .output()?;
         if !out.status.success() {
             let _ = self.child.kill();
         }
@@ -166,7 +193,13 @@ impl Point {
 
 /// `concurrency` clients, each sending requests back to back on its own keep-alive
 /// connection, for `duration` after `warmup`; only requests started after the warm-up count.
-async fn closed_loop(port: u16, concurrency: usize, warmup: Duration, duration: Duration, expect: &'static str) -> Result<Point> {
+async fn closed_loop(
+    port: u16,
+    concurrency: usize,
+    warmup: Duration,
+    duration: Duration,
+    expect: &'static str,
+) -> Result<Point> {
     let started = Instant::now();
     let measure_from = started + warmup;
     let stop_at = measure_from + duration;
@@ -177,7 +210,8 @@ async fn closed_loop(port: u16, concurrency: usize, warmup: Duration, duration: 
             let (mut ok, mut errors, mut wrong) = (0u64, 0u64, 0u64);
             let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
             stream.set_nodelay(true)?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
             tokio::spawn(conn);
             loop {
                 let now = Instant::now();
@@ -197,7 +231,9 @@ async fn closed_loop(port: u16, concurrency: usize, warmup: Duration, duration: 
                     if status.is_success() {
                         ok += 1;
                         let _ = hist.record((elapsed.as_micros() as u64).max(1));
-                        if !expect.is_empty() && start.as_ref().map(|v| v.as_bytes()) != Some(expect.as_bytes()) {
+                        if !expect.is_empty()
+                            && start.as_ref().map(|v| v.as_bytes()) != Some(expect.as_bytes())
+                        {
                             wrong += 1;
                         }
                     } else {
@@ -228,10 +264,15 @@ async fn closed_loop(port: u16, concurrency: usize, warmup: Duration, duration: 
 
 fn docker_answers() -> bool {
     use std::io::{Read, Write};
-    let Ok(mut s) = std::os::unix::net::UnixStream::connect("/var/run/docker.sock") else { return false };
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect("/var/run/docker.sock") else {
+        return false;
+    };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
     let mut out = [0u8; 512];
-    s.write_all(b"GET /_ping HTTP/1.0\r\n\r\n").is_ok() && s.read(&mut out).map(|n| String::from_utf8_lossy(&out[..n]).contains("OK")).unwrap_or(false)
+    s.write_all(b"GET /_ping HTTP/1.0\r\n\r\n").is_ok()
+        && s.read(&mut out)
+            .map(|n| String::from_utf8_lossy(&out[..n]).contains("OK"))
+            .unwrap_or(false)
 }
 
 /// Start Debian's Docker engine pinned to the worker's CPU, unless one is running.
@@ -243,16 +284,24 @@ fn ensure_docker(opts: &Options) -> Result<Option<Child>> {
     let log = std::fs::File::create(opts.work_dir.join("dockerd.log"))?;
     let cpu = opts.worker_cpu;
     let mut cmd = Command::new("dockerd");
-    cmd.args(["--iptables=false", "--bridge=none"]).stdout(log.try_clone()?).stderr(log).stdin(Stdio::null());
+    cmd.args(["--iptables=false", "--bridge=none"])
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .stdin(Stdio::null());
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(move || pin_to(cpu));
     }
-    let mut child = cmd.spawn().context("starting dockerd (apt-get install docker.io)")?;
+    let mut child = cmd
+        .spawn()
+        .context("starting dockerd (apt-get install docker.io)")?;
     let deadline = Instant::now() + Duration::from_secs(60);
     while !docker_answers() {
         if child.try_wait()?.is_some() || Instant::now() > deadline {
-            bail!("dockerd did not start; see {}", opts.work_dir.join("dockerd.log").display());
+            bail!(
+                "dockerd did not start; see {}",
+                opts.work_dir.join("dockerd.log").display()
+            );
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -299,8 +348,20 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
     let result = async {
         // Prime the sandbox, then time requests that reuse it.
         closed_loop(port, 1, Duration::ZERO, Duration::from_millis(300), "").await?;
-        let p = closed_loop(port, 1, Duration::from_millis(200), Duration::from_secs_f64(opts.seconds), "warm").await?;
-        eprintln!("  {backend:>14} warm c=1   {:>8.1}/s  p50 {:>8.3} ms  p99 {:>8.3} ms", p.per_s(), p.ms(0.5), p.ms(0.99));
+        let p = closed_loop(
+            port,
+            1,
+            Duration::from_millis(200),
+            Duration::from_secs_f64(opts.seconds),
+            "warm",
+        )
+        .await?;
+        eprintln!(
+            "  {backend:>14} warm c=1   {:>8.1}/s  p50 {:>8.3} ms  p99 {:>8.3} ms",
+            p.per_s(),
+            p.ms(0.5),
+            p.ms(0.99)
+        );
         out.insert("warm_p50_ms".into(), json!(p.ms(0.5)));
         out.insert("warm_p99_ms".into(), json!(p.ms(0.99)));
         out.insert("warm_per_s".into(), json!(p.per_s()));
@@ -316,20 +377,26 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
 /// Run the benchmark; writes sandboxes.json, .md and .png under `opts.out_dir`.
 pub fn run(opts: &Options) -> Result<Value> {
     std::fs::create_dir_all(&opts.work_dir)?;
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let pinned = cpus > opts.worker_cpu.max(opts.client_cpu) && opts.worker_cpu != opts.client_cpu;
     if pinned {
         pin_to(opts.client_cpu)?;
     } else {
         eprintln!("warning: cannot put the worker and the load generator on separate CPUs here");
     }
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let mut backends = serde_json::Map::new();
     let mut docker_engine = None;
     for (i, backend) in opts.backends.iter().enumerate() {
         eprintln!("{backend}:");
         let skip = match backend.as_str() {
-            "runc" if !which("runc") => Some("runc is not installed (apt-get install runc)".to_string()),
+            "runc" if !which("runc") => {
+                Some("runc is not installed (apt-get install runc)".to_string())
+            }
             "docker" => match ensure_docker(opts) {
                 Ok(engine) => {
                     docker_engine = engine;
@@ -354,11 +421,20 @@ pub fn run(opts: &Options) -> Result<Value> {
         }
     }
     if let Some(mut engine) = docker_engine {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(engine.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(engine.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let _ = engine.wait();
     }
     let results = summarize(opts, backends, pinned);
-    report::write(&opts.out_dir, "sandboxes", &results, &markdown(&results), "plot_sandboxes.py")?;
+    report::write(
+        &opts.out_dir,
+        "sandboxes",
+        &results,
+        &markdown(&results),
+        "plot_sandboxes.py",
+    )?;
     Ok(results)
 }
 
@@ -384,11 +460,35 @@ fn summarize(opts: &Options, backends: serde_json::Map<String, Value>, pinned: b
     let target = |name: &str, measured: Value, met: Option<bool>| json!({"target": name, "measured": measured, "met": met});
     let cmp = |v: Option<f64>, f: &dyn Fn(f64) -> bool| v.map(f);
     let targets = vec![
-        target("sock cold start p50 <= 5 ms at concurrency 1", json!(get(b, &["sock", "c1", "cold_p50_ms"])), cmp(get(b, &["sock", "c1", "cold_p50_ms"]), &|x| x <= 5.0)),
-        target(">= 10x runc's cold-start throughput at concurrency 10", ratios["sock_over_runc_cold_per_s_c10"].clone(), cmp(ratios["sock_over_runc_cold_per_s_c10"].as_f64(), &|x| x >= 10.0)),
-        target(">= 50x docker's cold-start throughput at concurrency 10", ratios["sock_over_docker_cold_per_s_c10"].clone(), cmp(ratios["sock_over_docker_cold_per_s_c10"].as_f64(), &|x| x >= 50.0)),
-        target("warm invocation p50 <= 0.5 ms", json!(get(b, &["sock", "warm_p50_ms"])), cmp(get(b, &["sock", "warm_p50_ms"]), &|x| x <= 0.5)),
-        target(">= 200 cold starts per second at concurrency 10", json!(get(b, &["sock", "c10", "cold_per_s"])), cmp(get(b, &["sock", "c10", "cold_per_s"]), &|x| x >= 200.0)),
+        target(
+            "sock cold start p50 <= 5 ms at concurrency 1",
+            json!(get(b, &["sock", "c1", "cold_p50_ms"])),
+            cmp(get(b, &["sock", "c1", "cold_p50_ms"]), &|x| x <= 5.0),
+        ),
+        target(
+            ">= 10x runc's cold-start throughput at concurrency 10",
+            ratios["sock_over_runc_cold_per_s_c10"].clone(),
+            cmp(ratios["sock_over_runc_cold_per_s_c10"].as_f64(), &|x| {
+                x >= 10.0
+            }),
+        ),
+        target(
+            ">= 50x docker's cold-start throughput at concurrency 10",
+            ratios["sock_over_docker_cold_per_s_c10"].clone(),
+            cmp(ratios["sock_over_docker_cold_per_s_c10"].as_f64(), &|x| {
+                x >= 50.0
+            }),
+        ),
+        target(
+            "warm invocation p50 <= 0.5 ms",
+            json!(get(b, &["sock", "warm_p50_ms"])),
+            cmp(get(b, &["sock", "warm_p50_ms"]), &|x| x <= 0.5),
+        ),
+        target(
+            ">= 200 cold starts per second at concurrency 10",
+            json!(get(b, &["sock", "c10", "cold_per_s"])),
+            cmp(get(b, &["sock", "c10", "cold_per_s"]), &|x| x >= 200.0),
+        ),
     ];
     json!({
         "machine": report::machine(),
@@ -409,13 +509,22 @@ fn summarize(opts: &Options, backends: serde_json::Map<String, Value>, pinned: b
 }
 
 fn markdown(r: &Value) -> String {
-    let f = |v: Option<f64>, digits: usize| v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "—".into());
-    let mut s = format!("Machine: {}. {}\n\n", r["machine"].as_str().unwrap_or(""), r["method"]["pinning"].as_str().unwrap_or(""));
+    let f = |v: Option<f64>, digits: usize| {
+        v.map(|x| format!("{x:.digits$}"))
+            .unwrap_or_else(|| "—".into())
+    };
+    let mut s = format!(
+        "Machine: {}. {}\n\n",
+        r["machine"].as_str().unwrap_or(""),
+        r["method"]["pinning"].as_str().unwrap_or("")
+    );
     s += "| backend | cold p50 c=1 (ms) | cold p99 c=1 (ms) | cold/s c=1 | cold p50 c=10 (ms) | cold/s c=10 | warm p50 (ms) |\n";
     s += "|---|---:|---:|---:|---:|---:|---:|\n";
     if let Some(backends) = r["backends"].as_object() {
-        let order: BTreeMap<usize, (&String, &Value)> =
-            backends.iter().map(|(k, v)| (BACKENDS.iter().position(|b| b == k).unwrap_or(99), (k, v))).collect();
+        let order: BTreeMap<usize, (&String, &Value)> = backends
+            .iter()
+            .map(|(k, v)| (BACKENDS.iter().position(|b| b == k).unwrap_or(99), (k, v)))
+            .collect();
         for (_, (name, v)) in order {
             if let Some(reason) = v.get("skipped").and_then(|x| x.as_str()) {
                 s += &format!("| {name} | skipped: {reason} ||||||\n");
@@ -439,7 +548,11 @@ fn markdown(r: &Value) -> String {
             Some(false) => "**no**",
             None => "not measured",
         };
-        s += &format!("| {} | {} | {met} |\n", t["target"].as_str().unwrap_or(""), f(t["measured"].as_f64(), 2));
+        s += &format!(
+            "| {} | {} | {met} |\n",
+            t["target"].as_str().unwrap_or(""),
+            f(t["measured"].as_f64(), 2)
+        );
     }
     s
 }

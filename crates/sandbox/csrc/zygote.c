@@ -5,9 +5,10 @@
  * the GIL stays held, so no other Python thread runs across a fork) once it has initialized
  * its interpreter. The loop answers the worker's fork requests until the worker closes the
  * socket (then it returns -1). For each request it clones a child into new PID, IPC and UTS
- * namespaces (never mount or network ones); the child enters the new root with fchdir +
+ * namespaces (never a mount namespace); the child enters the new root with fchdir +
  * chroot, joins its cgroups through the cgroup.procs descriptors the worker sent (if any: for
- * children of package Zygotes the worker moves them itself), mounts its own /proc when asked,
+ * children of package Zygotes the worker moves them itself), joins its lambda's network
+ * namespace when given one, mounts its own /proc when asked,
  * joins the package Zygotes' user namespace when given one, takes its user and group ids,
  * closes every inherited descriptor and connects to /host/sprout.sock. It then *returns* that
  * socket to Python, with `role` saying whether the child is a handler (load a lambda) or a new
@@ -20,9 +21,15 @@
  * package code it imports can neither escape to the host file system nor touch mounts,
  * cgroups or processes outside its own subtree.
  *
+ * A handler joins its lambda's network namespace (made ahead by the worker, see
+ * crates/sandbox/src/network) with setns while it still has the privileges to, so the
+ * namespace costs a cold start one system call; Zygotes stay in the empty namespace the
+ * root Zygote was started in.
+ *
  * Wire format (native endianness, both ends on one host):
  *   request: struct fork_request, with SCM_RIGHTS
- *            [root dir, log pipe, (user namespace if FLAG_USERNS), cgroup.procs...]
+ *            [root dir, log pipe, (user namespace if FLAG_USERNS),
+ *             (network namespace if FLAG_NETNS), cgroup.procs...]
  *   reply:   struct fork_reply, with SCM_RIGHTS [pidfd] when error == 0
  */
 #define _GNU_SOURCE
@@ -52,6 +59,7 @@
 #define FLAG_MOUNT_PROC 1u /* mount a /proc of the child's PID namespace */
 #define FLAG_ZYGOTE 2u     /* the child becomes a Zygote (role 1), not a handler (role 0) */
 #define FLAG_USERNS 4u     /* fds[2] is a user namespace to join */
+#define FLAG_NETNS 8u      /* the next descriptor is a network namespace to join */
 #define MAX_FDS 16
 #define SOCKET_PATH "/host/sprout.sock"
 
@@ -134,18 +142,22 @@ static void fail(const char *what) {
 /* In the new child (PID 1 of its namespaces): become the sandbox; returns its channel. */
 static int become_sandbox(const struct fork_request *req, const int *fds, int nfds) {
     int root = fds[0], log = fds[1];
-    int first_cgroup = (req->flags & FLAG_USERNS) ? 3 : 2;
+    int next = 2;
+    int userns = (req->flags & FLAG_USERNS) ? fds[next++] : -1;
+    int netns = (req->flags & FLAG_NETNS) ? fds[next++] : -1;
+    int first_cgroup = next;
     const char *host = (req->flags & FLAG_ZYGOTE) ? "zygote" : "sandbox";
     if (dup2(log, 1) < 0 || dup2(log, 2) < 0) _exit(70);
     if (fchdir(root) || chroot(".") || chdir("/")) fail("enter the sandbox root");
     for (int i = first_cgroup; i < nfds; i++)
         if (write(fds[i], "0", 1) != 1) fail("join a cgroup");
+    if (netns >= 0 && setns(netns, CLONE_NEWNET)) fail("join the lambda's network namespace");
     if (sethostname(host, strlen(host))) fail("set the host name");
     if ((req->flags & FLAG_MOUNT_PROC) &&
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
         fail("mount /proc");
     if (syscall(SYS_setgroups, 0, NULL)) fail("drop supplementary groups");
-    if ((req->flags & FLAG_USERNS) && setns(fds[2], CLONE_NEWUSER)) fail("join the Zygotes' user namespace");
+    if (userns >= 0 && setns(userns, CLONE_NEWUSER)) fail("join the Zygotes' user namespace");
     if (syscall(SYS_setresgid, req->gid, req->gid, req->gid) || syscall(SYS_setresuid, req->uid, req->uid, req->uid))
         fail("take the sandbox's user and group");
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) fail("set no_new_privs");
@@ -179,7 +191,8 @@ int sprout_zygote_serve(int sock, int *role) {
             if (errno == EINTR) continue;
             return -1;
         }
-        if (req.magic != FORK_MAGIC || nfds < 2 || ((req.flags & FLAG_USERNS) && nfds < 3)) {
+        int needed = 2 + !!(req.flags & FLAG_USERNS) + !!(req.flags & FLAG_NETNS);
+        if (req.magic != FORK_MAGIC || nfds < needed) {
             close_all(fds, nfds);
             send_reply(sock, EPROTO, 0, -1);
             continue;

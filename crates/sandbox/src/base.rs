@@ -42,7 +42,10 @@ pub enum Outcome {
 /// Whether `path` holds a finished base image of `suite` with this version's layout.
 pub fn is_ready(path: &Path, suite: &str) -> bool {
     fs::read_to_string(path.join(MARKER))
-        .map(|m| m.lines().any(|l| l == format!("suite={suite}")) && m.lines().any(|l| l == layout_line()))
+        .map(|m| {
+            m.lines().any(|l| l == format!("suite={suite}"))
+                && m.lines().any(|l| l == layout_line())
+        })
         .unwrap_or(false)
 }
 
@@ -51,19 +54,29 @@ pub fn host_mirror(suite: &str) -> Option<String> {
     let mut candidates = Vec::new();
     if let Ok(entries) = fs::read_dir("/etc/apt/sources.list.d") {
         for e in entries.flatten() {
-            if e.path().extension().map(|x| x == "sources").unwrap_or(false) {
+            if e.path()
+                .extension()
+                .map(|x| x == "sources")
+                .unwrap_or(false)
+            {
                 candidates.push(fs::read_to_string(e.path()).unwrap_or_default());
             }
         }
     }
     for stanza in candidates.iter().flat_map(|f| f.split("\n\n")) {
         let field = |name: &str| {
-            stanza.lines().find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+            stanza
+                .lines()
+                .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
         };
         let suites = field("Suites:").unwrap_or_default();
         let types = field("Types:").unwrap_or_default();
-        if types.split_whitespace().any(|t| t == "deb") && suites.split_whitespace().any(|s| s == suite) {
-            if let Some(uri) = field("URIs:").and_then(|u| u.split_whitespace().next().map(str::to_string)) {
+        if types.split_whitespace().any(|t| t == "deb")
+            && suites.split_whitespace().any(|s| s == suite)
+        {
+            if let Some(uri) =
+                field("URIs:").and_then(|u| u.split_whitespace().next().map(str::to_string))
+            {
                 return Some(uri);
             }
         }
@@ -77,11 +90,18 @@ pub fn host_mirror(suite: &str) -> Option<String> {
 
 /// Make sure a base image of `suite` exists at `path`, building it if needed. `progress`
 /// receives one line per step of the build.
-pub fn ensure(path: &Path, suite: &str, mirror: Option<&str>, progress: &mut dyn FnMut(&str)) -> Result<Outcome> {
+pub fn ensure(
+    path: &Path,
+    suite: &str,
+    mirror: Option<&str>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Outcome> {
     if is_ready(path, suite) {
         return Ok(Outcome::Reused);
     }
-    let parent = path.parent().context("base image path has no parent directory")?;
+    let parent = path
+        .parent()
+        .context("base image path has no parent directory")?;
     fs::create_dir_all(parent)?;
     let lock_file = fs::File::create(path.with_extension("lock"))?;
     let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
@@ -98,18 +118,25 @@ pub fn ensure(path: &Path, suite: &str, mirror: Option<&str>, progress: &mut dyn
         );
     }
     if path.exists() {
-        bail!("{} exists but is not a finished {suite} base image; remove it and run init again", path.display());
+        bail!(
+            "{} exists but is not a finished {suite} base image; remove it and run init again",
+            path.display()
+        );
     }
     let mirror = match mirror {
         Some(m) if !m.is_empty() => m.to_string(),
-        _ => host_mirror(suite)
-            .with_context(|| format!("no apt source for {suite} on this host; set base.mirror in config.toml"))?,
+        _ => host_mirror(suite).with_context(|| {
+            format!("no apt source for {suite} on this host; set base.mirror in config.toml")
+        })?,
     };
     let started = Instant::now();
     let building = path.with_extension("building");
     discard(&building)?;
-    progress(&format!("building the {suite} base image with debootstrap from {mirror} (about a minute)"));
-    let result = debootstrap(&building, suite, &mirror, progress).and_then(|_| adapt(&building, suite));
+    progress(&format!(
+        "building the {suite} base image with debootstrap from {mirror} (about a minute)"
+    ));
+    let result =
+        debootstrap(&building, suite, &mirror, progress).and_then(|_| adapt(&building, suite));
     if let Err(e) = result {
         let _ = discard(&building);
         return Err(e);
@@ -127,7 +154,12 @@ fn discard(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn debootstrap(target: &Path, suite: &str, mirror: &str, progress: &mut dyn FnMut(&str)) -> Result<()> {
+fn debootstrap(
+    target: &Path,
+    suite: &str,
+    mirror: &str,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
     let mut child = Command::new("debootstrap")
         .args(["--variant=minbase", &format!("--include={INCLUDE}"), suite])
         .arg(target)
@@ -143,10 +175,17 @@ fn debootstrap(target: &Path, suite: &str, mirror: &str, progress: &mut dyn FnMu
         })?;
     let stderr = child.stderr.take().unwrap();
     let errors = std::thread::spawn(move || {
-        BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<_>>().join("\n")
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+            .join("\n")
     });
     let mut steps = 0;
-    for line in BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok) {
+    for line in BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+    {
         if let Some(step) = line.strip_prefix("I: ") {
             steps += 1;
             progress(&format!("  [{steps:>3}] {step}"));
@@ -196,18 +235,36 @@ fn adapt(root: &Path, suite: &str) -> Result<()> {
     }
     let python = Command::new("chroot")
         .arg(root)
-        .args(["/usr/bin/python3", "-I", "-S", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+        .args([
+            "/usr/bin/python3",
+            "-I",
+            "-S",
+            "-c",
+            "import sys; print('%d.%d' % sys.version_info[:2])",
+        ])
         .output()?;
     let version = String::from_utf8_lossy(&python.stdout).trim().to_string();
     if !python.status.success() {
-        bail!("python3 does not run in the built image: {}", String::from_utf8_lossy(&python.stderr));
+        bail!(
+            "python3 does not run in the built image: {}",
+            String::from_utf8_lossy(&python.stderr)
+        );
     }
-    let pip = Command::new("chroot").arg(root).args(["/usr/bin/python3", "-m", "pip", "--version"]).output()?;
+    let pip = Command::new("chroot")
+        .arg(root)
+        .args(["/usr/bin/python3", "-m", "pip", "--version"])
+        .output()?;
     if !pip.status.success() {
-        bail!("pip does not run in the built image: {}", String::from_utf8_lossy(&pip.stderr));
+        bail!(
+            "pip does not run in the built image: {}",
+            String::from_utf8_lossy(&pip.stderr)
+        );
     }
-    let marker =
-        format!("suite={suite}\n{}\npython={version}\nbuilt_by=sprout {}\n", layout_line(), env!("CARGO_PKG_VERSION"));
+    let marker = format!(
+        "suite={suite}\n{}\npython={version}\nbuilt_by=sprout {}\n",
+        layout_line(),
+        env!("CARGO_PKG_VERSION")
+    );
     fs::write(root.join(MARKER), marker)?;
     Ok(())
 }

@@ -19,11 +19,16 @@ pub struct Report {
     pub processes_killed: usize,
     pub mounts_removed: usize,
     pub cgroups_removed: Vec<String>,
+    /// The network's links, table and routes (filled in by the caller, who knows its tag).
+    pub network_removed: Vec<String>,
 }
 
 impl Report {
     pub fn is_empty(&self) -> bool {
-        self.processes_killed == 0 && self.mounts_removed == 0 && self.cgroups_removed.is_empty()
+        self.processes_killed == 0
+            && self.mounts_removed == 0
+            && self.cgroups_removed.is_empty()
+            && self.network_removed.is_empty()
     }
 }
 

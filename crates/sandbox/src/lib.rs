@@ -11,6 +11,8 @@
 //! * [`import_cache`] keeps the tree of Zygotes with packages pre-imported; [`zygote`] is one
 //!   Zygote's fork protocol, [`userns`] the user namespace package Zygotes live in, and
 //!   [`memory`] measures what they and paused handlers hold (PSS).
+//! * [`network`] gives each lambda a network namespace of its own, from a pool, reaching only
+//!   the services the operator allows.
 //! * [`oneshot`] runs one program (pip) in a sandbox of its own, with limits.
 //! * [`base`] builds the read-only Debian base image; [`cleanup`] removes what a crashed
 //!   worker left behind.
@@ -24,6 +26,7 @@ pub mod docker;
 pub mod import_cache;
 pub mod memory;
 pub mod mounts;
+pub mod network;
 pub mod oneshot;
 pub mod output;
 pub mod process;
@@ -33,5 +36,8 @@ pub mod stage;
 pub mod userns;
 pub mod zygote;
 
-pub use backend::{Backend, BackendStats, CreateError, HandlerKind, InvokeError, Package, Phase, Sandbox, SandboxSpec};
+pub use backend::{
+    Backend, BackendStats, Calls, CreateError, HandlerKind, InvokeError, NoCalls, Package, Phase,
+    Sandbox, SandboxSpec,
+};
 pub use cgroup::Limits;

@@ -77,7 +77,12 @@ impl Outcome {
 }
 
 /// Run `spec` in a fresh sandbox under `cgroup_parent` and wait for it.
-pub async fn run(stage: &Stage, layout: Arc<Layout>, cgroup_parent: &str, spec: &OneshotSpec) -> io::Result<Outcome> {
+pub async fn run(
+    stage: &Stage,
+    layout: Arc<Layout>,
+    cgroup_parent: &str,
+    spec: &OneshotSpec,
+) -> io::Result<Outcome> {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let dir = stage.run.join("oneshot").join(id.to_string());
     let root = dir.join("root");
@@ -137,6 +142,9 @@ async fn execute(root: &Path, cgroup: &Cgroup, spec: &OneshotSpec) -> io::Result
         root,
         cgroup_procs: cgroup.procs_fds(),
         new_namespaces: true,
+        // pip must reach the package index: the host's network.
+        new_network: false,
+        netns: None,
         mount_proc: true,
         hostname: Some("installer"),
         user: Some((spec.uid, spec.gid)),
@@ -169,7 +177,11 @@ async fn execute(root: &Path, cgroup: &Cgroup, spec: &OneshotSpec) -> io::Result
     } else {
         Ending::Signaled(libc::WTERMSIG(status))
     };
-    Ok(Outcome { ending, output, elapsed: started.elapsed() })
+    Ok(Outcome {
+        ending,
+        output,
+        elapsed: started.elapsed(),
+    })
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {

@@ -1,10 +1,11 @@
 //! Processes: pidfds (race-free handles on sandbox processes, whatever namespace they are in)
 //! and [`spawn`], which starts a program directly inside a new lean sandbox.
 //!
-//! `spawn` clones with CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS (never a mount or network
-//! namespace), so the new process is PID 1 of its own namespace from birth; the child then
-//! enters the root with fchdir + chroot, joins its cgroups by writing to the cgroup.procs
-//! descriptors it was given, drops to an unprivileged user and execs. It is how the worker
+//! `spawn` clones with CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS (never a mount namespace;
+//! a new network namespace only when asked), so the new process is PID 1 of its own
+//! namespace from birth; the child then enters the root with fchdir + chroot, joins its
+//! cgroups by writing to the cgroup.procs descriptors it was given, joins a network namespace
+//! when given one, drops to an unprivileged user and execs. It is how the worker
 //! starts the root Zygote and, for the `sock-nozygote` baseline, every handler. The child of a
 //! raw clone in a threaded program may only make plain system calls (no allocation, no glibc
 //! set*id broadcast), so everything it needs is prepared before the clone.
@@ -34,7 +35,10 @@ impl PidFd {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(PidFd { fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) }, pid })
+        Ok(PidFd {
+            fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) },
+            pid,
+        })
     }
 
     pub fn from_parts(fd: OwnedFd, pid: i32) -> PidFd {
@@ -55,7 +59,10 @@ impl PidFd {
 
     /// Another handle on the same process.
     pub fn try_clone(&self) -> io::Result<PidFd> {
-        Ok(PidFd { fd: self.fd.try_clone()?, pid: self.pid })
+        Ok(PidFd {
+            fd: self.fd.try_clone()?,
+            pid: self.pid,
+        })
     }
 
     /// The pid in the worker's PID namespace.
@@ -65,7 +72,13 @@ impl PidFd {
 
     pub fn signal(&self, sig: i32) -> io::Result<()> {
         let rc = unsafe {
-            libc::syscall(libc::SYS_pidfd_send_signal, self.fd.as_raw_fd(), sig, std::ptr::null::<u8>(), 0)
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.fd.as_raw_fd(),
+                sig,
+                std::ptr::null::<u8>(),
+                0,
+            )
         };
         if rc < 0 {
             let e = io::Error::last_os_error();
@@ -83,7 +96,11 @@ impl PidFd {
 
     /// Whether the process has exited (a pidfd polls readable once it has).
     pub fn has_exited(&self) -> bool {
-        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         unsafe { libc::poll(&mut pfd, 1, 0) == 1 }
     }
 
@@ -92,9 +109,13 @@ impl PidFd {
         if self.has_exited() {
             return true;
         }
-        let Ok(dup) = self.fd.try_clone() else { return false };
+        let Ok(dup) = self.fd.try_clone() else {
+            return false;
+        };
         // SAFETY: the AsyncFd owns `dup`, which stays open until the AsyncFd is dropped.
-        let Ok(afd) = (unsafe { AsyncFd::register_with_interest(dup, Interest::READABLE) }) else { return false };
+        let Ok(afd) = (unsafe { AsyncFd::register_with_interest(dup, Interest::READABLE) }) else {
+            return false;
+        };
         tokio::time::timeout(timeout, afd.readable()).await.is_ok()
     }
 
@@ -127,6 +148,11 @@ pub struct SpawnSpec<'a> {
     pub cgroup_procs: &'a [OwnedFd],
     /// New PID, IPC and UTS namespaces (the SOCK set).
     pub new_namespaces: bool,
+    /// A new, empty network namespace as well (the root Zygote's, when sandboxes are
+    /// isolated: nothing it or its package Zygotes import can reach any network).
+    pub new_network: bool,
+    /// A network namespace to join (a lambda's) before dropping privileges.
+    pub netns: Option<RawFd>,
     /// Mount a proc file system of the new PID namespace at /proc.
     pub mount_proc: bool,
     pub hostname: Option<&'a str>,
@@ -145,10 +171,11 @@ fn cstr(s: &str) -> io::Result<CString> {
 }
 
 /// What failed in the child before exec (reported through a close-on-exec pipe).
-const STAGES: [&str; 10] = [
+const STAGES: [&str; 11] = [
     "redirect output",
     "enter root",
     "join cgroup",
+    "join the network namespace",
     "set hostname",
     "mount /proc",
     "drop groups",
@@ -163,8 +190,16 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
     // Everything the child touches is made here, before the clone.
     let root = std::fs::File::open(spec.root)?;
     let devnull = std::fs::File::open("/dev/null")?;
-    let argv_c: Vec<CString> = spec.argv.iter().map(|a| cstr(a)).collect::<io::Result<_>>()?;
-    let env_c: Vec<CString> = spec.env.iter().map(|(k, v)| cstr(&format!("{k}={v}"))).collect::<io::Result<_>>()?;
+    let argv_c: Vec<CString> = spec
+        .argv
+        .iter()
+        .map(|a| cstr(a))
+        .collect::<io::Result<_>>()?;
+    let env_c: Vec<CString> = spec
+        .env
+        .iter()
+        .map(|(k, v)| cstr(&format!("{k}={v}")))
+        .collect::<io::Result<_>>()?;
     let mut argv_p: Vec<*const libc::c_char> = argv_c.iter().map(|c| c.as_ptr()).collect();
     argv_p.push(std::ptr::null());
     let mut env_p: Vec<*const libc::c_char> = env_c.iter().map(|c| c.as_ptr()).collect();
@@ -185,9 +220,20 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
     if spec.new_namespaces {
         flags |= (libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS) as libc::c_long;
     }
+    if spec.new_network {
+        flags |= libc::CLONE_NEWNET as libc::c_long;
+    }
+    let netns = spec.netns;
     let mut pidfd: libc::c_int = -1;
     let pid = unsafe {
-        libc::syscall(libc::SYS_clone, flags, 0usize, &mut pidfd as *mut libc::c_int, 0usize, 0usize)
+        libc::syscall(
+            libc::SYS_clone,
+            flags,
+            0usize,
+            &mut pidfd as *mut libc::c_int,
+            0usize,
+            0usize,
+        )
     };
     if pid < 0 {
         return Err(io::Error::last_os_error());
@@ -206,7 +252,10 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
                     fail(0);
                 }
             }
-            if libc::fchdir(root.as_raw_fd()) != 0 || libc::chroot(dot.as_ptr()) != 0 || libc::chdir(slash.as_ptr()) != 0 {
+            if libc::fchdir(root.as_raw_fd()) != 0
+                || libc::chroot(dot.as_ptr()) != 0
+                || libc::chdir(slash.as_ptr()) != 0
+            {
                 fail(1);
             }
             for fd in &cg_fds {
@@ -214,48 +263,67 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
                     fail(2);
                 }
             }
+            if let Some(ns) = netns {
+                if libc::setns(ns, libc::CLONE_NEWNET) != 0 {
+                    fail(3);
+                }
+            }
             if let Some(h) = &host {
                 if libc::sethostname(h.as_ptr(), h.as_bytes().len()) != 0 {
-                    fail(3);
+                    fail(4);
                 }
             }
             if spec.mount_proc {
                 let f = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-                if libc::mount(proc_src.as_ptr(), proc_dst.as_ptr(), proc_src.as_ptr(), f, std::ptr::null()) != 0 {
-                    fail(4);
+                if libc::mount(
+                    proc_src.as_ptr(),
+                    proc_dst.as_ptr(),
+                    proc_src.as_ptr(),
+                    f,
+                    std::ptr::null(),
+                ) != 0
+                {
+                    fail(5);
                 }
             }
             if let Some((uid, gid)) = spec.user {
-                if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0 {
-                    fail(5);
-                }
-                if libc::syscall(libc::SYS_setgid, gid as libc::c_long) != 0 {
+                if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0
+                {
                     fail(6);
                 }
-                if libc::syscall(libc::SYS_setuid, uid as libc::c_long) != 0 {
+                if libc::syscall(libc::SYS_setgid, gid as libc::c_long) != 0 {
                     fail(7);
+                }
+                if libc::syscall(libc::SYS_setuid, uid as libc::c_long) != 0 {
+                    fail(8);
                 }
             }
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                fail(8);
+                fail(9);
             }
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
             libc::execve(argv_p[0], argv_p.as_ptr(), env_p.as_ptr());
-            fail(9);
+            fail(10);
         }
     }
     drop(wr);
-    let pidfd = PidFd { fd: unsafe { OwnedFd::from_raw_fd(pidfd) }, pid: pid as i32 };
+    let pidfd = PidFd {
+        fd: unsafe { OwnedFd::from_raw_fd(pidfd) },
+        pid: pid as i32,
+    };
     let mut report = [0i32; 2];
     let n = unsafe { libc::read(rd.as_raw_fd(), report.as_mut_ptr() as *mut libc::c_void, 8) };
     if n == 8 {
         unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), 0) };
         let stage = STAGES.get(report[0] as usize).copied().unwrap_or("start");
         let e = io::Error::from_raw_os_error(report[1]);
-        return Err(io::Error::new(e.kind(), format!("sandbox process failed to {stage}: {e}")));
+        return Err(io::Error::new(
+            e.kind(),
+            format!("sandbox process failed to {stage}: {e}"),
+        ));
     }
     Ok(pidfd)
 }

@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::backend::{attachments, handler_kind, sandbox_env, Backend, BackendStats, Counters, CreateError, Resources, Sandbox, SandboxSpec};
+use crate::backend::{
+    attachments, handler_kind, sandbox_env, Backend, BackendStats, Counters, CreateError,
+    Resources, Sandbox, SandboxSpec,
+};
 use crate::cgroup::{Cgroup, CgroupPool, Limits};
 use crate::channel::{Channel, Endpoint, Hello};
 use crate::import_cache::{accept_and_place, ImportCache, NodeUse};
@@ -64,7 +67,12 @@ pub struct SockBackend {
 }
 
 impl SockBackend {
-    pub fn new(cfg: LeanConfig, stage: Arc<Stage>, pool: Arc<CgroupPool>, zygotes: Option<Arc<ImportCache>>) -> SockBackend {
+    pub fn new(
+        cfg: LeanConfig,
+        stage: Arc<Stage>,
+        pool: Arc<CgroupPool>,
+        zygotes: Option<Arc<ImportCache>>,
+    ) -> SockBackend {
         SockBackend {
             cfg,
             stage,
@@ -86,7 +94,11 @@ impl SockBackend {
     }
 
     fn take_slot(&self) -> usize {
-        self.free_slots.lock().unwrap().pop().unwrap_or_else(|| self.next_slot.fetch_add(1, Ordering::Relaxed))
+        self.free_slots
+            .lock()
+            .unwrap()
+            .pop()
+            .unwrap_or_else(|| self.next_slot.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Kill a sandbox's processes and return its slot and cgroup. Killing the helper, PID 1
@@ -104,7 +116,8 @@ impl SockBackend {
         }
         let empty = cgroup.procs().is_empty() || cgroup.wait_empty(Duration::from_secs(5)).await;
         // Unmounting waits for an RCU grace period: keep it off the async threads.
-        let unmounted = tokio::task::spawn_blocking(move || mounts::detach(&root).map_err(|e| (e, root))).await;
+        let unmounted =
+            tokio::task::spawn_blocking(move || mounts::detach(&root).map_err(|e| (e, root))).await;
         if let Ok(Err((e, root))) = unmounted {
             tracing::warn!("unmounting sandbox root {}: {e}", root.display());
         }
@@ -128,7 +141,13 @@ impl SockBackend {
                 return Err(CreateError::platform(e));
             }
         };
-        if let Err(e) = self.stage.stitch(&root, Some(&spec.code_dir), self.cfg.scratch_mb, self.cfg.uid, self.cfg.gid) {
+        if let Err(e) = self.stage.stitch(
+            &root,
+            Some(&spec.code_dir),
+            self.cfg.scratch_mb,
+            self.cfg.uid,
+            self.cfg.gid,
+        ) {
             self.free_slots.lock().unwrap().push(slot);
             return Err(CreateError::platform(e));
         }
@@ -148,7 +167,12 @@ impl SockBackend {
                 return Err(e);
             }
         };
-        let Provisioned { channel, process, hello, hold } = provisioned;
+        let Provisioned {
+            channel,
+            process,
+            hello,
+            hold,
+        } = provisioned;
         if let (Some(zygotes), Some(report)) = (&self.zygotes, &hello.package_modules) {
             zygotes.learn(report);
         }
@@ -157,6 +181,9 @@ impl SockBackend {
                 let mut attached = attachments(spec);
                 if let Some(hold) = hold {
                     attached.push(Box::new(hold));
+                }
+                if let Some(network) = &spec.network {
+                    attached.push(Box::new(network.clone()));
                 }
                 Ok(Sandbox {
                     id,
@@ -181,30 +208,50 @@ impl SockBackend {
         }
     }
 
-    async fn provision(&self, id: u64, spec: &SandboxSpec, root: &Path, cgroup: &Cgroup) -> Result<Provisioned, CreateError> {
+    async fn provision(
+        &self,
+        id: u64,
+        spec: &SandboxSpec,
+        root: &Path,
+        cgroup: &Cgroup,
+    ) -> Result<Provisioned, CreateError> {
         let t0 = Instant::now();
         let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
         let log = log_pipe(&spec.lambda, id).map_err(CreateError::platform)?;
+        let netns = spec.network.as_ref().map(|n| n.fd());
         let (forked, hold, tree) = match &self.zygotes {
             Some(zygotes) => {
                 let mut attempt = 0;
                 loop {
                     let source = zygotes.source_for(&spec.packages).await?;
-                    match zygotes.fork_handler(&source.node, root, &log, cgroup, self.cfg.mount_proc).await {
+                    match zygotes
+                        .fork_handler(&source.node, root, &log, cgroup, self.cfg.mount_proc, netns)
+                        .await
+                    {
                         Ok(f) => break (f.process, Some(f.hold), f.tree),
                         // The Zygote died under us: choose again (it is gone from the tree).
-                        Err(e) if attempt == 0 => tracing::warn!("forking from Zygote {}: {e}; retrying", source.node.id),
+                        Err(e) if attempt == 0 => {
+                            tracing::warn!("forking from Zygote {}: {e}; retrying", source.node.id)
+                        }
                         Err(e) => return Err(e),
                     }
                     attempt += 1;
                 }
             }
             None => {
-                let argv = [self.cfg.python.clone(), "-I".into(), "-S".into(), HELPER_IN_SANDBOX.into(), "handler".into()];
+                let argv = [
+                    self.cfg.python.clone(),
+                    "-I".into(),
+                    "-S".into(),
+                    HELPER_IN_SANDBOX.into(),
+                    "handler".into(),
+                ];
                 let process = spawn(&SpawnSpec {
                     root,
                     cgroup_procs: cgroup.procs_fds(),
                     new_namespaces: true,
+                    new_network: false,
+                    netns: spec.network.as_ref().map(|n| n.fd()),
                     mount_proc: self.cfg.mount_proc,
                     hostname: Some("sandbox"),
                     user: Some((self.cfg.uid, self.cfg.gid)),
@@ -237,11 +284,22 @@ impl SockBackend {
                 (channel, process)
             }
             // Forked by a package Zygote: the kernel says who connected; we place it.
-            None => accept_and_place(endpoint, cgroup, self.cfg.start_timeout, self.cfg.max_response).await?,
+            None => {
+                accept_and_place(
+                    endpoint,
+                    cgroup,
+                    self.cfg.start_timeout,
+                    self.cfg.max_response,
+                )
+                .await?
+            }
         };
         drop(tree); // the handler holds its root now: closing ours is not the last reference
         let connected_at = t0.elapsed();
-        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
+        let hello = channel
+            .handshake(&spec.env, &spec.paths, self.cfg.start_timeout)
+            .await
+            .map_err(CreateError::platform)?;
         tracing::debug!(
             sandbox = id,
             fork_us = forked_at.as_micros() as u64,
@@ -249,7 +307,12 @@ impl SockBackend {
             load_us = (t0.elapsed() - connected_at).as_micros() as u64,
             "provisioned"
         );
-        Ok(Provisioned { channel, process: Some(process), hello, hold })
+        Ok(Provisioned {
+            channel,
+            process: Some(process),
+            hello,
+            hold,
+        })
     }
 }
 
@@ -270,10 +333,21 @@ impl Backend for SockBackend {
     }
 
     async fn destroy(&self, sandbox: Sandbox) {
-        let Sandbox { resources, process, channel, attached, .. } = sandbox;
+        let Sandbox {
+            resources,
+            process,
+            channel,
+            attached,
+            ..
+        } = sandbox;
         drop(channel);
         if let Resources::Lean { slot, cgroup } = resources {
-            let root = self.stage.run.join("sb").join(slot.to_string()).join("root");
+            let root = self
+                .stage
+                .run
+                .join("sb")
+                .join(slot.to_string())
+                .join("root");
             self.release(slot, root, cgroup, process).await;
             self.counters.destroyed();
         }
@@ -288,7 +362,12 @@ impl Backend for SockBackend {
             zygote_restarts: self
                 .zygotes
                 .as_ref()
-                .and_then(|z| z.counters().into_iter().find(|c| c.0 == "sprout_zygote_restarts").map(|c| c.2))
+                .and_then(|z| {
+                    z.counters()
+                        .into_iter()
+                        .find(|c| c.0 == "sprout_zygote_restarts")
+                        .map(|c| c.2)
+                })
                 .unwrap_or(0),
             ..self.counters.stats()
         }

@@ -30,13 +30,14 @@ use http_body_util::{BodyExt, Limited};
 use serde_json::{json, Value};
 use sprout_sandbox::channel::Request;
 
+use crate::calls::LambdaCalls;
 use crate::instances::{Failure, Instances};
 use crate::metrics::Metrics;
 use crate::packages::Packages;
 use crate::registry::{valid_name, Registry};
 
 /// Every error code the API answers with.
-pub const ERROR_CODES: [&str; 26] = [
+pub const ERROR_CODES: [&str; 28] = [
     "not_found",
     "invalid_request",
     "method_not_allowed",
@@ -63,6 +64,8 @@ pub const ERROR_CODES: [&str; 26] = [
     "unpinned_requirements",
     "invalid_requirements",
     "install_failed",
+    "call_depth_exceeded",
+    "not_allowed",
 ];
 
 #[derive(Clone)]
@@ -73,6 +76,8 @@ pub struct Api {
     pub metrics: Arc<Metrics>,
     pub max_body: usize,
     pub max_upload: usize,
+    /// How deep handlers' calls to other lambdas may nest.
+    pub max_invoke_depth: u32,
 }
 
 pub(crate) struct ApiError {
@@ -82,10 +87,13 @@ pub(crate) struct ApiError {
 
 impl ApiError {
     pub(crate) fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
-        ApiError { status, body: json!({"error": code, "message": message.into()}) }
+        ApiError {
+            status,
+            body: json!({"error": code, "message": message.into()}),
+        }
     }
 
-    fn with(mut self, key: &str, value: impl Into<Value>) -> ApiError {
+    pub(crate) fn with(mut self, key: &str, value: impl Into<Value>) -> ApiError {
         self.body[key] = value.into();
         self
     }
@@ -93,11 +101,23 @@ impl ApiError {
     fn code(&self) -> &str {
         self.body["error"].as_str().unwrap_or("internal")
     }
+
+    /// The JSON body, with the status in it (how a handler's call learns of the error).
+    pub(crate) fn into_call_reply(self) -> Value {
+        let mut body = self.body;
+        body["status"] = self.status.as_u16().into();
+        body
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, [(header::CONTENT_TYPE, "application/json")], self.body.to_string()).into_response()
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            self.body.to_string(),
+        )
+            .into_response()
     }
 }
 
@@ -108,17 +128,35 @@ pub fn router(api: Api) -> Router {
         .route("/run/{name}/", any(run))
         .route("/run/{name}/{*rest}", any(run))
         .route("/registry", get(list_lambdas))
-        .route("/registry/{name}", get(show_lambda).post(upload).put(upload).delete(delete_lambda))
+        .route(
+            "/registry/{name}",
+            get(show_lambda)
+                .post(upload)
+                .put(upload)
+                .delete(delete_lambda),
+        )
         .route("/status", get(|| async { "ready\n" }))
-        .route("/pid", get(|| async { format!("{}\n", std::process::id()) }))
+        .route(
+            "/pid",
+            get(|| async { format!("{}\n", std::process::id()) }),
+        )
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
         .route("/packages", get(list_packages))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed here")
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
         })
-        .layer(axum::middleware::map_response_with_state(api.clone(), count_errors))
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed here",
+            )
+        })
+        .layer(axum::middleware::map_response_with_state(
+            api.clone(),
+            count_errors,
+        ))
         .with_state(api)
 }
 
@@ -134,7 +172,11 @@ pub(crate) async fn count_errors(State(api): State<Api>, response: Response) -> 
 struct ErrorCode(&'static str);
 
 pub(crate) fn fail(e: ApiError) -> Response {
-    let code = ERROR_CODES.iter().find(|c| **c == e.code()).copied().unwrap_or("internal");
+    let code = ERROR_CODES
+        .iter()
+        .find(|c| **c == e.code())
+        .copied()
+        .unwrap_or("internal");
     let mut response = e.into_response();
     response.extensions_mut().insert(ErrorCode(code));
     response
@@ -143,12 +185,21 @@ pub(crate) fn fail(e: ApiError) -> Response {
 async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("the request body exceeds the limit of {} bytes", limit),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("the request body exceeds the limit of {} bytes", limit),
+            ))
+        }
+        Err(e) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("reading the body: {e}"),
         )),
-        Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", format!("reading the body: {e}"))),
     }
 }
 
@@ -169,8 +220,16 @@ fn decode_segment(raw: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-const HOP_BY_HOP: [&str; 8] =
-    ["connection", "keep-alive", "transfer-encoding", "content-length", "upgrade", "te", "trailer", "proxy-connection"];
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-connection",
+];
 
 async fn run(
     State(api): State<Api>,
@@ -186,14 +245,27 @@ async fn run(
     }
 }
 
-async fn run_lambda(api: &Api, peer: SocketAddr, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+async fn run_lambda(
+    api: &Api,
+    peer: SocketAddr,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     let after = uri.path().strip_prefix("/run/").unwrap_or("");
     let (raw_name, rest) = after.split_at(after.find('/').unwrap_or(after.len()));
     let target = Target {
-        name: decode_segment(raw_name).filter(|n| valid_name(n)).unwrap_or_default(),
+        name: decode_segment(raw_name)
+            .filter(|n| valid_name(n))
+            .unwrap_or_default(),
         shown: raw_name.to_string(),
         script_name: format!("/run/{raw_name}"),
-        path: if rest.is_empty() { "/".to_string() } else { rest.to_string() },
+        path: if rest.is_empty() {
+            "/".to_string()
+        } else {
+            rest.to_string()
+        },
     };
     forward(api, target, peer, method, &uri, headers, body).await
 }
@@ -221,9 +293,18 @@ pub(crate) async fn forward(
     body: Body,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let Target { name, shown, script_name, path } = target;
+    let Target {
+        name,
+        shown,
+        script_name,
+        path,
+    } = target;
     let Some(lambda) = api.registry.get(&name) else {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {shown:?}")));
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "lambda_not_found",
+            format!("no lambda named {shown:?}"),
+        ));
     };
     let body = read_body(body, api.max_body).await?;
     let is_head = method == Method::HEAD;
@@ -234,12 +315,21 @@ pub(crate) async fn forward(
         query: uri.query().unwrap_or("").to_string(),
         headers: headers
             .iter()
-            .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
+            .filter_map(|(k, v)| {
+                v.to_str()
+                    .ok()
+                    .map(|v| (k.as_str().to_string(), v.to_string()))
+            })
             .collect(),
         protocol: "HTTP/1.1".into(),
         remote_addr: peer.ip().to_string(),
+        depth: 0,
     };
-    let outcome = api.instances.invoke(&lambda, &request, &body).await;
+    let calls = LambdaCalls::new(api.clone(), 0);
+    let outcome = api
+        .instances
+        .invoke(&lambda, &request, &body, api.instances.timeout(), &calls)
+        .await;
     let invocation = match outcome {
         Ok(i) => i,
         Err(failure) => return Err(failure_response(failure).with("lambda", name)),
@@ -247,17 +337,15 @@ pub(crate) async fn forward(
     let start = if invocation.cold { "cold" } else { "warm" };
     let reply = invocation.reply;
     let outcome_code = reply.error.as_deref().unwrap_or("ok").to_string();
-    api.metrics.invocation(&name, invocation.cold, &outcome_code, started.elapsed());
-    let mut response = if let Some(code) = reply.error {
-        let status = if code == "invalid_json" { StatusCode::BAD_REQUEST } else { StatusCode::INTERNAL_SERVER_ERROR };
-        let code = ERROR_CODES.iter().find(|c| **c == code).copied().unwrap_or("handler_exception");
-        let mut e = ApiError::new(status, code, reply.message.unwrap_or_default()).with("lambda", name);
-        if let Some(tb) = reply.traceback {
-            e = e.with("traceback", tb);
-        }
-        fail(e)
+    api.metrics
+        .invocation(&name, invocation.cold, &outcome_code, started.elapsed());
+    let mut response = if let Some(e) = handler_error(&reply) {
+        fail(e.with("lambda", name))
     } else {
-        let status = reply.status.and_then(|s| StatusCode::from_u16(s).ok()).unwrap_or(StatusCode::OK);
+        let status = reply
+            .status
+            .and_then(|s| StatusCode::from_u16(s).ok())
+            .unwrap_or(StatusCode::OK);
         let mut out = Response::builder().status(status);
         for (k, v) in &reply.headers {
             let lower = k.to_ascii_lowercase();
@@ -265,7 +353,10 @@ pub(crate) async fn forward(
             if HOP_BY_HOP.contains(&lower.as_str()) && !(is_head && lower == "content-length") {
                 continue;
             }
-            match (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
+            match (
+                HeaderName::from_bytes(k.as_bytes()),
+                HeaderValue::from_str(v),
+            ) {
                 (Ok(k), Ok(v)) => out = out.header(k, v),
                 _ => {
                     return Err(ApiError::new(
@@ -277,7 +368,8 @@ pub(crate) async fn forward(
                 }
             }
         }
-        out.body(Body::from(invocation.body)).unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+        out.body(Body::from(invocation.body))
+            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
     };
     let h = response.headers_mut();
     h.insert("x-sprout-start", HeaderValue::from_static(start));
@@ -285,12 +377,38 @@ pub(crate) async fn forward(
     Ok(response)
 }
 
-fn failure_response(failure: Failure) -> ApiError {
+/// The error a handler's reply reports, if it reports one.
+pub(crate) fn handler_error(reply: &sprout_sandbox::channel::Reply) -> Option<ApiError> {
+    let code = reply.error.as_deref()?;
+    let status = if code == "invalid_json" {
+        StatusCode::BAD_REQUEST
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    let code = ERROR_CODES
+        .iter()
+        .find(|c| **c == code)
+        .copied()
+        .unwrap_or("handler_exception");
+    let mut e = ApiError::new(status, code, reply.message.clone().unwrap_or_default());
+    if let Some(tb) = &reply.traceback {
+        e = e.with("traceback", tb.clone());
+    }
+    Some(e)
+}
+
+pub(crate) fn failure_response(failure: Failure) -> ApiError {
     let message = failure.to_string();
     match failure {
-        Failure::QueueFull(_) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", message),
-        Failure::QueueTimeout(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_timeout", message),
-        Failure::ShuttingDown => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message),
+        Failure::QueueFull(_) => {
+            ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", message)
+        }
+        Failure::QueueTimeout(_) => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_timeout", message)
+        }
+        Failure::ShuttingDown => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
+        }
         Failure::Load { traceback, .. } => {
             let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "load_error", message);
             match traceback {
@@ -298,18 +416,30 @@ fn failure_response(failure: Failure) -> ApiError {
                 None => e,
             }
         }
-        Failure::Platform(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "sandbox_start_failed", message),
+        Failure::Platform(_) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "sandbox_start_failed",
+            message,
+        ),
         Failure::Install(e) => {
-            let mut err = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "install_failed", message).with("pip_output", e.output);
+            let mut err =
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "install_failed", message)
+                    .with("pip_output", e.output);
             if let Some(package) = e.package {
                 err = err.with("package", package);
             }
             err
         }
         Failure::Sandbox(e) => match e {
-            sprout_sandbox::InvokeError::Timeout(_) => ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message),
-            sprout_sandbox::InvokeError::OutOfMemory { .. } => ApiError::new(StatusCode::BAD_GATEWAY, "out_of_memory", message),
-            sprout_sandbox::InvokeError::Crashed { .. } => ApiError::new(StatusCode::BAD_GATEWAY, "sandbox_crashed", message),
+            sprout_sandbox::InvokeError::Timeout(_) => {
+                ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message)
+            }
+            sprout_sandbox::InvokeError::OutOfMemory { .. } => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "out_of_memory", message)
+            }
+            sprout_sandbox::InvokeError::Crashed { .. } => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "sandbox_crashed", message)
+            }
         },
     }
 }
@@ -326,7 +456,11 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) ->
             tracing::info!(lambda = %lambda.name, version = lambda.version, files = lambda.files, "lambda uploaded");
             if !lambda.parsed_requirements.is_empty() {
                 // Install ahead of the first request; a failure is reported to requests.
-                let (packages, reqs, name) = (api.packages.clone(), lambda.parsed_requirements.clone(), lambda.name.clone());
+                let (packages, reqs, name) = (
+                    api.packages.clone(),
+                    lambda.parsed_requirements.clone(),
+                    lambda.name.clone(),
+                );
                 tokio::spawn(async move {
                     if let Err(e) = packages.prefetch(&reqs).await {
                         tracing::warn!(lambda = %name, "installing the lambda's packages failed: {e}");
@@ -347,7 +481,11 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) ->
             }
             fail(err)
         }
-        Err(e) => fail(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())),
+        Err(e) => fail(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            e.to_string(),
+        )),
     }
 }
 
@@ -359,35 +497,57 @@ async fn list_lambdas(State(api): State<Api>) -> Response {
 async fn show_lambda(State(api): State<Api>, Path(name): Path<String>) -> Response {
     match api.registry.get(&name) {
         Some(l) => axum::Json(json!(*l)).into_response(),
-        None => fail(ApiError::new(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {name:?}"))),
+        None => fail(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "lambda_not_found",
+            format!("no lambda named {name:?}"),
+        )),
     }
 }
 
 async fn delete_lambda(State(api): State<Api>, Path(name): Path<String>) -> Response {
     if api.registry.delete(&name) {
+        api.instances.lambda_deleted(&name).await;
         tracing::info!(lambda = %name, "lambda deleted");
         axum::Json(json!({"deleted": name})).into_response()
     } else {
-        fail(ApiError::new(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {name:?}")))
+        fail(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "lambda_not_found",
+            format!("no lambda named {name:?}"),
+        ))
     }
 }
 
 async fn stats(State(api): State<Api>) -> Response {
     let mut lambdas = api.instances.stats();
-    let handler_cache = lambdas.as_object_mut().and_then(|o| o.remove("handler_cache")).unwrap_or(Value::Null);
+    let handler_cache = lambdas
+        .as_object_mut()
+        .and_then(|o| o.remove("handler_cache"))
+        .unwrap_or(Value::Null);
     let mut out = api.metrics.stats(lambdas);
     out["handler_cache"] = handler_cache;
     out["install_cache"] = api.packages.stats();
     out["import_cache"] = api.metrics.import_cache_stats();
+    out["network"] = api.instances.network_stats();
     axum::Json(out).into_response()
 }
 
 async fn list_packages(State(api): State<Api>) -> Response {
     let packages = api.packages.clone();
-    let list = tokio::task::spawn_blocking(move || packages.cache().list()).await.unwrap_or_default();
+    let list = tokio::task::spawn_blocking(move || packages.cache().list())
+        .await
+        .unwrap_or_default();
     axum::Json(list).into_response()
 }
 
 async fn metrics(State(api): State<Api>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], api.metrics.prometheus()).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        api.metrics.prometheus(),
+    )
+        .into_response()
 }

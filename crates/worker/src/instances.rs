@@ -30,11 +30,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use sprout_sandbox::channel::{Reply, Request};
-use sprout_sandbox::{Backend, CreateError, InvokeError, Limits, Sandbox, SandboxSpec};
+use sprout_sandbox::{Backend, Calls, CreateError, InvokeError, Limits, Sandbox, SandboxSpec};
 use tokio::sync::oneshot;
 
 use crate::handler_cache::{self, Eviction, HandlerCacheConfig};
 use crate::metrics::{Metrics, SandboxState};
+use crate::networks::LambdaNetworks;
 use crate::packages::{InstallError, Packages};
 use crate::registry::Lambda;
 use crate::retry;
@@ -65,7 +66,10 @@ pub enum Failure {
     #[error("the worker is shutting down")]
     ShuttingDown,
     #[error("the lambda failed to load: {message}")]
-    Load { message: String, traceback: Option<String> },
+    Load {
+        message: String,
+        traceback: Option<String>,
+    },
     #[error("no sandbox could be provisioned: {0}")]
     Platform(String),
     #[error("the lambda's packages could not be installed: {0}")]
@@ -124,6 +128,8 @@ pub struct Instances {
     closed: AtomicBool,
     /// Wakes the background task to measure a newly paused sandbox.
     measure: tokio::sync::Notify,
+    /// Each lambda's network namespace, and what its sandboxes are told about services.
+    networks: Arc<LambdaNetworks>,
     me: std::sync::Weak<Instances>,
 }
 
@@ -135,7 +141,13 @@ struct Lease {
 }
 
 impl Instances {
-    pub fn new(backend: Arc<dyn Backend>, packages: Arc<Packages>, cfg: InstanceConfig, metrics: Arc<Metrics>) -> Arc<Instances> {
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        packages: Arc<Packages>,
+        cfg: InstanceConfig,
+        metrics: Arc<Metrics>,
+        networks: Arc<LambdaNetworks>,
+    ) -> Arc<Instances> {
         let instances = Arc::new_cyclic(|me| Instances {
             me: me.clone(),
             backend,
@@ -147,13 +159,16 @@ impl Instances {
             destroying: Arc::new(AtomicUsize::new(0)),
             closed: AtomicBool::new(false),
             measure: tokio::sync::Notify::new(),
+            networks,
         });
         let weak = Arc::downgrade(&instances);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             let mut last_full = Instant::now();
             loop {
-                let Some(notified) = weak.upgrade() else { return };
+                let Some(notified) = weak.upgrade() else {
+                    return;
+                };
                 let ticked = tokio::select! {
                     _ = tick.tick() => true,
                     _ = notified.measure.notified() => false,
@@ -175,37 +190,66 @@ impl Instances {
         instances
     }
 
-    /// Run one request on a sandbox of `lambda`; when that sandbox dies before answering and
-    /// the request is safe to run twice ([`retry::reason`]), once more on another, within
-    /// what is left of the time limit.
-    pub async fn invoke(&self, lambda: &Arc<Lambda>, request: &Request, body: &[u8]) -> Result<Invocation, Failure> {
-        let lease = self.acquire(lambda, self.cfg.timeout).await?;
+    /// Run one request on a sandbox of `lambda`, answering its handler's calls to other
+    /// lambdas with `calls`: it may queue for up to `limit` and run for up to the time limit
+    /// ([`Instances::timeout`]), or, when `limit` is shorter (a call from a handler, which
+    /// must end before its caller's limit does), for what is left of `limit` after queueing.
+    /// When the sandbox dies before answering and the request is safe to run twice
+    /// ([`retry::reason`]), it runs once more on another, within what is left of its run time.
+    pub async fn invoke(
+        &self,
+        lambda: &Arc<Lambda>,
+        request: &Request,
+        body: &[u8],
+        limit: Duration,
+        calls: &dyn Calls,
+    ) -> Result<Invocation, Failure> {
+        let queued = Instant::now();
+        let lease = self.acquire(lambda, limit).await?;
+        let run_limit = if limit >= self.cfg.timeout {
+            self.cfg.timeout
+        } else {
+            limit.saturating_sub(queued.elapsed())
+        };
         let began = Instant::now();
         let kind = lease.sandbox.kind;
-        let error = match self.run(lease, request, body, self.cfg.timeout).await {
+        let error = match self.run(lease, request, body, run_limit, calls).await {
             Ok(done) => return Ok(done),
             Err(e) => e,
         };
-        let Some(reason) = retry::reason(kind, &request.method, &error) else { return Err(error.into()) };
+        let Some(reason) = retry::reason(kind, &request.method, &error) else {
+            return Err(error.into());
+        };
         tracing::info!(lambda = %lambda.name, reason = reason.label(), "sandbox died before answering ({error}); retrying on another");
-        match self.retry(lambda, request, body, began, reason).await {
+        match self
+            .retry(lambda, request, body, began, run_limit, reason, calls)
+            .await
+        {
             Some(result) => result,
             // No sandbox could take it in time: the request's own failure stands.
             None => Err(error.into()),
         }
     }
 
-    /// Run a request whose time limit started at `began` once more, on another sandbox, in
-    /// what is left of that limit; None when no sandbox could take it in time.
+    /// The time limit of a request from outside.
+    pub fn timeout(&self) -> Duration {
+        self.cfg.timeout
+    }
+
+    /// Run a request whose time limit `limit` started at `began` once more, on another
+    /// sandbox, in what is left of that limit; None when no sandbox could take it in time.
+    #[allow(clippy::too_many_arguments)]
     async fn retry(
         &self,
         lambda: &Arc<Lambda>,
         request: &Request,
         body: &[u8],
         began: Instant,
+        limit: Duration,
         reason: retry::Reason,
+        calls: &dyn Calls,
     ) -> Option<Result<Invocation, Failure>> {
-        let left = || self.cfg.timeout.saturating_sub(began.elapsed());
+        let left = || limit.saturating_sub(began.elapsed());
         if left().is_zero() {
             return None;
         }
@@ -216,28 +260,42 @@ impl Instances {
                 return None;
             }
         };
-        let limit = left();
-        if limit.is_zero() {
+        let remaining = left();
+        if remaining.is_zero() {
             let reusable = lease.sandbox.reusable();
             self.release(lease, reusable);
             return None;
         }
         self.metrics.retry(reason);
-        Some(match self.run(lease, request, body, limit).await {
-            // The request as a whole ran out of its time limit.
-            Err(InvokeError::Timeout(_)) => Err(InvokeError::Timeout(self.cfg.timeout).into()),
-            other => other.map_err(Failure::from),
-        })
+        Some(
+            match self.run(lease, request, body, remaining, calls).await {
+                // The request as a whole ran out of its time limit.
+                Err(InvokeError::Timeout(_)) => Err(InvokeError::Timeout(limit).into()),
+                other => other.map_err(Failure::from),
+            },
+        )
     }
 
     /// Send the request to the leased sandbox, waiting up to `limit`, and give the sandbox back.
-    async fn run(&self, mut lease: Lease, request: &Request, body: &[u8], limit: Duration) -> Result<Invocation, InvokeError> {
-        let result = lease.sandbox.invoke(request, body, limit).await;
+    async fn run(
+        &self,
+        mut lease: Lease,
+        request: &Request,
+        body: &[u8],
+        limit: Duration,
+        calls: &dyn Calls,
+    ) -> Result<Invocation, InvokeError> {
+        let result = lease.sandbox.invoke(request, body, limit, calls).await;
         let reusable = result.is_ok() && lease.sandbox.reusable();
         let (cold, sandbox) = (lease.cold, lease.sandbox.id);
         self.release(lease, reusable);
         let (reply, body) = result?;
-        Ok(Invocation { reply, body, cold, sandbox })
+        Ok(Invocation {
+            reply,
+            body,
+            cold,
+            sandbox,
+        })
     }
 
     /// A sandbox for `lambda`: an idle one, a new one, or one handed over within `wait`.
@@ -256,8 +314,10 @@ impl Instances {
             let State { pools, total } = &mut *st;
             let pool = pools.entry(lambda.name.clone()).or_default();
             // Sandboxes of a replaced version are never reused.
-            let (current, stale): (Vec<Idle>, Vec<Idle>) =
-                pool.idle.drain(..).partition(|i| i.lambda.version == lambda.version);
+            let (current, stale): (Vec<Idle>, Vec<Idle>) = pool
+                .idle
+                .drain(..)
+                .partition(|i| i.lambda.version == lambda.version);
             pool.idle = current;
             pool.live -= stale.len();
             *total -= stale.len();
@@ -266,7 +326,8 @@ impl Instances {
             if let Some(idle) = pool.idle.pop() {
                 Next::Warm(Box::new(idle))
             } else if pool.live < self.cfg.max_per_lambda
-                && (*total < self.cfg.max_total || evict_lru(pools, total, &mut doomed, &self.cache))
+                && (*total < self.cfg.max_total
+                    || evict_lru(pools, total, &mut doomed, &self.cache))
             {
                 let pool = pools.get_mut(&lambda.name).unwrap();
                 pool.live += 1;
@@ -277,7 +338,8 @@ impl Instances {
                 pool.waiters.retain(|w| !w.is_closed());
                 if pool.waiters.len() >= self.cfg.queue_depth {
                     drop(st);
-                    self.metrics.sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
+                    self.metrics
+                        .sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
                     self.destroy_all(doomed);
                     return Err(Failure::QueueFull(self.cfg.queue_depth));
                 }
@@ -287,12 +349,15 @@ impl Instances {
             }
         };
         let idle_gone = doomed.len() + matches!(next, Next::Warm(_)) as usize;
-        self.metrics.sandbox_state(SandboxState::Idle, -(idle_gone as i64));
+        self.metrics
+            .sandbox_state(SandboxState::Idle, -(idle_gone as i64));
         self.destroy_all(doomed);
         match next {
             Next::Warm(idle) => {
                 self.metrics.sandbox_state(SandboxState::Busy, 1);
-                let Idle { sandbox, paused, .. } = *idle;
+                let Idle {
+                    sandbox, paused, ..
+                } = *idle;
                 let killed = paused && handler_cache::killed_while_paused(&sandbox);
                 if paused {
                     let started = Instant::now();
@@ -309,7 +374,11 @@ impl Instances {
                     self.destroy_all(vec![sandbox]);
                     return self.create(lambda).await;
                 }
-                Ok(Lease { sandbox, lambda: lambda.clone(), cold: false })
+                Ok(Lease {
+                    sandbox,
+                    lambda: lambda.clone(),
+                    cold: false,
+                })
             }
             Next::Create => self.create(lambda).await,
             Next::Wait(mut rx) => {
@@ -330,7 +399,11 @@ impl Instances {
                 };
                 match granted {
                     Ok(Grant::Sandbox(sandbox, owner)) if owner.version == lambda.version => {
-                        Ok(Lease { sandbox: *sandbox, lambda: owner, cold: false })
+                        Ok(Lease {
+                            sandbox: *sandbox,
+                            lambda: owner,
+                            cold: false,
+                        })
                     }
                     Ok(Grant::Sandbox(sandbox, owner)) => {
                         // A sandbox of another version: swap it for room to make a current one.
@@ -357,11 +430,22 @@ impl Instances {
                 return Err(Failure::Install(e));
             }
         };
+        let network = match self.networks.for_lambda(&lambda.name).await {
+            Ok(n) => n,
+            Err(e) => {
+                self.metrics.sandbox_state(SandboxState::Starting, -1);
+                self.give_back_room(&lambda.name);
+                return Err(Failure::Platform(format!(
+                    "no network namespace for the lambda: {e}"
+                )));
+            }
+        };
         let spec = SandboxSpec {
             lambda: lambda.name.clone(),
             code_dir: lambda.dir.clone(),
             limits: self.cfg.limits,
-            env: Vec::new(),
+            env: self.networks.env_for(&lambda.name),
+            network,
             packages: packages.packages.clone(),
             paths: packages.paths.clone(),
             attached: Some(packages),
@@ -372,12 +456,18 @@ impl Instances {
             Ok(sandbox) => {
                 self.metrics.sandbox_started(sandbox.startup);
                 self.metrics.sandbox_state(SandboxState::Busy, 1);
-                Ok(Lease { sandbox, lambda: lambda.clone(), cold: true })
+                Ok(Lease {
+                    sandbox,
+                    lambda: lambda.clone(),
+                    cold: true,
+                })
             }
             Err(e) => {
                 self.give_back_room(&lambda.name);
                 Err(match e {
-                    CreateError::Load { message, traceback } => Failure::Load { message, traceback },
+                    CreateError::Load { message, traceback } => {
+                        Failure::Load { message, traceback }
+                    }
                     CreateError::Platform(m) => Failure::Platform(m),
                 })
             }
@@ -387,8 +477,13 @@ impl Instances {
     /// Return a sandbox after its request.
     fn release(&self, lease: Lease, reusable: bool) {
         self.metrics.sandbox_state(SandboxState::Busy, -1);
-        let Lease { sandbox, lambda, .. } = lease;
-        let keep = reusable && self.cfg.keep_warm && !self.closed.load(Ordering::Acquire) && lambda.is_current();
+        let Lease {
+            sandbox, lambda, ..
+        } = lease;
+        let keep = reusable
+            && self.cfg.keep_warm
+            && !self.closed.load(Ordering::Acquire)
+            && lambda.is_current();
         let mut st = self.state.lock().unwrap();
         let pool = st.pools.entry(lambda.name.clone()).or_default();
         pool.served += 1;
@@ -408,7 +503,13 @@ impl Instances {
                 if self.cfg.handler_cache.pause {
                     self.schedule_pause(&lambda.name, sandbox.id);
                 }
-                pool.idle.push(Idle { sandbox: *sandbox, lambda, since: Instant::now(), paused: false, pss: 0 });
+                pool.idle.push(Idle {
+                    sandbox: *sandbox,
+                    lambda,
+                    since: Instant::now(),
+                    paused: false,
+                    pss: 0,
+                });
                 self.metrics.sandbox_state(SandboxState::Idle, 1);
             }
             return;
@@ -421,12 +522,20 @@ impl Instances {
     /// Pause sandbox `id` of lambda `name` once it has been idle for `pause_after`: off the
     /// path of the request that just used it, and never for a sandbox reused at once.
     fn schedule_pause(&self, name: &str, id: u64) {
-        let (me, name, delay) = (self.me.clone(), name.to_string(), self.cfg.handler_cache.pause_after);
+        let (me, name, delay) = (
+            self.me.clone(),
+            name.to_string(),
+            self.cfg.handler_cache.pause_after,
+        );
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let Some(me) = me.upgrade() else { return };
             let mut st = me.state.lock().unwrap();
-            let Some(idle) = st.pools.get_mut(&name).and_then(|p| p.idle.iter_mut().find(|i| i.sandbox.id == id)) else {
+            let Some(idle) = st
+                .pools
+                .get_mut(&name)
+                .and_then(|p| p.idle.iter_mut().find(|i| i.sandbox.id == id))
+            else {
                 return; // taken by a request, or gone
             };
             if idle.paused || idle.since.elapsed() < delay {
@@ -451,7 +560,9 @@ impl Instances {
         let mut order: Vec<String> = vec![name.to_string()];
         order.extend(pools.keys().filter(|k| k.as_str() != name).cloned());
         for key in order {
-            let Some(pool) = pools.get_mut(&key) else { continue };
+            let Some(pool) = pools.get_mut(&key) else {
+                continue;
+            };
             if pool.live >= self.cfg.max_per_lambda || *total >= self.cfg.max_total {
                 continue;
             }
@@ -485,10 +596,9 @@ impl Instances {
             let State { pools, total } = &mut *st;
             for pool in pools.values_mut() {
                 let before = pool.idle.len();
-                let (keep, expired): (Vec<Idle>, Vec<Idle>) = pool
-                    .idle
-                    .drain(..)
-                    .partition(|i| i.since.elapsed() < self.cfg.idle_timeout && i.lambda.is_current());
+                let (keep, expired): (Vec<Idle>, Vec<Idle>) = pool.idle.drain(..).partition(|i| {
+                    i.since.elapsed() < self.cfg.idle_timeout && i.lambda.is_current()
+                });
                 pool.idle = keep;
                 let replaced = expired.iter().filter(|i| !i.lambda.is_current()).count();
                 self.cache.evicted(Eviction::Replaced, replaced);
@@ -500,7 +610,8 @@ impl Instances {
             }
             pools.retain(|_, p| p.live > 0 || !p.waiters.is_empty());
         }
-        self.metrics.sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
+        self.metrics
+            .sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
         self.destroy_all(doomed);
     }
 
@@ -520,7 +631,10 @@ impl Instances {
             return;
         }
         let measured: Vec<(u64, u64)> = tokio::task::spawn_blocking(move || {
-            probes.into_iter().map(|(id, pids)| (id, sprout_sandbox::memory::pss_of_pids(&pids))).collect()
+            probes
+                .into_iter()
+                .map(|(id, pids)| (id, sprout_sandbox::memory::pss_of_pids(&pids)))
+                .collect()
         })
         .await
         .unwrap_or_default();
@@ -551,9 +665,20 @@ impl Instances {
         }
         if !doomed.is_empty() {
             self.cache.evicted(Eviction::Memory, doomed.len());
-            self.metrics.sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
+            self.metrics
+                .sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
             self.destroy_all(doomed);
         }
+    }
+
+    /// `name` was deleted: its network namespace goes once its last sandbox has.
+    pub async fn lambda_deleted(&self, name: &str) {
+        self.networks.forget(name).await;
+    }
+
+    /// The lambdas' network, for `/stats`.
+    pub fn network_stats(&self) -> Value {
+        self.networks.stats()
     }
 
     /// Per-lambda figures and the handler cache's, for `/stats`.
@@ -581,8 +706,15 @@ impl Instances {
     /// Handler cache figures for /metrics: (paused sandboxes, their PSS, evictions by reason).
     pub fn cache_figures(&self) -> (usize, u64, Vec<(&'static str, u64)>) {
         let st = self.state.lock().unwrap();
-        let paused: Vec<&Idle> = st.pools.values().flat_map(|p| p.idle.iter().filter(|i| i.paused)).collect();
-        let evictions = Eviction::ALL.iter().map(|e| (e.label(), self.cache.evictions(*e))).collect();
+        let paused: Vec<&Idle> = st
+            .pools
+            .values()
+            .flat_map(|p| p.idle.iter().filter(|i| i.paused))
+            .collect();
+        let evictions = Eviction::ALL
+            .iter()
+            .map(|e| (e.label(), self.cache.evictions(*e)))
+            .collect();
         (paused.len(), paused.iter().map(|i| i.pss).sum(), evictions)
     }
 
@@ -598,7 +730,8 @@ impl Instances {
             }
             all
         };
-        self.metrics.sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
+        self.metrics
+            .sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
         self.destroy_all(doomed);
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.destroying.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
@@ -620,12 +753,24 @@ fn pause(sandbox: &Sandbox) -> bool {
 }
 
 /// Make room by removing the least recently used idle sandbox of any lambda.
-fn evict_lru(pools: &mut HashMap<String, Pool>, total: &mut usize, doomed: &mut Vec<Sandbox>, cache: &handler_cache::Counters) -> bool {
+fn evict_lru(
+    pools: &mut HashMap<String, Pool>,
+    total: &mut usize,
+    doomed: &mut Vec<Sandbox>,
+    cache: &handler_cache::Counters,
+) -> bool {
     let oldest = pools
         .iter()
-        .flat_map(|(name, p)| p.idle.iter().enumerate().map(move |(i, idle)| (idle.since, name.clone(), i)))
+        .flat_map(|(name, p)| {
+            p.idle
+                .iter()
+                .enumerate()
+                .map(move |(i, idle)| (idle.since, name.clone(), i))
+        })
         .min_by_key(|(since, _, _)| *since);
-    let Some((_, name, index)) = oldest else { return false };
+    let Some((_, name, index)) = oldest else {
+        return false;
+    };
     let pool = pools.get_mut(&name).unwrap();
     let idle = pool.idle.remove(index);
     pool.live -= 1;

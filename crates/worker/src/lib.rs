@@ -5,10 +5,12 @@
 //!
 //! * [`api`] — how requests arrive: the HTTP routes (`/run`, `/registry`, `/stats`, ...);
 //!   [`app`] — the app port, one lambda served as a web site, with [`static_files`] before it.
+//! * [`calls`] — a handler's calls to other lambdas (`sprout.invoke`), over its channel.
 //! * [`registry`] and [`archive`], [`syntax`] — what runs: lambda code, uploaded and checked.
 //! * [`instances`] — which sandbox serves a request: warm reuse, cold starts, queues; idle
 //!   sandboxes paused as the handler cache ([`handler_cache`]); a request whose sandbox died
 //!   before answering sent to another when that is safe ([`retry`]).
+//! * [`networks`] — the network namespace each lambda holds, and the services it may reach.
 //! * [`packages`] — a lambda's requirements, resolved and installed once into the install
 //!   cache (the import cache of Zygotes lives with the sandboxes).
 //! * the sandboxes themselves live in the `sprout-sandbox` crate, behind one `Backend` trait.
@@ -19,11 +21,13 @@
 pub mod api;
 pub mod app;
 pub mod archive;
+pub mod calls;
 pub mod config;
 pub mod daemon;
 pub mod handler_cache;
 pub mod instances;
 pub mod metrics;
+pub mod networks;
 pub mod packages;
 pub mod preinstall;
 pub mod registry;

@@ -54,7 +54,12 @@ pub struct Checker {
 
 impl Checker {
     pub fn new(base: &Path, python: &str, uid: u32, gid: u32) -> Checker {
-        Checker { base: base.to_path_buf(), python: python.to_string(), uid, gid }
+        Checker {
+            base: base.to_path_buf(),
+            python: python.to_string(),
+            uid,
+            gid,
+        }
     }
 
     /// `Ok(None)` when `source` compiles, `Ok(Some(error))` when it does not; `Err` when the
@@ -73,7 +78,10 @@ impl Checker {
         unsafe {
             cmd.pre_exec(move || {
                 let limit = |res, value: u64| {
-                    let lim = libc::rlimit { rlim_cur: value, rlim_max: value };
+                    let lim = libc::rlimit {
+                        rlim_cur: value,
+                        rlim_max: value,
+                    };
                     libc::setrlimit(res, &lim)
                 };
                 if libc::chroot(base.as_ptr()) != 0
@@ -81,7 +89,8 @@ impl Checker {
                     || limit(libc::RLIMIT_AS, 512 << 20) != 0
                     || limit(libc::RLIMIT_CPU, 10) != 0
                     || limit(libc::RLIMIT_NPROC, 64) != 0
-                    || libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0
+                    || libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>())
+                        != 0
                     || libc::syscall(libc::SYS_setgid, gid as libc::c_long) != 0
                     || libc::syscall(libc::SYS_setuid, uid as libc::c_long) != 0
                 {

@@ -1,12 +1,12 @@
 """A lambda that uses the cache tier: counts visits per page in the Sprout cache (any
-memcached works), through pymemcache (listed in requirements.txt)."""
-import os
-
+memcached works), through pymemcache (listed in requirements.txt). The cache is the worker's
+service named "cache" ([[network.allow]] in its config): the only thing on the network this
+lambda's sandbox can reach."""
+import sprout
 from pymemcache.client.base import Client
 
-HOST, _, PORT = os.environ.get("SPROUT_CACHE", "127.0.0.1:11211").partition(":")
 # Made once per sandbox: warm invocations reuse the connection.
-cache = Client((HOST, int(PORT or 11211)), connect_timeout=1, timeout=1)
+cache = Client(sprout.service("cache"), connect_timeout=1, timeout=1)
 
 
 def f(event):

@@ -35,11 +35,13 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import traceback
 
 SOCKET_PATH = "/host/sprout.sock"
 HANDLER_DIR = "/handler"
 PACKAGES_DIR = "/packages/"
+PLATFORM_DIR = "/opt/sprout/python"  # the `sprout` package (services, invoke, store, cache)
 FRAME = struct.Struct("<II")
 MAX_HEADER = 1 << 20
 BASE_PATH = list(sys.path)  # the interpreter's own (standard library) entries
@@ -104,8 +106,9 @@ def _error(code, message, exc=None):
 
 
 def set_path(package_paths):
-    """sys.path: the lambda's code, its packages (and nothing else), the standard library."""
-    sys.path[:] = [HANDLER_DIR] + [p for p in package_paths if p.startswith(PACKAGES_DIR)] + BASE_PATH
+    """sys.path: the lambda's code, its packages (and nothing else), the standard library,
+    and last the platform's `sprout` package (a lambda bringing its own copy wins)."""
+    sys.path[:] = [HANDLER_DIR] + [p for p in package_paths if p.startswith(PACKAGES_DIR)] + BASE_PATH + [PLATFORM_DIR]
 
 
 def package_modules(since=0):
@@ -254,6 +257,33 @@ def kill_leftovers():
             return
 
 
+class Calls:
+    """What ``sprout.invoke`` reaches (as module ``_sprout_sandbox``): calls to other lambdas,
+    made over this sandbox's channel while the handler serves a request. The worker, which is
+    waiting for the request's reply, answers each call frame with one frame; calls from several
+    threads take turns."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.serving = False
+        self.lock = threading.Lock()
+
+    def call(self, name, body):
+        with self.lock:
+            if not self.serving:
+                raise RuntimeError("sprout.invoke can be called only while the lambda serves a request")
+            send_frame(self.sock, {"op": "invoke", "lambda": name}, body)
+            return recv_frame(self.sock)
+
+
+def install_calls(sock):
+    module = type(sys)("_sprout_sandbox")
+    calls = Calls(sock)
+    module.call = calls.call
+    sys.modules["_sprout_sandbox"] = module
+    return calls
+
+
 def apply_init(init):
     """The worker's first frame: environment variables and package paths of this lambda."""
     env = init.get("env")
@@ -268,6 +298,7 @@ def serve_lambda(sock):
     except EOFError:
         return
     apply_init(init)
+    calls = install_calls(sock)
     modules_before = len(sys.modules)
     try:
         kind, entry = load_lambda()
@@ -285,7 +316,12 @@ def serve_lambda(sock):
         except EOFError:
             return
         modules_before = len(sys.modules)
-        header, out = invoke(entry, request, body)
+        calls.serving = True
+        try:
+            header, out = invoke(entry, request, body)
+        finally:
+            with calls.lock:  # a call still under way in another thread finishes first
+                calls.serving = False
         served += 1
         if served <= LEARN_REQUESTS and len(sys.modules) > modules_before:
             # Packages often import parts of themselves on first use (Pillow's file formats).

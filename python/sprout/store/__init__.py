@@ -139,12 +139,26 @@ class Database:
         self.close()
 
 
+def _with_service_address(url):
+    """`url` with a service's name (and no port) replaced by the service's address and port."""
+    from sprout.platform import services
+
+    parts = urlsplit(url)
+    known = services()
+    if parts.port is not None or not parts.hostname or parts.hostname not in known:
+        return url
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    return parts._replace(netloc=f"{userinfo}{at}{known[parts.hostname]}").geturl()
+
+
 def open(url, **options):
     """Open a database by URL:
 
     * ``sqlite:///absolute/path.db``, ``sqlite:relative/path.db``, ``sqlite::memory:``, with
       tuning options as query parameters (see ``backends``) or keyword arguments;
-    * ``postgresql://user:password@host:port/dbname`` (libpq's URL), through psycopg 3.
+    * ``postgresql://user:password@host:port/dbname`` (libpq's URL), through psycopg 3. In a
+      sandbox, a host that names one of its services (``sprout.services()``) and no port
+      takes the service's address and port: ``postgresql://olio@postgres/olio``.
     """
     if not isinstance(url, str):
         raise ConnectError(f"a database URL is a str, not {type(url).__name__}")
@@ -160,6 +174,7 @@ def open(url, **options):
         opts.update({k: str(int(v) if isinstance(v, bool) else v) for k, v in options.items()})
         return Database(SQLiteBackend(path, opts), url)
     if scheme in ("postgresql", "postgres"):
+        url = _with_service_address(url)
         parts = urlsplit(url)
         opts = {k: str(v) for k, v in options.items()}
         return Database(PostgresBackend(url, opts), f"{parts.scheme}://{parts.hostname or ''}{parts.path}")

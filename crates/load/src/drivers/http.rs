@@ -26,7 +26,10 @@ impl Http {
         let mut ops = Vec::new();
         for op in &workload.operations {
             if op.requests.is_empty() {
-                bail!("operation {}: the http driver needs `requests = [\"GET /path\", ...]`", op.name);
+                bail!(
+                    "operation {}: the http driver needs `requests = [\"GET /path\", ...]`",
+                    op.name
+                );
             }
             let mut reqs = Vec::new();
             for r in &op.requests {
@@ -54,7 +57,13 @@ impl Driver for Http {
         Browser::new(self.addr, self.addr.to_string(), None, self.timeout)
     }
 
-    async fn run(&self, browser: &mut Browser, op: usize, _rng: &mut SmallRng, counters: &mut BTreeMap<String, u64>) -> Result<(), Failure> {
+    async fn run(
+        &self,
+        browser: &mut Browser,
+        op: usize,
+        _rng: &mut SmallRng,
+        counters: &mut BTreeMap<String, u64>,
+    ) -> Result<(), Failure> {
         let before = browser.sent();
         let outcome = self.requests(browser, op).await;
         browser.count_since(before, counters);
@@ -65,9 +74,16 @@ impl Driver for Http {
 impl Http {
     async fn requests(&self, browser: &mut Browser, op: usize) -> Result<(), Failure> {
         for (method, path) in &self.ops[op] {
-            let resp = if *method == Method::HEAD { browser.head(path).await? } else { browser.get(path).await? };
+            let resp = if *method == Method::HEAD {
+                browser.head(path).await?
+            } else {
+                browser.get(path).await?
+            };
             if resp.status.as_u16() >= 400 {
-                return Err(Failure::new(format!("http {}", resp.status.as_u16()), format!("{method} {path}")));
+                return Err(Failure::new(
+                    format!("http {}", resp.status.as_u16()),
+                    format!("{method} {path}"),
+                ));
             }
         }
         Ok(())

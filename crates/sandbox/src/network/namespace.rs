@@ -1,0 +1,206 @@
+//! One sandbox network namespace: made with its loopback up and one veth link to the host,
+//! held by a descriptor (never a name under /run/netns, so nothing outlives the worker), and
+//! deleted with its link.
+//!
+//! Making one takes two runs of iproute2's `ip -batch`, a few milliseconds, which is why the
+//! pool makes them ahead ([`super::pool`]). The first run configures the inside and *is* the
+//! namespace's first process: it unshares a new network namespace before it execs (after
+//! joining the package Zygotes' user namespace, when there is one, so that the namespace
+//! belongs to it and handlers forked by package Zygotes may join it), then blocks reading its
+//! commands while the second run, on the host, makes the veth pair with one end inside.
+//!
+//! Inside: `lo` up; `eth0` with the namespace's /32 address; a permanent neighbour entry for
+//! the gateway (the host's end, whose MAC is fixed) and one route, the services' /24, through
+//! it. No default route: any other destination fails at once with "network unreachable".
+
+use std::io::{self, Write};
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+use super::plan::{self, Block};
+
+/// A network namespace made for sandboxes, with its link.
+#[derive(Debug)]
+pub struct Namespace {
+    fd: OwnedFd,
+    pub slot: u32,
+    /// The host's end of its link.
+    pub interface: String,
+    /// Its address (on `eth0` inside).
+    pub address: Ipv4Addr,
+}
+
+impl Namespace {
+    /// The descriptor to `setns` into.
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Where iproute2's `ip` is; the worker refuses to isolate sandboxes without it.
+pub fn ip_binary() -> Option<&'static str> {
+    ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+}
+
+/// Run `program` with `script` on its standard input; an error carries what it printed.
+pub(super) fn run_script(mut command: Command, script: &str) -> io::Result<()> {
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn()?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(script.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        let said = String::from_utf8_lossy(&out.stderr);
+        return Err(io::Error::other(format!(
+            "{:?} failed ({}): {}",
+            command.get_program(),
+            out.status,
+            said.trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Make the namespace of `slot` in `block` for the worker tagged `tag`. With `owner` (a user
+/// namespace in which the worker's root maps to nobody) the namespace belongs to that user
+/// namespace.
+pub fn create(tag: &str, block: &Block, slot: u32, owner: Option<RawFd>) -> io::Result<Namespace> {
+    let ip = ip_binary()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "iproute2's ip is not installed"))?;
+    let address = block
+        .link_address(slot)
+        .ok_or_else(|| io::Error::other(format!("slot {slot} is outside {block}")))?;
+    let interface = plan::interface(tag, slot);
+    let (host_mac, inside_mac) = plan::link_macs(slot);
+
+    // The inside's `ip`: first process of the new namespace, reading its commands once the
+    // link exists.
+    let mut inside = Command::new(ip);
+    inside
+        .args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure runs in the forked child before exec and makes only system calls.
+    unsafe {
+        inside.pre_exec(move || {
+            if let Some(userns) = owner {
+                if libc::setns(userns, libc::CLONE_NEWUSER) != 0
+                    || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
+                    || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if libc::unshare(libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = inside.spawn().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("starting ip in a new network namespace: {e}"),
+        )
+    })?;
+    let made = (|| {
+        let fd = OwnedFd::from(std::fs::File::open(format!("/proc/{}/ns/net", child.id()))?);
+        let host = format!(
+            "link add {interface} address {host_mac} type veth peer name eth0 address {inside_mac} netns {pid}\n\
+             link set {interface} up\n\
+             route add {address}/32 dev {interface}\n\
+             neigh replace {address} lladdr {inside_mac} dev {interface} nud permanent\n",
+            pid = child.id()
+        );
+        let mut host_ip = Command::new(ip);
+        host_ip.args(["-batch", "-"]);
+        run_script(host_ip, &host)?;
+        for (key, value) in [
+            ("ipv4/conf/{}/route_localnet", "1"),
+            ("ipv6/conf/{}/disable_ipv6", "1"),
+        ] {
+            let path = format!("/proc/sys/net/{}", key.replace("{}", &interface));
+            if std::path::Path::new(&path).exists() {
+                std::fs::write(&path, value)
+                    .map_err(|e| io::Error::new(e.kind(), format!("writing {path}: {e}")))?;
+            }
+        }
+        Ok::<_, io::Error>(fd)
+    })();
+    let script = format!(
+        "link set lo up\n\
+         addr add {address}/32 dev eth0\n\
+         link set eth0 up\n\
+         route add {gateway}/32 dev eth0\n\
+         neigh replace {gateway} lladdr {host_mac} dev eth0 nud permanent\n\
+         route add {services} via {gateway} dev eth0 onlink\n",
+        services = block.services_net(),
+        gateway = block.gateway()
+    );
+    let mut stdin = child.stdin.take().expect("piped");
+    if made.is_ok() {
+        let _ = stdin.write_all(script.as_bytes());
+    }
+    drop(stdin);
+    let out = child.wait_with_output()?;
+    let fd = match made {
+        Ok(fd) => fd,
+        Err(e) => {
+            delete_link(&interface);
+            return Err(e);
+        }
+    };
+    if !out.status.success() {
+        delete_link(&interface);
+        return Err(io::Error::other(format!(
+            "configuring the namespace: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(Namespace {
+        fd,
+        slot,
+        interface,
+        address,
+    })
+}
+
+/// Delete a namespace's link (its other end goes with it); the namespace itself goes when
+/// its descriptor and its last process are gone.
+pub fn destroy(ns: Namespace) {
+    delete_link(&ns.interface);
+    drop(ns.fd);
+}
+
+/// Delete the host interface `name`, if it exists.
+pub fn delete_link(name: &str) {
+    if let Some(ip) = ip_binary() {
+        let _ = Command::new(ip)
+            .args(["link", "del", name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Names of the host's interfaces starting with `prefix`.
+pub fn links_with_prefix(prefix: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/sys/class/net") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}
