@@ -11,9 +11,7 @@ fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("libsprout.so");
     let compiler = cc::Build::new().get_compiler();
     let status = Command::new(compiler.path())
-        .args([
-            "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o",
-        ])
+        .args(["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&out)
         .arg("csrc/zygote.c")
         .status()
@@ -46,23 +44,11 @@ fn embed_python_package() {
     files.sort();
     let mut out = String::from("&[\n");
     for file in files {
-        let rel = file
-            .strip_prefix(&root)
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_string();
+        let rel = file.strip_prefix(&root).unwrap().to_str().unwrap().to_string();
         let abs = file.canonicalize().unwrap();
         println!("cargo:rerun-if-changed={}", abs.display());
-        out.push_str(&format!(
-            "    ({rel:?}, include_bytes!({:?})),\n",
-            abs.to_str().unwrap()
-        ));
+        out.push_str(&format!("    ({rel:?}, include_bytes!({:?})),\n", abs.to_str().unwrap()));
     }
     out.push_str("]\n");
-    std::fs::write(
-        PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("python_package.rs"),
-        out,
-    )
-    .unwrap();
+    std::fs::write(PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("python_package.rs"), out).unwrap();
 }

@@ -57,10 +57,7 @@ struct Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -74,16 +71,11 @@ impl Drop for Server {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 fn cpu_list(cpus: &[usize]) -> String {
-    cpus.iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
+    cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
 }
 
 /// `shared_cpu`: the generator runs on one of `cpus`, so Sprout's threads float over them
@@ -95,39 +87,12 @@ fn start(system: &str, sprout: &Path, cpus: &[usize], shared_cpu: bool) -> Resul
     cmd.arg("-c").arg(cpu_list(cpus));
     match system {
         "memcached" => {
-            cmd.arg("memcached").args([
-                "-u",
-                "nobody",
-                "-l",
-                "127.0.0.1",
-                "-U",
-                "0",
-                "-m",
-                "1024",
-                "-c",
-                "4096",
-                "-t",
-                &threads,
-            ]);
+            cmd.arg("memcached").args(["-u", "nobody", "-l", "127.0.0.1", "-U", "0", "-m", "1024", "-c", "4096", "-t", &threads]);
             cmd.arg("-p").arg(port.to_string());
         }
         _ => {
-            cmd.arg(sprout).args([
-                "cache",
-                "serve",
-                "-l",
-                "127.0.0.1",
-                "-m",
-                "1024",
-                "-c",
-                "4096",
-                "-t",
-                &threads,
-            ]);
-            cmd.arg("-p")
-                .arg(port.to_string())
-                .arg("--cpus")
-                .arg(cpu_list(cpus));
+            cmd.arg(sprout).args(["cache", "serve", "-l", "127.0.0.1", "-m", "1024", "-c", "4096", "-t", &threads]);
+            cmd.arg("-p").arg(port.to_string()).arg("--cpus").arg(cpu_list(cpus));
             if shared_cpu {
                 cmd.arg("--no-pin");
             }
@@ -152,10 +117,7 @@ fn start(system: &str, sprout: &Path, cpus: &[usize], shared_cpu: bool) -> Resul
 /// memaslap's configuration: 32-byte keys, fixed-size values, 9 gets to each set.
 fn write_config(dir: &Path, value: usize) -> Result<PathBuf> {
     let path = dir.join(format!("memaslap-{value}.cnf"));
-    std::fs::write(
-        &path,
-        format!("key\n32 32 1\nvalue\n{value} {value} 1\ncmd\n0 0.1\n1 0.9\n"),
-    )?;
+    std::fs::write(&path, format!("key\n32 32 1\nvalue\n{value} {value} 1\ncmd\n0 0.1\n1 0.9\n"))?;
     Ok(path)
 }
 
@@ -174,8 +136,7 @@ fn memaslap(port: u16, conns: usize, config: &Path, seconds: u64, cpu: usize) ->
         .arg(format!("{seconds}s"))
         .output()
         .context("running memcaslap (Debian's libmemcached-tools; scripts/setup.sh installs it)")?;
-    let text = String::from_utf8_lossy(&output.stdout).into_owned()
-        + &String::from_utf8_lossy(&output.stderr);
+    let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
     parse_memaslap(&text).with_context(|| format!("reading memaslap's output:\n{text}"))
 }
 
@@ -184,24 +145,11 @@ fn parse_memaslap(text: &str) -> Result<Run> {
     let tps = text
         .lines()
         .rev()
-        .find_map(|l| {
-            l.split("TPS:")
-                .nth(1)
-                .and_then(|r| r.split_whitespace().next())
-                .and_then(|v| v.parse::<f64>().ok())
-        })
+        .find_map(|l| l.split("TPS:").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|v| v.parse::<f64>().ok()))
         .context("no TPS line")?;
     // The last "Total Statistics" block is the histogram of the whole run.
-    let total = text
-        .rsplit("Total Statistics")
-        .next()
-        .filter(|_| text.contains("Total Statistics"))
-        .context("no Total Statistics")?;
-    let avg = total
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Avg:"))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or(0.0);
+    let total = text.rsplit("Total Statistics").next().filter(|_| text.contains("Total Statistics")).context("no Total Statistics")?;
+    let avg = total.lines().find_map(|l| l.trim().strip_prefix("Avg:")).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0);
     // "Log2 Dist:" then lines "  4:   0  56 1864 112671": counts for exponents 4..7; a
     // latency v (µs) falls in exponent e when 2^(e-1) <= v < 2^e.
     let mut buckets: Vec<(u32, u64)> = Vec::new();
@@ -237,12 +185,7 @@ fn parse_memaslap(text: &str) -> Result<Run> {
         }
         2f64.powi(buckets.last().map(|b| b.0).unwrap_or(0) as i32)
     };
-    Ok(Run {
-        ops_per_s: tps,
-        p50_us: percentile(0.50),
-        p99_us: percentile(0.99),
-        avg_us: avg,
-    })
+    Ok(Run { ops_per_s: tps, p50_us: percentile(0.50), p99_us: percentile(0.99), avg_us: avg })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -272,35 +215,17 @@ fn exact_run(port: u16, conns: usize, value: usize, opts: &Options) -> Result<Ru
     })
     .join()
     .map_err(|_| anyhow::anyhow!("the load generator panicked"))??;
-    Ok(Run {
-        ops_per_s: r.ops_per_s,
-        p50_us: r.p50_us,
-        p99_us: r.p99_us,
-        avg_us: r.mean_us,
-    })
+    Ok(Run { ops_per_s: r.ops_per_s, p50_us: r.p50_us, p99_us: r.p99_us, avg_us: r.mean_us })
 }
 
 /// Run one point on both servers, `repeats` times, alternating which goes first.
-fn point(
-    servers: &[Server; 2],
-    conns: usize,
-    value: usize,
-    config: &Path,
-    opts: &Options,
-    label: &str,
-) -> Result<Value> {
+fn point(servers: &[Server; 2], conns: usize, value: usize, config: &Path, opts: &Options, label: &str) -> Result<Value> {
     let mut runs: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
     let mut exact: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
     for r in 0..opts.repeats {
         let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
         for i in order {
-            runs[i].push(memaslap(
-                servers[i].port,
-                conns,
-                config,
-                opts.seconds,
-                opts.client_cpu,
-            )?);
+            runs[i].push(memaslap(servers[i].port, conns, config, opts.seconds, opts.client_cpu)?);
             if opts.exact {
                 exact[i].push(exact_run(servers[i].port, conns, value, opts)?);
             }
@@ -317,20 +242,10 @@ fn point(
     if opts.exact {
         let e = |s: &str| entry[s]["exact"]["ops_per_s"].as_f64().unwrap_or(0.0);
         let ratio = e("sprout") / e("memcached").max(1.0);
-        entry.insert(
-            "exact_sprout_over_memcached".into(),
-            json!((ratio * 1000.0).round() / 1000.0),
-        );
+        entry.insert("exact_sprout_over_memcached".into(), json!((ratio * 1000.0).round() / 1000.0));
     }
-    let ratio = entry["sprout"]["ops_per_s"].as_f64().unwrap_or(0.0)
-        / entry["memcached"]["ops_per_s"]
-            .as_f64()
-            .unwrap_or(1.0)
-            .max(1.0);
-    entry.insert(
-        "sprout_over_memcached".into(),
-        json!((ratio * 1000.0).round() / 1000.0),
-    );
+    let ratio = entry["sprout"]["ops_per_s"].as_f64().unwrap_or(0.0) / entry["memcached"]["ops_per_s"].as_f64().unwrap_or(1.0).max(1.0);
+    entry.insert("sprout_over_memcached".into(), json!((ratio * 1000.0).round() / 1000.0));
     if opts.exact {
         eprintln!(
             "  {label:<22} exact: memcached {:>9.0} ops/s p50 {:>6.1} p99 {:>7.1} µs | sprout {:>9.0} ops/s p50 {:>6.1} p99 {:>7.1} µs",
@@ -359,28 +274,15 @@ pub fn run(opts: &Options) -> Result<Value> {
     let started = Instant::now();
     for &budget in &opts.cores {
         let cpus: Vec<usize> = (0..budget).collect();
-        eprintln!(
-            "== {budget} core(s): servers on CPUs {cpus:?}, memaslap on CPU {}",
-            opts.client_cpu
-        );
+        eprintln!("== {budget} core(s): servers on CPUs {cpus:?}, memaslap on CPU {}", opts.client_cpu);
         let shared_cpu = cpus.contains(&opts.client_cpu);
-        let servers = [
-            start("memcached", &opts.sprout, &cpus, shared_cpu)?,
-            start("sprout", &opts.sprout, &cpus, shared_cpu)?,
-        ];
+        let servers = [start("memcached", &opts.sprout, &cpus, shared_cpu)?, start("sprout", &opts.sprout, &cpus, shared_cpu)?];
         let mut by_conns = Map::new();
         let small = write_config(&work, opts.small_value)?;
         for &conns in &opts.connections {
             by_conns.insert(
                 conns.to_string(),
-                point(
-                    &servers,
-                    conns,
-                    opts.small_value,
-                    &small,
-                    opts,
-                    &format!("{conns} conns, {} B", opts.small_value),
-                )?,
+                point(&servers, conns, opts.small_value, &small, opts, &format!("{conns} conns, {} B", opts.small_value))?,
             );
         }
         let mut by_size = Map::new();
@@ -388,20 +290,10 @@ pub fn run(opts: &Options) -> Result<Value> {
             let config = write_config(&work, size)?;
             by_size.insert(
                 size.to_string(),
-                point(
-                    &servers,
-                    opts.value_connections,
-                    size,
-                    &config,
-                    opts,
-                    &format!("{} conns, {size} B", opts.value_connections),
-                )?,
+                point(&servers, opts.value_connections, size, &config, opts, &format!("{} conns, {size} B", opts.value_connections))?,
             );
         }
-        cores_json.insert(
-            budget.to_string(),
-            json!({ "cpus": cpus, "connections": by_conns, "value_bytes": by_size }),
-        );
+        cores_json.insert(budget.to_string(), json!({ "cpus": cpus, "connections": by_conns, "value_bytes": by_size }));
     }
     let results = json!({
         "machine": report::machine(),
@@ -420,22 +312,12 @@ pub fn run(opts: &Options) -> Result<Value> {
         "elapsed_s": started.elapsed().as_secs(),
         "cores": cores_json,
     });
-    report::write(
-        &opts.out_dir,
-        "cache",
-        &results,
-        &markdown(&results),
-        "plot_cache.py",
-    )?;
+    report::write(&opts.out_dir, "cache", &results, &markdown(&results), "plot_cache.py")?;
     Ok(results)
 }
 
 fn memcached_version() -> String {
-    Command::new("memcached")
-        .arg("-V")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
+    Command::new("memcached").arg("-V").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default()
 }
 
 fn markdown(r: &Value) -> String {
@@ -450,10 +332,7 @@ fn markdown(r: &Value) -> String {
         return md;
     };
     for (budget, c) in cores {
-        for (sweep, title) in [
-            ("connections", "connections"),
-            ("value_bytes", "value bytes"),
-        ] {
+        for (sweep, title) in [("connections", "connections"), ("value_bytes", "value bytes")] {
             md += &format!(
                 "\n## {budget} core(s), by {title}\n\n| {title} | memcached ops/s | sprout ops/s | ratio | p50 / p99 µs, memcached | p50 / p99 µs, sprout | exact ratio | exact p50 / p99 µs, memcached | exact p50 / p99 µs, sprout |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
             );

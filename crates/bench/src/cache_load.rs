@@ -59,11 +59,7 @@ fn complete(buf: &[u8], is_get: bool) -> bool {
         return false;
     };
     let header = std::str::from_utf8(&buf[..nl]).unwrap_or("");
-    let Some(len) = header
-        .split_whitespace()
-        .nth(3)
-        .and_then(|n| n.parse::<usize>().ok())
-    else {
+    let Some(len) = header.split_whitespace().nth(3).and_then(|n| n.parse::<usize>().ok()) else {
         return false;
     };
     buf.len() >= nl + 1 + len + 2 + 5
@@ -71,13 +67,7 @@ fn complete(buf: &[u8], is_get: bool) -> bool {
 
 /// Drive `addr` with `conns` connections for `seconds` (after a second of warm-up), values of
 /// `value_bytes`, over `keys` keys (all set first, so gets hit).
-pub fn run(
-    addr: SocketAddr,
-    conns: usize,
-    value_bytes: usize,
-    keys: u64,
-    seconds: f64,
-) -> Result<LoadResult> {
+pub fn run(addr: SocketAddr, conns: usize, value_bytes: usize, keys: u64, seconds: f64) -> Result<LoadResult> {
     let value = vec![b'x'; value_bytes];
     // Fill the key space through one blocking connection.
     {
@@ -85,9 +75,7 @@ pub fn run(
         s.set_nodelay(true)?;
         let mut batch = Vec::new();
         for i in 0..keys {
-            batch.extend_from_slice(
-                format!("set {} 0 0 {value_bytes} noreply\r\n", key(i)).as_bytes(),
-            );
+            batch.extend_from_slice(format!("set {} 0 0 {value_bytes} noreply\r\n", key(i)).as_bytes());
             batch.extend_from_slice(&value);
             batch.extend_from_slice(b"\r\n");
             if batch.len() > 1 << 20 {
@@ -100,28 +88,18 @@ pub fn run(
         let mut buf = [0u8; 256];
         let n = s.read(&mut buf)?;
         if !buf[..n].starts_with(b"VERSION") {
-            bail!(
-                "the server did not take the key space: {:?}",
-                String::from_utf8_lossy(&buf[..n])
-            );
+            bail!("the server did not take the key space: {:?}", String::from_utf8_lossy(&buf[..n]));
         }
     }
     let mut poll = Poll::new()?;
     let mut clients = Vec::with_capacity(conns);
     for i in 0..conns {
-        let std = std::net::TcpStream::connect(addr)
-            .with_context(|| format!("connection {i} to {addr}"))?;
+        let std = std::net::TcpStream::connect(addr).with_context(|| format!("connection {i} to {addr}"))?;
         std.set_nodelay(true)?;
         std.set_nonblocking(true)?;
         let mut stream = TcpStream::from_std(std);
-        poll.registry()
-            .register(&mut stream, Token(i), Interest::READABLE)?;
-        clients.push(Conn {
-            stream,
-            reply: Vec::with_capacity(value_bytes + 128),
-            sent_at: Instant::now(),
-            is_get: true,
-        });
+        poll.registry().register(&mut stream, Token(i), Interest::READABLE)?;
+        clients.push(Conn { stream, reply: Vec::with_capacity(value_bytes + 128), sent_at: Instant::now(), is_get: true });
     }
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut request = Vec::with_capacity(value_bytes + 128);
@@ -141,10 +119,7 @@ pub fn run(
         // Requests are small enough for the socket buffer; a partial write is an error here.
         let n = c.stream.write(&request)?;
         if n != request.len() {
-            bail!(
-                "a request did not fit the socket buffer ({n} of {} bytes)",
-                request.len()
-            );
+            bail!("a request did not fit the socket buffer ({n} of {} bytes)", request.len());
         }
         Ok(())
     };

@@ -79,23 +79,10 @@ const NAMESPACE_SETS: [(&str, libc::c_int); 9] = [
     ("ipc", libc::CLONE_NEWIPC),
     ("pid", libc::CLONE_NEWPID),
     ("mnt", libc::CLONE_NEWNS),
-    (
-        "sock",
-        libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS,
-    ),
-    (
-        "no_net",
-        libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNS,
-    ),
+    ("sock", libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS),
+    ("no_net", libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNS),
     ("net", libc::CLONE_NEWNET),
-    (
-        "all",
-        libc::CLONE_NEWPID
-            | libc::CLONE_NEWIPC
-            | libc::CLONE_NEWUTS
-            | libc::CLONE_NEWNS
-            | libc::CLONE_NEWNET,
-    ),
+    ("all", libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNS | libc::CLONE_NEWNET),
 ];
 
 /// Run every measurement, write primitives.{json,md,png} under `opts.out_dir` and return the
@@ -105,12 +92,7 @@ pub fn run(opts: &Options) -> Result<Value> {
         bail!("the primitives benchmark mounts, unshares and makes cgroups: run it as root");
     }
     let started = Instant::now();
-    let mut conc: Vec<usize> = opts
-        .concurrency
-        .iter()
-        .copied()
-        .filter(|&c| c > 0)
-        .collect();
+    let mut conc: Vec<usize> = opts.concurrency.iter().copied().filter(|&c| c > 0).collect();
     conc.sort_unstable();
     conc.dedup();
     if conc.is_empty() {
@@ -119,22 +101,11 @@ pub fn run(opts: &Options) -> Result<Value> {
     if opts.quick && conc.len() > 2 {
         conc = vec![conc[0], *conc.last().unwrap()];
     }
-    let secs = if opts.quick {
-        opts.seconds_per_point.min(0.3)
-    } else {
-        opts.seconds_per_point
-    }
-    .max(0.01);
+    let secs = if opts.quick { opts.seconds_per_point.min(0.3) } else { opts.seconds_per_point }.max(0.01);
     let cmax = *conc.last().unwrap();
-    let counts: &[usize] = if opts.quick {
-        &MOUNT_COUNTS_QUICK
-    } else {
-        &MOUNT_COUNTS
-    };
+    let counts: &[usize] = if opts.quick { &MOUNT_COUNTS_QUICK } else { &MOUNT_COUNTS };
     let machine = report::machine();
-    let kernel = nix::sys::utsname::uname()
-        .map(|u| u.release().to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let kernel = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
     eprintln!("primitives: {machine}");
     eprintln!("primitives: concurrency {conc:?}, {secs} s per point");
 
@@ -192,10 +163,7 @@ pub fn run(opts: &Options) -> Result<Value> {
          it, rmdir the groups; reuse = the same child joining a per-thread group of a pool made \
          ahead, whose cgroup.procs descriptors stay open. Parent group {CGROUP_PARENT}, removed at \
          the end.",
-        cgroups["hierarchies"]
-            .as_array()
-            .map(|a| a.len())
-            .unwrap_or(0)
+        cgroups["hierarchies"].as_array().map(|a| a.len()).unwrap_or(0)
     ));
 
     let ratios_max = ratios(&storage, &mount_ns, &namespaces, &cgroups, cmax, conc[0]);
@@ -224,17 +192,8 @@ pub fn run(opts: &Options) -> Result<Value> {
         "notes": notes,
     });
     let markdown = markdown(&json, &conc);
-    report::write(
-        &opts.out_dir,
-        "primitives",
-        &json,
-        &markdown,
-        "plot_primitives.py",
-    )?;
-    eprintln!(
-        "primitives: done in {total:.1} s, results in {}",
-        opts.out_dir.display()
-    );
+    report::write(&opts.out_dir, "primitives", &json, &markdown, "plot_primitives.py")?;
+    eprintln!("primitives: done in {total:.1} s, results in {}", opts.out_dir.display());
     Ok(json)
 }
 
@@ -297,13 +256,8 @@ where
         let start = Instant::now();
         let _ = deadline.set(start + Duration::from_secs_f64(secs));
         barrier.wait();
-        let outcomes: Vec<Result<()>> = handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow!("a measuring thread panicked")))
-            })
-            .collect();
+        let outcomes: Vec<Result<()>> =
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a measuring thread panicked")))).collect();
         (start, outcomes)
     });
     let elapsed = start.elapsed().as_secs_f64();
@@ -316,12 +270,7 @@ where
 
 /// /proc/loadavg's three load averages.
 fn loadavg() -> Vec<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .filter_map(|x| x.parse().ok())
-        .collect()
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).filter_map(|x| x.parse().ok()).collect()
 }
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -392,10 +341,7 @@ impl Child {
             return Ok(());
         }
         if libc::WIFEXITED(status) {
-            bail!(
-                "{what} failed in the child: {}",
-                io::Error::from_raw_os_error(libc::WEXITSTATUS(status))
-            );
+            bail!("{what} failed in the child: {}", io::Error::from_raw_os_error(libc::WEXITSTATUS(status)));
         }
         bail!("{what}: child ended with status {status:#x}");
     }
@@ -464,10 +410,7 @@ impl MountTree {
         let root = std::path::absolute(work_dir).context("work_dir")?;
         // Leftovers of a run that was killed.
         if !mounts::mounts_under(&root)?.is_empty() {
-            eprintln!(
-                "primitives: removing mounts left under {} by an earlier run",
-                root.display()
-            );
+            eprintln!("primitives: removing mounts left under {} by an earlier run", root.display());
             mounts::detach_all_under(&root)?;
         }
         let created_root = !root.exists();
@@ -503,13 +446,9 @@ impl MountTree {
         let lower2 = tree.root.join("lower2");
         std::fs::create_dir_all(lower2.join("d0"))?;
         for f in 0..20 {
-            std::fs::write(
-                lower2.join("d0").join(format!("g{f}.txt")),
-                format!("layer 2 file {f}\n"),
-            )?;
+            std::fs::write(lower2.join("d0").join(format!("g{f}.txt")), format!("layer 2 file {f}\n"))?;
         }
-        tree.overlay_ro_opts =
-            CString::new(format!("lowerdir={}:{}", lower2.display(), lower.display()))?;
+        tree.overlay_ro_opts = CString::new(format!("lowerdir={}:{}", lower2.display(), lower.display()))?;
         for t in 0..threads {
             let target = tree.root.join("targets").join(format!("ro-{t}"));
             std::fs::create_dir_all(&target)?;
@@ -518,8 +457,7 @@ impl MountTree {
             std::fs::create_dir_all(&target)?;
             tree.bind_targets.push(cstr(&target)?);
             let base = tree.root.join("overlay").join(format!("t{t}"));
-            let (merged, upper, work) =
-                (base.join("merged"), base.join("upper"), base.join("work"));
+            let (merged, upper, work) = (base.join("merged"), base.join("upper"), base.join("work"));
             for d in [&merged, &upper, &work] {
                 std::fs::create_dir_all(d)?;
             }
@@ -539,15 +477,7 @@ impl MountTree {
 
     fn bind_cycle(&self, t: usize) -> Result<()> {
         let target = &self.bind_targets[t];
-        let r = unsafe {
-            libc::mount(
-                self.lower.as_ptr(),
-                target.as_ptr(),
-                std::ptr::null(),
-                libc::MS_BIND,
-                std::ptr::null(),
-            )
-        };
+        let r = unsafe { libc::mount(self.lower.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
         if r != 0 {
             bail!("bind mount: {}", errno());
         }
@@ -560,20 +490,9 @@ impl MountTree {
     /// Mount + unmount an overlay: writable (a per-thread upper layer) or read-only (two
     /// lower layers, no upper).
     fn overlay_cycle(&self, t: usize, writable: bool) -> Result<()> {
-        let (target, opts) = if writable {
-            (&self.overlay_targets[t], &self.overlay_opts[t])
-        } else {
-            (&self.overlay_ro_targets[t], &self.overlay_ro_opts)
-        };
-        let r = unsafe {
-            libc::mount(
-                c"overlay".as_ptr(),
-                target.as_ptr(),
-                c"overlay".as_ptr(),
-                0,
-                opts.as_ptr().cast(),
-            )
-        };
+        let (target, opts) =
+            if writable { (&self.overlay_targets[t], &self.overlay_opts[t]) } else { (&self.overlay_ro_targets[t], &self.overlay_ro_opts) };
+        let r = unsafe { libc::mount(c"overlay".as_ptr(), target.as_ptr(), c"overlay".as_ptr(), 0, opts.as_ptr().cast()) };
         if r != 0 {
             bail!("overlay mount: {}", errno());
         }
@@ -589,15 +508,7 @@ impl MountTree {
             let dir = self.extra.join(format!("m{}", self.extra_count));
             std::fs::create_dir_all(&dir)?;
             let target = cstr(&dir)?;
-            let r = unsafe {
-                libc::mount(
-                    self.lower.as_ptr(),
-                    target.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_BIND,
-                    std::ptr::null(),
-                )
-            };
+            let r = unsafe { libc::mount(self.lower.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
             if r != 0 {
                 bail!("extra bind mount {}: {}", dir.display(), errno());
             }
@@ -634,14 +545,8 @@ impl MountTree {
     /// Remove the benchmark's directories, only when nothing is mounted below the root (a
     /// recursive delete through a bind mount would delete its source).
     fn remove_dirs(&self) -> Result<()> {
-        if !mounts::mounts_under(&self.root)?
-            .iter()
-            .all(|m| m == &self.root)
-        {
-            bail!(
-                "refusing to delete under {}: mounts remain",
-                self.root.display()
-            );
+        if !mounts::mounts_under(&self.root)?.iter().all(|m| m == &self.root) {
+            bail!("refusing to delete under {}: mounts remain", self.root.display());
         }
         for d in TREE_DIRS {
             let p = self.root.join(d);
@@ -706,9 +611,7 @@ fn fs_type(path: &Path) -> String {
 }
 
 fn count_mounts() -> usize {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|s| s.lines().count())
-        .unwrap_or(0)
+    std::fs::read_to_string("/proc/self/mountinfo").map(|s| s.lines().count()).unwrap_or(0)
 }
 
 fn mount_ns(tree: &mut MountTree, counts: &[usize], conc: &[usize], secs: f64) -> Result<Value> {
@@ -813,29 +716,21 @@ fn join_body(fds: &[libc::c_int]) -> libc::c_int {
 
 impl CgroupBench {
     fn setup(threads: usize) -> Result<CgroupBench> {
-        let detected =
-            Layout::detect(Version::Auto, None).context("finding the cgroup hierarchies")?;
+        let detected = Layout::detect(Version::Auto, None).context("finding the cgroup hierarchies")?;
         let layout = match detected {
             Layout::V1 { hierarchies } => {
                 let mut chosen: Vec<(PathBuf, Vec<String>)> = Vec::new();
                 for want in CGROUP_CONTROLLERS {
-                    if let Some(h) = hierarchies
-                        .iter()
-                        .find(|(_, cs)| cs.iter().any(|c| c == want))
-                    {
+                    if let Some(h) = hierarchies.iter().find(|(_, cs)| cs.iter().any(|c| c == want)) {
                         if !chosen.iter().any(|(p, _)| p == &h.0) {
                             chosen.push(h.clone());
                         }
                     }
                 }
                 if chosen.is_empty() {
-                    bail!(
-                        "none of the memory, pids, cpu, freezer cgroup v1 hierarchies is mounted"
-                    );
+                    bail!("none of the memory, pids, cpu, freezer cgroup v1 hierarchies is mounted");
                 }
-                Layout::V1 {
-                    hierarchies: chosen,
-                }
+                Layout::V1 { hierarchies: chosen }
             }
             v2 => v2,
         };
@@ -844,9 +739,7 @@ impl CgroupBench {
             Layout::V2 { root, .. } => vec![root.clone()],
         };
         // Leftovers of a run that was killed.
-        layout
-            .remove_tree(CGROUP_PARENT)
-            .context("removing an old benchmark cgroup")?;
+        layout.remove_tree(CGROUP_PARENT).context("removing an old benchmark cgroup")?;
         let mut bench = CgroupBench {
             parents: roots.iter().map(|r| r.join(CGROUP_PARENT)).collect(),
             layout,
@@ -854,42 +747,28 @@ impl CgroupBench {
             pool_raw: Vec::new(),
             cleaned: false,
         };
-        bench
-            .layout
-            .create_parent(CGROUP_PARENT)
-            .context("creating the benchmark's parent cgroup")?;
+        bench.layout.create_parent(CGROUP_PARENT).context("creating the benchmark's parent cgroup")?;
         for t in 0..threads {
             let mut fds = Vec::new();
             for p in &bench.parents {
                 let dir = p.join(format!("pool-{t}"));
                 std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
-                fds.push(
-                    open_procs(&dir)
-                        .with_context(|| format!("opening {}/cgroup.procs", dir.display()))?,
-                );
+                fds.push(open_procs(&dir).with_context(|| format!("opening {}/cgroup.procs", dir.display()))?);
             }
-            bench
-                .pool_raw
-                .push(fds.iter().map(|f| f.as_raw_fd()).collect());
+            bench.pool_raw.push(fds.iter().map(|f| f.as_raw_fd()).collect());
             bench.pool_fds.push(fds);
         }
         Ok(bench)
     }
 
     fn hierarchy_names(&self) -> Vec<String> {
-        self.parents
-            .iter()
-            .map(|p| p.parent().unwrap_or(p).display().to_string())
-            .collect()
+        self.parents.iter().map(|p| p.parent().unwrap_or(p).display().to_string()).collect()
     }
 
     /// Create a fresh group in each hierarchy, have a child join it and exit, remove it.
     fn create_cycle(&self, t: usize, i: u64) -> Result<()> {
         let name = format!("c{t}-{i}");
-        let mut group = FreshGroup {
-            dirs: Vec::with_capacity(self.parents.len()),
-            fds: Vec::new(),
-        };
+        let mut group = FreshGroup { dirs: Vec::with_capacity(self.parents.len()), fds: Vec::new() };
         for p in &self.parents {
             let dir = p.join(&name);
             let c = cstr(&dir)?;
@@ -897,10 +776,7 @@ impl CgroupBench {
                 bail!("mkdir {}: {}", dir.display(), errno());
             }
             group.dirs.push(c);
-            group.fds.push(
-                open_procs(&dir)
-                    .with_context(|| format!("opening {}/cgroup.procs", dir.display()))?,
-            );
+            group.fds.push(open_procs(&dir).with_context(|| format!("opening {}/cgroup.procs", dir.display()))?);
         }
         let raw: Vec<libc::c_int> = group.fds.iter().map(|f| f.as_raw_fd()).collect();
         Child::spawn(|| join_body(&raw))?.wait("joining a fresh cgroup")?;
@@ -921,9 +797,7 @@ impl CgroupBench {
     fn teardown(&mut self) -> Result<()> {
         self.pool_raw.clear();
         self.pool_fds.clear();
-        self.layout
-            .remove_tree(CGROUP_PARENT)
-            .context("removing the benchmark cgroups")
+        self.layout.remove_tree(CGROUP_PARENT).context("removing the benchmark cgroups")
     }
 }
 
@@ -1016,21 +890,10 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Value {
 }
 
 /// Ratios of rates at concurrency `c`; the mount-namespace one at `c_low` (the lowest).
-fn ratios(
-    storage: &Value,
-    mount_ns: &Value,
-    ns: &Value,
-    cg: &Value,
-    c: usize,
-    c_low: usize,
-) -> Value {
+fn ratios(storage: &Value, mount_ns: &Value, ns: &Value, cg: &Value, c: usize, c_low: usize) -> Value {
     let k = c_key(c);
     let ns_at = |name: &str| get(ns, &[name, &k]);
-    let first_c1 = mount_ns
-        .get(c_key(c_low))
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+    let first_c1 = mount_ns.get(c_key(c_low)).and_then(Value::as_array).cloned().unwrap_or_default();
     json!({
         "bind_over_overlay": ratio(get(storage, &["bind", &k]), get(storage, &["overlay", &k])),
         "bind_over_overlay_ro": ratio(get(storage, &["bind", &k]), get(storage, &["overlay_ro", &k])),
@@ -1052,10 +915,7 @@ fn markdown(json: &Value, conc: &[usize]) -> String {
     let (k1, kn) = (c_key(c1), c_key(cn));
     let fmt = |v: Option<f64>| v.map(|x| format!("{x:.0}")).unwrap_or_else(|| "–".into());
     let mut md = String::new();
-    let load = json["loadavg_start"][0]
-        .as_f64()
-        .map(|x| format!("{x:.2}"))
-        .unwrap_or_else(|| "?".into());
+    let load = json["loadavg_start"][0].as_f64().map(|x| format!("{x:.2}")).unwrap_or_else(|| "?".into());
     let _ = writeln!(
         md,
         "Machine: {}; {} s per point; load average {load} before the run.\n",
@@ -1072,21 +932,13 @@ fn markdown(json: &Value, conc: &[usize]) -> String {
         ("overlay", "overlay (writable) mount + unmount"),
         ("overlay_ro", "overlay (read-only) mount + unmount"),
     ] {
-        row(
-            label,
-            get(json, &["storage", key, &k1]),
-            get(json, &["storage", key, &kn]),
-        );
+        row(label, get(json, &["storage", key, &k1]), get(json, &["storage", key, &kn]));
     }
     let mns = &json["mount_ns"];
     if let Some(counts) = mns["mounts"].as_array() {
         for (i, n) in counts.iter().enumerate() {
             let at = |k: &str| mns[k].get(i).and_then(Value::as_f64);
-            row(
-                &format!("unshare(mnt) churn, {n} extra mounts"),
-                at(&k1),
-                at(&kn),
-            );
+            row(&format!("unshare(mnt) churn, {n} extra mounts"), at(&k1), at(&kn));
         }
     }
     for (name, _) in NAMESPACE_SETS {
@@ -1097,28 +949,11 @@ fn markdown(json: &Value, conc: &[usize]) -> String {
             "all" => "unshare pid+ipc+uts+mnt+net (all)".to_string(),
             other => format!("unshare {other}"),
         };
-        row(
-            &label,
-            get(json, &["namespaces", name, &k1]),
-            get(json, &["namespaces", name, &kn]),
-        );
+        row(&label, get(json, &["namespaces", name, &k1]), get(json, &["namespaces", name, &kn]));
     }
-    row(
-        "cgroup create + join + remove",
-        get(json, &["cgroups", "create", &k1]),
-        get(json, &["cgroups", "create", &kn]),
-    );
-    row(
-        "cgroup reuse (join only)",
-        get(json, &["cgroups", "reuse", &k1]),
-        get(json, &["cgroups", "reuse", &kn]),
-    );
-    let r = |k: &str| {
-        json["ratios"][k]
-            .as_f64()
-            .map(|x| format!("{x:.2}×"))
-            .unwrap_or_else(|| "–".into())
-    };
+    row("cgroup create + join + remove", get(json, &["cgroups", "create", &k1]), get(json, &["cgroups", "create", &kn]));
+    row("cgroup reuse (join only)", get(json, &["cgroups", "reuse", &k1]), get(json, &["cgroups", "reuse", &kn]));
+    let r = |k: &str| json["ratios"][k].as_f64().map(|x| format!("{x:.2}×")).unwrap_or_else(|| "–".into());
     let _ = writeln!(
         md,
         "\nRatios at c={cn}: bind/overlay {} (read-only overlay {}), cgroup reuse/create {}, sock/all namespaces {}, \
@@ -1161,8 +996,7 @@ mod tests {
             eprintln!("skipped: needs root");
             return;
         }
-        let tmp =
-            std::env::temp_dir().join(format!("sprout-primitives-test-{}", std::process::id()));
+        let tmp = std::env::temp_dir().join(format!("sprout-primitives-test-{}", std::process::id()));
         let opts = Options {
             out_dir: tmp.join("results"),
             work_dir: tmp.join("work"),
@@ -1176,9 +1010,7 @@ mod tests {
         }
         assert!(get(&json, &["namespaces", "none", "c1"]).unwrap() > 0.0);
         assert!(mounts::mounts_under(&tmp).unwrap().is_empty());
-        assert!(!Path::new("/sys/fs/cgroup/memory")
-            .join(CGROUP_PARENT)
-            .exists());
+        assert!(!Path::new("/sys/fs/cgroup/memory").join(CGROUP_PARENT).exists());
         for f in ["primitives.json", "primitives.md", "primitives.png"] {
             assert!(opts.out_dir.join(f).exists(), "{f}");
         }

@@ -11,37 +11,22 @@ pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
         .lines()
-        .find_map(|l| {
-            l.strip_prefix("model name")
-                .and_then(|v| v.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
+        .find_map(|l| l.strip_prefix("model name").and_then(|v| v.split_once(':')).map(|(_, v)| v.trim().to_string()))
         .unwrap_or_else(|| "unknown CPU".into());
     // Online CPUs of the machine, not the affinity of this (possibly pinned) process.
     let cores = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1);
     let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
         .unwrap_or_default()
         .lines()
-        .find_map(|l| {
-            l.strip_prefix("MemTotal:")
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
+        .find_map(|l| l.strip_prefix("MemTotal:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()))
         .unwrap_or(0);
-    let kernel = nix::sys::utsname::uname()
-        .map(|u| u.release().to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let kernel = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
     let os = std::fs::read_to_string("/etc/os-release")
         .unwrap_or_default()
         .lines()
-        .find_map(|l| {
-            l.strip_prefix("PRETTY_NAME=")
-                .map(|v| v.trim_matches('"').to_string())
-        })
+        .find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string()))
         .unwrap_or_default();
-    format!(
-        "{cores} cores ({cpu}), {} GiB, Linux {kernel}, {os}",
-        (mem_kb + (1 << 19)) >> 20
-    )
+    format!("{cores} cores ({cpu}), {} GiB, Linux {kernel}, {os}", (mem_kb + (1 << 19)) >> 20)
 }
 
 /// The repository's bench/ directory (where the plot scripts live).
@@ -55,13 +40,7 @@ pub fn bench_dir() -> PathBuf {
 
 /// Write `<out>/<name>.json` and `<out>/<name>.md`, then draw `<out>/<name>.png` with
 /// `bench/<plot_script>`.
-pub fn write(
-    out: &Path,
-    name: &str,
-    json: &serde_json::Value,
-    markdown: &str,
-    plot_script: &str,
-) -> Result<()> {
+pub fn write(out: &Path, name: &str, json: &serde_json::Value, markdown: &str, plot_script: &str) -> Result<()> {
     std::fs::create_dir_all(out)?;
     let json_path = out.join(format!("{name}.json"));
     std::fs::write(&json_path, serde_json::to_string_pretty(json)? + "\n")?;

@@ -76,10 +76,7 @@ struct Worker {
 
 impl Worker {
     fn start(opts: &Options, backend: &str, keep_warm: bool, port: u16) -> Result<Worker> {
-        let dir = opts.work_dir.join(format!(
-            "{backend}-{}",
-            if keep_warm { "warm" } else { "cold" }
-        ));
+        let dir = opts.work_dir.join(format!("{backend}-{}", if keep_warm { "warm" } else { "cold" }));
         std::fs::create_dir_all(&dir)?;
         let max = opts.concurrency.iter().copied().max().unwrap_or(1).max(1);
         let config = format!(
@@ -92,43 +89,25 @@ impl Worker {
             total = max * 2,
         );
         std::fs::write(dir.join("config.toml"), config)?;
-        let init = Command::new(&opts.sprout)
-            .args(["worker", "init"])
-            .arg(&dir)
-            .output()?;
+        let init = Command::new(&opts.sprout).args(["worker", "init"]).arg(&dir).output()?;
         if !init.status.success() {
-            bail!(
-                "sprout worker init: {}",
-                String::from_utf8_lossy(&init.stderr)
-            );
+            bail!("sprout worker init: {}", String::from_utf8_lossy(&init.stderr));
         }
         let log = std::fs::File::create(dir.join("bench-worker.log"))?;
         let cpu = opts.worker_cpu;
         let mut cmd = Command::new(&opts.sprout);
-        cmd.args(["worker", "up"])
-            .arg(&dir)
-            .stdout(log.try_clone()?)
-            .stderr(log);
+        cmd.args(["worker", "up"]).arg(&dir).stdout(log.try_clone()?).stderr(log);
         unsafe {
             use std::os::unix::process::CommandExt;
             cmd.pre_exec(move || pin_to(cpu));
         }
         let child = cmd.spawn()?;
-        let mut worker = Worker {
-            child,
-            dir,
-            port,
-            sprout: opts.sprout.clone(),
-        };
+        let mut worker = Worker { child, dir, port, sprout: opts.sprout.clone() };
         let deadline = Instant::now() + Duration::from_secs(600);
         loop {
             if let Some(status) = worker.child.try_wait()? {
-                let log = std::fs::read_to_string(worker.dir.join("bench-worker.log"))
-                    .unwrap_or_default();
-                bail!(
-                    "the {backend} worker exited ({status}): {}",
-                    log.lines().rev().take(5).collect::<Vec<_>>().join(" | ")
-                );
+                let log = std::fs::read_to_string(worker.dir.join("bench-worker.log")).unwrap_or_default();
+                bail!("the {backend} worker exited ({status}): {}", log.lines().rev().take(5).collect::<Vec<_>>().join(" | "));
             }
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 break;
@@ -141,16 +120,9 @@ impl Worker {
         let noop = worker.dir.join("noop");
         std::fs::create_dir_all(&noop)?;
         std::fs::write(noop.join("f.py"), "def f(event):\n    return None\n")?;
-        let deploy = Command::new(&opts.sprout)
-            .args(["deploy"])
-            .arg(&noop)
-            .args(["--url", &worker.url()])
-            .output()?;
+        let deploy = Command::new(&opts.sprout).args(["deploy"]).arg(&noop).args(["--url", &worker.url()]).output()?;
         if !deploy.status.success() {
-            bail!(
-                "deploying the no-op lambda: {}",
-                String::from_utf8_lossy(&deploy.stderr)
-            );
+            bail!("deploying the no-op lambda: {}", String::from_utf8_lossy(&deploy.stderr));
         }
         Ok(worker)
     }
@@ -160,10 +132,7 @@ impl Worker {
     }
 
     fn stop(mut self) -> Result<()> {
-        let out = Command::new(&self.sprout)
-            .args(["worker", "down"])
-            .arg(&self.dir)
-            .output()?;
+        let out = Command::new(&self.sprout).args(["worker", "down"]).arg(&self.dir).output()?;
         if !out.status.success() {
             let _ = self.child.kill();
         }
@@ -193,13 +162,7 @@ impl Point {
 
 /// `concurrency` clients, each sending requests back to back on its own keep-alive
 /// connection, for `duration` after `warmup`; only requests started after the warm-up count.
-async fn closed_loop(
-    port: u16,
-    concurrency: usize,
-    warmup: Duration,
-    duration: Duration,
-    expect: &'static str,
-) -> Result<Point> {
+async fn closed_loop(port: u16, concurrency: usize, warmup: Duration, duration: Duration, expect: &'static str) -> Result<Point> {
     let started = Instant::now();
     let measure_from = started + warmup;
     let stop_at = measure_from + duration;
@@ -210,17 +173,14 @@ async fn closed_loop(
             let (mut ok, mut errors, mut wrong) = (0u64, 0u64, 0u64);
             let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
             stream.set_nodelay(true)?;
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
             tokio::spawn(conn);
             loop {
                 let now = Instant::now();
                 if now >= stop_at {
                     break;
                 }
-                let request = Request::post("/run/noop")
-                    .header("host", "bench")
-                    .body(Full::new(Bytes::from_static(b"null")))?;
+                let request = Request::post("/run/noop").header("host", "bench").body(Full::new(Bytes::from_static(b"null")))?;
                 let t0 = Instant::now();
                 let response = sender.send_request(request).await?;
                 let status = response.status();
@@ -231,9 +191,7 @@ async fn closed_loop(
                     if status.is_success() {
                         ok += 1;
                         let _ = hist.record((elapsed.as_micros() as u64).max(1));
-                        if !expect.is_empty()
-                            && start.as_ref().map(|v| v.as_bytes()) != Some(expect.as_bytes())
-                        {
+                        if !expect.is_empty() && start.as_ref().map(|v| v.as_bytes()) != Some(expect.as_bytes()) {
                             wrong += 1;
                         }
                     } else {
@@ -270,9 +228,7 @@ fn docker_answers() -> bool {
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
     let mut out = [0u8; 512];
     s.write_all(b"GET /_ping HTTP/1.0\r\n\r\n").is_ok()
-        && s.read(&mut out)
-            .map(|n| String::from_utf8_lossy(&out[..n]).contains("OK"))
-            .unwrap_or(false)
+        && s.read(&mut out).map(|n| String::from_utf8_lossy(&out[..n]).contains("OK")).unwrap_or(false)
 }
 
 /// Start Debian's Docker engine pinned to the worker's CPU, unless one is running.
@@ -284,24 +240,16 @@ fn ensure_docker(opts: &Options) -> Result<Option<Child>> {
     let log = std::fs::File::create(opts.work_dir.join("dockerd.log"))?;
     let cpu = opts.worker_cpu;
     let mut cmd = Command::new("dockerd");
-    cmd.args(["--iptables=false", "--bridge=none"])
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .stdin(Stdio::null());
+    cmd.args(["--iptables=false", "--bridge=none"]).stdout(log.try_clone()?).stderr(log).stdin(Stdio::null());
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(move || pin_to(cpu));
     }
-    let mut child = cmd
-        .spawn()
-        .context("starting dockerd (apt-get install docker.io)")?;
+    let mut child = cmd.spawn().context("starting dockerd (apt-get install docker.io)")?;
     let deadline = Instant::now() + Duration::from_secs(60);
     while !docker_answers() {
         if child.try_wait()?.is_some() || Instant::now() > deadline {
-            bail!(
-                "dockerd did not start; see {}",
-                opts.work_dir.join("dockerd.log").display()
-            );
+            bail!("dockerd did not start; see {}", opts.work_dir.join("dockerd.log").display());
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -309,9 +257,7 @@ fn ensure_docker(opts: &Options) -> Result<Option<Child>> {
 }
 
 fn which(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|p| p.join(program).is_file()))
-        .unwrap_or(false)
+    std::env::var_os("PATH").map(|paths| std::env::split_paths(&paths).any(|p| p.join(program).is_file())).unwrap_or(false)
 }
 
 async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Value> {
@@ -348,20 +294,8 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
     let result = async {
         // Prime the sandbox, then time requests that reuse it.
         closed_loop(port, 1, Duration::ZERO, Duration::from_millis(300), "").await?;
-        let p = closed_loop(
-            port,
-            1,
-            Duration::from_millis(200),
-            Duration::from_secs_f64(opts.seconds),
-            "warm",
-        )
-        .await?;
-        eprintln!(
-            "  {backend:>14} warm c=1   {:>8.1}/s  p50 {:>8.3} ms  p99 {:>8.3} ms",
-            p.per_s(),
-            p.ms(0.5),
-            p.ms(0.99)
-        );
+        let p = closed_loop(port, 1, Duration::from_millis(200), Duration::from_secs_f64(opts.seconds), "warm").await?;
+        eprintln!("  {backend:>14} warm c=1   {:>8.1}/s  p50 {:>8.3} ms  p99 {:>8.3} ms", p.per_s(), p.ms(0.5), p.ms(0.99));
         out.insert("warm_p50_ms".into(), json!(p.ms(0.5)));
         out.insert("warm_p99_ms".into(), json!(p.ms(0.99)));
         out.insert("warm_per_s".into(), json!(p.per_s()));
@@ -377,26 +311,20 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
 /// Run the benchmark; writes sandboxes.json, .md and .png under `opts.out_dir`.
 pub fn run(opts: &Options) -> Result<Value> {
     std::fs::create_dir_all(&opts.work_dir)?;
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let pinned = cpus > opts.worker_cpu.max(opts.client_cpu) && opts.worker_cpu != opts.client_cpu;
     if pinned {
         pin_to(opts.client_cpu)?;
     } else {
         eprintln!("warning: cannot put the worker and the load generator on separate CPUs here");
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut backends = serde_json::Map::new();
     let mut docker_engine = None;
     for (i, backend) in opts.backends.iter().enumerate() {
         eprintln!("{backend}:");
         let skip = match backend.as_str() {
-            "runc" if !which("runc") => {
-                Some("runc is not installed (apt-get install runc)".to_string())
-            }
+            "runc" if !which("runc") => Some("runc is not installed (apt-get install runc)".to_string()),
             "docker" => match ensure_docker(opts) {
                 Ok(engine) => {
                     docker_engine = engine;
@@ -421,20 +349,11 @@ pub fn run(opts: &Options) -> Result<Value> {
         }
     }
     if let Some(mut engine) = docker_engine {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(engine.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(engine.id() as i32), nix::sys::signal::Signal::SIGTERM);
         let _ = engine.wait();
     }
     let results = summarize(opts, backends, pinned);
-    report::write(
-        &opts.out_dir,
-        "sandboxes",
-        &results,
-        &markdown(&results),
-        "plot_sandboxes.py",
-    )?;
+    report::write(&opts.out_dir, "sandboxes", &results, &markdown(&results), "plot_sandboxes.py")?;
     Ok(results)
 }
 
@@ -468,16 +387,12 @@ fn summarize(opts: &Options, backends: serde_json::Map<String, Value>, pinned: b
         target(
             ">= 10x runc's cold-start throughput at concurrency 10",
             ratios["sock_over_runc_cold_per_s_c10"].clone(),
-            cmp(ratios["sock_over_runc_cold_per_s_c10"].as_f64(), &|x| {
-                x >= 10.0
-            }),
+            cmp(ratios["sock_over_runc_cold_per_s_c10"].as_f64(), &|x| x >= 10.0),
         ),
         target(
             ">= 50x docker's cold-start throughput at concurrency 10",
             ratios["sock_over_docker_cold_per_s_c10"].clone(),
-            cmp(ratios["sock_over_docker_cold_per_s_c10"].as_f64(), &|x| {
-                x >= 50.0
-            }),
+            cmp(ratios["sock_over_docker_cold_per_s_c10"].as_f64(), &|x| x >= 50.0),
         ),
         target(
             "warm invocation p50 <= 0.5 ms",
@@ -509,22 +424,13 @@ fn summarize(opts: &Options, backends: serde_json::Map<String, Value>, pinned: b
 }
 
 fn markdown(r: &Value) -> String {
-    let f = |v: Option<f64>, digits: usize| {
-        v.map(|x| format!("{x:.digits$}"))
-            .unwrap_or_else(|| "—".into())
-    };
-    let mut s = format!(
-        "Machine: {}. {}\n\n",
-        r["machine"].as_str().unwrap_or(""),
-        r["method"]["pinning"].as_str().unwrap_or("")
-    );
+    let f = |v: Option<f64>, digits: usize| v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "—".into());
+    let mut s = format!("Machine: {}. {}\n\n", r["machine"].as_str().unwrap_or(""), r["method"]["pinning"].as_str().unwrap_or(""));
     s += "| backend | cold p50 c=1 (ms) | cold p99 c=1 (ms) | cold/s c=1 | cold p50 c=10 (ms) | cold/s c=10 | warm p50 (ms) |\n";
     s += "|---|---:|---:|---:|---:|---:|---:|\n";
     if let Some(backends) = r["backends"].as_object() {
-        let order: BTreeMap<usize, (&String, &Value)> = backends
-            .iter()
-            .map(|(k, v)| (BACKENDS.iter().position(|b| b == k).unwrap_or(99), (k, v)))
-            .collect();
+        let order: BTreeMap<usize, (&String, &Value)> =
+            backends.iter().map(|(k, v)| (BACKENDS.iter().position(|b| b == k).unwrap_or(99), (k, v))).collect();
         for (_, (name, v)) in order {
             if let Some(reason) = v.get("skipped").and_then(|x| x.as_str()) {
                 s += &format!("| {name} | skipped: {reason} ||||||\n");
@@ -548,11 +454,7 @@ fn markdown(r: &Value) -> String {
             Some(false) => "**no**",
             None => "not measured",
         };
-        s += &format!(
-            "| {} | {} | {met} |\n",
-            t["target"].as_str().unwrap_or(""),
-            f(t["measured"].as_f64(), 2)
-        );
+        s += &format!("| {} | {} | {met} |\n", t["target"].as_str().unwrap_or(""), f(t["measured"].as_f64(), 2));
     }
     s
 }

@@ -44,49 +44,24 @@ impl Reply {
 impl BenchWorker {
     /// Write `config` (the [worker] section is added) to DIR/config.toml, init and start the
     /// worker on `cpu`, and wait until it answers.
-    pub fn start(
-        sprout: &Path,
-        dir: &Path,
-        port: u16,
-        cpu: Option<usize>,
-        config: &str,
-    ) -> Result<BenchWorker> {
+    pub fn start(sprout: &Path, dir: &Path, port: u16, cpu: Option<usize>, config: &str) -> Result<BenchWorker> {
         if dir.exists() {
             // A stale worker directory of an earlier run: make sure nothing of it is mounted.
-            let _ = Command::new(sprout)
-                .args(["worker", "down"])
-                .arg(dir)
-                .output();
-            let _ = Command::new(sprout)
-                .args(["worker", "cleanup"])
-                .arg(dir)
-                .output();
+            let _ = Command::new(sprout).args(["worker", "down"]).arg(dir).output();
+            let _ = Command::new(sprout).args(["worker", "cleanup"]).arg(dir).output();
             std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
         }
         std::fs::create_dir_all(dir)?;
-        let name = dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("bench")
-            .replace(|c: char| !c.is_ascii_alphanumeric(), "-");
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("bench").replace(|c: char| !c.is_ascii_alphanumeric(), "-");
         let full = format!("[worker]\nlisten = \"127.0.0.1:{port}\"\nname = \"bench-{name}\"\nlog = \"warn\"\n{config}");
         std::fs::write(dir.join("config.toml"), full)?;
-        let init = Command::new(sprout)
-            .args(["worker", "init"])
-            .arg(dir)
-            .output()?;
+        let init = Command::new(sprout).args(["worker", "init"]).arg(dir).output()?;
         if !init.status.success() {
-            bail!(
-                "sprout worker init: {}",
-                String::from_utf8_lossy(&init.stderr)
-            );
+            bail!("sprout worker init: {}", String::from_utf8_lossy(&init.stderr));
         }
         let log = std::fs::File::create(dir.join("bench-worker.log"))?;
         let mut cmd = Command::new(sprout);
-        cmd.args(["worker", "up"])
-            .arg(dir)
-            .stdout(log.try_clone()?)
-            .stderr(log);
+        cmd.args(["worker", "up"]).arg(dir).stdout(log.try_clone()?).stderr(log);
         if let Some(cpu) = cpu {
             unsafe {
                 use std::os::unix::process::CommandExt;
@@ -94,31 +69,14 @@ impl BenchWorker {
             }
         }
         let child = cmd.spawn()?;
-        let agent = ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(900))
-            .build();
-        let mut worker = BenchWorker {
-            child,
-            dir: dir.to_path_buf(),
-            port,
-            sprout: sprout.to_path_buf(),
-            agent,
-        };
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(900)).build();
+        let mut worker = BenchWorker { child, dir: dir.to_path_buf(), port, sprout: sprout.to_path_buf(), agent };
         let deadline = Instant::now() + Duration::from_secs(300);
         loop {
             if let Some(status) = worker.child.try_wait()? {
-                bail!(
-                    "the worker in {} exited ({status}): {}",
-                    dir.display(),
-                    worker.log_tail(8)
-                );
+                bail!("the worker in {} exited ({status}): {}", dir.display(), worker.log_tail(8));
             }
-            if worker
-                .agent
-                .get(&format!("{}/status", worker.url()))
-                .call()
-                .is_ok()
-            {
+            if worker.agent.get(&format!("{}/status", worker.url())).call().is_ok() {
                 return Ok(worker);
             }
             if Instant::now() > deadline {
@@ -145,12 +103,7 @@ impl BenchWorker {
 
     /// A separate HTTP client for another thread.
     pub fn client(&self) -> Client {
-        Client {
-            agent: ureq::AgentBuilder::new()
-                .timeout(Duration::from_secs(900))
-                .build(),
-            url: self.url(),
-        }
+        Client { agent: ureq::AgentBuilder::new().timeout(Duration::from_secs(900)).build(), url: self.url() }
     }
 
     pub fn invoke(&self, name: &str, body: &[u8]) -> Result<Reply> {
@@ -158,17 +111,11 @@ impl BenchWorker {
     }
 
     pub fn stats(&self) -> Result<Value> {
-        Ok(self
-            .agent
-            .get(&format!("{}/stats", self.url()))
-            .call()?
-            .into_json()?)
+        Ok(self.agent.get(&format!("{}/stats", self.url())).call()?.into_json()?)
     }
 
     pub fn delete(&self, name: &str) -> Result<()> {
-        self.agent
-            .delete(&format!("{}/registry/{name}", self.url()))
-            .call()?;
+        self.agent.delete(&format!("{}/registry/{name}", self.url())).call()?;
         Ok(())
     }
 
@@ -176,31 +123,16 @@ impl BenchWorker {
     pub fn sandbox_pids(&self) -> Vec<i32> {
         let name = format!(
             "sprout-bench-{}",
-            self.dir
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("bench")
-                .replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+            self.dir.file_name().and_then(|n| n.to_str()).unwrap_or("bench").replace(|c: char| !c.is_ascii_alphanumeric(), "-")
         );
         let mut out = Vec::new();
-        let mut stack = vec![
-            Path::new("/sys/fs/cgroup/pids").join(&name),
-            Path::new("/sys/fs/cgroup").join(&name),
-        ];
+        let mut stack = vec![Path::new("/sys/fs/cgroup/pids").join(&name), Path::new("/sys/fs/cgroup").join(&name)];
         while let Some(dir) = stack.pop() {
             if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
-                out.extend(
-                    text.split_whitespace()
-                        .filter_map(|p| p.parse::<i32>().ok()),
-                );
+                out.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
             }
             if let Ok(entries) = std::fs::read_dir(&dir) {
-                stack.extend(
-                    entries
-                        .flatten()
-                        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-                        .map(|e| e.path()),
-                );
+                stack.extend(entries.flatten().filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false)).map(|e| e.path()));
             }
         }
         out.sort();
@@ -209,10 +141,7 @@ impl BenchWorker {
     }
 
     pub fn stop(mut self) -> Result<()> {
-        let out = Command::new(&self.sprout)
-            .args(["worker", "down"])
-            .arg(&self.dir)
-            .output()?;
+        let out = Command::new(&self.sprout).args(["worker", "down"]).arg(&self.dir).output()?;
         if !out.status.success() {
             let _ = self.child.kill();
         }
@@ -239,11 +168,7 @@ impl Client {
 
 fn invoke_with(agent: &ureq::Agent, url: &str, name: &str, body: &[u8]) -> Result<Reply> {
     let started = Instant::now();
-    let response = match agent
-        .post(&format!("{url}/run/{name}"))
-        .set("Content-Type", "application/json")
-        .send_bytes(body)
-    {
+    let response = match agent.post(&format!("{url}/run/{name}")).set("Content-Type", "application/json").send_bytes(body) {
         Ok(r) => r,
         Err(ureq::Error::Status(_, r)) => r,
         Err(e) => return Err(e.into()),
@@ -251,16 +176,8 @@ fn invoke_with(agent: &ureq::Agent, url: &str, name: &str, body: &[u8]) -> Resul
     let status = response.status();
     let start = response.header("x-sprout-start").unwrap_or("").to_string();
     let mut bytes = Vec::new();
-    response
-        .into_reader()
-        .take(64 << 20)
-        .read_to_end(&mut bytes)?;
-    Ok(Reply {
-        status,
-        ms: started.elapsed().as_secs_f64() * 1000.0,
-        start,
-        body: bytes,
-    })
+    response.into_reader().take(64 << 20).read_to_end(&mut bytes)?;
+    Ok(Reply { status, ms: started.elapsed().as_secs_f64() * 1000.0, start, body: bytes })
 }
 
 fn upload_with(agent: &ureq::Agent, url: &str, name: &str, files: &[(&str, &[u8])]) -> Result<()> {
@@ -276,15 +193,9 @@ fn upload_with(agent: &ureq::Agent, url: &str, name: &str, files: &[(&str, &[u8]
     let mut gz = tar.into_inner()?;
     gz.flush()?;
     let archive = gz.finish()?;
-    match agent
-        .post(&format!("{url}/registry/{name}"))
-        .send_bytes(&archive)
-    {
+    match agent.post(&format!("{url}/registry/{name}")).send_bytes(&archive) {
         Ok(_) => Ok(()),
-        Err(ureq::Error::Status(code, r)) => bail!(
-            "uploading {name}: {code} {}",
-            r.into_string().unwrap_or_default()
-        ),
+        Err(ureq::Error::Status(code, r)) => bail!("uploading {name}: {code} {}", r.into_string().unwrap_or_default()),
         Err(e) => Err(e.into()),
     }
 }

@@ -22,31 +22,16 @@ pub fn step(input: &mut BytesMut, scanned: &mut usize, env: &Env, out: &mut Outp
             // connection goes.
             let spaces = input.iter().take_while(|&&b| b == b' ').count();
             let rest = &input[spaces..];
-            if spaces > 100
-                || !(rest.starts_with(b"get ") || rest.starts_with(b"gets "))
-                || input.len() > MAX_GET_LINE
-            {
+            if spaces > 100 || !(rest.starts_with(b"get ") || rest.starts_with(b"gets ")) || input.len() > MAX_GET_LINE {
                 return Next::Close;
             }
         }
         return Next::NeedMore;
     };
-    let end = if nl > 1 && input[nl - 1] == b'\r' {
-        nl - 1
-    } else {
-        nl
-    };
+    let end = if nl > 1 && input[nl - 1] == b'\r' { nl - 1 } else { nl };
     CoreStats::add(&env.stats.bytes_read, nl as u64 + 1);
     let next = match text::parse(&input[..end]) {
-        Ok(Command::Store {
-            kind,
-            key,
-            flags,
-            exptime,
-            bytes,
-            cas,
-            noreply,
-        }) => {
+        Ok(Command::Store { kind, key, flags, exptime, bytes, cas, noreply }) => {
             let op = StoreOp {
                 reply: Reply::Text { noreply },
                 mode: match kind {
@@ -169,31 +154,14 @@ fn execute(command: Command<'_>, env: &Env, out: &mut Output) -> Next {
         }
         Command::Delete { key, noreply } => {
             let deleted = store.delete(key, 0, now) == Deleted::Deleted;
-            CoreStats::bump(if deleted {
-                &stats.delete_hits
-            } else {
-                &stats.delete_misses
-            });
+            CoreStats::bump(if deleted { &stats.delete_hits } else { &stats.delete_misses });
             if !noreply {
-                out.put(if deleted {
-                    b"DELETED\r\n"
-                } else {
-                    b"NOT_FOUND\r\n"
-                });
+                out.put(if deleted { b"DELETED\r\n" } else { b"NOT_FOUND\r\n" });
             }
         }
-        Command::Delta {
-            incr,
-            key,
-            delta,
-            noreply,
-        } => {
+        Command::Delta { incr, key, delta, noreply } => {
             let result = store.delta(key, incr, delta, 0, stats.next_cas(), None, now);
-            let (hits, misses) = if incr {
-                (&stats.incr_hits, &stats.incr_misses)
-            } else {
-                (&stats.decr_hits, &stats.decr_misses)
-            };
+            let (hits, misses) = if incr { (&stats.incr_hits, &stats.incr_misses) } else { (&stats.decr_hits, &stats.decr_misses) };
             match result {
                 Ok((value, _)) => {
                     CoreStats::bump(hits);
@@ -204,9 +172,7 @@ fn execute(command: Command<'_>, env: &Env, out: &mut Output) -> Next {
                 }
                 Err(DeltaError::NonNumeric) => {
                     if !noreply {
-                        out.put(
-                            b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
-                        );
+                        out.put(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n");
                     }
                 }
                 Err(_) => {
@@ -217,26 +183,12 @@ fn execute(command: Command<'_>, env: &Env, out: &mut Output) -> Next {
                 }
             }
         }
-        Command::Touch {
-            key,
-            exptime,
-            noreply,
-        } => {
+        Command::Touch { key, exptime, noreply } => {
             CoreStats::bump(&stats.cmd_touch);
-            let touched = store
-                .touch(key, env.shared.clock.expiry(exptime), now)
-                .is_some();
-            CoreStats::bump(if touched {
-                &stats.touch_hits
-            } else {
-                &stats.touch_misses
-            });
+            let touched = store.touch(key, env.shared.clock.expiry(exptime), now).is_some();
+            CoreStats::bump(if touched { &stats.touch_hits } else { &stats.touch_misses });
             if !noreply {
-                out.put(if touched {
-                    b"TOUCHED\r\n"
-                } else {
-                    b"NOT_FOUND\r\n"
-                });
+                out.put(if touched { b"TOUCHED\r\n" } else { b"NOT_FOUND\r\n" });
             }
         }
         Command::FlushAll { delay, noreply } => {

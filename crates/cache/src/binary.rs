@@ -104,16 +104,7 @@ impl Header {
 
 /// Write a response header.
 #[allow(clippy::too_many_arguments)]
-fn header(
-    out: &mut Output,
-    opcode: u8,
-    status: u16,
-    extlen: u8,
-    keylen: u16,
-    bodylen: u32,
-    opaque: u32,
-    cas: u64,
-) {
+fn header(out: &mut Output, opcode: u8, status: u16, extlen: u8, keylen: u16, bodylen: u32, opaque: u32, cas: u64) {
     let b = out.buf_mut();
     b.reserve(HEADER);
     b.put_u8(RESPONSE_MAGIC);
@@ -201,15 +192,8 @@ pub fn step(input: &mut BytesMut, env: &Env, out: &mut Output) -> Next {
     }
     // Store commands: the value may be large; read the header, extras and key now and let
     // the session collect the value.
-    if matches!(
-        opcode,
-        op::SET | op::ADD | op::REPLACE | op::APPEND | op::PREPEND
-    ) {
-        let want_ext = if matches!(opcode, op::APPEND | op::PREPEND) {
-            0
-        } else {
-            8
-        };
+    if matches!(opcode, op::SET | op::ADD | op::REPLACE | op::APPEND | op::PREPEND) {
+        let want_ext = if matches!(opcode, op::APPEND | op::PREPEND) { 0 } else { 8 };
         if extlen != want_ext || keylen == 0 {
             return invalid(out);
         }
@@ -220,10 +204,7 @@ pub fn step(input: &mut BytesMut, env: &Env, out: &mut Output) -> Next {
         let vlen = bodylen - extlen - keylen;
         let ext = &input[HEADER..HEADER + extlen];
         let (flags, exptime) = if extlen == 8 {
-            (
-                u32::from_be_bytes(ext[0..4].try_into().unwrap()),
-                u32::from_be_bytes(ext[4..8].try_into().unwrap()),
-            )
+            (u32::from_be_bytes(ext[0..4].try_into().unwrap()), u32::from_be_bytes(ext[4..8].try_into().unwrap()))
         } else {
             (0, 0)
         };
@@ -247,11 +228,7 @@ pub fn step(input: &mut BytesMut, env: &Env, out: &mut Output) -> Next {
             _ => Mode::Set,
         };
         let op = StoreOp {
-            reply: Reply::Binary {
-                opcode: h.opcode,
-                opaque: h.opaque,
-                quiet,
-            },
+            reply: Reply::Binary { opcode: h.opcode, opaque: h.opaque, quiet },
             mode,
             key,
             flags,
@@ -289,15 +266,7 @@ pub fn step(input: &mut BytesMut, env: &Env, out: &mut Output) -> Next {
     execute(h, opcode, quiet, ext, key, env, out)
 }
 
-fn execute(
-    h: Header,
-    opcode: u8,
-    quiet: bool,
-    ext: &[u8],
-    key: &[u8],
-    env: &Env,
-    out: &mut Output,
-) -> Next {
+fn execute(h: Header, opcode: u8, quiet: bool, ext: &[u8], key: &[u8], env: &Env, out: &mut Output) -> Next {
     let store = &env.shared.store;
     let stats = env.stats;
     let now = env.shared.clock.now();
@@ -318,27 +287,10 @@ fn execute(
             }
             match item {
                 Some(item) => {
-                    CoreStats::bump(if touch {
-                        &stats.touch_hits
-                    } else {
-                        &stats.get_hits
-                    });
+                    CoreStats::bump(if touch { &stats.touch_hits } else { &stats.get_hits });
                     let keylen = if with_key { key.len() } else { 0 };
-                    let vlen = if opcode == op::TOUCH {
-                        0
-                    } else {
-                        item.value.len()
-                    };
-                    header(
-                        out,
-                        h.opcode,
-                        status::SUCCESS,
-                        4,
-                        keylen as u16,
-                        (4 + keylen + vlen) as u32,
-                        h.opaque,
-                        item.cas,
-                    );
+                    let vlen = if opcode == op::TOUCH { 0 } else { item.value.len() };
+                    header(out, h.opcode, status::SUCCESS, 4, keylen as u16, (4 + keylen + vlen) as u32, h.opaque, item.cas);
                     out.buf_mut().put_u32(item.flags);
                     if with_key {
                         out.put(key);
@@ -348,23 +300,10 @@ fn execute(
                     }
                 }
                 None => {
-                    CoreStats::bump(if touch {
-                        &stats.touch_misses
-                    } else {
-                        &stats.get_misses
-                    });
+                    CoreStats::bump(if touch { &stats.touch_misses } else { &stats.get_misses });
                     if !quiet {
                         if with_key {
-                            header(
-                                out,
-                                h.opcode,
-                                status::KEY_ENOENT,
-                                0,
-                                key.len() as u16,
-                                key.len() as u32,
-                                h.opaque,
-                                0,
-                            );
+                            header(out, h.opcode, status::KEY_ENOENT, 0, key.len() as u16, key.len() as u32, h.opaque, 0);
                             out.put(key);
                         } else {
                             error(out, h.opcode, status::KEY_ENOENT, h.opaque);
@@ -389,13 +328,8 @@ fn execute(
         op::INCREMENT | op::DECREMENT => {
             let incr = opcode == op::INCREMENT;
             let (delta, initial, exptime) = (u64_at(0), u64_at(8), u32_at(16));
-            let create =
-                (exptime != u32::MAX).then(|| (initial, env.shared.clock.expiry(exptime as i64)));
-            let (hits, misses) = if incr {
-                (&stats.incr_hits, &stats.incr_misses)
-            } else {
-                (&stats.decr_hits, &stats.decr_misses)
-            };
+            let create = (exptime != u32::MAX).then(|| (initial, env.shared.clock.expiry(exptime as i64)));
+            let (hits, misses) = if incr { (&stats.incr_hits, &stats.incr_misses) } else { (&stats.decr_hits, &stats.decr_misses) };
             match store.delta(key, incr, delta, h.cas, stats.next_cas(), create, now) {
                 Ok((value, cas)) => {
                     CoreStats::bump(hits);
@@ -415,11 +349,7 @@ fn execute(
         op::FLUSH => {
             CoreStats::bump(&stats.cmd_flush);
             let delay = if ext.len() == 4 { u32_at(0) } else { 0 };
-            store.flush(if delay > 0 {
-                Some(env.shared.clock.expiry(delay as i64))
-            } else {
-                None
-            });
+            store.flush(if delay > 0 { Some(env.shared.clock.expiry(delay as i64)) } else { None });
             if !quiet {
                 header(out, h.opcode, status::SUCCESS, 0, 0, 0, h.opaque, 0);
             }
@@ -427,16 +357,7 @@ fn execute(
         op::NOOP => header(out, h.opcode, status::SUCCESS, 0, 0, 0, h.opaque, 0),
         op::VERSION => {
             let v = crate::shared::VERSION.as_bytes();
-            header(
-                out,
-                h.opcode,
-                status::SUCCESS,
-                0,
-                0,
-                v.len() as u32,
-                h.opaque,
-                0,
-            );
+            header(out, h.opcode, status::SUCCESS, 0, 0, v.len() as u32, h.opaque, 0);
             out.put(v);
         }
         op::QUIT => {
@@ -447,10 +368,7 @@ fn execute(
         }
         op::STAT => {
             let group = (!key.is_empty()).then(|| key.to_vec());
-            return Next::Stats(StatsRequest::Binary {
-                group,
-                opaque: h.opaque,
-            });
+            return Next::Stats(StatsRequest::Binary { group, opaque: h.opaque });
         }
         _ => unreachable!("opcode {opcode:#x} passed validation"),
     }
@@ -480,13 +398,7 @@ pub fn store_reply(opcode: u8, opaque: u32, quiet: bool, result: Stored, out: &m
 }
 
 /// The reply to STAT: one packet per statistic, then an empty one.
-pub fn stats_reply(
-    group: Option<&[u8]>,
-    opaque: u32,
-    counters: &Counters,
-    env: &Env,
-    out: &mut Output,
-) {
+pub fn stats_reply(group: Option<&[u8]>, opaque: u32, counters: &Counters, env: &Env, out: &mut Output) {
     if group == Some(b"reset") {
         env.shared.store.reset_stats();
         header(out, op::STAT, status::SUCCESS, 0, 0, 0, opaque, 0);
@@ -495,16 +407,7 @@ pub fn stats_reply(
     match env.shared.report(group, counters) {
         Some(lines) => {
             for (name, value) in lines {
-                header(
-                    out,
-                    op::STAT,
-                    status::SUCCESS,
-                    0,
-                    name.len() as u16,
-                    (name.len() + value.len()) as u32,
-                    opaque,
-                    0,
-                );
+                header(out, op::STAT, status::SUCCESS, 0, name.len() as u16, (name.len() + value.len()) as u32, opaque, 0);
                 out.put(name.as_bytes());
                 out.put(value.as_bytes());
             }

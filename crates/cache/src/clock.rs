@@ -22,28 +22,19 @@ pub struct Clock {
 }
 
 fn monotonic_coarse() -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime fills the timespec; CLOCK_MONOTONIC_COARSE is served by the vDSO.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     ts.tv_sec
 }
 
 fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
 impl Clock {
     pub fn start() -> Clock {
-        Clock {
-            started_unix: unix_now() - 2,
-            started_mono: monotonic_coarse() - 2,
-        }
+        Clock { started_unix: unix_now() - 2, started_mono: monotonic_coarse() - 2 }
     }
 
     /// Seconds since the start (at least 2).

@@ -92,10 +92,7 @@ impl Conn {
         if self.waiting_stats {
             return;
         }
-        let env = Env {
-            shared: &self.shared,
-            stats: &self.stats,
-        };
+        let env = Env { shared: &self.shared, stats: &self.stats };
         match self.session.process(&mut self.input, &env, &mut self.out) {
             Step::NeedMore => {}
             Step::Close => self.closing = true,
@@ -133,10 +130,7 @@ impl Conn {
     fn flush(&mut self) -> Result<(), ()> {
         let before = self.out.pending();
         let result = self.out.flush(self.stream.as_raw_fd());
-        CoreStats::add(
-            &self.stats.bytes_written,
-            (before - self.out.pending()) as u64,
-        );
+        CoreStats::add(&self.stats.bytes_written, (before - self.out.pending()) as u64);
         result.map(|_| ()).map_err(|_| ())
     }
 }
@@ -155,8 +149,7 @@ fn read_into(stream: &mut TcpStream, buf: &mut BytesMut, max: usize) -> Result<O
     buf.reserve(max);
     let spare = &mut buf.spare_capacity_mut()[..max];
     // SAFETY: read writes initialized bytes into the front of `spare` and reports how many.
-    let slice =
-        unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr() as *mut u8, spare.len()) };
+    let slice = unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr() as *mut u8, spare.len()) };
     loop {
         match stream.read(slice) {
             Ok(n) => {
@@ -179,10 +172,7 @@ impl IoHandler for Conn {
     fn ready(&mut self, token: Token, ready: Ready) -> Control {
         if ready.notified {
             if let Some(counters) = self.gathered.take() {
-                let env = Env {
-                    shared: &self.shared,
-                    stats: &self.stats,
-                };
+                let env = Env { shared: &self.shared, stats: &self.stats };
                 self.session.finish_stats(&counters, &env, &mut self.out);
                 self.waiting_stats = false;
                 // Commands that arrived behind the stats request.
@@ -216,9 +206,7 @@ impl IoHandler for Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        self.stats
-            .curr_connections
-            .set(self.stats.curr_connections.get().saturating_sub(1));
+        self.stats.curr_connections.set(self.stats.curr_connections.get().saturating_sub(1));
         self.shared.conns.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -64,15 +64,7 @@ fn parse_flags<'a>(tokens: &[&'a [u8]]) -> Option<Flags<'a>> {
 
 /// The returned flags, in the order they were asked for; those that need an item are left
 /// out when there is none.
-fn put_flags(
-    out: &mut Output,
-    f: &Flags,
-    key: &[u8],
-    cas: Option<u64>,
-    flags: Option<u32>,
-    size: Option<usize>,
-    ttl: Option<i64>,
-) {
+fn put_flags(out: &mut Output, f: &Flags, key: &[u8], cas: Option<u64>, flags: Option<u32>, size: Option<usize>, ttl: Option<i64>) {
     for &flag in &f.order {
         match flag {
             b'c' => {
@@ -149,10 +141,7 @@ pub fn execute(name: u8, tokens: &[&[u8]], env: &Env, out: &mut Output) -> Next 
     }
     // ms carries its data length before the flags.
     let (datalen, flag_tokens) = if name == b's' {
-        match rest
-            .split_first()
-            .and_then(|(len, f)| parse_i32(len).filter(|n| *n >= 0).map(|n| (n as usize, f)))
-        {
+        match rest.split_first().and_then(|(len, f)| parse_i32(len).filter(|n| *n >= 0).map(|n| (n as usize, f))) {
             Some((n, f)) => (n, f),
             None => {
                 out.put(BAD);
@@ -222,15 +211,7 @@ fn get(key: &[u8], f: &Flags, env: &Env, out: &mut Output) {
     } else {
         out.put(b"HD");
     }
-    put_flags(
-        out,
-        f,
-        key,
-        Some(item.cas),
-        Some(item.flags),
-        Some(item.value.len()),
-        Some(remaining(item.exptime, now)),
-    );
+    put_flags(out, f, key, Some(item.cas), Some(item.flags), Some(item.value.len()), Some(remaining(item.exptime, now)));
     out.put(b"\r\n");
     if f.value {
         out.put_value(&item.value);
@@ -251,20 +232,13 @@ fn set(key: &[u8], datalen: usize, f: &Flags, env: &Env, out: &mut Output) -> Ne
             return Next::Swallow(datalen + 2);
         }
     };
-    if crate::store::item_size(key.len(), datalen, f.client_flags.unwrap_or(0))
-        > env.shared.settings.item_max
-    {
+    if crate::store::item_size(key.len(), datalen, f.client_flags.unwrap_or(0)) > env.shared.settings.item_max {
         CoreStats::bump(&env.stats.store_too_large);
         out.put(b"SERVER_ERROR object too large for cache\r\n");
         return Next::Swallow(datalen + 2);
     }
     Next::Data(StoreOp {
-        reply: Reply::Meta {
-            quiet: f.quiet,
-            opaque: f.opaque.map(|o| o.to_vec()),
-            ret: f.order.clone(),
-            base64: f.base64,
-        },
+        reply: Reply::Meta { quiet: f.quiet, opaque: f.opaque.map(|o| o.to_vec()), ret: f.order.clone(), base64: f.base64 },
         mode,
         key: key.to_vec(),
         flags: f.client_flags.unwrap_or(0),
@@ -275,10 +249,7 @@ fn set(key: &[u8], datalen: usize, f: &Flags, env: &Env, out: &mut Output) -> Ne
 }
 
 fn delete(key: &[u8], f: &Flags, env: &Env, out: &mut Output) {
-    let result = env
-        .shared
-        .store
-        .delete(key, f.compare_cas.unwrap_or(0), env.shared.clock.now());
+    let result = env.shared.store.delete(key, f.compare_cas.unwrap_or(0), env.shared.clock.now());
     let code: &[u8] = match result {
         Deleted::Deleted => {
             CoreStats::bump(&env.stats.delete_hits);
@@ -301,23 +272,9 @@ fn delete(key: &[u8], f: &Flags, env: &Env, out: &mut Output) {
 fn arithmetic(key: &[u8], f: &Flags, env: &Env, out: &mut Output) {
     let incr = !matches!(f.mode, Some(b'D' | b'd' | b'-'));
     let now = env.shared.clock.now();
-    let create = f
-        .vivify
-        .map(|ttl| (f.initial.unwrap_or(0), env.shared.clock.expiry(ttl)));
-    let result = env.shared.store.delta(
-        key,
-        incr,
-        f.delta.unwrap_or(1),
-        f.compare_cas.unwrap_or(0),
-        env.stats.next_cas(),
-        create,
-        now,
-    );
-    let (hits, misses) = if incr {
-        (&env.stats.incr_hits, &env.stats.incr_misses)
-    } else {
-        (&env.stats.decr_hits, &env.stats.decr_misses)
-    };
+    let create = f.vivify.map(|ttl| (f.initial.unwrap_or(0), env.shared.clock.expiry(ttl)));
+    let result = env.shared.store.delta(key, incr, f.delta.unwrap_or(1), f.compare_cas.unwrap_or(0), env.stats.next_cas(), create, now);
+    let (hits, misses) = if incr { (&env.stats.incr_hits, &env.stats.incr_misses) } else { (&env.stats.decr_hits, &env.stats.decr_misses) };
     match result {
         Ok((value, cas)) => {
             CoreStats::bump(hits);
@@ -348,9 +305,7 @@ fn arithmetic(key: &[u8], f: &Flags, env: &Env, out: &mut Output) {
             put_flags(out, f, key, None, None, None, None);
             out.put(b"\r\n");
         }
-        Err(DeltaError::NonNumeric) => {
-            out.put(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n")
-        }
+        Err(DeltaError::NonNumeric) => out.put(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"),
     }
 }
 
@@ -387,13 +342,7 @@ pub fn store_reply(
         use base64::Engine;
         base64::engine::general_purpose::STANDARD.encode(key)
     });
-    let f = Flags {
-        order,
-        opaque,
-        base64,
-        shown_key: encoded.as_deref().map(str::as_bytes),
-        ..Default::default()
-    };
+    let f = Flags { order, opaque, base64, shown_key: encoded.as_deref().map(str::as_bytes), ..Default::default() };
     put_flags(out, &f, key, cas, None, None, None);
     out.put(b"\r\n");
 }

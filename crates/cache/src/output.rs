@@ -29,11 +29,7 @@ pub struct Output {
 
 impl Output {
     pub fn new() -> Output {
-        Output {
-            chunks: VecDeque::new(),
-            buf: BytesMut::with_capacity(16 * 1024),
-            queued: 0,
-        }
+        Output { chunks: VecDeque::new(), buf: BytesMut::with_capacity(16 * 1024), queued: 0 }
     }
 
     #[inline]

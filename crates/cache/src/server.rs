@@ -35,21 +35,16 @@ impl Server {
         if let Some(cpus) = &settings.cpus {
             builder = builder.cpus(cpus.clone());
         }
-        let ip: std::net::IpAddr = settings
-            .listen
-            .parse()
-            .with_context(|| format!("bad listen address {:?}", settings.listen))?;
+        let ip: std::net::IpAddr = settings.listen.parse().with_context(|| format!("bad listen address {:?}", settings.listen))?;
         // The first socket picks the port (when 0 asks for any); the others share it.
-        let first = bind(SocketAddr::new(ip, settings.port))
-            .with_context(|| format!("listening on {}:{}", settings.listen, settings.port))?;
+        let first =
+            bind(SocketAddr::new(ip, settings.port)).with_context(|| format!("listening on {}:{}", settings.listen, settings.port))?;
         let addr = first.local_addr()?;
         let mut listeners = vec![first];
         for _ in 1..settings.cores {
             listeners.push(bind(addr)?);
         }
-        let stats = EbbRef::<CoreStats>::create(StatsRoot {
-            cores: settings.cores,
-        });
+        let stats = EbbRef::<CoreStats>::create(StatsRoot { cores: settings.cores });
         let mut settings = settings;
         settings.port = addr.port();
         let shared = Arc::new(Shared::new(settings, stats));
@@ -59,24 +54,14 @@ impl Server {
             let shared = shared.clone();
             let ready_tx = ready_tx.clone();
             runtime.spawn_on(core, move || {
-                let acceptor = Acceptor {
-                    listener: TcpListener::from_std(listener),
-                    shared,
-                };
+                let acceptor = Acceptor { listener: TcpListener::from_std(listener), shared };
                 let _ = ready_tx.send(sprout_runtime::register(Box::new(acceptor)).map(|_| ()));
             });
         }
         for _ in 0..runtime.num_cores() {
-            ready_rx
-                .recv()
-                .context("a core stopped while starting")?
-                .context("registering a listener")?;
+            ready_rx.recv().context("a core stopped while starting")?.context("registering a listener")?;
         }
-        Ok(Server {
-            runtime: Some(runtime),
-            addr,
-            shared,
-        })
+        Ok(Server { runtime: Some(runtime), addr, shared })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -89,10 +74,7 @@ impl Server {
 
     /// The CPUs the cores are pinned to.
     pub fn cpus(&self) -> Vec<usize> {
-        self.runtime
-            .as_ref()
-            .map(|r| r.cpus().to_vec())
-            .unwrap_or_default()
+        self.runtime.as_ref().map(|r| r.cpus().to_vec()).unwrap_or_default()
     }
 
     pub fn stopper(&self) -> Stopper {
@@ -153,9 +135,7 @@ impl IoHandler for Acceptor {
                     // Out of descriptors and the like: try again shortly (no new edge will
                     // come for connections already waiting).
                     tracing::warn!("accept failed: {e}");
-                    sprout_runtime::timer(std::time::Duration::from_millis(10), move || {
-                        sprout_runtime::notify(token)
-                    });
+                    sprout_runtime::timer(std::time::Duration::from_millis(10), move || sprout_runtime::notify(token));
                     return Control::Keep;
                 }
             }
@@ -197,8 +177,6 @@ pub fn parse_size(text: &str) -> Result<usize> {
             None => (t.as_str(), 1),
         },
     };
-    let n: usize = digits
-        .parse()
-        .with_context(|| format!("bad size {text:?} (bytes, or a number with k or m)"))?;
+    let n: usize = digits.parse().with_context(|| format!("bad size {text:?} (bytes, or a number with k or m)"))?;
     Ok(n * unit)
 }

@@ -131,12 +131,7 @@ impl Default for Session {
 
 impl Session {
     pub fn new() -> Session {
-        Session {
-            proto: Proto::Unknown,
-            scanned: 0,
-            state: State::Ready,
-            stats_request: None,
-        }
+        Session { proto: Proto::Unknown, scanned: 0, state: State::Ready, stats_request: None }
     }
 
     /// The stats a `Step::Stats` asked for.
@@ -187,10 +182,7 @@ impl Session {
                             block
                         }
                     };
-                    let State::Data { op, .. } = std::mem::replace(&mut self.state, State::Ready)
-                    else {
-                        unreachable!()
-                    };
+                    let State::Data { op, .. } = std::mem::replace(&mut self.state, State::Ready) else { unreachable!() };
                     complete_store(op, block, env, out);
                 }
                 State::Ready => {
@@ -198,11 +190,7 @@ impl Session {
                         return Step::NeedMore;
                     }
                     if self.proto == Proto::Unknown {
-                        self.proto = if input[0] == binary::REQUEST_MAGIC {
-                            Proto::Binary
-                        } else {
-                            Proto::Text
-                        };
+                        self.proto = if input[0] == binary::REQUEST_MAGIC { Proto::Binary } else { Proto::Text };
                     }
                     let next = match self.proto {
                         Proto::Binary => binary::step(input, env, out),
@@ -247,12 +235,8 @@ impl Session {
     pub fn finish_stats(&mut self, counters: &crate::stats::Counters, env: &Env, out: &mut Output) {
         if let Some(request) = self.stats_request.take() {
             match &request {
-                StatsRequest::Text { group } => {
-                    ascii::stats_reply(group.as_deref(), counters, env, out)
-                }
-                StatsRequest::Binary { group, opaque } => {
-                    binary::stats_reply(group.as_deref(), *opaque, counters, env, out)
-                }
+                StatsRequest::Text { group } => ascii::stats_reply(group.as_deref(), counters, env, out),
+                StatsRequest::Binary { group, opaque } => binary::stats_reply(group.as_deref(), *opaque, counters, env, out),
             }
         }
         if matches!(self.state, State::Stats) {
@@ -280,10 +264,7 @@ pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Out
     let stats = env.stats;
     if op.trailer == 2 && &block[op.len..] != b"\r\n" {
         // noreply silences even this (memcached does); a meta set always hears it.
-        if matches!(
-            op.reply,
-            Reply::Text { noreply: false } | Reply::Meta { .. }
-        ) {
+        if matches!(op.reply, Reply::Text { noreply: false } | Reply::Meta { .. }) {
             out.put(b"CLIENT_ERROR bad data chunk\r\n");
         }
         return;
@@ -292,15 +273,7 @@ pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Out
     let value: Bytes = block.freeze();
     CoreStats::bump(&stats.cmd_set);
     let now = env.shared.clock.now();
-    let result = env.shared.store.store(
-        op.mode,
-        &op.key,
-        value,
-        op.flags,
-        op.exptime,
-        stats.next_cas(),
-        now,
-    );
+    let result = env.shared.store.store(op.mode, &op.key, value, op.flags, op.exptime, stats.next_cas(), now);
     if let Mode::Cas(_) = op.mode {
         match result {
             Stored::Stored(_) => CoreStats::bump(&stats.cas_hits),
@@ -324,16 +297,7 @@ pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Out
                 });
             }
         }
-        Reply::Binary {
-            opcode,
-            opaque,
-            quiet,
-        } => binary::store_reply(opcode, opaque, quiet, result, out),
-        Reply::Meta {
-            quiet,
-            opaque,
-            ret,
-            base64,
-        } => crate::meta::store_reply(result, &op.key, base64, quiet, opaque.as_deref(), ret, out),
+        Reply::Binary { opcode, opaque, quiet } => binary::store_reply(opcode, opaque, quiet, result, out),
+        Reply::Meta { quiet, opaque, ret, base64 } => crate::meta::store_reply(result, &op.key, base64, quiet, opaque.as_deref(), ret, out),
     }
 }

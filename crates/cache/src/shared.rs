@@ -74,11 +74,7 @@ impl Shared {
     }
 
     /// The lines of `stats [group]`, or None for a group memcached does not know.
-    pub fn report(
-        &self,
-        group: Option<&[u8]>,
-        counters: &Counters,
-    ) -> Option<Vec<(String, String)>> {
+    pub fn report(&self, group: Option<&[u8]>, counters: &Counters) -> Option<Vec<(String, String)>> {
         let mut lines: Vec<(String, String)> = Vec::new();
         let mut put = |name: &str, value: String| lines.push((name.to_string(), value));
         match group {
@@ -89,10 +85,7 @@ impl Shared {
                 put("uptime", self.clock.uptime().to_string());
                 put("time", self.clock.unix().to_string());
                 put("version", VERSION.to_string());
-                put(
-                    "pointer_size",
-                    (8 * std::mem::size_of::<usize>()).to_string(),
-                );
+                put("pointer_size", (8 * std::mem::size_of::<usize>()).to_string());
                 put("rusage_user", user);
                 put("rusage_system", system);
                 put("max_connections", self.settings.max_conns.to_string());
@@ -117,10 +110,7 @@ impl Shared {
                 put("tcpport", s.port.to_string());
                 put("udpport", "0".into());
                 put("inter", s.listen.clone());
-                put(
-                    "verbosity",
-                    self.verbosity.load(Ordering::Relaxed).to_string(),
-                );
+                put("verbosity", self.verbosity.load(Ordering::Relaxed).to_string());
                 put("num_threads", s.cores.to_string());
                 put("cas_enabled", "yes".into());
                 put("item_size_max", s.item_max.to_string());

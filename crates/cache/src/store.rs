@@ -164,17 +164,11 @@ pub struct Store {
 
 impl Shard {
     fn new() -> Shard {
-        Shard {
-            head: NIL,
-            tail: NIL,
-            ..Default::default()
-        }
+        Shard { head: NIL, tail: NIL, ..Default::default() }
     }
 
     fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
-        self.table
-            .find(hash, |&i| &*self.entries[i as usize].key == key)
-            .copied()
+        self.table.find(hash, |&i| &*self.entries[i as usize].key == key).copied()
     }
 
     fn unlink(&mut self, i: u32) {
@@ -233,8 +227,7 @@ impl Shard {
         let hash = entry.hash;
         let i = self.entries.insert(entry) as u32;
         let entries = &self.entries;
-        self.table
-            .insert_unique(hash, i, |&j| entries[j as usize].hash);
+        self.table.insert_unique(hash, i, |&j| entries[j as usize].hash);
         self.push_front(i);
         self.total_items += 1;
         i
@@ -331,12 +324,7 @@ impl Store {
             e.exptime = exptime;
         }
         e.fetched = true;
-        Lookup::Hit(Item {
-            value: e.value.clone(),
-            flags: e.flags,
-            cas: e.cas,
-            exptime: e.exptime,
-        })
+        Lookup::Hit(Item { value: e.value.clone(), flags: e.flags, cas: e.cas, exptime: e.exptime })
     }
 
     /// Read an item without marking it used (meta get's `u`).
@@ -345,12 +333,7 @@ impl Store {
         let mut shard = shard.lock();
         let i = self.live(&mut shard, hash, key, now)?;
         let e = &shard.entries[i as usize];
-        Some(Item {
-            value: e.value.clone(),
-            flags: e.flags,
-            cas: e.cas,
-            exptime: e.exptime,
-        })
+        Some(Item { value: e.value.clone(), flags: e.flags, cas: e.cas, exptime: e.exptime })
     }
 
     /// Read an item, marking it recently used.
@@ -365,16 +348,7 @@ impl Store {
 
     /// Store `value` under `key` as `mode` says, with the new cas `cas`.
     #[allow(clippy::too_many_arguments)]
-    pub fn store(
-        &self,
-        mode: Mode,
-        key: &[u8],
-        value: Bytes,
-        flags: u32,
-        exptime: u32,
-        cas: u64,
-        now: u32,
-    ) -> Stored {
+    pub fn store(&self, mode: Mode, key: &[u8], value: Bytes, flags: u32, exptime: u32, cas: u64, now: u32) -> Stored {
         let (hash, shard_lock) = self.locate(key);
         // The charge of what will be stored; for append and prepend, an upper bound.
         let charge = key.len() + value.len() + ITEM_OVERHEAD;
@@ -395,20 +369,13 @@ impl Store {
             }
             (Mode::Replace | Mode::Append(_) | Mode::Prepend(_), None) => return Stored::NotStored,
             (Mode::Cas(_), None) => return Stored::NotFound,
-            (Mode::Cas(want), Some(i)) if shard.entries[i as usize].cas != want => {
-                return Stored::Exists
-            }
-            (Mode::Append(want) | Mode::Prepend(want), Some(i))
-                if want != 0 && shard.entries[i as usize].cas != want =>
-            {
+            (Mode::Cas(want), Some(i)) if shard.entries[i as usize].cas != want => return Stored::Exists,
+            (Mode::Append(want) | Mode::Prepend(want), Some(i)) if want != 0 && shard.entries[i as usize].cas != want => {
                 return Stored::Exists
             }
             (Mode::Append(_) | Mode::Prepend(_), Some(i))
-                if item_size(
-                    key.len(),
-                    shard.entries[i as usize].value.len() + value.len(),
-                    shard.entries[i as usize].flags,
-                ) > self.item_max =>
+                if item_size(key.len(), shard.entries[i as usize].value.len() + value.len(), shard.entries[i as usize].flags)
+                    > self.item_max =>
             {
                 // memcached refuses to grow an item past the item size limit.
                 return Stored::NotStored;
@@ -507,11 +474,7 @@ impl Store {
             return Err(DeltaError::Exists);
         }
         let current = parse_counter(&e.value).ok_or(DeltaError::NonNumeric)?;
-        let value = if incr {
-            current.wrapping_add(delta)
-        } else {
-            current.saturating_sub(delta)
-        };
+        let value = if incr { current.wrapping_add(delta) } else { current.saturating_sub(delta) };
         let mut text = value.to_string().into_bytes();
         if text.len() < e.value.len() {
             text.resize(e.value.len(), b' ');
@@ -601,10 +564,7 @@ impl Store {
     }
 
     pub fn stats(&self) -> StoreStats {
-        let mut st = StoreStats {
-            limit_maxbytes: self.limit as u64,
-            ..Default::default()
-        };
+        let mut st = StoreStats { limit_maxbytes: self.limit as u64, ..Default::default() };
         for shard in self.shards.iter() {
             let s = shard.lock();
             st.curr_items += s.entries.len() as u64;
@@ -648,10 +608,7 @@ pub fn parse_counter(value: &[u8]) -> Option<u64> {
             return None;
         }
     }
-    std::str::from_utf8(&value[i..i + digits])
-        .ok()?
-        .parse::<u64>()
-        .ok()
+    std::str::from_utf8(&value[i..i + digits]).ok()?.parse::<u64>().ok()
 }
 
 /// An item's size as memcached counts it against `-I`: a 48-byte header, 8 bytes of cas, the

@@ -75,10 +75,7 @@ pub enum Reject {
     Error,
     /// `CLIENT_ERROR <message>`; `noreply` says whether the line asked for silence (memcached
     /// honours it even for errors).
-    Client {
-        message: &'static str,
-        noreply: bool,
-    },
+    Client { message: &'static str, noreply: bool },
     /// `SERVER_ERROR <message>`.
     Server(&'static str),
     /// Close the connection without a word (memcached does this for an HTTP request line).
@@ -110,10 +107,7 @@ impl<'a> Tokens<'a> {
 /// Split a line on spaces as memcached's tokenize_command: runs of spaces separate, the
 /// 23rd token holds the rest of the line.
 pub fn tokenize(line: &[u8]) -> Tokens<'_> {
-    let mut tokens = Tokens {
-        slots: [&[]; MAX_TOKENS],
-        len: 0,
-    };
+    let mut tokens = Tokens { slots: [&[]; MAX_TOKENS], len: 0 };
     let mut start = 0;
     let mut i = 0;
     while i < line.len() {
@@ -189,22 +183,11 @@ pub fn parse(line: &[u8]) -> Result<Command<'_>, Reject> {
             // The keys: everything after the command (and the exptime of gat).
             let after_cmd = rest_after(line, tokens[0]);
             if touch {
-                let exptime = parse_i32(tokens[1]).ok_or(Reject::Client {
-                    message: "invalid exptime argument",
-                    noreply: false,
-                })?;
+                let exptime = parse_i32(tokens[1]).ok_or(Reject::Client { message: "invalid exptime argument", noreply: false })?;
                 let keys = rest_after(line, tokens[1]);
-                return Ok(Command::Get {
-                    cas,
-                    touch: Some(exptime),
-                    keys,
-                });
+                return Ok(Command::Get { cas, touch: Some(exptime), keys });
             }
-            Ok(Command::Get {
-                cas,
-                touch: None,
-                keys: after_cmd,
-            })
+            Ok(Command::Get { cas, touch: None, keys: after_cmd })
         }
         b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
             let kind = match cmd {
@@ -218,10 +201,7 @@ pub fn parse(line: &[u8]) -> Result<Command<'_>, Reject> {
             let base = if kind == StoreKind::Cas { 7 } else { 6 };
             want(n == base || n == base + 1)?;
             let nr = noreply(&tokens);
-            let bad = Reject::Client {
-                message: BAD_FORMAT,
-                noreply: nr,
-            };
+            let bad = Reject::Client { message: BAD_FORMAT, noreply: nr };
             let key = tokens[1];
             if key.len() > KEY_MAX {
                 return Err(bad);
@@ -229,23 +209,11 @@ pub fn parse(line: &[u8]) -> Result<Command<'_>, Reject> {
             let flags = parse_u32(tokens[2]).ok_or(bad.clone())?;
             let exptime = parse_i32(tokens[3]).ok_or(bad.clone())?;
             let bytes = parse_i32(tokens[4]).ok_or(bad.clone())?;
-            let cas = if kind == StoreKind::Cas {
-                parse_u64(tokens[5]).ok_or(bad.clone())?
-            } else {
-                0
-            };
+            let cas = if kind == StoreKind::Cas { parse_u64(tokens[5]).ok_or(bad.clone())? } else { 0 };
             if !(0..=(i32::MAX as i64 - 2)).contains(&bytes) {
                 return Err(bad);
             }
-            Ok(Command::Store {
-                kind,
-                key,
-                flags,
-                exptime,
-                bytes: bytes as usize,
-                cas,
-                noreply: nr,
-            })
+            Ok(Command::Store { kind, key, flags, exptime, bytes: bytes as usize, cas, noreply: nr })
         }
         b"delete" => {
             want((3..=5).contains(&n))?;
@@ -254,94 +222,53 @@ pub fn parse(line: &[u8]) -> Result<Command<'_>, Reject> {
                 let hold_is_zero = tokens[2] == b"0";
                 let valid = (n == 4 && (hold_is_zero || nr)) || (n == 5 && hold_is_zero && nr);
                 if !valid {
-                    return Err(Reject::Client {
-                        message: "bad command line format.  Usage: delete <key> [noreply]",
-                        noreply: nr,
-                    });
+                    return Err(Reject::Client { message: "bad command line format.  Usage: delete <key> [noreply]", noreply: nr });
                 }
             }
             if tokens[1].len() > KEY_MAX {
-                return Err(Reject::Client {
-                    message: BAD_FORMAT,
-                    noreply: nr,
-                });
+                return Err(Reject::Client { message: BAD_FORMAT, noreply: nr });
             }
-            Ok(Command::Delete {
-                key: tokens[1],
-                noreply: nr,
-            })
+            Ok(Command::Delete { key: tokens[1], noreply: nr })
         }
         b"incr" | b"decr" => {
             want(n == 4 || n == 5)?;
             let nr = noreply(&tokens);
             if tokens[1].len() > KEY_MAX {
-                return Err(Reject::Client {
-                    message: BAD_FORMAT,
-                    noreply: nr,
-                });
+                return Err(Reject::Client { message: BAD_FORMAT, noreply: nr });
             }
-            let delta = parse_u64(tokens[2]).ok_or(Reject::Client {
-                message: "invalid numeric delta argument",
-                noreply: nr,
-            })?;
-            Ok(Command::Delta {
-                incr: cmd == b"incr",
-                key: tokens[1],
-                delta,
-                noreply: nr,
-            })
+            let delta = parse_u64(tokens[2]).ok_or(Reject::Client { message: "invalid numeric delta argument", noreply: nr })?;
+            Ok(Command::Delta { incr: cmd == b"incr", key: tokens[1], delta, noreply: nr })
         }
         b"touch" => {
             want(n == 4 || n == 5)?;
             let nr = noreply(&tokens);
             if tokens[1].len() > KEY_MAX {
-                return Err(Reject::Client {
-                    message: BAD_FORMAT,
-                    noreply: nr,
-                });
+                return Err(Reject::Client { message: BAD_FORMAT, noreply: nr });
             }
-            let exptime = parse_i32(tokens[2]).ok_or(Reject::Client {
-                message: "invalid exptime argument",
-                noreply: nr,
-            })?;
-            Ok(Command::Touch {
-                key: tokens[1],
-                exptime,
-                noreply: nr,
-            })
+            let exptime = parse_i32(tokens[2]).ok_or(Reject::Client { message: "invalid exptime argument", noreply: nr })?;
+            Ok(Command::Touch { key: tokens[1], exptime, noreply: nr })
         }
         b"flush_all" => {
             want((2..=4).contains(&n))?;
             let nr = noreply(&tokens);
             let delay = if n != if nr { 3 } else { 2 } {
-                parse_i32(tokens[1]).ok_or(Reject::Client {
-                    message: "invalid exptime argument",
-                    noreply: nr,
-                })?
+                parse_i32(tokens[1]).ok_or(Reject::Client { message: "invalid exptime argument", noreply: nr })?
             } else {
                 0
             };
             Ok(Command::FlushAll { delay, noreply: nr })
         }
-        b"stats" => Ok(Command::Stats {
-            args: tokens[1..].to_vec(),
-        }),
+        b"stats" => Ok(Command::Stats { args: tokens[1..].to_vec() }),
         b"version" => Ok(Command::Version),
         b"quit" => Ok(Command::Quit),
         b"verbosity" => {
             want(n == 3 || n == 4)?;
             let nr = noreply(&tokens);
-            parse_u32(tokens[1]).ok_or(Reject::Client {
-                message: BAD_FORMAT,
-                noreply: nr,
-            })?;
+            parse_u32(tokens[1]).ok_or(Reject::Client { message: BAD_FORMAT, noreply: nr })?;
             Ok(Command::Verbosity { noreply: nr })
         }
         [b'm', name] if matches!(name, b'g' | b's' | b'd' | b'a' | b'n' | b'e') => {
-            Ok(Command::Meta {
-                name: *name,
-                tokens: tokens[1..].to_vec(),
-            })
+            Ok(Command::Meta { name: *name, tokens: tokens[1..].to_vec() })
         }
         _ => {
             if n >= 3 && tokens[tokens.len() - 1].starts_with(b"HTTP/") {
@@ -371,14 +298,8 @@ mod tests {
 
     #[test]
     fn tokenizes_like_memcached() {
-        assert_eq!(
-            &*tokenize(b"  set  k 0 0 1 "),
-            &[&b"set"[..], b"k", b"0", b"0", b"1"][..]
-        );
-        let long: Vec<u8> = (0..30)
-            .map(|i| format!("k{i} "))
-            .collect::<String>()
-            .into_bytes();
+        assert_eq!(&*tokenize(b"  set  k 0 0 1 "), &[&b"set"[..], b"k", b"0", b"0", b"1"][..]);
+        let long: Vec<u8> = (0..30).map(|i| format!("k{i} ")).collect::<String>().into_bytes();
         let t = tokenize(&long);
         assert_eq!(t.len(), 24);
         assert!(t[23].starts_with(b"k23 k24"));
@@ -388,116 +309,36 @@ mod tests {
     fn parses_storage_commands() {
         assert_eq!(
             parse(b"set foo 5 100 3 noreply").unwrap(),
-            Command::Store {
-                kind: StoreKind::Set,
-                key: b"foo",
-                flags: 5,
-                exptime: 100,
-                bytes: 3,
-                cas: 0,
-                noreply: true
-            }
+            Command::Store { kind: StoreKind::Set, key: b"foo", flags: 5, exptime: 100, bytes: 3, cas: 0, noreply: true }
         );
         assert_eq!(
             parse(b"cas foo 0 0 3 77").unwrap(),
-            Command::Store {
-                kind: StoreKind::Cas,
-                key: b"foo",
-                flags: 0,
-                exptime: 0,
-                bytes: 3,
-                cas: 77,
-                noreply: false
-            }
+            Command::Store { kind: StoreKind::Cas, key: b"foo", flags: 0, exptime: 0, bytes: 3, cas: 77, noreply: false }
         );
-        assert_eq!(
-            parse(b"set foo 0 0 -1"),
-            Err(Reject::Client {
-                message: BAD_FORMAT,
-                noreply: false
-            })
-        );
-        assert_eq!(
-            parse(b"set foo x 0 1"),
-            Err(Reject::Client {
-                message: BAD_FORMAT,
-                noreply: false
-            })
-        );
+        assert_eq!(parse(b"set foo 0 0 -1"), Err(Reject::Client { message: BAD_FORMAT, noreply: false }));
+        assert_eq!(parse(b"set foo x 0 1"), Err(Reject::Client { message: BAD_FORMAT, noreply: false }));
         assert_eq!(parse(b"set foo 0 0"), Err(Reject::Error));
         assert_eq!(parse(b"set foo 0 0 1 noreply extra"), Err(Reject::Error));
         let long_key = format!("set {} 0 0 1", "k".repeat(251));
-        assert!(matches!(
-            parse(long_key.as_bytes()),
-            Err(Reject::Client { .. })
-        ));
+        assert!(matches!(parse(long_key.as_bytes()), Err(Reject::Client { .. })));
         let ok_key = format!("set {} 0 0 1", "k".repeat(250));
         assert!(parse(ok_key.as_bytes()).is_ok());
     }
 
     #[test]
     fn parses_gets_and_others() {
-        assert_eq!(
-            parse(b"get a b  c").unwrap(),
-            Command::Get {
-                cas: false,
-                touch: None,
-                keys: b"a b  c"
-            }
-        );
-        assert_eq!(
-            parse(b"gats 10 a").unwrap(),
-            Command::Get {
-                cas: true,
-                touch: Some(10),
-                keys: b"a"
-            }
-        );
-        assert_eq!(
-            keys(b"a b  c").collect::<Vec<_>>(),
-            vec![&b"a"[..], b"b", b"c"]
-        );
+        assert_eq!(parse(b"get a b  c").unwrap(), Command::Get { cas: false, touch: None, keys: b"a b  c" });
+        assert_eq!(parse(b"gats 10 a").unwrap(), Command::Get { cas: true, touch: Some(10), keys: b"a" });
+        assert_eq!(keys(b"a b  c").collect::<Vec<_>>(), vec![&b"a"[..], b"b", b"c"]);
         assert_eq!(parse(b"get"), Err(Reject::Error));
         assert_eq!(parse(b""), Err(Reject::Error));
         assert_eq!(parse(b"x"), Err(Reject::Error));
-        assert_eq!(
-            parse(b"incr k 1").unwrap(),
-            Command::Delta {
-                incr: true,
-                key: b"k",
-                delta: 1,
-                noreply: false
-            }
-        );
-        assert!(matches!(
-            parse(b"incr k -1"),
-            Err(Reject::Client {
-                message: "invalid numeric delta argument",
-                ..
-            })
-        ));
-        assert_eq!(
-            parse(b"delete k 0 noreply").unwrap(),
-            Command::Delete {
-                key: b"k",
-                noreply: true
-            }
-        );
+        assert_eq!(parse(b"incr k 1").unwrap(), Command::Delta { incr: true, key: b"k", delta: 1, noreply: false });
+        assert!(matches!(parse(b"incr k -1"), Err(Reject::Client { message: "invalid numeric delta argument", .. })));
+        assert_eq!(parse(b"delete k 0 noreply").unwrap(), Command::Delete { key: b"k", noreply: true });
         assert!(matches!(parse(b"delete k 5"), Err(Reject::Client { .. })));
-        assert_eq!(
-            parse(b"flush_all 10").unwrap(),
-            Command::FlushAll {
-                delay: 10,
-                noreply: false
-            }
-        );
-        assert_eq!(
-            parse(b"flush_all noreply").unwrap(),
-            Command::FlushAll {
-                delay: 0,
-                noreply: true
-            }
-        );
+        assert_eq!(parse(b"flush_all 10").unwrap(), Command::FlushAll { delay: 10, noreply: false });
+        assert_eq!(parse(b"flush_all noreply").unwrap(), Command::FlushAll { delay: 0, noreply: true });
         assert_eq!(parse(b"GET / HTTP/1.1"), Err(Reject::Close));
     }
 }

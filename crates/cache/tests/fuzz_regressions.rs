@@ -14,10 +14,7 @@ fn corpus() -> Vec<(String, Vec<u8>)> {
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|entry| {
             let path = entry.unwrap().path();
-            (
-                path.file_name().unwrap().to_string_lossy().into_owned(),
-                std::fs::read(&path).unwrap(),
-            )
+            (path.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&path).unwrap())
         })
         .collect();
     files.sort();
@@ -39,10 +36,7 @@ fn replays_every_regression_input() {
             }
         });
         if let Err(e) = result {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
+            let msg = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
             panic!("fuzz regression {name} failed: {}", msg.unwrap_or_default());
         }
     }
@@ -56,11 +50,7 @@ fn partial_commands_answer_as_whole_ones() {
     assert_eq!(whole.output, b"STORED\r\nVALUE k 0 5\r\nhello\r\nEND\r\n");
     for c0 in 1..16u8 {
         for c1 in [0u8, 1, 77] {
-            assert_eq!(
-                fuzz_driver::run_stream([c0, c1], stream, true).output,
-                whole.output,
-                "chunking {c0} {c1}"
-            );
+            assert_eq!(fuzz_driver::run_stream([c0, c1], stream, true).output, whole.output, "chunking {c0} {c1}");
         }
     }
 }
@@ -68,21 +58,16 @@ fn partial_commands_answer_as_whole_ones() {
 /// A value over DIRECT_MIN is read into its own buffer and stored intact, however it arrives.
 #[test]
 fn large_values_take_the_direct_path() {
-    for file in [
-        &include_bytes!("fuzz_regressions/seed_text_direct_value")[..],
-        include_bytes!("fuzz_regressions/seed_binary_direct_value"),
-    ] {
+    for file in
+        [&include_bytes!("fuzz_regressions/seed_text_direct_value")[..], include_bytes!("fuzz_regressions/seed_binary_direct_value")]
+    {
         let (_, stream) = fuzz_driver::split(file);
         let whole = fuzz_driver::run_stream([0, 0], stream, true);
         for c0 in [1u8, 3, 4, 5, 6, 12, 13] {
             let chunked = fuzz_driver::run_stream([c0, 5], stream, true);
             assert!(chunked.used_direct, "chunking {c0}: no direct buffer");
             assert_eq!(chunked.output, whole.output, "chunking {c0}");
-            assert!(
-                chunked.peak_held <= 17_100,
-                "chunking {c0}: held {}",
-                chunked.peak_held
-            );
+            assert!(chunked.peak_held <= 17_100, "chunking {c0}: held {}", chunked.peak_held);
         }
     }
 }
@@ -93,10 +78,7 @@ fn oversized_values_are_swallowed() {
     let (_, stream) = fuzz_driver::split(include_bytes!("fuzz_regressions/seed_text_oversized"));
     for c0 in [0u8, 1, 4, 5] {
         let o = fuzz_driver::run_stream([c0, 0], stream, true);
-        assert_eq!(
-            o.output, b"SERVER_ERROR object too large for cache\r\n",
-            "chunking {c0}"
-        );
+        assert_eq!(o.output, b"SERVER_ERROR object too large for cache\r\n", "chunking {c0}");
         assert!(!o.used_direct);
         assert!(o.peak_held <= 3100, "chunking {c0}: held {}", o.peak_held);
     }
@@ -107,13 +89,6 @@ fn oversized_values_are_swallowed() {
 /// newline broke the reply line. Like mg, md and ma, it returns the key as the client sent it.
 #[test]
 fn meta_set_returns_a_base64_key_encoded() {
-    let o = fuzz_driver::run_stream(
-        [0, 0],
-        b"ms IA== 2 b k\r\nhi\r\nms DQo= 1 b k c\r\nx\r\nmg DQo= b k v\r\n",
-        true,
-    );
-    assert_eq!(
-        o.output,
-        b"HD kIA== b\r\nHD kDQo= c3 b\r\nVA 1 kDQo= b\r\nx\r\n"
-    );
+    let o = fuzz_driver::run_stream([0, 0], b"ms IA== 2 b k\r\nhi\r\nms DQo= 1 b k c\r\nx\r\nmg DQo= b k v\r\n", true);
+    assert_eq!(o.output, b"HD kIA== b\r\nHD kDQo= c3 b\r\nVA 1 kDQo= b\r\nx\r\n");
 }

@@ -19,10 +19,7 @@ pub fn pack(dir: &Path) -> Result<Vec<u8>> {
         entries.sort_by_key(|e| e.file_name());
         for entry in entries {
             let name = entry.file_name();
-            if matches!(
-                name.to_str(),
-                Some("__pycache__" | ".git" | ".pytest_cache")
-            ) {
+            if matches!(name.to_str(), Some("__pycache__" | ".git" | ".pytest_cache")) {
                 continue;
             }
             let path = entry.path();
@@ -44,20 +41,12 @@ fn explain(e: ureq::Error) -> anyhow::Error {
             let body = response.into_string().unwrap_or_default();
             match serde_json::from_str::<serde_json::Value>(&body) {
                 Ok(v) if v.get("error").is_some() => {
-                    let mut msg = format!(
-                        "{code} {}: {}",
-                        v["error"].as_str().unwrap_or(""),
-                        v["message"].as_str().unwrap_or("")
-                    );
+                    let mut msg = format!("{code} {}: {}", v["error"].as_str().unwrap_or(""), v["message"].as_str().unwrap_or(""));
                     if let Some(tb) = v.get("traceback").and_then(|t| t.as_str()) {
                         msg.push('\n');
                         msg.push_str(tb.trim_end());
                     }
-                    if let Some(pip) = v
-                        .get("pip_output")
-                        .and_then(|t| t.as_str())
-                        .filter(|t| !t.is_empty())
-                    {
+                    if let Some(pip) = v.get("pip_output").and_then(|t| t.as_str()).filter(|t| !t.is_empty()) {
                         msg.push_str("\n--- pip said:\n");
                         msg.push_str(pip.trim_end());
                     }
@@ -71,49 +60,30 @@ fn explain(e: ureq::Error) -> anyhow::Error {
 }
 
 pub fn deploy(url: &str, dir: &Path, name: Option<&str>) -> Result<serde_json::Value> {
-    let dir =
-        std::fs::canonicalize(dir).with_context(|| format!("{} does not exist", dir.display()))?;
+    let dir = std::fs::canonicalize(dir).with_context(|| format!("{} does not exist", dir.display()))?;
     let name = match name {
         Some(n) => n.to_string(),
-        None => dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .context("cannot name the lambda after its directory")?
-            .to_string(),
+        None => dir.file_name().and_then(|n| n.to_str()).context("cannot name the lambda after its directory")?.to_string(),
     };
     let archive = pack(&dir)?;
-    let response = ureq::post(&format!("{url}/registry/{name}"))
-        .set("Content-Type", "application/gzip")
-        .send_bytes(&archive)
-        .map_err(explain)?;
+    let response =
+        ureq::post(&format!("{url}/registry/{name}")).set("Content-Type", "application/gzip").send_bytes(&archive).map_err(explain)?;
     Ok(response.into_json()?)
 }
 
 pub fn invoke(url: &str, name: &str, event: &str) -> Result<String> {
-    let response = ureq::post(&format!("{url}/run/{name}"))
-        .set("Content-Type", "application/json")
-        .send_string(event)
-        .map_err(explain)?;
+    let response = ureq::post(&format!("{url}/run/{name}")).set("Content-Type", "application/json").send_string(event).map_err(explain)?;
     let mut body = String::new();
-    response
-        .into_reader()
-        .take(1 << 30)
-        .read_to_string(&mut body)?;
+    response.into_reader().take(1 << 30).read_to_string(&mut body)?;
     Ok(body)
 }
 
 /// The worker's Zygote tree (its import cache), drawn as text.
 pub fn zygotes(url: &str) -> Result<String> {
-    let stats: serde_json::Value = ureq::get(&format!("{url}/stats"))
-        .call()
-        .map_err(explain)?
-        .into_json()?;
+    let stats: serde_json::Value = ureq::get(&format!("{url}/stats")).call().map_err(explain)?.into_json()?;
     let cache = &stats["import_cache"];
     if cache.is_null() {
-        bail!(
-            "this worker's backend ({}) has no Zygotes",
-            stats["backend"].as_str().unwrap_or("?")
-        );
+        bail!("this worker's backend ({}) has no Zygotes", stats["backend"].as_str().unwrap_or("?"));
     }
     let mut out = format!(
         "import cache: {} Zygotes, package Zygotes {:.1} MiB PSS of {} MiB; hits {}, misses {}, fallbacks {}, evictions {}, deaths {}\n",
@@ -127,15 +97,8 @@ pub fn zygotes(url: &str) -> Result<String> {
         cache["zygote_deaths"],
     );
     fn draw(node: &serde_json::Value, prefix: &str, last: bool, root: bool, out: &mut String) {
-        let adds: Vec<&str> = node["adds"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
-            .unwrap_or_default();
-        let what = if root {
-            "root (no packages)".to_string()
-        } else {
-            format!("+ {}", adds.join(", "))
-        };
+        let adds: Vec<&str> = node["adds"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
+        let what = if root { "root (no packages)".to_string() } else { format!("+ {}", adds.join(", ")) };
         let mut flags = Vec::new();
         if node["pinned"].as_bool() == Some(true) {
             flags.push("static");
@@ -162,11 +125,7 @@ pub fn zygotes(url: &str) -> Result<String> {
             if flags.is_empty() { String::new() } else { format!(", {}", flags.join(", ")) },
         ));
         let children = node["children"].as_array().cloned().unwrap_or_default();
-        let child_prefix = if root {
-            prefix.to_string()
-        } else {
-            format!("{prefix}{}", if last { "   " } else { "│  " })
-        };
+        let child_prefix = if root { prefix.to_string() } else { format!("{prefix}{}", if last { "   " } else { "│  " }) };
         for (i, child) in children.iter().enumerate() {
             draw(child, &child_prefix, i + 1 == children.len(), false, out);
         }

@@ -217,10 +217,7 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
             if a.steady < 300.0 {
                 eprintln!("note: runs of {} s are a smoke test; Cloudstone reports need at least 300 s of steady state", a.steady);
             }
-            let out = a
-                .out
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(format!("bench/results/cloudstone/{}", a.stack)));
+            let out = a.out.clone().unwrap_or_else(|| PathBuf::from(format!("bench/results/cloudstone/{}", a.stack)));
             let run_args = RunArgs {
                 url: String::new(),
                 users: a.start,
@@ -272,20 +269,10 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
                 instances: a.instances,
             };
             let r = sprout_load::search::search(&opts)?;
-            println!(
-                "{}: {} users at SLA-1, {} at SLA-2; {}",
-                r.stack,
-                r.sla1_users,
-                r.sla2_users,
-                out.join("search.html").display()
-            );
+            println!("{}: {} users at SLA-1, {} at SLA-2; {}", r.stack, r.sla1_users, r.sla2_users, out.join("search.html").display());
             Ok(())
         }
-        CloudstoneCommand::Compare {
-            searches,
-            out,
-            json,
-        } => {
+        CloudstoneCommand::Compare { searches, out, json } => {
             if searches.len() < 2 {
                 bail!("compare needs two or more search.json files");
             }
@@ -297,10 +284,7 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
                 .arg("--json")
                 .arg(&json)
                 .status()?;
-            anyhow::ensure!(
-                status.success(),
-                "bench/cloudstone_search.py failed ({status})"
-            );
+            anyhow::ensure!(status.success(), "bench/cloudstone_search.py failed ({status})");
             Ok(())
         }
     }

@@ -11,11 +11,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "sprout",
-    version,
-    about = "Sprout: serverless Python functions in lean sandboxes"
-)]
+#[command(name = "sprout", version, about = "Sprout: serverless Python functions in lean sandboxes")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -181,11 +177,7 @@ enum BenchCommand {
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
         /// Backends to measure, comma-separated.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "sock,sock-nozygote,runc,docker"
-        )]
+        #[arg(long, value_delimiter = ',', default_value = "sock,sock-nozygote,runc,docker")]
         backends: Vec<String>,
         /// Concurrency levels of the cold-start runs, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,2,5,10,20")]
@@ -208,11 +200,7 @@ enum BenchCommand {
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
         /// Parts to run, comma-separated (others keep their results from an earlier run).
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "cold,django,scale,resize,memory"
-        )]
+        #[arg(long, value_delimiter = ',', default_value = "cold,django,scale,resize,memory")]
         parts: Vec<String>,
         /// Fewer samples and points, for a quick look.
         #[arg(long)]
@@ -240,10 +228,7 @@ enum BenchCommand {
         #[arg(long, default_value = "64,1024,4096,16384,65536")]
         sizes: String,
         /// Systems to run, comma-separated.
-        #[arg(
-            long,
-            default_value = "sprout-sqlite,sqlite3-default,sqlite3-tuned,sqlalchemy,peewee,sprout-postgres"
-        )]
+        #[arg(long, default_value = "sprout-sqlite,sqlite3-default,sqlite3-tuned,sqlalchemy,peewee,sprout-postgres")]
         systems: String,
         /// Runs per point (the median is reported).
         #[arg(long, default_value_t = 3)]
@@ -260,11 +245,7 @@ enum BenchCommand {
         #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,128,256")]
         connections: Vec<usize>,
         /// Value sizes (bytes) of the second sweep.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "64,128,256,512,1024,2048,4096,8192,16384"
-        )]
+        #[arg(long, value_delimiter = ',', default_value = "64,128,256,512,1024,2048,4096,8192,16384")]
         values: Vec<usize>,
         /// Connections during the value sweep.
         #[arg(long, default_value_t = 64)]
@@ -324,26 +305,16 @@ fn run(cli: Cli) -> Result<()> {
                     eprintln!("base image built in {:.0} s", t.as_secs_f64())
                 }
             }
-            println!(
-                "initialized {}; start it with `sprout worker up {}`",
-                dir.display(),
-                dir.display()
-            );
+            println!("initialized {}; start it with `sprout worker up {}`", dir.display(), dir.display());
         }
         Command::Worker(WorkerCommand::Up { dir, detach }) => {
             if detach {
                 let pid = daemon::up_detached(&dir, &std::env::current_exe()?)?;
-                println!(
-                    "worker running in the background (pid {pid}); log: {}",
-                    dir.join(daemon::LOG).display()
-                );
+                println!("worker running in the background (pid {pid}); log: {}", dir.join(daemon::LOG).display());
             } else {
                 let config = sprout_worker::config::Config::load(&dir)?;
                 log_init(&config.worker.log);
-                tokio::runtime::Builder::new_multi_thread()
-                    .enable_all()
-                    .build()?
-                    .block_on(daemon::serve(&dir))?;
+                tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(daemon::serve(&dir))?;
             }
         }
         Command::Worker(WorkerCommand::Down { dir, grace }) => {
@@ -369,52 +340,25 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&lambda)?);
         }
         Command::Invoke { name, event, url } => {
-            println!(
-                "{}",
-                client::invoke(url.trim_end_matches('/'), &name, &event)?
-            );
+            println!("{}", client::invoke(url.trim_end_matches('/'), &name, &event)?);
         }
         Command::Packages(PackagesCommand::Preinstall { file, dir }) => {
             log_init("warn,sprout_worker::packages=info");
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             let installed = rt.block_on(sprout_worker::preinstall::preinstall(&dir, &file))?;
             for p in &installed {
-                println!(
-                    "{:<40} {:>8.1} MiB  {}",
-                    p.key,
-                    p.size_bytes as f64 / (1 << 20) as f64,
-                    p.top_level.join(" ")
-                );
+                println!("{:<40} {:>8.1} MiB  {}", p.key, p.size_bytes as f64 / (1 << 20) as f64, p.top_level.join(" "));
             }
             println!("{} packages in the install cache", installed.len());
         }
         Command::Packages(PackagesCommand::List { dir }) => {
             let config = sprout_worker::config::Config::load(&dir)?;
-            let cache = sprout_worker::packages::cache::InstallCache::open(
-                &config.package_cache_dir(&dir),
-            )?;
+            let cache = sprout_worker::packages::cache::InstallCache::open(&config.package_cache_dir(&dir))?;
             for p in cache.list() {
-                println!(
-                    "{:<40} {:>8.1} MiB  {}",
-                    p.key,
-                    p.size_bytes as f64 / (1 << 20) as f64,
-                    p.top_level.join(" ")
-                );
+                println!("{:<40} {:>8.1} MiB  {}", p.key, p.size_bytes as f64 / (1 << 20) as f64, p.top_level.join(" "));
             }
         }
-        Command::Cache(CacheCommand::Serve {
-            port,
-            listen,
-            memory_mb,
-            cores,
-            max_conns,
-            item_max,
-            cpus,
-            no_pin,
-            spin_us,
-        }) => {
+        Command::Cache(CacheCommand::Serve { port, listen, memory_mb, cores, max_conns, item_max, cpus, no_pin, spin_us }) => {
             log_init("info");
             let item_max = sprout_cache::server::parse_size(&item_max)?;
             if item_max < 1024 {
@@ -443,20 +387,9 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Zygotes { dir } => {
             let config = sprout_worker::config::Config::load(&dir)?;
-            print!(
-                "{}",
-                client::zygotes(&format!("http://{}", config.worker.listen))?
-            );
+            print!("{}", client::zygotes(&format!("http://{}", config.worker.listen))?);
         }
-        Command::Bench(BenchCommand::Sandboxes {
-            out,
-            backends,
-            concurrency,
-            seconds,
-            worker_cpu,
-            client_cpu,
-            work_dir,
-        }) => {
+        Command::Bench(BenchCommand::Sandboxes { out, backends, concurrency, seconds, worker_cpu, client_cpu, work_dir }) => {
             let opts = sprout_bench::sandboxes::Options {
                 backends,
                 concurrency,
@@ -470,22 +403,10 @@ fn run(cli: Cli) -> Result<()> {
             let results = sprout_bench::sandboxes::run(&opts)?;
             println!("{}", serde_json::to_string_pretty(&results["targets"])?);
         }
-        Command::Bench(BenchCommand::Packages {
-            out,
-            parts,
-            quick,
-            scale_seconds,
-            worker_cpu,
-            client_cpu,
-            work_dir,
-            seed,
-        }) => {
+        Command::Bench(BenchCommand::Packages { out, parts, quick, scale_seconds, worker_cpu, client_cpu, work_dir, seed }) => {
             for p in &parts {
                 if !sprout_bench::packages::PARTS.contains(&p.as_str()) {
-                    anyhow::bail!(
-                        "unknown part {p:?}; the parts are {}",
-                        sprout_bench::packages::PARTS.join(", ")
-                    );
+                    anyhow::bail!("unknown part {p:?}; the parts are {}", sprout_bench::packages::PARTS.join(", "));
                 }
             }
             let opts = sprout_bench::packages::Options {
@@ -502,13 +423,7 @@ fn run(cli: Cli) -> Result<()> {
             let results = sprout_bench::packages::run(&opts)?;
             println!("{}", serde_json::to_string_pretty(&results["targets"])?);
         }
-        Command::Bench(BenchCommand::Store {
-            out,
-            iterations,
-            sizes,
-            systems,
-            repeats,
-        }) => {
+        Command::Bench(BenchCommand::Store { out, iterations, sizes, systems, repeats }) => {
             sprout_bench::store::run(&out, iterations, &sizes, &systems, repeats)?;
         }
         Command::Bench(BenchCommand::Cache {
@@ -548,17 +463,8 @@ fn run(cli: Cli) -> Result<()> {
             };
             return Err(olio::exec_python(module, verb, &args));
         }
-        Command::Bench(BenchCommand::Primitives {
-            out,
-            seconds,
-            quick,
-        }) => {
-            let opts = sprout_bench::primitives::Options {
-                out_dir: out,
-                seconds_per_point: seconds,
-                quick,
-                ..Default::default()
-            };
+        Command::Bench(BenchCommand::Primitives { out, seconds, quick }) => {
+            let opts = sprout_bench::primitives::Options { out_dir: out, seconds_per_point: seconds, quick, ..Default::default() };
             sprout_bench::primitives::run(&opts)?;
         }
     }

@@ -13,18 +13,13 @@ use anyhow::{anyhow, Error};
 /// ancestor of this binary that does (target/release/sprout -> the repository), else the
 /// source tree this binary was built from.
 pub fn repo_root() -> Result<PathBuf, Error> {
-    let is_repo = |dir: &Path| {
-        dir.join("apps/olio/olio_deploy").is_dir() && dir.join("python/sprout").is_dir()
-    };
+    let is_repo = |dir: &Path| dir.join("apps/olio/olio_deploy").is_dir() && dir.join("python/sprout").is_dir();
     if let Some(home) = std::env::var_os("SPROUT_HOME") {
         let home = PathBuf::from(home);
         if is_repo(&home) {
             return Ok(home);
         }
-        return Err(anyhow!(
-            "SPROUT_HOME={} holds no apps/olio/olio_deploy and python/sprout",
-            home.display()
-        ));
+        return Err(anyhow!("SPROUT_HOME={} holds no apps/olio/olio_deploy and python/sprout", home.display()));
     }
     let exe = std::env::current_exe()?.canonicalize()?;
     if let Some(found) = exe.ancestors().skip(1).find(|dir| is_repo(dir)) {
@@ -34,10 +29,7 @@ pub fn repo_root() -> Result<PathBuf, Error> {
     if is_repo(&built_from) {
         return Ok(built_from.canonicalize()?);
     }
-    Err(anyhow!(
-        "cannot find the Sprout repository (apps/olio, python/sprout) from {}; set SPROUT_HOME",
-        exe.display()
-    ))
+    Err(anyhow!("cannot find the Sprout repository (apps/olio, python/sprout) from {}; set SPROUT_HOME", exe.display()))
 }
 
 /// Replace this process with `python3 -m <module> [verb] <args...>`; returns only on failure.
@@ -55,11 +47,7 @@ pub fn exec_python(module: &str, verb: Option<&str>, args: &[OsString]) -> Error
     }
     let python = std::env::var_os("SPROUT_PYTHON").unwrap_or_else(|| "python3".into());
     let mut cmd = Command::new(&python);
-    cmd.arg("-m")
-        .arg(module)
-        .args(verb)
-        .args(args)
-        .env("PYTHONPATH", path);
+    cmd.arg("-m").arg(module).args(verb).args(args).env("PYTHONPATH", path);
     if let Ok(exe) = std::env::current_exe() {
         cmd.env("SPROUT_BIN", exe); // the deployments start this very binary's worker and cache
     }

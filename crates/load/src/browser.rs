@@ -9,9 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
-use hyper::header::{
-    HeaderValue, CONTENT_TYPE, COOKIE, HOST, IF_MODIFIED_SINCE, LAST_MODIFIED, LOCATION, SET_COOKIE,
-};
+use hyper::header::{HeaderValue, CONTENT_TYPE, COOKIE, HOST, IF_MODIFIED_SINCE, LAST_MODIFIED, LOCATION, SET_COOKIE};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 
@@ -24,10 +22,7 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(kind: impl Into<String>, detail: impl Into<String>) -> Failure {
-        Failure {
-            kind: kind.into(),
-            detail: detail.into(),
-        }
+        Failure { kind: kind.into(), detail: detail.into() }
     }
 }
 
@@ -70,12 +65,7 @@ pub struct Browser {
 impl Browser {
     /// `warm_since`: None for an empty cache; else the Last-Modified date a warm browser
     /// claims for assets it has never fetched in this run.
-    pub fn new(
-        addr: SocketAddr,
-        host: String,
-        warm_since: Option<String>,
-        timeout: Duration,
-    ) -> Browser {
+    pub fn new(addr: SocketAddr, host: String, warm_since: Option<String>, timeout: Duration) -> Browser {
         Browser {
             addr,
             host,
@@ -97,11 +87,7 @@ impl Browser {
 
     /// Add the requests and 304s since `before` to an operation's counters ("http_requests",
     /// "http_not_modified"): what the site served per operation, pages and assets.
-    pub fn count_since(
-        &self,
-        before: (u64, u64),
-        counters: &mut std::collections::BTreeMap<String, u64>,
-    ) {
+    pub fn count_since(&self, before: (u64, u64), counters: &mut std::collections::BTreeMap<String, u64>) {
         *counters.entry("http_requests".into()).or_default() += self.requests - before.0;
         *counters.entry("http_not_modified".into()).or_default() += self.not_modified - before.1;
     }
@@ -123,32 +109,19 @@ impl Browser {
     }
 
     pub async fn post_form(&mut self, path: &str, fields: &[(&str, &str)]) -> Outcome<Response> {
-        let body = form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(fields)
-            .finish();
-        self.send(
-            Method::POST,
-            path,
-            Some("application/x-www-form-urlencoded".into()),
-            Some(Bytes::from(body)),
-        )
-        .await
+        let body = form_urlencoded::Serializer::new(String::new()).extend_pairs(fields).finish();
+        self.send(Method::POST, path, Some("application/x-www-form-urlencoded".into()), Some(Bytes::from(body))).await
     }
 
     pub async fn post_multipart(&mut self, path: &str, form: Multipart) -> Outcome<Response> {
         let (content_type, body) = form.finish();
-        self.send(Method::POST, path, Some(content_type), Some(body))
-            .await
+        self.send(Method::POST, path, Some(content_type), Some(body)).await
     }
 
     /// A static asset, through the browser cache: a cached one is revalidated with
     /// If-Modified-Since (the server should answer 304 with no body).
     pub async fn asset(&mut self, path: &str) -> Outcome<()> {
-        let since = self
-            .cache
-            .get(path)
-            .cloned()
-            .or_else(|| self.warm_since.clone());
+        let since = self.cache.get(path).cloned().or_else(|| self.warm_since.clone());
         let resp = self.request(Method::GET, path, None, None, since).await?;
         match resp.0.status {
             StatusCode::OK => {
@@ -161,24 +134,12 @@ impl Browser {
                 self.not_modified += 1;
                 Ok(())
             }
-            s => Err(Failure::new(
-                format!("http {}", s.as_u16()),
-                format!("GET {path}"),
-            )),
+            s => Err(Failure::new(format!("http {}", s.as_u16()), format!("GET {path}"))),
         }
     }
 
-    async fn send(
-        &mut self,
-        method: Method,
-        path: &str,
-        content_type: Option<String>,
-        body: Option<Bytes>,
-    ) -> Outcome<Response> {
-        Ok(self
-            .request(method, path, content_type, body, None)
-            .await?
-            .0)
+    async fn send(&mut self, method: Method, path: &str, content_type: Option<String>, body: Option<Bytes>) -> Outcome<Response> {
+        Ok(self.request(method, path, content_type, body, None).await?.0)
     }
 
     async fn request(
@@ -190,22 +151,11 @@ impl Browser {
         since: Option<String>,
     ) -> Outcome<(Response, Option<String>)> {
         let what = format!("{method} {path}");
-        match tokio::time::timeout(
-            self.timeout,
-            self.exchange(method, path, content_type, body, since),
-        )
-        .await
-        {
-            Ok(r) => r.map_err(|e| Failure {
-                detail: format!("{what}: {}", e.detail),
-                ..e
-            }),
+        match tokio::time::timeout(self.timeout, self.exchange(method, path, content_type, body, since)).await {
+            Ok(r) => r.map_err(|e| Failure { detail: format!("{what}: {}", e.detail), ..e }),
             Err(_) => {
                 self.conn = None; // the connection may still carry the late answer
-                Err(Failure::new(
-                    "timeout",
-                    format!("{what}: no complete answer in {:?}", self.timeout),
-                ))
+                Err(Failure::new("timeout", format!("{what}: no complete answer in {:?}", self.timeout)))
             }
         }
     }
@@ -218,10 +168,7 @@ impl Browser {
         body: Option<Bytes>,
         since: Option<String>,
     ) -> Outcome<(Response, Option<String>)> {
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(HOST, &self.host);
+        let mut req = Request::builder().method(method).uri(path).header(HOST, &self.host);
         if let Some(ct) = content_type {
             req = req.header(CONTENT_TYPE, ct);
         }
@@ -229,17 +176,10 @@ impl Browser {
             req = req.header(IF_MODIFIED_SINCE, since);
         }
         if !self.cookies.is_empty() {
-            let jar = self
-                .cookies
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join("; ");
+            let jar = self.cookies.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("; ");
             req = req.header(COOKIE, jar);
         }
-        let req = req
-            .body(Full::new(body.unwrap_or_default()))
-            .map_err(|e| Failure::new("request", e.to_string()))?;
+        let req = req.body(Full::new(body.unwrap_or_default())).map_err(|e| Failure::new("request", e.to_string()))?;
         // A kept-alive connection the server has closed fails at once; retry once on a new one
         // (as browsers do) only when the request cannot have been processed.
         let mut sender = self.connection().await?;
@@ -248,10 +188,7 @@ impl Browser {
             Err(e) if e.is_canceled() || e.is_closed() => {
                 self.conn = None;
                 sender = self.connection().await?;
-                sender
-                    .send_request(req)
-                    .await
-                    .map_err(|e| Failure::new("connection", e.to_string()))?
+                sender.send_request(req).await.map_err(|e| Failure::new("connection", e.to_string()))?
             }
             Err(e) => {
                 self.conn = None;
@@ -269,31 +206,15 @@ impl Browser {
         for value in headers.get_all(SET_COOKIE) {
             self.set_cookie(value);
         }
-        let location = headers
-            .get(LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let last_modified = headers
-            .get(LAST_MODIFIED)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let location = headers.get(LOCATION).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let last_modified = headers.get(LAST_MODIFIED).and_then(|v| v.to_str().ok()).map(str::to_string);
         if status.is_server_error() {
             return Err(Failure::new(
                 format!("http {}", status.as_u16()),
-                String::from_utf8_lossy(&body.to_bytes())
-                    .chars()
-                    .take(200)
-                    .collect::<String>(),
+                String::from_utf8_lossy(&body.to_bytes()).chars().take(200).collect::<String>(),
             ));
         }
-        Ok((
-            Response {
-                status,
-                location,
-                body: body.to_bytes(),
-            },
-            last_modified,
-        ))
+        Ok((Response { status, location, body: body.to_bytes() }, last_modified))
     }
 
     async fn connection(&mut self) -> Outcome<SendRequest<Full<Bytes>>> {
@@ -302,13 +223,10 @@ impl Browser {
                 return Ok(c);
             }
         }
-        let stream = tokio::net::TcpStream::connect(self.addr)
-            .await
-            .map_err(|e| Failure::new("connect", format!("{}: {e}", self.addr)))?;
+        let stream = tokio::net::TcpStream::connect(self.addr).await.map_err(|e| Failure::new("connect", format!("{}: {e}", self.addr)))?;
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| Failure::new("connect", e.to_string()))?;
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| Failure::new("connect", e.to_string()))?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -324,9 +242,7 @@ impl Browser {
         let (name, val) = (name.trim().to_string(), val.trim().to_string());
         let expired = parts.any(|a| {
             let a = a.trim().to_ascii_lowercase();
-            a == "max-age=0"
-                || a.starts_with("max-age=-")
-                || a.starts_with("expires=thu, 01 jan 1970")
+            a == "max-age=0" || a.starts_with("max-age=-") || a.starts_with("expires=thu, 01 jan 1970")
         });
         if expired || val.is_empty() {
             self.cookies.remove(&name);
@@ -344,32 +260,23 @@ pub struct Multipart {
 
 impl Multipart {
     pub fn new(seed: u64) -> Multipart {
-        Multipart {
-            boundary: format!("----sprout-load-{seed:016x}"),
-            body: Vec::new(),
-        }
+        Multipart { boundary: format!("----sprout-load-{seed:016x}"), body: Vec::new() }
     }
 
     pub fn text(mut self, name: &str, value: &str) -> Multipart {
         self.body.extend_from_slice(
-            format!(
-                "--{}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n",
-                self.boundary
-            )
-            .as_bytes(),
+            format!("--{}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n", self.boundary).as_bytes(),
         );
         self
     }
 
-    pub fn file(
-        mut self,
-        name: &str,
-        filename: &str,
-        content_type: &str,
-        data: &[u8],
-    ) -> Multipart {
+    pub fn file(mut self, name: &str, filename: &str, content_type: &str, data: &[u8]) -> Multipart {
         self.body.extend_from_slice(
-            format!("--{}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{filename}\"\r\nContent-Type: {content_type}\r\n\r\n", self.boundary).as_bytes(),
+            format!(
+                "--{}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{filename}\"\r\nContent-Type: {content_type}\r\n\r\n",
+                self.boundary
+            )
+            .as_bytes(),
         );
         self.body.extend_from_slice(data);
         self.body.extend_from_slice(b"\r\n");
@@ -377,11 +284,7 @@ impl Multipart {
     }
 
     fn finish(mut self) -> (String, Bytes) {
-        self.body
-            .extend_from_slice(format!("--{}--\r\n", self.boundary).as_bytes());
-        (
-            format!("multipart/form-data; boundary={}", self.boundary),
-            Bytes::from(self.body),
-        )
+        self.body.extend_from_slice(format!("--{}--\r\n", self.boundary).as_bytes());
+        (format!("multipart/form-data; boundary={}", self.boundary), Bytes::from(self.body))
     }
 }

@@ -24,24 +24,14 @@ impl Chain {
         let mut probs = Vec::with_capacity(n);
         for (i, row) in weights.iter().enumerate() {
             if row.len() != n {
-                bail!(
-                    "mix matrix row {} has {} weights; a {n}-operation matrix needs {n}",
-                    i + 1,
-                    row.len()
-                );
+                bail!("mix matrix row {} has {} weights; a {n}-operation matrix needs {n}", i + 1, row.len());
             }
             if let Some(w) = row.iter().find(|w| !w.is_finite() || **w < 0.0) {
-                bail!(
-                    "mix matrix row {}: weight {w} is not a non-negative number",
-                    i + 1
-                );
+                bail!("mix matrix row {}: weight {w} is not a non-negative number", i + 1);
             }
             let sum: f64 = row.iter().sum();
             if sum <= 0.0 {
-                bail!(
-                    "mix matrix row {} has no positive weight: nothing could follow that operation",
-                    i + 1
-                );
+                bail!("mix matrix row {} has no positive weight: nothing could follow that operation", i + 1);
             }
             probs.push(row.iter().map(|w| w / sum).collect::<Vec<_>>());
         }
@@ -80,10 +70,7 @@ impl Chain {
         let row = &self.cumulative[from];
         row.iter().position(|&c| u < c).unwrap_or_else(|| {
             // u fell in the rounding gap above the last sum: take the last possible op.
-            self.probs[from]
-                .iter()
-                .rposition(|&p| p > 0.0)
-                .unwrap_or(row.len() - 1)
+            self.probs[from].iter().rposition(|&p| p > 0.0).unwrap_or(row.len() - 1)
         })
     }
 
@@ -92,20 +79,12 @@ impl Chain {
     pub fn stationary(&self) -> Vec<f64> {
         let n = self.len();
         // a · x = b, a = Pᵀ - I, last row replaced by ones.
-        let mut a: Vec<Vec<f64>> = (0..n)
-            .map(|i| {
-                (0..n)
-                    .map(|j| self.probs[j][i] - if i == j { 1.0 } else { 0.0 })
-                    .collect()
-            })
-            .collect();
+        let mut a: Vec<Vec<f64>> = (0..n).map(|i| (0..n).map(|j| self.probs[j][i] - if i == j { 1.0 } else { 0.0 }).collect()).collect();
         let mut b = vec![0.0; n];
         a[n - 1] = vec![1.0; n];
         b[n - 1] = 1.0;
         for col in 0..n {
-            let pivot = (col..n)
-                .max_by(|&x, &y| a[x][col].abs().total_cmp(&a[y][col].abs()))
-                .unwrap();
+            let pivot = (col..n).max_by(|&x, &y| a[x][col].abs().total_cmp(&a[y][col].abs())).unwrap();
             a.swap(col, pivot);
             b.swap(col, pivot);
             let p = a[col][col];
@@ -139,7 +118,11 @@ impl Chain {
                 }
             }
             if let Some(missing) = seen.iter().position(|s| !s) {
-                bail!("mix matrix: operation {} cannot be reached from operation {} (every operation must be reachable from every other)", missing + 1, start + 1);
+                bail!(
+                    "mix matrix: operation {} cannot be reached from operation {} (every operation must be reachable from every other)",
+                    missing + 1,
+                    start + 1
+                );
             }
         }
         Ok(())
@@ -165,12 +148,7 @@ mod tests {
 
     #[test]
     fn stationary_is_a_fixed_point() {
-        let chain = Chain::new(&[
-            vec![0.0, 3.0, 1.0],
-            vec![2.0, 0.0, 2.0],
-            vec![1.0, 1.0, 1.0],
-        ])
-        .unwrap();
+        let chain = Chain::new(&[vec![0.0, 3.0, 1.0], vec![2.0, 0.0, 2.0], vec![1.0, 1.0, 1.0]]).unwrap();
         let pi = chain.stationary();
         for j in 0..3 {
             let next: f64 = (0..3).map(|i| pi[i] * chain.prob(i, j)).sum();
@@ -191,21 +169,13 @@ mod tests {
 
     #[test]
     fn bad_matrices_are_refused_with_reasons() {
-        let e = Chain::new(&[vec![1.0, 1.0], vec![1.0]])
-            .unwrap_err()
-            .to_string();
+        let e = Chain::new(&[vec![1.0, 1.0], vec![1.0]]).unwrap_err().to_string();
         assert!(e.contains("row 2 has 1 weights"), "{e}");
-        let e = Chain::new(&[vec![1.0, -1.0], vec![1.0, 1.0]])
-            .unwrap_err()
-            .to_string();
+        let e = Chain::new(&[vec![1.0, -1.0], vec![1.0, 1.0]]).unwrap_err().to_string();
         assert!(e.contains("not a non-negative number"), "{e}");
-        let e = Chain::new(&[vec![1.0, 1.0], vec![0.0, 0.0]])
-            .unwrap_err()
-            .to_string();
+        let e = Chain::new(&[vec![1.0, 1.0], vec![0.0, 0.0]]).unwrap_err().to_string();
         assert!(e.contains("row 2 has no positive weight"), "{e}");
-        let e = Chain::new(&[vec![1.0, 0.0], vec![1.0, 1.0]])
-            .unwrap_err()
-            .to_string();
+        let e = Chain::new(&[vec![1.0, 0.0], vec![1.0, 1.0]]).unwrap_err().to_string();
         assert!(e.contains("cannot be reached"), "{e}");
     }
 }

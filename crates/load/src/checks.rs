@@ -30,12 +30,7 @@ pub fn share_within(stats: &OpStats, limit_us: u64) -> f64 {
 /// SLA at `percentile` (90 for SLA-1, 99 for SLA-2): in every window, each operation's
 /// `percentile`% of attempts completed within its limit. Windows where an operation did not
 /// run say nothing about it.
-pub fn sla(
-    workload: &Workload,
-    windows: &Windows,
-    percentile: f64,
-    window_name: &dyn Fn(usize) -> String,
-) -> Check {
+pub fn sla(workload: &Workload, windows: &Windows, percentile: f64, window_name: &dyn Fn(usize) -> String) -> Check {
     let name = match percentile as u32 {
         90 => "SLA-1 (90th percentile)".to_string(),
         99 => "SLA-2 (99th percentile)".to_string(),
@@ -52,23 +47,10 @@ pub fn sla(
             }
             let limit_us = (op.max90_s * 1e6) as u64;
             let within = share_within(s, limit_us);
-            let p_ms = if s.hist.is_empty() {
-                f64::INFINITY
-            } else {
-                s.hist.value_at_quantile(need) as f64 / 1000.0
-            };
+            let p_ms = if s.hist.is_empty() { f64::INFINITY } else { s.hist.value_at_quantile(need) as f64 / 1000.0 };
             let margin = within - need;
             if worst.as_ref().map_or(true, |(m, _)| margin < *m) {
-                worst = Some((
-                    margin,
-                    format!(
-                        "{} {:.1}% within {} s in {}",
-                        op.name,
-                        within * 100.0,
-                        op.max90_s,
-                        window_name(w)
-                    ),
-                ));
+                worst = Some((margin, format!("{} {:.1}% within {} s in {}", op.name, within * 100.0, op.max90_s, window_name(w))));
             }
             if within < need {
                 failures.push(format!(
@@ -78,36 +60,17 @@ pub fn sla(
                     within * 100.0,
                     op.max90_s,
                     p_ms,
-                    if s.error_count() > 0 {
-                        format!(", {} errors", s.error_count())
-                    } else {
-                        String::new()
-                    }
+                    if s.error_count() > 0 { format!(", {} errors", s.error_count()) } else { String::new() }
                 ));
             }
         }
     }
     if windows.windows.is_empty() {
-        return Check {
-            name,
-            passed: false,
-            detail: "no operations were measured".into(),
-        };
+        return Check { name, passed: false, detail: "no operations were measured".into() };
     }
     match failures.len() {
-        0 => Check {
-            name,
-            passed: true,
-            detail: format!("closest: {}", worst.map(|w| w.1).unwrap_or_default()),
-        },
-        n => Check {
-            name,
-            passed: false,
-            detail: format!(
-                "{n} operation-window(s) over the limit; first: {}",
-                failures[0]
-            ),
-        },
+        0 => Check { name, passed: true, detail: format!("closest: {}", worst.map(|w| w.1).unwrap_or_default()) },
+        n => Check { name, passed: false, detail: format!("{n} operation-window(s) over the limit; first: {}", failures[0]) },
     }
 }
 
@@ -118,17 +81,10 @@ pub fn sla(
 pub fn mix(workload: &Workload, total: &[OpStats]) -> Check {
     let name = "operation mix".to_string();
     let pi = workload.chain.stationary();
-    let counts: Vec<u64> = total
-        .iter()
-        .map(|s| s.hist.len() + s.error_count())
-        .collect();
+    let counts: Vec<u64> = total.iter().map(|s| s.hist.len() + s.error_count()).collect();
     let all: u64 = counts.iter().sum();
     if all == 0 {
-        return Check {
-            name,
-            passed: false,
-            detail: "no operations".into(),
-        };
+        return Check { name, passed: false, detail: "no operations".into() };
     }
     // (how far past its limit, detail) of the operation closest to failing.
     let mut worst: Option<(f64, String)> = None;
@@ -136,26 +92,14 @@ pub fn mix(workload: &Workload, total: &[OpStats]) -> Check {
         let share = counts[i] as f64 / all as f64 * 100.0;
         let target = pi[i] * 100.0;
         let off = (share - target).abs();
-        let limit = workload
-            .mix_tolerance_points
-            .max(300.0 * (pi[i] * (1.0 - pi[i]) / all as f64).sqrt());
+        let limit = workload.mix_tolerance_points.max(300.0 * (pi[i] * (1.0 - pi[i]) / all as f64).sqrt());
         let over = off - limit;
         if worst.as_ref().map_or(true, |(w, _)| over > *w) {
-            worst = Some((
-                over,
-                format!(
-                    "{} {:.2}% against {:.2}% (off {:.2} points, limit {:.2})",
-                    op.name, share, target, off, limit
-                ),
-            ));
+            worst = Some((over, format!("{} {:.2}% against {:.2}% (off {:.2} points, limit {:.2})", op.name, share, target, off, limit)));
         }
     }
     let (over, detail) = worst.unwrap_or_default();
-    Check {
-        name,
-        passed: over <= 0.0,
-        detail: format!("closest to its limit: {detail}; {all} operations"),
-    }
+    Check { name, passed: over <= 0.0, detail: format!("closest to its limit: {detail}; {all} operations") }
 }
 
 /// The measured mean cycle time within the workload's tolerance of its configured mean — or,
@@ -164,33 +108,33 @@ pub fn mix(workload: &Workload, total: &[OpStats]) -> Check {
 pub fn cycle_time(workload: &Workload, measured_mean_ms: f64, cycles: u64) -> Check {
     let name = "mean cycle time".to_string();
     if cycles == 0 {
-        return Check {
-            name,
-            passed: false,
-            detail: "no cycles measured".into(),
-        };
+        return Check { name, passed: false, detail: "no cycles measured".into() };
     }
     let target = workload.cycle.mean_ms;
     if target == 0.0 {
-        return Check { name, passed: true, detail: format!("no think time: {measured_mean_ms:.1} ms between operation starts (the response time)") };
+        return Check {
+            name,
+            passed: true,
+            detail: format!("no think time: {measured_mean_ms:.1} ms between operation starts (the response time)"),
+        };
     }
     let off = (measured_mean_ms - target) / target;
     let limit = workload.cycle_tolerance.max(3.0 / (cycles as f64).sqrt());
     Check {
         name,
         passed: off.abs() <= limit,
-        detail: format!("{measured_mean_ms:.0} ms over {cycles} cycles against {target:.0} ms ({:+.2}%, limit ±{:.2}%)", off * 100.0, limit * 100.0),
+        detail: format!(
+            "{measured_mean_ms:.0} ms over {cycles} cycles against {target:.0} ms ({:+.2}%, limit ±{:.2}%)",
+            off * 100.0,
+            limit * 100.0
+        ),
     }
 }
 
 /// Olio's load-level rule: concurrent users per operation per second at most `max`
 /// (Faban's check that the generator was not starved: 5.25 for Olio's 5 s cycles).
 pub fn users_per_ops(users: f64, ops_per_s: f64, max: f64) -> Check {
-    let ratio = if ops_per_s > 0.0 {
-        users / ops_per_s
-    } else {
-        f64::INFINITY
-    };
+    let ratio = if ops_per_s > 0.0 { users / ops_per_s } else { f64::INFINITY };
     Check {
         name: "users / ops per second".into(),
         passed: ratio <= max,
@@ -202,16 +146,8 @@ pub fn users_per_ops(users: f64, ops_per_s: f64, max: f64) -> Check {
 /// least 6% of EventDetails) — less three standard errors of a share of `of` runs, so a short
 /// fair run is not failed by chance.
 pub fn ratio(name: &str, count: u64, of: u64, min: f64) -> Check {
-    let share = if of > 0 {
-        count as f64 / of as f64
-    } else {
-        0.0
-    };
-    let limit = if of > 0 {
-        (min - 3.0 * (min * (1.0 - min) / of as f64).sqrt()).max(0.0)
-    } else {
-        min
-    };
+    let share = if of > 0 { count as f64 / of as f64 } else { 0.0 };
+    let limit = if of > 0 { (min - 3.0 * (min * (1.0 - min) / of as f64).sqrt()).max(0.0) } else { min };
     Check {
         name: name.into(),
         passed: of > 0 && share >= limit,
@@ -242,17 +178,11 @@ mod tests {
         let mut windows = Windows::new(7, 300_000_000);
         // HomePage (limit 1 s): 89 fast, 11 slow in window 1 -> 89% within: SLA-1 fails.
         for i in 0..100u64 {
-            windows
-                .at(0, 0)
-                .record(if i < 89 { 100_000 } else { 1_500_000 });
+            windows.at(0, 0).record(if i < 89 { 100_000 } else { 1_500_000 });
         }
         let c = sla(&w, &windows, 90.0, &window_name);
         assert!(!c.passed);
-        assert!(
-            c.detail.contains("HomePage in window 1: 89.0% within 1 s"),
-            "{}",
-            c.detail
-        );
+        assert!(c.detail.contains("HomePage in window 1: 89.0% within 1 s"), "{}", c.detail);
         // One more fast response is not enough (90/101 < 90%); a tenth slow one replaced is.
         let mut ok = Windows::new(7, 300_000_000);
         for i in 0..100u64 {
@@ -311,13 +241,8 @@ mod tests {
         assert!(cycle_time(&w, 5400.0, 1000).passed && !cycle_time(&w, 5500.0, 1000).passed);
         assert!(!users_per_ops(600.0, 100.0, 5.25).passed);
         assert!(users_per_ops(500.0, 100.0, 5.25).passed);
-        assert!(
-            ratio("attends", 700, 10_000, 0.06).passed
-                && !ratio("attends", 500, 10_000, 0.06).passed
-        );
+        assert!(ratio("attends", 700, 10_000, 0.06).passed && !ratio("attends", 500, 10_000, 0.06).passed);
         // 1,000 runs measure a 6% share to 0.75 points: 5.0% passes, 3.0% is a real shortfall.
-        assert!(
-            ratio("attends", 50, 1000, 0.06).passed && !ratio("attends", 30, 1000, 0.06).passed
-        );
+        assert!(ratio("attends", 50, 1000, 0.06).passed && !ratio("attends", 30, 1000, 0.06).passed);
     }
 }

@@ -76,16 +76,9 @@ impl Spec {
     }
 
     pub fn addr(&self) -> Result<SocketAddr> {
-        let rest = self
-            .url
-            .strip_prefix("http://")
-            .with_context(|| format!("{:?}: the site must be an http:// URL", self.url))?;
+        let rest = self.url.strip_prefix("http://").with_context(|| format!("{:?}: the site must be an http:// URL", self.url))?;
         let hostport = rest.split('/').next().unwrap_or(rest);
-        let hostport = if hostport.contains(':') {
-            hostport.to_string()
-        } else {
-            format!("{hostport}:80")
-        };
+        let hostport = if hostport.contains(':') { hostport.to_string() } else { format!("{hostport}:80") };
         hostport
             .to_socket_addrs()
             .with_context(|| format!("resolving {hostport}"))?
@@ -95,10 +88,7 @@ impl Spec {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
 }
 
 /// Run one agent to the end of its plan (in this process).
@@ -110,14 +100,8 @@ pub fn run_agent(spec: &Spec) -> Result<AgentResult> {
     let plan = spec.plan()?;
     let addr = spec.addr()?;
     let timeout = Duration::from_secs_f64(spec.timeout_s.max(0.1));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let start = || {
-        std::thread::sleep(Duration::from_millis(
-            spec.start_at_unix_ms.saturating_sub(now_ms()),
-        ))
-    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let start = || std::thread::sleep(Duration::from_millis(spec.start_at_unix_ms.saturating_sub(now_ms())));
     match workload.driver.as_str() {
         "olio" => {
             let driver = Olio::new(&workload, addr, spec.registered_users, timeout)?;
@@ -159,11 +143,7 @@ pub struct Merged {
 pub fn merge(results: &[AgentResult]) -> Result<Merged> {
     let mut merged: Option<Merged> = None;
     for r in results {
-        let steady = Windows::from_wire(
-            r.steady
-                .as_ref()
-                .context("an agent sent no steady-state windows")?,
-        )?;
+        let steady = Windows::from_wire(r.steady.as_ref().context("an agent sent no steady-state windows")?)?;
         let series = Windows::from_wire(r.series.as_ref().context("an agent sent no series")?)?;
         match &mut merged {
             None => {
@@ -214,11 +194,7 @@ pub fn run_agents(exe: &std::path::Path, spec: &Spec, cpus: &[usize]) -> Result<
             .stderr(Stdio::inherit())
             .spawn()
             .with_context(|| format!("starting agent {agent} ({})", exe.display()))?;
-        child
-            .stdin
-            .take()
-            .expect("piped")
-            .write_all(serde_json::to_string(&s)?.as_bytes())?;
+        child.stdin.take().expect("piped").write_all(serde_json::to_string(&s)?.as_bytes())?;
         children.push(child);
     }
     let mut results = Vec::new();

@@ -44,8 +44,7 @@ pub struct Pricing {
 
 impl Pricing {
     pub fn load(path: &Path) -> Result<Pricing> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the pricing file {}", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading the pricing file {}", path.display()))?;
         Pricing::parse(&text).with_context(|| format!("in the pricing file {}", path.display()))
     }
 
@@ -58,64 +57,38 @@ impl Pricing {
                 || !p.usd_per_vcpu_hour.map_or(true, ok)
                 || !p.usd_per_gb_hour.map_or(true, ok)
             {
-                bail!(
-                    "price {}: prices are non-negative numbers of dollars",
-                    p.name
-                );
+                bail!("price {}: prices are non-negative numbers of dollars", p.name);
             }
         }
-        let pricing = Pricing {
-            default: f.default,
-            prices: f.price,
-        };
+        let pricing = Pricing { default: f.default, prices: f.price };
         pricing.get(&pricing.default)?;
         Ok(pricing)
     }
 
     pub fn get(&self, name: &str) -> Result<&Price> {
-        self.prices
-            .iter()
-            .find(|p| p.name == name)
-            .with_context(|| {
-                format!(
-                    "no price named {name:?} (the file has: {})",
-                    self.prices
-                        .iter()
-                        .map(|p| p.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            })
+        self.prices.iter().find(|p| p.name == name).with_context(|| {
+            format!(
+                "no price named {name:?} (the file has: {})",
+                self.prices.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
+            )
+        })
     }
 }
 
 impl Price {
     /// The monthly cost of `instances` always-on instances over `months` of operation.
     pub fn monthly_usd(&self, instances: f64, months: u32) -> f64 {
-        instances
-            * (self.usd_per_instance_hour * HOURS_PER_MONTH
-                + self.upfront_usd / months.max(1) as f64)
+        instances * (self.usd_per_instance_hour * HOURS_PER_MONTH + self.upfront_usd / months.max(1) as f64)
     }
 
     /// Dollars per user per month for each of Cloudstone's terms; None when no user passed.
     pub fn per_user_month(&self, instances: f64, users: u64) -> Vec<(u32, Option<f64>)> {
-        TERMS
-            .iter()
-            .map(|&m| {
-                (
-                    m,
-                    (users > 0).then(|| self.monthly_usd(instances, m) / users as f64),
-                )
-            })
-            .collect()
+        TERMS.iter().map(|&m| (m, (users > 0).then(|| self.monthly_usd(instances, m) / users as f64))).collect()
     }
 
     /// Per-second billing of what was used: CPU-seconds and memory GB-seconds.
     pub fn used_usd(&self, cpu_seconds: f64, gb_seconds: f64) -> Option<f64> {
-        Some(
-            cpu_seconds / 3600.0 * self.usd_per_vcpu_hour?
-                + gb_seconds / 3600.0 * self.usd_per_gb_hour?,
-        )
+        Some(cpu_seconds / 3600.0 * self.usd_per_vcpu_hour? + gb_seconds / 3600.0 * self.usd_per_gb_hour?)
     }
 }
 
@@ -155,10 +128,7 @@ mod tests {
             usd_per_gb_hour: None,
         };
         let by_term = p.per_user_month(1.0, 100);
-        assert_eq!(
-            by_term,
-            vec![(1, Some(36.0)), (12, Some(3.0)), (36, Some(1.0))]
-        );
+        assert_eq!(by_term, vec![(1, Some(36.0)), (12, Some(3.0)), (36, Some(1.0))]);
         assert_eq!(p.used_usd(3600.0, 0.0), None);
     }
 
@@ -173,15 +143,10 @@ mod tests {
 
     #[test]
     fn bad_pricing_files_are_refused() {
-        assert!(Pricing::parse(
-            "default = \"x\"\n[[price]]\nname = \"y\"\nusd_per_instance_hour = 1\n"
-        )
-        .unwrap_err()
-        .to_string()
-        .contains("no price named \"x\""));
-        assert!(Pricing::parse(
-            "default = \"y\"\n[[price]]\nname = \"y\"\nusd_per_instance_hour = -1\n"
-        )
-        .is_err());
+        assert!(Pricing::parse("default = \"x\"\n[[price]]\nname = \"y\"\nusd_per_instance_hour = 1\n")
+            .unwrap_err()
+            .to_string()
+            .contains("no price named \"x\""));
+        assert!(Pricing::parse("default = \"y\"\n[[price]]\nname = \"y\"\nusd_per_instance_hour = -1\n").is_err());
     }
 }

@@ -40,10 +40,7 @@ mod tests {
     use super::*;
     use rand::{rngs::SmallRng, SeedableRng};
 
-    const OLIO: CycleTime = CycleTime {
-        mean_ms: 5000.0,
-        max_factor: 5.0,
-    };
+    const OLIO: CycleTime = CycleTime { mean_ms: 5000.0, max_factor: 5.0 };
 
     fn sample_mean(min_ms: f64, n: usize) -> (f64, f64, f64) {
         let mut rng = SmallRng::seed_from_u64(42);
@@ -60,10 +57,7 @@ mod tests {
         let expected = OLIO.expected_ms(0.0);
         assert!((expected - 5000.0 * (1.0 - (-5f64).exp())).abs() < 1e-9);
         let (mean, lo, hi) = sample_mean(0.0, 400_000);
-        assert!(
-            (mean - expected).abs() / expected < 0.005,
-            "{mean} vs {expected}"
-        );
+        assert!((mean - expected).abs() / expected < 0.005, "{mean} vs {expected}");
         assert!(lo >= 0.0 && hi <= 25_000.0);
     }
 
@@ -72,10 +66,7 @@ mod tests {
         let expected = OLIO.expected_ms(3000.0);
         let (mean, lo, _) = sample_mean(3000.0, 400_000);
         assert_eq!(lo, 3000.0);
-        assert!(
-            (mean - expected).abs() / expected < 0.005,
-            "{mean} vs {expected}"
-        );
+        assert!((mean - expected).abs() / expected < 0.005, "{mean} vs {expected}");
         assert_eq!(OLIO.expected_ms(30_000.0), 30_000.0);
     }
 }

@@ -175,11 +175,7 @@ async fn supervise<D: Driver>(shared: Rc<Shared<D>>) -> Vec<(f64, usize)> {
     // Users start no faster than one per start_delay, and fast enough to be all up by the
     // end of the ramp-up.
     let mine = share(plan.users, plan.agent, plan.agents);
-    let stagger = if mine > 0 {
-        plan.start_delay.min(plan.ramp_up / mine as u32)
-    } else {
-        plan.start_delay
-    };
+    let stagger = if mine > 0 { plan.start_delay.min(plan.ramp_up / mine as u32) } else { plan.start_delay };
     loop {
         let t = shared.start.elapsed();
         if t >= plan.total() {
@@ -209,12 +205,7 @@ async fn supervise<D: Driver>(shared: Rc<Shared<D>>) -> Vec<(f64, usize)> {
             }
             next_report += plan.interval;
         }
-        tokio::time::sleep(Duration::from_millis(if stagger.is_zero() {
-            1
-        } else {
-            stagger.as_millis().clamp(1, 50) as u64
-        }))
-        .await;
+        tokio::time::sleep(Duration::from_millis(if stagger.is_zero() { 1 } else { stagger.as_millis().clamp(1, 50) as u64 })).await;
     }
     shared.stop.set(true);
     // Let operations in flight finish (they are past the steady state, not recorded) for a
@@ -237,12 +228,7 @@ fn report<D: Driver>(shared: &Shared<D>, t: Duration, active: usize, last_count:
     };
     let series = shared.series.borrow();
     let count: u64 = series.windows.iter().flatten().map(|s| s.hist.len()).sum();
-    let errors: u64 = series
-        .windows
-        .iter()
-        .flatten()
-        .map(|s| s.error_count())
-        .sum();
+    let errors: u64 = series.windows.iter().flatten().map(|s| s.error_count()).sum();
     let rate = (count - last_count) as f64 / plan.interval.as_secs_f64();
     let p90 = series.windows.last().map(|w| {
         w.iter()
@@ -268,8 +254,7 @@ fn report<D: Driver>(shared: &Shared<D>, t: Duration, active: usize, last_count:
 /// The random stream of the `life`-th session in user slot `id`: distinct for every slot and
 /// every session a slot starts, the same from run to run for one seed.
 fn session_seed(seed: u64, id: u64, life: u64) -> u64 {
-    seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ life.wrapping_mul(0xD1B5_4A32_D192_ED03).rotate_left(29)
+    seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ life.wrapping_mul(0xD1B5_4A32_D192_ED03).rotate_left(29)
 }
 
 async fn user_loop<D: Driver>(shared: Rc<Shared<D>>, slot: usize, life: u64) {
@@ -287,10 +272,7 @@ async fn user_loop<D: Driver>(shared: Rc<Shared<D>>, slot: usize, life: u64) {
             break;
         }
         counters.clear();
-        let outcome = shared
-            .driver
-            .run(&mut user, op, &mut rng, &mut counters)
-            .await;
+        let outcome = shared.driver.run(&mut user, op, &mut rng, &mut counters).await;
         let took = started.elapsed().as_micros() as u64;
         let measured = shared.in_steady(t);
         {
@@ -318,18 +300,13 @@ async fn user_loop<D: Driver>(shared: Rc<Shared<D>>, slot: usize, life: u64) {
             tracing_error(plan.agent, &shared.workload.operations[op].name, f);
         }
         let next = shared.workload.chain.next(op, &mut rng);
-        let delay = shared
-            .workload
-            .cycle
-            .draw(shared.workload.operations[next].min_cycle_ms, &mut rng);
+        let delay = shared.workload.cycle.draw(shared.workload.operations[next].min_cycle_ms, &mut rng);
         // This operation's cycle: from its start to the next one's, which is the drawn delay,
         // or the operation itself when it ran longer. Counted for operations that started in
         // the steady state (by start, so long cycles near its end are not missed).
         if measured {
             shared.cycles.set(shared.cycles.get() + 1);
-            shared
-                .cycle_ms_sum
-                .set(shared.cycle_ms_sum.get() + delay.max(took as f64 / 1000.0));
+            shared.cycle_ms_sum.set(shared.cycle_ms_sum.get() + delay.max(took as f64 / 1000.0));
         }
         let wake = started + Duration::from_secs_f64(delay / 1000.0);
         // Sleep in slices so a stop or a lower profile ends the session promptly.
@@ -352,14 +329,7 @@ fn tracing_error(agent: u32, op: &str, f: &Failure) {
         let n = seen.entry(f.kind.clone()).or_default();
         *n += 1;
         if *n <= 3 {
-            eprintln!(
-                "[agent {agent}] {op} failed: {f}{}",
-                if *n == 3 {
-                    " (further errors of this kind are only counted)"
-                } else {
-                    ""
-                }
-            );
+            eprintln!("[agent {agent}] {op} failed: {f}{}", if *n == 3 { " (further errors of this kind are only counted)" } else { "" });
         }
     });
 }
@@ -377,13 +347,7 @@ mod tests {
     impl Driver for Sleeper {
         type User = ();
         fn new_user(&self, _: u64, _: bool, _: &mut SmallRng) {}
-        async fn run(
-            &self,
-            _: &mut (),
-            op: usize,
-            _: &mut SmallRng,
-            counters: &mut BTreeMap<String, u64>,
-        ) -> Result<(), Failure> {
+        async fn run(&self, _: &mut (), op: usize, _: &mut SmallRng, counters: &mut BTreeMap<String, u64>) -> Result<(), Failure> {
             tokio::time::sleep(self.0).await;
             *counters.entry(format!("op{op}")).or_default() += 1;
             Ok(())
@@ -415,13 +379,7 @@ mod tests {
     async fn a_long_run_meets_the_mix_and_cycle_checks() {
         // 200 users for 30 virtual minutes: about 70,000 operations.
         let w = olio();
-        let r = run(
-            Sleeper(Duration::from_millis(20)),
-            w.clone(),
-            plan(200, 1800, None),
-        )
-        .await
-        .unwrap();
+        let r = run(Sleeper(Duration::from_millis(20)), w.clone(), plan(200, 1800, None)).await.unwrap();
         let steady = Windows::from_wire(r.steady.as_ref().unwrap()).unwrap();
         assert_eq!(steady.windows.len(), 6, "six 5-minute windows");
         let total = steady.total();
@@ -435,43 +393,21 @@ mod tests {
         assert!((total[0].summary().p90_ms - 20.0).abs() < 1.0);
         assert_eq!(r.counters.values().sum::<u64>(), ops);
         // All users were up by the end of the ramp-up.
-        assert!(
-            r.active_users.iter().any(|&(t, u)| t >= 30.0 && u == 200),
-            "{:?}",
-            r.active_users
-        );
+        assert!(r.active_users.iter().any(|&(t, u)| t >= 30.0 && u == 200), "{:?}", r.active_users);
     }
 
     #[test]
     fn slots_are_dealt_round_robin() {
-        assert_eq!(
-            (0..3).map(|a| share(10, a, 3)).collect::<Vec<_>>(),
-            vec![4, 3, 3]
-        );
-        assert_eq!(
-            (0..3).map(|a| share(2, a, 3)).collect::<Vec<_>>(),
-            vec![1, 1, 0]
-        );
+        assert_eq!((0..3).map(|a| share(10, a, 3)).collect::<Vec<_>>(), vec![4, 3, 3]);
+        assert_eq!((0..3).map(|a| share(2, a, 3)).collect::<Vec<_>>(), vec![1, 1, 0]);
         assert_eq!(share(7, 0, 1), 7);
     }
 
     #[tokio::test(start_paused = true)]
     async fn users_follow_the_profile() {
         let profile = Profile::parse("0 10\n100 50\n200 5\n").unwrap();
-        let r = run(
-            Sleeper(Duration::from_millis(5)),
-            olio(),
-            plan(50, 300, Some(profile)),
-        )
-        .await
-        .unwrap();
-        let at = |s: f64| {
-            r.active_users
-                .iter()
-                .find(|(t, _)| *t >= s)
-                .map(|p| p.1)
-                .unwrap()
-        };
+        let r = run(Sleeper(Duration::from_millis(5)), olio(), plan(50, 300, Some(profile))).await.unwrap();
+        let at = |s: f64| r.active_users.iter().find(|(t, _)| *t >= s).map(|p| p.1).unwrap();
         assert_eq!(at(90.0), 10);
         assert_eq!(at(150.0), 50);
         // Sessions end after their current cycle: within a cap (25 s) of the step down.
@@ -487,13 +423,7 @@ mod tests {
         fn new_user(&self, id: u64, _: bool, rng: &mut SmallRng) {
             self.0.borrow_mut().push((id, rng.random()));
         }
-        async fn run(
-            &self,
-            _: &mut (),
-            _: usize,
-            _: &mut SmallRng,
-            _: &mut BTreeMap<String, u64>,
-        ) -> Result<(), Failure> {
+        async fn run(&self, _: &mut (), _: usize, _: &mut SmallRng, _: &mut BTreeMap<String, u64>) -> Result<(), Failure> {
             tokio::time::sleep(Duration::from_millis(5)).await;
             Ok(())
         }
@@ -505,30 +435,14 @@ mod tests {
         let profile = Profile::parse("0 10\n100 2\n200 10\n").unwrap();
         let namer = Namer(RefCell::new(Vec::new()));
         let seen = Rc::new(namer);
-        run(
-            SharedDriver(seen.clone()),
-            olio(),
-            plan(10, 300, Some(profile)),
-        )
-        .await
-        .unwrap();
+        run(SharedDriver(seen.clone()), olio(), plan(10, 300, Some(profile))).await.unwrap();
         let sessions = seen.0.borrow().clone();
-        let again: Vec<_> = sessions
-            .iter()
-            .filter(|(id, _)| sessions.iter().filter(|(other, _)| other == id).count() > 1)
-            .collect();
-        assert!(
-            again.len() >= 16,
-            "slots 2-9 should each have started twice: {sessions:?}"
-        );
+        let again: Vec<_> = sessions.iter().filter(|(id, _)| sessions.iter().filter(|(other, _)| other == id).count() > 1).collect();
+        assert!(again.len() >= 16, "slots 2-9 should each have started twice: {sessions:?}");
         let mut draws: Vec<u64> = sessions.iter().map(|(_, d)| *d).collect();
         draws.sort_unstable();
         draws.dedup();
-        assert_eq!(
-            draws.len(),
-            sessions.len(),
-            "a session replayed another's random stream: {sessions:?}"
-        );
+        assert_eq!(draws.len(), sessions.len(), "a session replayed another's random stream: {sessions:?}");
         // The same seed gives the same streams: runs are reproducible.
         assert_eq!(session_seed(3, 5, 1), session_seed(3, 5, 1));
         assert_ne!(session_seed(3, 5, 0), session_seed(3, 5, 1));

@@ -13,8 +13,7 @@ pub struct Profile {
 
 impl Profile {
     pub fn load(path: &Path) -> Result<Profile> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the load profile {}", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading the load profile {}", path.display()))?;
         Profile::parse(&text).with_context(|| format!("in the load profile {}", path.display()))
     }
 
@@ -35,9 +34,7 @@ impl Profile {
                 .ok()
                 .filter(|t: &f64| t.is_finite() && *t >= 0.0)
                 .with_context(|| format!("line {}: {t:?} is not a number of seconds", n + 1))?;
-            let u: usize = u
-                .parse()
-                .with_context(|| format!("line {}: {u:?} is not a number of users", n + 1))?;
+            let u: usize = u.parse().with_context(|| format!("line {}: {u:?} is not a number of users", n + 1))?;
             if let Some(&(last, _)) = points.last() {
                 if t <= last {
                     bail!("line {}: times must increase ({t} after {last})", n + 1);
@@ -54,12 +51,7 @@ impl Profile {
     }
 
     pub fn users_at(&self, seconds: f64) -> usize {
-        self.points
-            .iter()
-            .rev()
-            .find(|(t, _)| *t <= seconds)
-            .map(|p| p.1)
-            .unwrap_or(0)
+        self.points.iter().rev().find(|(t, _)| *t <= seconds).map(|p| p.1).unwrap_or(0)
     }
 
     pub fn peak(&self) -> usize {
@@ -91,30 +83,15 @@ mod tests {
         assert_eq!(p.users_at(60.0), 100);
         assert_eq!(p.users_at(1000.0), 10);
         assert_eq!(p.peak(), 100);
-        assert_eq!(
-            p.user_seconds(120.0),
-            60.0 * 10.0 + 30.0 * 100.0 + 30.0 * 10.0
-        );
+        assert_eq!(p.user_seconds(120.0), 60.0 * 10.0 + 30.0 * 100.0 + 30.0 * 10.0);
     }
 
     #[test]
     fn errors_name_the_line() {
-        assert!(Profile::parse("5 10\n")
-            .unwrap_err()
-            .to_string()
-            .contains("first point must be at 0"));
-        assert!(Profile::parse("0 10\n0 5\n")
-            .unwrap_err()
-            .to_string()
-            .contains("line 2: times must increase"));
-        assert!(Profile::parse("0 ten\n")
-            .unwrap_err()
-            .to_string()
-            .contains("line 1"));
-        assert!(Profile::parse("0 1 2\n")
-            .unwrap_err()
-            .to_string()
-            .contains("expected `seconds users`"));
+        assert!(Profile::parse("5 10\n").unwrap_err().to_string().contains("first point must be at 0"));
+        assert!(Profile::parse("0 10\n0 5\n").unwrap_err().to_string().contains("line 2: times must increase"));
+        assert!(Profile::parse("0 ten\n").unwrap_err().to_string().contains("line 1"));
+        assert!(Profile::parse("0 1 2\n").unwrap_err().to_string().contains("expected `seconds users`"));
         assert!(Profile::parse("# nothing\n").is_err());
     }
 }

@@ -84,33 +84,16 @@ pub fn build(
                 summary: total[i].summary(),
                 errors_by_kind: total[i].errors.clone(),
                 max90_s: op.max90_s,
-                share_pct: if all > 0 {
-                    n as f64 / all as f64 * 100.0
-                } else {
-                    0.0
-                },
+                share_pct: if all > 0 { n as f64 / all as f64 * 100.0 } else { 0.0 },
                 target_pct: pi[i] * 100.0,
             },
         );
     }
     let window_s = merged.steady.window_us as f64 / 1e6;
-    let window_name = |w: usize| {
-        format!(
-            "window {} ({:.0}-{:.0} s of the steady state)",
-            w + 1,
-            w as f64 * window_s,
-            (w + 1) as f64 * window_s
-        )
-    };
+    let window_name =
+        |w: usize| format!("window {} ({:.0}-{:.0} s of the steady state)", w + 1, w as f64 * window_s, (w + 1) as f64 * window_s);
     let per_window = |ops: &Vec<crate::stats::OpStats>| -> Value {
-        Value::Object(
-            workload
-                .operations
-                .iter()
-                .zip(ops)
-                .map(|(op, s)| (op.name.clone(), json!(s.summary())))
-                .collect(),
-        )
+        Value::Object(workload.operations.iter().zip(ops).map(|(op, s)| (op.name.clone(), json!(s.summary()))).collect())
     };
     let windows = merged
         .steady
@@ -132,27 +115,13 @@ pub fn build(
         })
         .collect();
     let steady_seconds = spec.steady_s;
-    let ops_per_s = if steady_seconds > 0.0 {
-        all as f64 / steady_seconds
-    } else {
-        0.0
-    };
-    let mean_cycle_ms = if merged.cycles > 0 {
-        merged.cycle_ms_sum / merged.cycles as f64
-    } else {
-        0.0
-    };
+    let ops_per_s = if steady_seconds > 0.0 { all as f64 / steady_seconds } else { 0.0 };
+    let mean_cycle_ms = if merged.cycles > 0 { merged.cycle_ms_sum / merged.cycles as f64 } else { 0.0 };
     let sla1 = checks::sla(workload, &merged.steady, 90.0, &window_name);
     let sla2 = checks::sla(workload, &merged.steady, 99.0, &window_name);
-    let mut common = vec![
-        checks::mix(workload, &total),
-        checks::cycle_time(workload, mean_cycle_ms, merged.cycles),
-    ];
+    let mut common = vec![checks::mix(workload, &total), checks::cycle_time(workload, mean_cycle_ms, merged.cycles)];
     if workload.driver == "olio" {
-        let details = workload
-            .index_of("EventDetail")
-            .map(|i| total[i].hist.len())
-            .unwrap_or(0);
+        let details = workload.index_of("EventDetail").map(|i| total[i].hist.len()).unwrap_or(0);
         common.push(checks::ratio(
             "attends on EventDetail",
             merged.counters.get("attend").copied().unwrap_or(0),
@@ -160,14 +129,10 @@ pub fn build(
             MIN_ATTEND_SHARE,
         ));
         // Under a profile, the users the steady state had on average.
-        let profile = spec
-            .profile
-            .as_deref()
-            .and_then(|p| crate::profile::Profile::load(p).ok());
+        let profile = spec.profile.as_deref().and_then(|p| crate::profile::Profile::load(p).ok());
         let users = match profile {
             Some(p) if spec.steady_s > 0.0 => {
-                (p.user_seconds(spec.ramp_up_s + spec.steady_s) - p.user_seconds(spec.ramp_up_s))
-                    / spec.steady_s
+                (p.user_seconds(spec.ramp_up_s + spec.steady_s) - p.user_seconds(spec.ramp_up_s)) / spec.steady_s
             }
             _ => spec.users as f64,
         };
@@ -220,44 +185,19 @@ impl RunReport {
         );
         out += &format!(
             "{:<14} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}\n",
-            "operation",
-            "count",
-            "errors",
-            "mean ms",
-            "p90 ms",
-            "p99 ms",
-            "max ms",
-            "share",
-            "target"
+            "operation", "count", "errors", "mean ms", "p90 ms", "p99 ms", "max ms", "share", "target"
         );
         for (name, op) in &self.operations {
             let s = &op.summary;
             out += &format!(
                 "{:<14} {:>7} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6.2}% {:>6.2}%\n",
-                name,
-                s.count,
-                s.errors,
-                s.mean_ms,
-                s.p90_ms,
-                s.p99_ms,
-                s.max_ms,
-                op.share_pct,
-                op.target_pct
+                name, s.count, s.errors, s.mean_ms, s.p90_ms, s.p99_ms, s.max_ms, op.share_pct, op.target_pct
             );
         }
         for c in &self.checks {
-            out += &format!(
-                "{} {}: {}\n",
-                if c.passed { "PASS" } else { "FAIL" },
-                c.name,
-                c.detail
-            );
+            out += &format!("{} {}: {}\n", if c.passed { "PASS" } else { "FAIL" }, c.name, c.detail);
         }
-        out += &format!(
-            "SLA-1 (90th): {}   SLA-2 (99th): {}\n",
-            verdict(self.sla1_passed),
-            verdict(self.sla2_passed)
-        );
+        out += &format!("SLA-1 (90th): {}   SLA-2 (99th): {}\n", verdict(self.sla1_passed), verdict(self.sla2_passed));
         out
     }
 }

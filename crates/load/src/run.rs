@@ -39,35 +39,26 @@ pub struct RunOptions {
 
 pub fn run(opts: &RunOptions) -> Result<RunReport> {
     let workload = Workload::load(&opts.spec.workload)?;
-    std::fs::create_dir_all(&opts.out)
-        .with_context(|| format!("creating {}", opts.out.display()))?;
+    std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
     let plan = opts.spec.plan()?;
-    let peak = plan
-        .profile
-        .as_ref()
-        .map(|p| p.peak())
-        .unwrap_or(opts.spec.users);
+    let peak = plan.profile.as_ref().map(|p| p.peak()).unwrap_or(opts.spec.users);
     eprintln!(
         "==> {} against {}: {} users ({} agents on CPUs {:?}), ramp-up {} s, steady {} s, ramp-down {} s; system under test on CPUs {:?}",
-        workload.name, opts.spec.url, peak, opts.spec.agents, opts.agent_cpus, opts.spec.ramp_up_s, opts.spec.steady_s, opts.spec.ramp_down_s, opts.sut_cpus
+        workload.name,
+        opts.spec.url,
+        peak,
+        opts.spec.agents,
+        opts.agent_cpus,
+        opts.spec.ramp_up_s,
+        opts.spec.steady_s,
+        opts.spec.ramp_down_s,
+        opts.sut_cpus
     );
-    let sampler = Sampler::start(
-        Duration::from_secs(1),
-        opts.sut_cgroup.clone().map(SutProcesses),
-    );
+    let sampler = Sampler::start(Duration::from_secs(1), opts.sut_cgroup.clone().map(SutProcesses));
     let merged = control::run_agents(&opts.exe, &opts.spec, &opts.agent_cpus);
     let (samples, cpu_by_process) = sampler.stop();
     let merged = merged?;
-    let mut report = report::build(
-        &workload,
-        &opts.spec,
-        &opts.stack,
-        &merged,
-        samples,
-        opts.sut_cpus.clone(),
-        opts.machine.clone(),
-        peak,
-    );
+    let mut report = report::build(&workload, &opts.spec, &opts.stack, &merged, samples, opts.sut_cpus.clone(), opts.machine.clone(), peak);
     report.resources = resources(&report, opts, cpu_by_process)?;
     let json_path = opts.out.join("run.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)?;
@@ -77,13 +68,8 @@ pub fn run(opts: &RunOptions) -> Result<RunReport> {
 
 /// CPU-seconds on the system under test's CPUs (and by its kinds of process) and its memory
 /// GB-seconds over the run, priced per second (what was used) and as always-on instances (provisioned for the peak).
-fn resources(
-    report: &RunReport,
-    opts: &RunOptions,
-    cpu_by_process: std::collections::BTreeMap<String, f64>,
-) -> Result<serde_json::Value> {
-    let (cpu_seconds, gb_seconds) =
-        crate::utilization::integrate(&report.utilization, &report.sut_cpus);
+fn resources(report: &RunReport, opts: &RunOptions, cpu_by_process: std::collections::BTreeMap<String, f64>) -> Result<serde_json::Value> {
+    let (cpu_seconds, gb_seconds) = crate::utilization::integrate(&report.utilization, &report.sut_cpus);
     let seconds = report.utilization.last().map(|s| s.t).unwrap_or(0.0);
     let mut costs = serde_json::Map::new();
     if let Some(path) = &opts.pricing {
@@ -91,10 +77,7 @@ fn resources(
         for p in &pricing.prices {
             let used = gb_seconds.and_then(|gb| p.used_usd(cpu_seconds, gb));
             let provisioned = opts.instances * p.usd_per_instance_hour * seconds / 3600.0;
-            costs.insert(
-                p.name.clone(),
-                serde_json::json!({"used_usd": used, "provisioned_usd": provisioned}),
-            );
+            costs.insert(p.name.clone(), serde_json::json!({"used_usd": used, "provisioned_usd": provisioned}));
         }
     }
     Ok(
@@ -105,11 +88,7 @@ fn resources(
 /// bench/cloudstone_report.py draws the plots and writes report.html beside the JSON.
 pub fn render_html(repo: &Path, json: &Path) -> Result<()> {
     let script = repo.join("bench/cloudstone_report.py");
-    let status = Command::new("python3")
-        .arg(&script)
-        .arg(json)
-        .status()
-        .with_context(|| format!("running {}", script.display()))?;
+    let status = Command::new("python3").arg(&script).arg(json).status().with_context(|| format!("running {}", script.display()))?;
     anyhow::ensure!(status.success(), "{} failed ({status})", script.display());
     Ok(())
 }

@@ -74,11 +74,7 @@ pub fn search(opts: &SearchOptions) -> Result<SearchResult> {
         bail!("--start must be at least 1 and at most --max");
     }
     std::fs::create_dir_all(&opts.run.out)?;
-    let mut trace: Vec<Step> = if opts.resume {
-        resumed(&opts.run.out)?
-    } else {
-        Vec::new()
-    };
+    let mut trace: Vec<Step> = if opts.resume { resumed(&opts.run.out)? } else { Vec::new() };
     let run_at = |users: usize, trace: &mut Vec<Step>| -> Result<(bool, bool)> {
         if let Some(s) = trace.iter().find(|s| s.users == users) {
             return Ok((s.sla1, s.sla2));
@@ -89,11 +85,7 @@ pub fn search(opts: &SearchOptions) -> Result<SearchResult> {
             users,
             pass(step.sla1),
             pass(step.sla2),
-            if step.reason.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", step.reason)
-            }
+            if step.reason.is_empty() { String::new() } else { format!(" ({})", step.reason) }
         );
         let verdict = (step.sla1, step.sla2);
         trace.push(step);
@@ -116,12 +108,7 @@ pub fn search(opts: &SearchOptions) -> Result<SearchResult> {
             break;
         }
     }
-    let narrow = |lo: usize, hi: usize| {
-        hi - lo
-            <= opts
-                .min_step
-                .max((lo as f64 * opts.resolution).ceil() as usize)
-    };
+    let narrow = |lo: usize, hi: usize| hi - lo <= opts.min_step.max((lo as f64 * opts.resolution).ceil() as usize);
     if let Some(mut hi) = hi1 {
         while !narrow(lo1, hi) {
             let mid = (lo1 + hi) / 2;
@@ -133,18 +120,9 @@ pub fn search(opts: &SearchOptions) -> Result<SearchResult> {
         }
     }
     // SLA-2 below the SLA-1 maximum, from what the runs so far showed.
-    let mut lo2 = trace
-        .iter()
-        .filter(|s| s.sla2 && s.users <= lo1)
-        .map(|s| s.users)
-        .max()
-        .unwrap_or(0);
+    let mut lo2 = trace.iter().filter(|s| s.sla2 && s.users <= lo1).map(|s| s.users).max().unwrap_or(0);
     // With no failure above it, every run passed SLA-2 and the SLA-1 maximum is SLA-2's too.
-    let hi2 = trace
-        .iter()
-        .filter(|s| !s.sla2 && s.users > lo2)
-        .map(|s| s.users)
-        .min();
+    let hi2 = trace.iter().filter(|s| !s.sla2 && s.users > lo2).map(|s| s.users).min();
     if let Some(mut hi) = hi2 {
         while !narrow(lo2, hi) {
             let mid = (lo2 + hi) / 2;
@@ -163,11 +141,7 @@ pub fn search(opts: &SearchOptions) -> Result<SearchResult> {
     for price in &pricing.prices {
         let mut by_sla = BTreeMap::new();
         for (sla, users) in [("sla1", lo1), ("sla2", lo2)] {
-            let terms = price
-                .per_user_month(opts.instances, users as u64)
-                .into_iter()
-                .map(|(m, v)| (m.to_string(), v))
-                .collect();
+            let terms = price.per_user_month(opts.instances, users as u64).into_iter().map(|(m, v)| (m.to_string(), v)).collect();
             by_sla.insert(sla.to_string(), terms);
         }
         usd.insert(price.name.clone(), by_sla);
@@ -213,29 +187,16 @@ fn resumed(out: &Path) -> Result<Vec<Step>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    let steps: Vec<Step> = serde_json::from_slice(&text)
-        .with_context(|| format!("{} is not a search trace", path.display()))?;
-    let kept: Vec<Step> = steps
-        .into_iter()
-        .filter(|s| run_dir(out, s.users).join("run.json").exists())
-        .collect();
+    let steps: Vec<Step> = serde_json::from_slice(&text).with_context(|| format!("{} is not a search trace", path.display()))?;
+    let kept: Vec<Step> = steps.into_iter().filter(|s| run_dir(out, s.users).join("run.json").exists()).collect();
     for s in &kept {
-        eprintln!(
-            "==> {} users: SLA-1 {}, SLA-2 {} (kept from {})",
-            s.users,
-            pass(s.sla1),
-            pass(s.sla2),
-            path.display()
-        );
+        eprintln!("==> {} users: SLA-1 {}, SLA-2 {} (kept from {})", s.users, pass(s.sla1), pass(s.sla2), path.display());
     }
     Ok(kept)
 }
 
 fn write_partial(out: &Path, trace: &[Step]) -> Result<()> {
-    std::fs::write(
-        out.join("search-trace.json"),
-        serde_json::to_vec_pretty(trace)?,
-    )?;
+    std::fs::write(out.join("search-trace.json"), serde_json::to_vec_pretty(trace)?)?;
     Ok(())
 }
 
@@ -262,8 +223,7 @@ fn one_run(opts: &SearchOptions, users: usize) -> Result<Step> {
     up.extend(opts.up_args.iter().cloned());
     up.push("--dir".into());
     let up_refs: Vec<&str> = up.iter().map(String::as_str).collect();
-    olio(exe, &up_refs, &state)
-        .with_context(|| format!("deploying {} for {users} users", opts.stack))?;
+    olio(exe, &up_refs, &state).with_context(|| format!("deploying {} for {users} users", opts.stack))?;
     let mut run = opts.run.clone();
     run.spec.users = users;
     run.spec.registered_users = registered;
@@ -275,12 +235,7 @@ fn one_run(opts: &SearchOptions, users: usize) -> Result<Step> {
     let down = olio(exe, &["down", "--dir"], &state);
     let report: RunReport = report?;
     down?;
-    let reason = report
-        .checks
-        .iter()
-        .find(|c| !c.passed)
-        .map(|c| format!("{}: {}", c.name, c.detail))
-        .unwrap_or_default();
+    let reason = report.checks.iter().find(|c| !c.passed).map(|c| format!("{}: {}", c.name, c.detail)).unwrap_or_default();
     Ok(Step {
         users,
         registered_users: registered,
@@ -293,29 +248,17 @@ fn one_run(opts: &SearchOptions, users: usize) -> Result<Step> {
 }
 
 fn olio(exe: &Path, args: &[&str], state: &Path) -> Result<()> {
-    let status = Command::new(exe)
-        .arg("olio")
-        .args(args)
-        .arg(state)
-        .status()
-        .with_context(|| format!("running sprout olio {}", args.join(" ")))?;
+    let status =
+        Command::new(exe).arg("olio").args(args).arg(state).status().with_context(|| format!("running sprout olio {}", args.join(" ")))?;
     if !status.success() {
-        bail!(
-            "sprout olio {} {} failed ({status})",
-            args.join(" "),
-            state.display()
-        );
+        bail!("sprout olio {} {} failed ({status})", args.join(" "), state.display());
     }
     Ok(())
 }
 
 /// The cgroup holding the deployment's processes, from `sprout olio status`.
 fn confinement_cgroup(exe: &Path, state: &Path) -> Option<PathBuf> {
-    let out = Command::new(exe)
-        .args(["olio", "status", "--dir"])
-        .arg(state)
-        .output()
-        .ok()?;
+    let out = Command::new(exe).args(["olio", "status", "--dir"]).arg(state).output().ok()?;
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
     status["confinement"]["cgroup"].as_str().map(PathBuf::from)
 }
@@ -323,11 +266,7 @@ fn confinement_cgroup(exe: &Path, state: &Path) -> Option<PathBuf> {
 /// bench/cloudstone_search.py draws the trace and writes search.html beside the JSON.
 fn render(repo: &Path, json: &Path) -> Result<()> {
     let script = repo.join("bench/cloudstone_search.py");
-    let status = Command::new("python3")
-        .arg(&script)
-        .arg(json)
-        .status()
-        .with_context(|| format!("running {}", script.display()))?;
+    let status = Command::new("python3").arg(&script).arg(json).status().with_context(|| format!("running {}", script.display()))?;
     anyhow::ensure!(status.success(), "{} failed ({status})", script.display());
     Ok(())
 }
@@ -351,10 +290,7 @@ mod tests {
     #[test]
     fn resume_keeps_the_runs_whose_reports_remain() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(
-            resumed(dir.path()).unwrap().is_empty(),
-            "no trace: a fresh search"
-        );
+        assert!(resumed(dir.path()).unwrap().is_empty(), "no trace: a fresh search");
         for users in [100, 200] {
             std::fs::create_dir_all(run_dir(dir.path(), users)).unwrap();
             std::fs::write(run_dir(dir.path(), users).join("run.json"), "{}").unwrap();
@@ -362,24 +298,14 @@ mod tests {
         // 400's results are gone (its directory removed): it runs again.
         write_partial(
             dir.path(),
-            &[
-                step(100, "run-00100/report.html"),
-                step(200, "run-00200/report.html"),
-                step(400, "run-00400/report.html"),
-            ],
+            &[step(100, "run-00100/report.html"), step(200, "run-00200/report.html"), step(400, "run-00400/report.html")],
         )
         .unwrap();
         let kept = resumed(dir.path()).unwrap();
-        assert_eq!(
-            kept.iter().map(|s| s.users).collect::<Vec<_>>(),
-            vec![100, 200]
-        );
+        assert_eq!(kept.iter().map(|s| s.users).collect::<Vec<_>>(), vec![100, 200]);
         assert!(kept[0].sla2 && !kept[1].sla2);
         std::fs::write(dir.path().join("search-trace.json"), "not json").unwrap();
         let err = resumed(dir.path()).unwrap_err();
-        assert!(
-            format!("{err:#}").contains("is not a search trace"),
-            "{err:#}"
-        );
+        assert!(format!("{err:#}").contains("is not a search trace"), "{err:#}");
     }
 }

@@ -23,10 +23,7 @@ pub struct OpStats {
 
 impl Default for OpStats {
     fn default() -> OpStats {
-        OpStats {
-            hist: Histogram::new_with_bounds(1, MAX_US, 3).expect("valid bounds"),
-            errors: BTreeMap::new(),
-        }
+        OpStats { hist: Histogram::new_with_bounds(1, MAX_US, 3).expect("valid bounds"), errors: BTreeMap::new() }
     }
 }
 
@@ -40,9 +37,7 @@ impl OpStats {
     }
 
     pub fn add(&mut self, other: &OpStats) {
-        self.hist
-            .add(&other.hist)
-            .expect("histograms of equal bounds add");
+        self.hist.add(&other.hist).expect("histograms of equal bounds add");
         for (k, v) in &other.errors {
             *self.errors.entry(k.clone()).or_default() += v;
         }
@@ -61,21 +56,9 @@ impl OpStats {
             errors: self.error_count(),
             mean_ms: if empty { 0.0 } else { h.mean() / 1000.0 },
             max_ms: if empty { 0.0 } else { ms(h.max()) },
-            p50_ms: if empty {
-                0.0
-            } else {
-                ms(h.value_at_quantile(0.50))
-            },
-            p90_ms: if empty {
-                0.0
-            } else {
-                ms(h.value_at_quantile(0.90))
-            },
-            p99_ms: if empty {
-                0.0
-            } else {
-                ms(h.value_at_quantile(0.99))
-            },
+            p50_ms: if empty { 0.0 } else { ms(h.value_at_quantile(0.50)) },
+            p90_ms: if empty { 0.0 } else { ms(h.value_at_quantile(0.90)) },
+            p99_ms: if empty { 0.0 } else { ms(h.value_at_quantile(0.99)) },
         }
     }
 }
@@ -103,11 +86,7 @@ pub struct Windows {
 impl Windows {
     pub fn new(ops: usize, window_us: u64) -> Windows {
         assert!(window_us > 0);
-        Windows {
-            window_us,
-            ops,
-            windows: Vec::new(),
-        }
+        Windows { window_us, ops, windows: Vec::new() }
     }
 
     /// The stats of operation `op` for a response that *started* `at_us` after steady state
@@ -115,19 +94,14 @@ impl Windows {
     pub fn at(&mut self, at_us: u64, op: usize) -> &mut OpStats {
         let w = (at_us / self.window_us) as usize;
         while self.windows.len() <= w {
-            self.windows
-                .push((0..self.ops).map(|_| OpStats::default()).collect());
+            self.windows.push((0..self.ops).map(|_| OpStats::default()).collect());
         }
         &mut self.windows[w][op]
     }
 
     /// Add another agent's windows to these, window by window.
     pub fn merge(&mut self, other: &Windows) {
-        assert_eq!(
-            (self.ops, self.window_us),
-            (other.ops, other.window_us),
-            "merging windows of different shapes"
-        );
+        assert_eq!((self.ops, self.window_us), (other.ops, other.window_us), "merging windows of different shapes");
         for (w, ops) in other.windows.iter().enumerate() {
             for (op, stats) in ops.iter().enumerate() {
                 self.at(w as u64 * self.window_us, op).add(stats);
@@ -155,43 +129,24 @@ impl Windows {
             let mut row = Vec::with_capacity(ops.len());
             for s in ops {
                 let mut buf = Vec::new();
-                ser.serialize(&s.hist, &mut buf)
-                    .map_err(|e| anyhow::anyhow!("encoding a histogram: {e:?}"))?;
-                row.push(WireStats {
-                    hist: base64_encode(&buf),
-                    errors: s.errors.clone(),
-                });
+                ser.serialize(&s.hist, &mut buf).map_err(|e| anyhow::anyhow!("encoding a histogram: {e:?}"))?;
+                row.push(WireStats { hist: base64_encode(&buf), errors: s.errors.clone() });
             }
             windows.push(row);
         }
-        Ok(WireWindows {
-            window_us: self.window_us,
-            ops: self.ops,
-            windows,
-        })
+        Ok(WireWindows { window_us: self.window_us, ops: self.ops, windows })
     }
 
     pub fn from_wire(wire: &WireWindows) -> Result<Windows> {
         let mut de = Deserializer::new();
         let mut out = Windows::new(wire.ops, wire.window_us);
         for (w, row) in wire.windows.iter().enumerate() {
-            anyhow::ensure!(
-                row.len() == wire.ops,
-                "window {w} has {} operations, not {}",
-                row.len(),
-                wire.ops
-            );
+            anyhow::ensure!(row.len() == wire.ops, "window {w} has {} operations, not {}", row.len(), wire.ops);
             for (op, s) in row.iter().enumerate() {
-                let bytes = base64_decode(&s.hist)
-                    .with_context(|| format!("window {w}, operation {op}"))?;
-                let h: Histogram<u64> = de
-                    .deserialize(&mut &bytes[..])
-                    .map_err(|e| anyhow::anyhow!("decoding a histogram: {e:?}"))?;
+                let bytes = base64_decode(&s.hist).with_context(|| format!("window {w}, operation {op}"))?;
+                let h: Histogram<u64> = de.deserialize(&mut &bytes[..]).map_err(|e| anyhow::anyhow!("decoding a histogram: {e:?}"))?;
                 let stats = out.at(w as u64 * wire.window_us, op);
-                stats
-                    .hist
-                    .add(&h)
-                    .map_err(|e| anyhow::anyhow!("a histogram out of bounds: {e:?}"))?;
+                stats.hist.add(&h).map_err(|e| anyhow::anyhow!("a histogram out of bounds: {e:?}"))?;
                 stats.errors = s.errors.clone();
             }
         }
@@ -219,9 +174,7 @@ fn base64_encode(bytes: &[u8]) -> String {
 
 fn base64_decode(text: &str) -> Result<Vec<u8>> {
     use base64::Engine;
-    base64::engine::general_purpose::STANDARD
-        .decode(text)
-        .context("a histogram that is not base64")
+    base64::engine::general_purpose::STANDARD.decode(text).context("a histogram that is not base64")
 }
 
 #[cfg(test)]
@@ -260,17 +213,9 @@ mod tests {
     fn merged_agents_equal_one_recorder_exactly() {
         // Two agents see different halves of one run: merging their histograms gives exactly
         // the percentiles of the whole, where averaging their percentiles would not.
-        let (mut a, mut b, mut whole) = (
-            Windows::new(1, 60_000_000),
-            Windows::new(1, 60_000_000),
-            Windows::new(1, 60_000_000),
-        );
+        let (mut a, mut b, mut whole) = (Windows::new(1, 60_000_000), Windows::new(1, 60_000_000), Windows::new(1, 60_000_000));
         for i in 0..10_000u64 {
-            let us = if i % 2 == 0 {
-                1_000 + i
-            } else {
-                200_000 + 7 * i
-            };
+            let us = if i % 2 == 0 { 1_000 + i } else { 200_000 + 7 * i };
             let t = i * 10_000;
             if i % 2 == 0 {
                 a.at(t, 0).record(us)
@@ -282,20 +227,11 @@ mod tests {
         a.at(0, 0).error("timeout");
         b.at(0, 0).error("timeout");
         let mut merged = Windows::from_wire(&a.to_wire().unwrap()).unwrap();
-        merged.merge(
-            &Windows::from_wire(
-                &serde_json::from_str(&serde_json::to_string(&b.to_wire().unwrap()).unwrap())
-                    .unwrap(),
-            )
-            .unwrap(),
-        );
+        merged.merge(&Windows::from_wire(&serde_json::from_str(&serde_json::to_string(&b.to_wire().unwrap()).unwrap()).unwrap()).unwrap());
         for w in 0..whole.windows.len() {
             assert_eq!(merged.windows[w][0].hist, whole.windows[w][0].hist);
         }
-        assert_eq!(
-            merged.total()[0].summary().p90_ms,
-            whole.total()[0].summary().p90_ms
-        );
+        assert_eq!(merged.total()[0].summary().p90_ms, whole.total()[0].summary().p90_ms);
         assert_eq!(merged.total()[0].errors["timeout"], 2);
         let averaged = (a.total()[0].summary().p90_ms + b.total()[0].summary().p90_ms) / 2.0;
         assert_ne!(averaged, whole.total()[0].summary().p90_ms);
@@ -303,23 +239,10 @@ mod tests {
 
     #[test]
     fn garbage_on_the_wire_is_an_error() {
-        let wire = WireWindows {
-            window_us: 1,
-            ops: 1,
-            windows: vec![vec![WireStats {
-                hist: "not base64!".into(),
-                errors: BTreeMap::new(),
-            }]],
-        };
+        let wire =
+            WireWindows { window_us: 1, ops: 1, windows: vec![vec![WireStats { hist: "not base64!".into(), errors: BTreeMap::new() }]] };
         assert!(Windows::from_wire(&wire).is_err());
-        let wire = WireWindows {
-            window_us: 1,
-            ops: 1,
-            windows: vec![vec![WireStats {
-                hist: "AAAA".into(),
-                errors: BTreeMap::new(),
-            }]],
-        };
+        let wire = WireWindows { window_us: 1, ops: 1, windows: vec![vec![WireStats { hist: "AAAA".into(), errors: BTreeMap::new() }]] };
         assert!(Windows::from_wire(&wire).is_err());
     }
 }

@@ -46,12 +46,7 @@ impl SutProcesses {
                 pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
             }
             if let Ok(entries) = std::fs::read_dir(&dir) {
-                dirs.extend(
-                    entries
-                        .flatten()
-                        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-                        .map(|e| e.path()),
-                );
+                dirs.extend(entries.flatten().filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false)).map(|e| e.path()));
             }
         }
         pids
@@ -63,10 +58,7 @@ fn pss_of(pids: &[u32]) -> u64 {
     pids.iter()
         .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
         .filter_map(|text| {
-            text.lines()
-                .find(|l| l.starts_with("Pss:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
+            text.lines().find(|l| l.starts_with("Pss:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<u64>().ok())
         })
         .sum::<u64>()
         * 1024
@@ -91,16 +83,7 @@ impl ProcessCpu {
                 continue;
             };
             let appeared_later = self.looked;
-            self.seen
-                .entry((pid, started))
-                .or_insert_with(|| {
-                    (
-                        process_name(pid),
-                        if appeared_later { 0 } else { ticks },
-                        ticks,
-                    )
-                })
-                .2 = ticks;
+            self.seen.entry((pid, started)).or_insert_with(|| (process_name(pid), if appeared_later { 0 } else { ticks }, ticks)).2 = ticks;
         }
         self.looked = true;
     }
@@ -129,11 +112,7 @@ fn process_ticks(pid: u32) -> Option<(u64, u64)> {
 fn process_name(pid: u32) -> String {
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let args: Vec<String> = cmdline
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
+    let args: Vec<String> = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
     process_kind(comm.trim_end(), &args)
 }
 
@@ -150,9 +129,7 @@ pub fn process_kind(comm: &str, args: &[String]) -> String {
     if comm == "postgres" {
         // A server process titles itself `postgres: <role>`; a backend's role is its client.
         return match args.first().and_then(|a| a.strip_prefix("postgres: ")) {
-            Some(title) if title.contains('(') || title.split_whitespace().count() > 3 => {
-                "postgres: backend".into()
-            }
+            Some(title) if title.contains('(') || title.split_whitespace().count() > 3 => "postgres: backend".into(),
             Some(title) => format!("postgres: {}", title.trim()),
             None => "postgres".into(),
         };
@@ -186,14 +163,8 @@ struct Counters {
 fn read_counters() -> Counters {
     let mut c = Counters::default();
     if let Ok(stat) = std::fs::read_to_string("/proc/stat") {
-        for line in stat.lines().filter(|l| {
-            l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(|b| b.is_ascii_digit())
-        }) {
-            let v: Vec<u64> = line
-                .split_whitespace()
-                .skip(1)
-                .filter_map(|x| x.parse().ok())
-                .collect();
+        for line in stat.lines().filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(|b| b.is_ascii_digit())) {
+            let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
             // user nice system idle iowait irq softirq steal (guest is inside user).
             let total: u64 = v.iter().take(8).sum();
             let idle = v.get(3).copied().unwrap_or(0);
@@ -209,13 +180,8 @@ fn read_counters() -> Counters {
             }
             let name = f[2];
             // Whole physical disks only (partitions would count twice; loop and ram are not disks).
-            let partition =
-                std::path::Path::new(&format!("/sys/class/block/{name}/partition")).exists();
-            if name.starts_with("loop")
-                || name.starts_with("ram")
-                || name.starts_with("dm-")
-                || partition
-            {
+            let partition = std::path::Path::new(&format!("/sys/class/block/{name}/partition")).exists();
+            if name.starts_with("loop") || name.starts_with("ram") || name.starts_with("dm-") || partition {
                 continue;
             }
             c.disk_read_sectors += f[5].parse::<u64>().unwrap_or(0);
@@ -228,10 +194,7 @@ fn read_counters() -> Counters {
             let Some((_, rest)) = line.split_once(':') else {
                 continue;
             };
-            let v: Vec<u64> = rest
-                .split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect();
+            let v: Vec<u64> = rest.split_whitespace().filter_map(|x| x.parse().ok()).collect();
             if v.len() >= 9 {
                 c.net_rx += v[0];
                 c.net_tx += v[8];
@@ -244,11 +207,7 @@ fn read_counters() -> Counters {
 fn meminfo() -> (u64, u64) {
     let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let get = |key: &str| {
-        text.lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
+        text.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
             * 1024
     };
     let total = get("MemTotal:");
@@ -269,29 +228,15 @@ fn sample(prev: &Counters, now: &Counters, secs: f64, t: f64, sut_pids: Option<&
             }
         })
         .collect();
-    let (io, tot) = now
-        .cpus
-        .iter()
-        .zip(&prev.cpus)
-        .fold((0, 0), |(io, tot), (n, p)| {
-            (io + n.2.saturating_sub(p.2), tot + n.1.saturating_sub(p.1))
-        });
+    let (io, tot) =
+        now.cpus.iter().zip(&prev.cpus).fold((0, 0), |(io, tot), (n, p)| (io + n.2.saturating_sub(p.2), tot + n.1.saturating_sub(p.1)));
     let (used, total) = meminfo();
-    let util = now
-        .disk_io_ms
-        .iter()
-        .zip(&prev.disk_io_ms)
-        .map(|(n, p)| n.saturating_sub(*p) as f64 / (secs * 1000.0))
-        .fold(0.0, f64::max);
+    let util = now.disk_io_ms.iter().zip(&prev.disk_io_ms).map(|(n, p)| n.saturating_sub(*p) as f64 / (secs * 1000.0)).fold(0.0, f64::max);
     let rate = |n: u64, p: u64| n.saturating_sub(p) as f64 / secs;
     Sample {
         t,
         cpu_busy,
-        cpu_iowait: if tot == 0 {
-            0.0
-        } else {
-            io as f64 / tot as f64
-        },
+        cpu_iowait: if tot == 0 { 0.0 } else { io as f64 / tot as f64 },
         mem_used_bytes: used,
         mem_total_bytes: total,
         disk_read_bytes_per_s: rate(now.disk_read_sectors, prev.disk_read_sectors) * 512.0,
@@ -328,23 +273,14 @@ impl Sampler {
             while !flag.load(Ordering::Relaxed) {
                 let next = prev_at + interval;
                 while Instant::now() < next && !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(
-                        Duration::from_millis(50)
-                            .min(next.saturating_duration_since(Instant::now())),
-                    );
+                    std::thread::sleep(Duration::from_millis(50).min(next.saturating_duration_since(Instant::now())));
                 }
                 let now = read_counters();
                 let secs = prev_at.elapsed().as_secs_f64();
                 // The deployment's processes, listed once for both their memory and their CPU.
                 let pids = sut.as_ref().map(SutProcesses::pids);
                 if secs > 0.05 {
-                    samples.push(sample(
-                        &prev,
-                        &now,
-                        secs,
-                        begin.elapsed().as_secs_f64(),
-                        pids.as_deref(),
-                    ));
+                    samples.push(sample(&prev, &now, secs, begin.elapsed().as_secs_f64(), pids.as_deref()));
                 }
                 if let Some(pids) = &pids {
                     processes.look(pids);
@@ -354,19 +290,13 @@ impl Sampler {
             }
             (samples, processes.seconds_by_kind())
         });
-        Sampler {
-            stop,
-            thread: Some(thread),
-        }
+        Sampler { stop, thread: Some(thread) }
     }
 
     /// The samples, and the deployment's CPU-seconds by kind of process (empty without one).
     pub fn stop(mut self) -> Sampled {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread
-            .take()
-            .map(|t| t.join().unwrap_or_default())
-            .unwrap_or_default()
+        self.thread.take().map(|t| t.join().unwrap_or_default()).unwrap_or_default()
     }
 }
 
@@ -396,10 +326,7 @@ mod tests {
     #[test]
     fn a_busy_thread_shows_on_its_cpu() {
         // Spin on CPU 0 for a second while sampling: CPU 0 reads mostly busy.
-        let sampler = Sampler::start(
-            Duration::from_millis(250),
-            Some(SutProcesses(PathBuf::from("/nonexistent"))),
-        );
+        let sampler = Sampler::start(Duration::from_millis(250), Some(SutProcesses(PathBuf::from("/nonexistent"))));
         let spin = std::thread::spawn(|| {
             let _ = sprout_runtime::pin_to(0);
             let end = Instant::now() + Duration::from_millis(1100);
@@ -428,11 +355,7 @@ mod tests {
         // about that much CPU time, under this process's kind.
         let dir = std::env::temp_dir().join(format!("sprout-load-cg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("cgroup.procs"),
-            format!("{}\n", std::process::id()),
-        )
-        .unwrap();
+        std::fs::write(dir.join("cgroup.procs"), format!("{}\n", std::process::id())).unwrap();
         let sampler = Sampler::start(Duration::from_millis(100), Some(SutProcesses(dir.clone())));
         std::thread::sleep(Duration::from_millis(150));
         let end = Instant::now() + Duration::from_millis(600);
@@ -451,43 +374,13 @@ mod tests {
     #[test]
     fn processes_are_named_by_what_they_run() {
         let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            process_kind(
-                "postgres",
-                &args(&["postgres: olio olio 127.0.0.1(5) idle"])
-            ),
-            "postgres: backend"
-        );
-        assert_eq!(
-            process_kind("postgres", &args(&["postgres: autovacuum worker   "])),
-            "postgres: autovacuum worker"
-        );
-        assert_eq!(
-            process_kind(
-                "postgres",
-                &args(&["/usr/lib/postgresql/15/bin/postgres", "-D", "/x"])
-            ),
-            "postgres"
-        );
-        assert_eq!(
-            process_kind("sprout", &args(&["/x/sprout", "worker", "up"])),
-            "sprout worker"
-        );
-        assert_eq!(
-            process_kind(
-                "python3",
-                &args(&["/usr/bin/python3", "-m", "gunicorn", "-c", "g.py"])
-            ),
-            "python -m gunicorn"
-        );
-        assert_eq!(
-            process_kind("python3", &args(&["python3", "-u", "/srv/zygote.py"])),
-            "python zygote.py"
-        );
-        assert_eq!(
-            process_kind("nginx", &args(&["nginx: worker process"])),
-            "nginx"
-        );
+        assert_eq!(process_kind("postgres", &args(&["postgres: olio olio 127.0.0.1(5) idle"])), "postgres: backend");
+        assert_eq!(process_kind("postgres", &args(&["postgres: autovacuum worker   "])), "postgres: autovacuum worker");
+        assert_eq!(process_kind("postgres", &args(&["/usr/lib/postgresql/15/bin/postgres", "-D", "/x"])), "postgres");
+        assert_eq!(process_kind("sprout", &args(&["/x/sprout", "worker", "up"])), "sprout worker");
+        assert_eq!(process_kind("python3", &args(&["/usr/bin/python3", "-m", "gunicorn", "-c", "g.py"])), "python -m gunicorn");
+        assert_eq!(process_kind("python3", &args(&["python3", "-u", "/srv/zygote.py"])), "python zygote.py");
+        assert_eq!(process_kind("nginx", &args(&["nginx: worker process"])), "nginx");
     }
 
     #[test]

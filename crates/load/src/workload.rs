@@ -86,35 +86,29 @@ pub struct Workload {
 
 impl Workload {
     pub fn load(path: &Path) -> Result<Workload> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the workload {}", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading the workload {}", path.display()))?;
         Workload::parse(&text).with_context(|| format!("in the workload {}", path.display()))
     }
 
     pub fn parse(text: &str) -> Result<Workload> {
         let f: File = toml::from_str(text)?;
         if f.operations.len() != f.mix.len() {
-            bail!("{} operations but a mix of {} rows: one row (and column) per operation, in the same order", f.operations.len(), f.mix.len());
+            bail!(
+                "{} operations but a mix of {} rows: one row (and column) per operation, in the same order",
+                f.operations.len(),
+                f.mix.len()
+            );
         }
         let mut names = std::collections::HashSet::new();
         for op in &f.operations {
             if op.name.is_empty() || !names.insert(op.name.as_str()) {
-                bail!(
-                    "operation names must be non-empty and distinct ({:?})",
-                    op.name
-                );
+                bail!("operation names must be non-empty and distinct ({:?})", op.name);
             }
             if !(op.max90_s > 0.0 && op.max90_s.is_finite()) {
-                bail!(
-                    "operation {}: max90_s must be a positive number of seconds",
-                    op.name
-                );
+                bail!("operation {}: max90_s must be a positive number of seconds", op.name);
             }
             if !(op.min_cycle_ms >= 0.0 && op.min_cycle_ms.is_finite()) {
-                bail!(
-                    "operation {}: min_cycle_ms must be a non-negative number",
-                    op.name
-                );
+                bail!("operation {}: min_cycle_ms must be a non-negative number", op.name);
             }
         }
         if !(f.cycle.mean_ms >= 0.0 && f.cycle.mean_ms.is_finite() && f.cycle.max_factor >= 1.0) {
@@ -130,10 +124,7 @@ impl Workload {
             driver: f.driver,
             operations: f.operations,
             chain,
-            cycle: CycleTime {
-                mean_ms: f.cycle.mean_ms,
-                max_factor: f.cycle.max_factor,
-            },
+            cycle: CycleTime { mean_ms: f.cycle.mean_ms, max_factor: f.cycle.max_factor },
             cycle_tolerance: f.cycle.tolerance,
             cold_cache_share: f.cold_cache_share,
             mix_tolerance_points: f.mix_tolerance_points,
@@ -148,11 +139,7 @@ impl Workload {
     /// its long-run share.
     pub fn expected_cycle_ms(&self) -> f64 {
         let pi = self.chain.stationary();
-        self.operations
-            .iter()
-            .zip(&pi)
-            .map(|(op, p)| p * self.cycle.expected_ms(op.min_cycle_ms))
-            .sum()
+        self.operations.iter().zip(&pi).map(|(op, p)| p * self.cycle.expected_ms(op.min_cycle_ms)).sum()
     }
 }
 
@@ -195,12 +182,7 @@ mod tests {
         let total: u64 = counts.iter().sum();
         for (i, c) in counts.iter().enumerate() {
             let share = *c as f64 / total as f64;
-            assert!(
-                (share - pi[i]).abs() < 0.005,
-                "{}: {share} against {}",
-                w.operations[i].name,
-                pi[i]
-            );
+            assert!((share - pi[i]).abs() < 0.005, "{}: {share} against {}", w.operations[i].name, pi[i]);
         }
     }
 

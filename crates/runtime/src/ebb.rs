@@ -86,18 +86,9 @@ impl<E: Ebb> EbbRef<E> {
     /// exists until a core uses it.
     pub fn create(root: E::Root) -> EbbRef<E> {
         let id = EbbId(NEXT_ID.fetch_add(1, Ordering::Relaxed));
-        let entry = RootEntry {
-            root: Arc::new(root),
-            reps: Mutex::new(Vec::new()),
-        };
-        id_map()
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, Arc::new(entry));
-        EbbRef {
-            id,
-            _rep: PhantomData,
-        }
+        let entry = RootEntry { root: Arc::new(root), reps: Mutex::new(Vec::new()) };
+        id_map().write().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::new(entry));
+        EbbRef { id, _rep: PhantomData }
     }
 
     pub fn id(&self) -> EbbId {
@@ -107,8 +98,7 @@ impl<E: Ebb> EbbRef<E> {
     /// The shared root, from the local id map.
     pub fn root(&self) -> Arc<E::Root> {
         let root = self.entry().root.clone();
-        root.downcast::<E::Root>()
-            .unwrap_or_else(|_| panic!("Ebb {} has a root of another type", self.id.0))
+        root.downcast::<E::Root>().unwrap_or_else(|_| panic!("Ebb {} has a root of another type", self.id.0))
     }
 
     fn entry(&self) -> Arc<RootEntry> {
@@ -124,16 +114,12 @@ impl<E: Ebb> EbbRef<E> {
     /// first access. Must run on a runtime core.
     pub fn with<R>(&self, f: impl FnOnce(&E) -> R) -> R {
         let rep = self.rep();
-        f(rep
-            .downcast_ref::<E>()
-            .expect("translation table holds a representative of another type"))
+        f(rep.downcast_ref::<E>().expect("translation table holds a representative of another type"))
     }
 
     /// This core's representative as a shared pointer (to keep it across events on this core).
     pub fn rep_rc(&self) -> Rc<E> {
-        self.rep()
-            .downcast::<E>()
-            .unwrap_or_else(|_| panic!("Ebb {}: representative of another type", self.id.0))
+        self.rep().downcast::<E>().unwrap_or_else(|_| panic!("Ebb {}: representative of another type", self.id.0))
     }
 
     fn rep(&self) -> Rc<dyn Any> {
@@ -150,11 +136,7 @@ impl<E: Ebb> EbbRef<E> {
     fn fault(&self) -> Rc<dyn Any> {
         let core = event::with_core(|c| c.id);
         let entry = self.entry();
-        let root = entry
-            .root
-            .clone()
-            .downcast::<E::Root>()
-            .unwrap_or_else(|_| panic!("Ebb {}: root of another type", self.id.0));
+        let root = entry.root.clone().downcast::<E::Root>().unwrap_or_else(|_| panic!("Ebb {}: root of another type", self.id.0));
         // Built outside any borrow of the table: the fault handler may use other Ebbs.
         let rep: Rc<dyn Any> = Rc::new(E::create_rep(&root, core));
         TABLE.with(|t| {
@@ -165,22 +147,13 @@ impl<E: Ebb> EbbRef<E> {
             }
             table[index] = Some(rep.clone());
         });
-        entry
-            .reps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(core);
+        entry.reps.lock().unwrap_or_else(|e| e.into_inner()).push(core);
         rep
     }
 
     /// The cores holding a representative now.
     pub fn rep_cores(&self) -> Vec<CoreId> {
-        let mut cores = self
-            .entry()
-            .reps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let mut cores = self.entry().reps.lock().unwrap_or_else(|e| e.into_inner()).clone();
         cores.sort_unstable();
         cores
     }
@@ -197,13 +170,11 @@ impl<E: Ebb> EbbRef<E> {
         let home = event::with_core(|c| c.id);
         let cores = self.rep_cores();
         let gather_id = NEXT_GATHER.fetch_add(1, Ordering::Relaxed);
-        let results: Arc<Mutex<Vec<(CoreId, T)>>> =
-            Arc::new(Mutex::new(Vec::with_capacity(cores.len())));
+        let results: Arc<Mutex<Vec<(CoreId, T)>>> = Arc::new(Mutex::new(Vec::with_capacity(cores.len())));
         let finish = {
             let results = results.clone();
             move || {
-                let mut results =
-                    std::mem::take(&mut *results.lock().unwrap_or_else(|e| e.into_inner()));
+                let mut results = std::mem::take(&mut *results.lock().unwrap_or_else(|e| e.into_inner()));
                 results.sort_by_key(|(core, _)| *core);
                 done(results);
             }
@@ -225,10 +196,7 @@ impl<E: Ebb> EbbRef<E> {
             let (visit, results, remaining) = (visit.clone(), results.clone(), remaining.clone());
             crate::spawn_on(core, move || {
                 let value = this.with(|rep| visit(rep));
-                results
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((core, value));
+                results.lock().unwrap_or_else(|e| e.into_inner()).push((core, value));
                 if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
                     crate::spawn_on(home, complete);
                 }

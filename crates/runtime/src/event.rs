@@ -68,18 +68,11 @@ pub(crate) struct Inbox {
 
 impl Inbox {
     pub(crate) fn new(waker: Waker) -> Inbox {
-        Inbox {
-            queue: Mutex::new(Vec::new()),
-            notified: AtomicBool::new(false),
-            waker,
-        }
+        Inbox { queue: Mutex::new(Vec::new()), notified: AtomicBool::new(false), waker }
     }
 
     pub(crate) fn push(&self, event: RemoteEvent) {
-        self.queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(event);
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push(event);
         self.wake();
     }
 
@@ -149,10 +142,7 @@ thread_local! {
 /// only meaningful inside an event.
 pub(crate) fn with_core<R>(f: impl FnOnce(&Core) -> R) -> R {
     let ptr = CURRENT.with(|c| c.get());
-    assert!(
-        !ptr.is_null(),
-        "not on a sprout-runtime core (call this from inside an event)"
-    );
+    assert!(!ptr.is_null(), "not on a sprout-runtime core (call this from inside an event)");
     // SAFETY: the pointer is set by `run_loop` to a Core on its stack and cleared before that
     // Core is dropped; Core is neither Send nor Sync, so no reference leaves this thread.
     f(unsafe { &*ptr })
@@ -172,9 +162,7 @@ impl Core {
         let mut timers = self.timers.borrow_mut();
         let id = timers.next;
         timers.next += 1;
-        timers
-            .heap
-            .push(std::cmp::Reverse((Instant::now() + after, id)));
+        timers.heap.push(std::cmp::Reverse((Instant::now() + after, id)));
         timers.callbacks.insert(id, event);
         TimerId(id)
     }
@@ -197,11 +185,7 @@ impl Core {
     pub(crate) fn register(&self, mut handler: Box<dyn IoHandler>) -> std::io::Result<Token> {
         let key = self.io.borrow_mut().insert(None);
         let token = Token(key);
-        if let Err(e) = self.registry.register(
-            handler.source(),
-            token,
-            Interest::READABLE | Interest::WRITABLE,
-        ) {
+        if let Err(e) = self.registry.register(handler.source(), token, Interest::READABLE | Interest::WRITABLE) {
             self.io.borrow_mut().remove(key);
             return Err(e);
         }
@@ -309,13 +293,7 @@ impl Core {
                 return;
             }
             for token in tokens {
-                self.dispatch_io(
-                    token,
-                    Ready {
-                        notified: true,
-                        ..Ready::default()
-                    },
-                );
+                self.dispatch_io(token, Ready { notified: true, ..Ready::default() });
             }
         }
     }
@@ -328,10 +306,7 @@ impl Core {
 /// virtual machine cost an exit and an interrupt each (EbbRT polls its device the same way
 /// while busy); an idle core still sleeps once `spin` has passed.
 pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, spin: Duration) {
-    let registry = poll
-        .registry()
-        .try_clone()
-        .expect("cloning the epoll registry");
+    let registry = poll.registry().try_clone().expect("cloning the epoll registry");
     let core = Core {
         id,
         shared,
@@ -364,11 +339,7 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, spin: Du
                 std::hint::spin_loop();
             }
         }
-        let timeout = if busy || idling || spinning {
-            Some(Duration::ZERO)
-        } else {
-            next_timer
-        };
+        let timeout = if busy || idling || spinning { Some(Duration::ZERO) } else { next_timer };
         if let Err(e) = poll.poll(&mut events, timeout) {
             if e.kind() != std::io::ErrorKind::Interrupted {
                 tracing::error!(core = id, "epoll failed: {e}");

@@ -21,10 +21,7 @@ pub struct Builder {
 
 impl Builder {
     pub fn new() -> Builder {
-        Builder {
-            pin: true,
-            ..Default::default()
-        }
+        Builder { pin: true, ..Default::default() }
     }
 
     /// Number of cores (event loops). Default: one per CPU this process may run on.
@@ -76,10 +73,7 @@ impl Builder {
             inboxes.push(Arc::new(Inbox::new(waker)));
             polls.push(poll);
         }
-        let shared = Arc::new(Shared {
-            inboxes,
-            stop: AtomicBool::new(false),
-        });
+        let shared = Arc::new(Shared { inboxes, stop: AtomicBool::new(false) });
         let prefix = self.name.unwrap_or_else(|| "core".into());
         let mut threads = Vec::with_capacity(cores);
         for (id, poll) in polls.into_iter().enumerate() {
@@ -87,28 +81,18 @@ impl Builder {
             let cpu = cpus[id % cpus.len()];
             let pin = self.pin;
             let spin = self.spin;
-            let handle = std::thread::Builder::new()
-                .name(format!("{prefix}-{id}"))
-                .spawn(move || {
-                    if pin {
-                        if let Err(e) = pin_to(cpu) {
-                            tracing::warn!(core = id, cpu, "could not pin the core's thread: {e}");
-                        }
+            let handle = std::thread::Builder::new().name(format!("{prefix}-{id}")).spawn(move || {
+                if pin {
+                    if let Err(e) = pin_to(cpu) {
+                        tracing::warn!(core = id, cpu, "could not pin the core's thread: {e}");
                     }
-                    event::run_loop(id, shared, poll, spin);
-                })?;
+                }
+                event::run_loop(id, shared, poll, spin);
+            })?;
             threads.push(handle);
         }
-        let pinned = if self.pin {
-            cpus.iter().take(cores).copied().collect()
-        } else {
-            Vec::new()
-        };
-        Ok(Runtime {
-            shared,
-            threads,
-            cpus: pinned,
-        })
+        let pinned = if self.pin { cpus.iter().take(cores).copied().collect() } else { Vec::new() };
+        Ok(Runtime { shared, threads, cpus: pinned })
     }
 }
 
@@ -192,9 +176,7 @@ pub fn allowed_cpus() -> std::io::Result<Vec<usize>> {
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        Ok((0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect())
+        Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect())
     }
 }
 

@@ -16,8 +16,7 @@ fn runtime(cores: usize) -> Runtime {
 }
 
 fn recv<T>(rx: &mpsc::Receiver<T>) -> T {
-    rx.recv_timeout(Duration::from_secs(10))
-        .expect("no answer from the runtime within 10 s")
+    rx.recv_timeout(Duration::from_secs(10)).expect("no answer from the runtime within 10 s")
 }
 
 #[test]
@@ -33,18 +32,12 @@ fn events_run_on_their_core_in_order() {
                 sprout_runtime::spawn(move || order.borrow_mut().push(i));
             }
             let tx = tx.clone();
-            sprout_runtime::spawn(move || {
-                tx.send((core, sprout_runtime::current_core(), order.borrow().clone()))
-                    .unwrap()
-            });
+            sprout_runtime::spawn(move || tx.send((core, sprout_runtime::current_core(), order.borrow().clone())).unwrap());
         });
     }
     let mut got = vec![recv(&rx), recv(&rx)];
     got.sort();
-    assert_eq!(
-        got,
-        vec![(0, 0, vec![0, 1, 2, 3, 4]), (1, 1, vec![0, 1, 2, 3, 4])]
-    );
+    assert_eq!(got, vec![(0, 0, vec![0, 1, 2, 3, 4]), (1, 1, vec![0, 1, 2, 3, 4])]);
 }
 
 #[test]
@@ -54,9 +47,7 @@ fn spawn_on_crosses_cores_and_back() {
     rt.spawn_on(0, move || {
         sprout_runtime::spawn_on(1, move || {
             let on = sprout_runtime::current_core();
-            sprout_runtime::spawn_on(0, move || {
-                tx.send((on, sprout_runtime::current_core())).unwrap()
-            });
+            sprout_runtime::spawn_on(0, move || tx.send((on, sprout_runtime::current_core())).unwrap());
         });
     });
     assert_eq!(recv(&rx), (1, 0));
@@ -89,27 +80,17 @@ fn timers_fire_in_deadline_order_and_cancel() {
         let start = Instant::now();
         for (ms, name) in [(60u64, "c"), (20, "a"), (40, "b")] {
             let tx = tx.clone();
-            sprout_runtime::timer(Duration::from_millis(ms), move || {
-                tx.send((name, start.elapsed())).unwrap()
-            });
+            sprout_runtime::timer(Duration::from_millis(ms), move || tx.send((name, start.elapsed())).unwrap());
         }
         let tx2 = tx.clone();
-        let cancelled = sprout_runtime::timer(Duration::from_millis(30), move || {
-            tx2.send(("cancelled", start.elapsed())).unwrap()
-        });
+        let cancelled = sprout_runtime::timer(Duration::from_millis(30), move || tx2.send(("cancelled", start.elapsed())).unwrap());
         assert!(sprout_runtime::cancel_timer(cancelled));
         assert!(!sprout_runtime::cancel_timer(cancelled));
     });
     let got: Vec<_> = (0..3).map(|_| recv(&rx)).collect();
-    assert_eq!(
-        got.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
-        vec!["a", "b", "c"]
-    );
+    assert_eq!(got.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec!["a", "b", "c"]);
     assert!(got[0].1 >= Duration::from_millis(20));
-    assert!(
-        rx.recv_timeout(Duration::from_millis(100)).is_err(),
-        "a cancelled timer fired"
-    );
+    assert!(rx.recv_timeout(Duration::from_millis(100)).is_err(), "a cancelled timer fired");
 }
 
 #[test]
@@ -143,10 +124,7 @@ impl IoHandler for Echo {
         &mut self.stream
     }
     fn ready(&mut self, _token: Token, ready: Ready) -> Control {
-        self.core
-            .lock()
-            .unwrap()
-            .push(sprout_runtime::current_core());
+        self.core.lock().unwrap().push(sprout_runtime::current_core());
         if !ready.readable {
             return Control::Keep;
         }
@@ -173,11 +151,7 @@ impl IoHandler for Acceptor {
     }
     fn ready(&mut self, _token: Token, _ready: Ready) -> Control {
         while let Ok((stream, _)) = self.listener.accept() {
-            sprout_runtime::register(Box::new(Echo {
-                stream,
-                core: self.cores.clone(),
-            }))
-            .unwrap();
+            sprout_runtime::register(Box::new(Echo { stream, core: self.cores.clone() })).unwrap();
         }
         Control::Keep
     }
@@ -196,9 +170,7 @@ fn io_readiness_dispatches_on_the_registering_core() {
     });
     let addr = recv(&rx);
     let mut client = std::net::TcpStream::connect(addr).unwrap();
-    client
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     for round in 0..50 {
         let msg = format!("hello {round}");
         client.write_all(msg.as_bytes()).unwrap();
@@ -210,10 +182,7 @@ fn io_readiness_dispatches_on_the_registering_core() {
     std::thread::sleep(Duration::from_millis(50));
     let seen = cores.lock().unwrap().clone();
     assert!(!seen.is_empty());
-    assert!(
-        seen.iter().all(|&c| c == 1),
-        "a handler ran on another core: {seen:?}"
-    );
+    assert!(seen.iter().all(|&c| c == 1), "a handler ran on another core: {seen:?}");
 }
 
 /// GetNum: events counted per core, summed by a gather.
@@ -233,29 +202,17 @@ impl Ebb for Counter {
     fn create_rep(root: &Arc<CounterRoot>, core: CoreId) -> Counter {
         FAULTS.fetch_add(1, Ordering::SeqCst);
         root.created_on.lock().unwrap().push(core);
-        assert_eq!(
-            core,
-            sprout_runtime::current_core(),
-            "a representative was built off its core"
-        );
-        Counter {
-            count: Cell::new(0),
-            core,
-        }
+        assert_eq!(core, sprout_runtime::current_core(), "a representative was built off its core");
+        Counter { count: Cell::new(0), core }
     }
 }
 
 #[test]
 fn ebb_reps_are_built_once_per_core_on_first_use_isolated_and_gathered() {
     let rt = runtime(3);
-    let counter = EbbRef::<Counter>::create(CounterRoot {
-        created_on: Mutex::new(Vec::new()),
-    });
+    let counter = EbbRef::<Counter>::create(CounterRoot { created_on: Mutex::new(Vec::new()) });
     let before = FAULTS.load(Ordering::SeqCst);
-    assert!(
-        counter.root().created_on.lock().unwrap().is_empty(),
-        "a representative was built before any use"
-    );
+    assert!(counter.root().created_on.lock().unwrap().is_empty(), "a representative was built before any use");
 
     // Cores 0 and 2 use the counter (core 1 never does): 100 and 7 increments.
     let (tx, rx) = mpsc::channel();
@@ -272,11 +229,7 @@ fn ebb_reps_are_built_once_per_core_on_first_use_isolated_and_gathered() {
     let mut seen = vec![recv(&rx), recv(&rx)];
     seen.sort();
     assert_eq!(seen, vec![(0, 100), (2, 7)]);
-    assert_eq!(
-        FAULTS.load(Ordering::SeqCst) - before,
-        2,
-        "one fault per core that used the Ebb"
-    );
+    assert_eq!(FAULTS.load(Ordering::SeqCst) - before, 2, "one fault per core that used the Ebb");
     assert_eq!(counter.rep_cores(), vec![0, 2]);
 
     // A gather from core 1 visits exactly the two representatives and sums them, without
@@ -290,11 +243,7 @@ fn ebb_reps_are_built_once_per_core_on_first_use_isolated_and_gathered() {
     });
     let (home, results) = recv(&rx);
     assert_eq!(home, 1, "the gather's callback runs on the core that asked");
-    assert_eq!(
-        results,
-        vec![(0, (0, 100)), (2, (2, 7))],
-        "each representative is visited on its own core"
-    );
+    assert_eq!(results, vec![(0, (0, 100)), (2, (2, 7))], "each representative is visited on its own core");
     assert_eq!(counter.rep_cores(), vec![0, 2]);
 
     // Using it on core 1 faults once more; using it again does not.
@@ -310,25 +259,16 @@ fn ebb_reps_are_built_once_per_core_on_first_use_isolated_and_gathered() {
     created.sort();
     assert_eq!(created, vec![0, 1, 2]);
     let (tx, rx) = mpsc::channel();
-    rt.spawn_on(0, move || {
-        counter.gather(
-            |c| c.count.get(),
-            move |r| tx.send(r.iter().map(|(_, n)| n).sum::<u64>()).unwrap(),
-        )
-    });
+    rt.spawn_on(0, move || counter.gather(|c| c.count.get(), move |r| tx.send(r.iter().map(|(_, n)| n).sum::<u64>()).unwrap()));
     assert_eq!(recv(&rx), 109);
 }
 
 #[test]
 fn gather_with_no_representatives_still_answers() {
     let rt = runtime(2);
-    let counter = EbbRef::<Counter>::create(CounterRoot {
-        created_on: Mutex::new(Vec::new()),
-    });
+    let counter = EbbRef::<Counter>::create(CounterRoot { created_on: Mutex::new(Vec::new()) });
     let (tx, rx) = mpsc::channel();
-    rt.spawn_on(0, move || {
-        counter.gather(|c| c.count.get(), move |r| tx.send(r.len()).unwrap())
-    });
+    rt.spawn_on(0, move || counter.gather(|c| c.count.get(), move |r| tx.send(r.len()).unwrap()));
     assert_eq!(recv(&rx), 0);
     assert!(counter.rep_cores().is_empty());
 }
@@ -342,10 +282,7 @@ fn events_dispatched_counts_per_core() {
         for _ in 0..10 {
             sprout_runtime::spawn(|| {});
         }
-        sprout_runtime::spawn(move || {
-            tx.send(sprout_runtime::events_dispatched() - before)
-                .unwrap()
-        });
+        sprout_runtime::spawn(move || tx.send(sprout_runtime::events_dispatched() - before).unwrap());
     });
     // The ten empty events and the reporting one itself.
     assert_eq!(recv(&rx), 11);

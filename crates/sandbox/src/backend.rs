@@ -61,10 +61,7 @@ impl std::fmt::Debug for SandboxSpec {
         f.debug_struct("SandboxSpec")
             .field("lambda", &self.lambda)
             .field("code_dir", &self.code_dir)
-            .field(
-                "packages",
-                &self.packages.iter().map(|p| &p.key).collect::<Vec<_>>(),
-            )
+            .field("packages", &self.packages.iter().map(|p| &p.key).collect::<Vec<_>>())
             .finish()
     }
 }
@@ -84,10 +81,7 @@ pub enum HandlerKind {
 pub enum CreateError {
     /// The lambda's code failed to load (an import error, no entry point): the lambda's fault.
     #[error("{message}")]
-    Load {
-        message: String,
-        traceback: Option<String>,
-    },
+    Load { message: String, traceback: Option<String> },
     /// The platform failed to provision the sandbox.
     #[error("{0}")]
     Platform(String),
@@ -168,12 +162,7 @@ pub trait Calls: Send + Sync {
     /// Run `lambda` on `event` within `time_left`; the header and body of the frame sent back
     /// to the handler: `{"status": 200}` and the result, or `{"error": code, "message": ...,
     /// "status": ...}`.
-    async fn call(
-        &self,
-        lambda: &str,
-        event: Bytes,
-        time_left: Duration,
-    ) -> (serde_json::Value, Bytes);
+    async fn call(&self, lambda: &str, event: Bytes, time_left: Duration) -> (serde_json::Value, Bytes);
 }
 
 /// Answers every call with an error: for sandboxes whose requests may not call others.
@@ -181,16 +170,8 @@ pub struct NoCalls;
 
 #[async_trait]
 impl Calls for NoCalls {
-    async fn call(
-        &self,
-        _lambda: &str,
-        _event: Bytes,
-        _time_left: Duration,
-    ) -> (serde_json::Value, Bytes) {
-        (
-            serde_json::json!({"error": "not_allowed", "message": "this request may not call other lambdas", "status": 403}),
-            Bytes::new(),
-        )
+    async fn call(&self, _lambda: &str, _event: Bytes, _time_left: Duration) -> (serde_json::Value, Bytes) {
+        (serde_json::json!({"error": "not_allowed", "message": "this request may not call other lambdas", "status": 403}), Bytes::new())
     }
 }
 
@@ -208,23 +189,12 @@ impl Sandbox {
     ) -> Result<(Reply, Bytes), InvokeError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let exchange = async {
-            self.channel
-                .send(request, body)
-                .await
-                .map_err(|e| (e, Phase::Sending))?;
+            self.channel.send(request, body).await.map_err(|e| (e, Phase::Sending))?;
             let mut called = false;
             loop {
-                let waiting = if called {
-                    Phase::Replying
-                } else {
-                    Phase::AwaitingReply
-                };
+                let waiting = if called { Phase::Replying } else { Phase::AwaitingReply };
                 self.channel.await_frame().await.map_err(|e| (e, waiting))?;
-                let (mut reply, body) = self
-                    .channel
-                    .recv::<Reply>()
-                    .await
-                    .map_err(|e| (e, Phase::Replying))?;
+                let (mut reply, body) = self.channel.recv::<Reply>().await.map_err(|e| (e, Phase::Replying))?;
                 match reply.op.as_deref() {
                     None => return Ok((reply, body)),
                     Some("invoke") => {}
@@ -232,9 +202,7 @@ impl Sandbox {
                         // Nothing else may be asked of the worker over a sandbox's channel.
                         self.tainted = true;
                         reply.error = Some("invalid_result".into());
-                        reply.message = Some(format!(
-                            "the sandbox asked for {other:?}, which a sandbox cannot ask for"
-                        ));
+                        reply.message = Some(format!("the sandbox asked for {other:?}, which a sandbox cannot ask for"));
                         return Ok((reply, Bytes::new()));
                     }
                 }
@@ -245,10 +213,7 @@ impl Sandbox {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 let budget = left.saturating_sub((left / 10).min(Duration::from_millis(100)));
                 let (header, result) = calls.call(&lambda, body, budget).await;
-                self.channel
-                    .send(&header, &result)
-                    .await
-                    .map_err(|e| (e, Phase::Replying))?;
+                self.channel.send(&header, &result).await.map_err(|e| (e, Phase::Replying))?;
             }
         };
         let result = tokio::time::timeout(timeout, exchange).await;
@@ -257,10 +222,7 @@ impl Sandbox {
                 if !self.only_helper_left() {
                     self.tainted = true;
                 }
-                if let (Some(report), Some(cache)) = (
-                    &reply.0.package_modules,
-                    self.learner.as_ref().and_then(|l| l.upgrade()),
-                ) {
+                if let (Some(report), Some(cache)) = (&reply.0.package_modules, self.learner.as_ref().and_then(|l| l.upgrade())) {
                     cache.learn(report);
                 }
                 Ok(reply)
@@ -293,25 +255,15 @@ impl Sandbox {
                 None => 0,
             };
             if oom_now > view.oom_before {
-                return InvokeError::OutOfMemory {
-                    limit_mb: self.limits.memory_bytes >> 20,
-                };
+                return InvokeError::OutOfMemory { limit_mb: self.limits.memory_bytes >> 20 };
             }
         }
-        InvokeError::Crashed {
-            message: e.to_string(),
-            phase,
-        }
+        InvokeError::Crashed { message: e.to_string(), phase }
     }
 
     /// Whether the sandbox may serve another request.
     pub fn reusable(&self) -> bool {
-        !self.tainted
-            && !self
-                .process
-                .as_ref()
-                .map(|p| p.has_exited())
-                .unwrap_or(false)
+        !self.tainted && !self.process.as_ref().map(|p| p.has_exited()).unwrap_or(false)
     }
 
     /// Host pid of the helper (PID 1 inside the sandbox), when known.
@@ -385,16 +337,8 @@ impl Counters {
 
 /// The environment every sandbox process starts with; `extra` adds to it and overrides it.
 pub(crate) fn sandbox_env(extra: &[(String, String)]) -> Vec<(String, String)> {
-    let base = [
-        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        ("LANG", "C.UTF-8"),
-        ("HOME", "/host"),
-        ("TMPDIR", "/tmp"),
-    ];
-    let mut env: Vec<(String, String)> = base
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let base = [("PATH", "/usr/local/bin:/usr/bin:/bin"), ("LANG", "C.UTF-8"), ("HOME", "/host"), ("TMPDIR", "/tmp")];
+    let mut env: Vec<(String, String)> = base.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     for (key, value) in extra {
         match env.iter_mut().find(|(k, _)| k == key) {
             Some(slot) => slot.1 = value.clone(),
@@ -406,18 +350,12 @@ pub(crate) fn sandbox_env(extra: &[(String, String)]) -> Vec<(String, String)> {
 
 /// [`sandbox_env`] as `KEY=value` strings, as OCI specs and the Docker API take it.
 pub(crate) fn sandbox_env_strings(extra: &[(String, String)]) -> Vec<String> {
-    sandbox_env(extra)
-        .into_iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect()
+    sandbox_env(extra).into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
 /// What a new sandbox keeps alive from its spec.
 pub(crate) fn attachments(spec: &SandboxSpec) -> Vec<Box<dyn Any + Send + Sync>> {
-    spec.attached
-        .iter()
-        .map(|a| Box::new(a.clone()) as Box<dyn Any + Send + Sync>)
-        .collect()
+    spec.attached.iter().map(|a| Box::new(a.clone()) as Box<dyn Any + Send + Sync>).collect()
 }
 
 /// The hello's handler kind, or the load failure it reports.
@@ -426,9 +364,7 @@ pub(crate) fn handler_kind(hello: crate::channel::Hello) -> Result<HandlerKind, 
         Some("wsgi") => Ok(HandlerKind::Wsgi),
         Some("function") => Ok(HandlerKind::Function),
         _ => Err(CreateError::Load {
-            message: hello
-                .message
-                .unwrap_or_else(|| "the handler failed to load".into()),
+            message: hello.message.unwrap_or_else(|| "the handler failed to load".into()),
             traceback: hello.traceback,
         }),
     }
@@ -438,14 +374,9 @@ pub(crate) fn handler_kind(hello: crate::channel::Hello) -> Result<HandlerKind, 
 mod tests {
     #[test]
     fn extra_variables_override_the_defaults() {
-        let env = super::sandbox_env(&[
-            ("TMPDIR".into(), "/host/work/tmp".into()),
-            ("X".into(), "1".into()),
-        ]);
+        let env = super::sandbox_env(&[("TMPDIR".into(), "/host/work/tmp".into()), ("X".into(), "1".into())]);
         assert_eq!(
-            env.iter()
-                .filter(|(k, _)| k == "TMPDIR")
-                .collect::<Vec<_>>(),
+            env.iter().filter(|(k, _)| k == "TMPDIR").collect::<Vec<_>>(),
             vec![&("TMPDIR".to_string(), "/host/work/tmp".to_string())]
         );
         assert!(env.contains(&("X".into(), "1".into())));

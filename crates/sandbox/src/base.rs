@@ -42,10 +42,7 @@ pub enum Outcome {
 /// Whether `path` holds a finished base image of `suite` with this version's layout.
 pub fn is_ready(path: &Path, suite: &str) -> bool {
     fs::read_to_string(path.join(MARKER))
-        .map(|m| {
-            m.lines().any(|l| l == format!("suite={suite}"))
-                && m.lines().any(|l| l == layout_line())
-        })
+        .map(|m| m.lines().any(|l| l == format!("suite={suite}")) && m.lines().any(|l| l == layout_line()))
         .unwrap_or(false)
 }
 
@@ -54,29 +51,17 @@ pub fn host_mirror(suite: &str) -> Option<String> {
     let mut candidates = Vec::new();
     if let Ok(entries) = fs::read_dir("/etc/apt/sources.list.d") {
         for e in entries.flatten() {
-            if e.path()
-                .extension()
-                .map(|x| x == "sources")
-                .unwrap_or(false)
-            {
+            if e.path().extension().map(|x| x == "sources").unwrap_or(false) {
                 candidates.push(fs::read_to_string(e.path()).unwrap_or_default());
             }
         }
     }
     for stanza in candidates.iter().flat_map(|f| f.split("\n\n")) {
-        let field = |name: &str| {
-            stanza
-                .lines()
-                .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
-        };
+        let field = |name: &str| stanza.lines().find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()));
         let suites = field("Suites:").unwrap_or_default();
         let types = field("Types:").unwrap_or_default();
-        if types.split_whitespace().any(|t| t == "deb")
-            && suites.split_whitespace().any(|s| s == suite)
-        {
-            if let Some(uri) =
-                field("URIs:").and_then(|u| u.split_whitespace().next().map(str::to_string))
-            {
+        if types.split_whitespace().any(|t| t == "deb") && suites.split_whitespace().any(|s| s == suite) {
+            if let Some(uri) = field("URIs:").and_then(|u| u.split_whitespace().next().map(str::to_string)) {
                 return Some(uri);
             }
         }
@@ -90,18 +75,11 @@ pub fn host_mirror(suite: &str) -> Option<String> {
 
 /// Make sure a base image of `suite` exists at `path`, building it if needed. `progress`
 /// receives one line per step of the build.
-pub fn ensure(
-    path: &Path,
-    suite: &str,
-    mirror: Option<&str>,
-    progress: &mut dyn FnMut(&str),
-) -> Result<Outcome> {
+pub fn ensure(path: &Path, suite: &str, mirror: Option<&str>, progress: &mut dyn FnMut(&str)) -> Result<Outcome> {
     if is_ready(path, suite) {
         return Ok(Outcome::Reused);
     }
-    let parent = path
-        .parent()
-        .context("base image path has no parent directory")?;
+    let parent = path.parent().context("base image path has no parent directory")?;
     fs::create_dir_all(parent)?;
     let lock_file = fs::File::create(path.with_extension("lock"))?;
     let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
@@ -118,25 +96,17 @@ pub fn ensure(
         );
     }
     if path.exists() {
-        bail!(
-            "{} exists but is not a finished {suite} base image; remove it and run init again",
-            path.display()
-        );
+        bail!("{} exists but is not a finished {suite} base image; remove it and run init again", path.display());
     }
     let mirror = match mirror {
         Some(m) if !m.is_empty() => m.to_string(),
-        _ => host_mirror(suite).with_context(|| {
-            format!("no apt source for {suite} on this host; set base.mirror in config.toml")
-        })?,
+        _ => host_mirror(suite).with_context(|| format!("no apt source for {suite} on this host; set base.mirror in config.toml"))?,
     };
     let started = Instant::now();
     let building = path.with_extension("building");
     discard(&building)?;
-    progress(&format!(
-        "building the {suite} base image with debootstrap from {mirror} (about a minute)"
-    ));
-    let result =
-        debootstrap(&building, suite, &mirror, progress).and_then(|_| adapt(&building, suite));
+    progress(&format!("building the {suite} base image with debootstrap from {mirror} (about a minute)"));
+    let result = debootstrap(&building, suite, &mirror, progress).and_then(|_| adapt(&building, suite));
     if let Err(e) = result {
         let _ = discard(&building);
         return Err(e);
@@ -154,12 +124,7 @@ fn discard(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn debootstrap(
-    target: &Path,
-    suite: &str,
-    mirror: &str,
-    progress: &mut dyn FnMut(&str),
-) -> Result<()> {
+fn debootstrap(target: &Path, suite: &str, mirror: &str, progress: &mut dyn FnMut(&str)) -> Result<()> {
     let mut child = Command::new("debootstrap")
         .args(["--variant=minbase", &format!("--include={INCLUDE}"), suite])
         .arg(target)
@@ -168,24 +133,15 @@ fn debootstrap(
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => anyhow::anyhow!(
-                "debootstrap is not installed (apt-get install debootstrap, or run scripts/setup.sh)"
-            ),
+            std::io::ErrorKind::NotFound => {
+                anyhow::anyhow!("debootstrap is not installed (apt-get install debootstrap, or run scripts/setup.sh)")
+            }
             _ => anyhow::anyhow!("starting debootstrap: {e}"),
         })?;
     let stderr = child.stderr.take().unwrap();
-    let errors = std::thread::spawn(move || {
-        BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<_>>()
-            .join("\n")
-    });
+    let errors = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<_>>().join("\n"));
     let mut steps = 0;
-    for line in BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map_while(Result::ok)
-    {
+    for line in BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok) {
         if let Some(step) = line.strip_prefix("I: ") {
             steps += 1;
             progress(&format!("  [{steps:>3}] {step}"));
@@ -235,46 +191,24 @@ fn adapt(root: &Path, suite: &str) -> Result<()> {
     }
     let python = Command::new("chroot")
         .arg(root)
-        .args([
-            "/usr/bin/python3",
-            "-I",
-            "-S",
-            "-c",
-            "import sys; print('%d.%d' % sys.version_info[:2])",
-        ])
+        .args(["/usr/bin/python3", "-I", "-S", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
         .output()?;
     let version = String::from_utf8_lossy(&python.stdout).trim().to_string();
     if !python.status.success() {
-        bail!(
-            "python3 does not run in the built image: {}",
-            String::from_utf8_lossy(&python.stderr)
-        );
+        bail!("python3 does not run in the built image: {}", String::from_utf8_lossy(&python.stderr));
     }
-    let pip = Command::new("chroot")
-        .arg(root)
-        .args(["/usr/bin/python3", "-m", "pip", "--version"])
-        .output()?;
+    let pip = Command::new("chroot").arg(root).args(["/usr/bin/python3", "-m", "pip", "--version"]).output()?;
     if !pip.status.success() {
-        bail!(
-            "pip does not run in the built image: {}",
-            String::from_utf8_lossy(&pip.stderr)
-        );
+        bail!("pip does not run in the built image: {}", String::from_utf8_lossy(&pip.stderr));
     }
-    let marker = format!(
-        "suite={suite}\n{}\npython={version}\nbuilt_by=sprout {}\n",
-        layout_line(),
-        env!("CARGO_PKG_VERSION")
-    );
+    let marker = format!("suite={suite}\n{}\npython={version}\nbuilt_by=sprout {}\n", layout_line(), env!("CARGO_PKG_VERSION"));
     fs::write(root.join(MARKER), marker)?;
     Ok(())
 }
 
 /// The python version recorded in a finished image, e.g. "3.11".
 pub fn python_version(path: &Path) -> Option<String> {
-    fs::read_to_string(path.join(MARKER))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("python=").map(str::to_string))
+    fs::read_to_string(path.join(MARKER)).ok()?.lines().find_map(|l| l.strip_prefix("python=").map(str::to_string))
 }
 
 /// Where the machine-wide base image of `suite` lives by default.

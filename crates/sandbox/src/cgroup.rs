@@ -76,11 +76,8 @@ impl Layout {
             let mount_point = PathBuf::from(crate::mounts::unescape(fields[4]));
             match rfields[0] {
                 "cgroup" => {
-                    let controllers: Vec<String> = rfields[2]
-                        .split(',')
-                        .filter(|o| V1_CONTROLLERS.contains(o))
-                        .map(str::to_string)
-                        .collect();
+                    let controllers: Vec<String> =
+                        rfields[2].split(',').filter(|o| V1_CONTROLLERS.contains(o)).map(str::to_string).collect();
                     if !controllers.is_empty() && !v1.iter().any(|(p, _)| p == &mount_point) {
                         v1.push((mount_point, controllers));
                     }
@@ -99,23 +96,14 @@ impl Layout {
             let root = match v2_root {
                 Some(r) => r.to_path_buf(),
                 None if unified_main => PathBuf::from("/sys/fs/cgroup"),
-                None => v2.first().cloned().ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::NotFound, "no cgroup2 hierarchy is mounted")
-                })?,
+                None => v2.first().cloned().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no cgroup2 hierarchy is mounted"))?,
             };
             let available = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
-            let controllers = available
-                .split_whitespace()
-                .filter(|c| V2_CONTROLLERS.contains(c))
-                .map(str::to_string)
-                .collect();
+            let controllers = available.split_whitespace().filter(|c| V2_CONTROLLERS.contains(c)).map(str::to_string).collect();
             Ok(Layout::V2 { root, controllers })
         } else {
             if v1.is_empty() {
-                return Err(io::Error::new(
-                    io::ErrorKind::NotFound,
-                    "no cgroup v1 hierarchy is mounted",
-                ));
+                return Err(io::Error::new(io::ErrorKind::NotFound, "no cgroup v1 hierarchy is mounted"));
             }
             Ok(Layout::V1 { hierarchies: v1 })
         }
@@ -139,10 +127,7 @@ impl Layout {
 
     fn v1_dir_of(&self, name: &str, controller: &str) -> Option<PathBuf> {
         match self {
-            Layout::V1 { hierarchies } => hierarchies
-                .iter()
-                .find(|(_, c)| c.iter().any(|x| x == controller))
-                .map(|(p, _)| p.join(name)),
+            Layout::V1 { hierarchies } => hierarchies.iter().find(|(_, c)| c.iter().any(|x| x == controller)).map(|(p, _)| p.join(name)),
             Layout::V2 { .. } => None,
         }
     }
@@ -155,11 +140,9 @@ impl Layout {
                 .filter(|c| !hierarchies.iter().any(|(_, cs)| cs.iter().any(|x| x == *c)))
                 .map(|c| c.to_string())
                 .collect(),
-            Layout::V2 { controllers, .. } => V2_CONTROLLERS
-                .iter()
-                .filter(|c| !controllers.iter().any(|x| x == *c))
-                .map(|c| c.to_string())
-                .collect(),
+            Layout::V2 { controllers, .. } => {
+                V2_CONTROLLERS.iter().filter(|c| !controllers.iter().any(|x| x == *c)).map(|c| c.to_string()).collect()
+            }
         }
     }
 
@@ -177,27 +160,13 @@ impl Layout {
                 let current = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
                 let already = current.lines().any(|l| {
                     let f: Vec<&str> = l.split(' ').collect();
-                    f.get(4)
-                        .map(|m| Path::new(m) == root.as_path())
-                        .unwrap_or(false)
-                        && l.contains("favordynmods")
+                    f.get(4).map(|m| Path::new(m) == root.as_path()).unwrap_or(false) && l.contains("favordynmods")
                 });
                 if already {
                     return Ok("the cgroup2 hierarchy already favors dynamic modifications");
                 }
-                mount(
-                    None::<&str>,
-                    root.as_path(),
-                    None::<&str>,
-                    MsFlags::MS_REMOUNT,
-                    Some("favordynmods"),
-                )
-                .map_err(|e| {
-                    io::Error::other(format!(
-                        "remounting {} with favordynmods: {e}",
-                        root.display()
-                    ))
-                })?;
+                mount(None::<&str>, root.as_path(), None::<&str>, MsFlags::MS_REMOUNT, Some("favordynmods"))
+                    .map_err(|e| io::Error::other(format!("remounting {} with favordynmods: {e}", root.display())))?;
                 Ok("remounted the cgroup2 hierarchy with favordynmods")
             }
             Layout::V1 { .. } => {
@@ -209,11 +178,7 @@ impl Layout {
                     MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
                     Some("none,name=sprout-dynmods,favordynmods"),
                 )
-                .map_err(|e| {
-                    io::Error::other(format!(
-                        "mounting a cgroup v1 hierarchy with favordynmods: {e}"
-                    ))
-                })?;
+                .map_err(|e| io::Error::other(format!("mounting a cgroup v1 hierarchy with favordynmods: {e}")))?;
                 Ok("mounted a named cgroup v1 hierarchy with favordynmods")
             }
         }
@@ -229,10 +194,7 @@ impl Layout {
                 let enable: String = controllers.iter().map(|c| format!("+{c} ")).collect();
                 // The root may already delegate them; failure there surfaces on the next write.
                 let _ = write_file(&root.join("cgroup.subtree_control"), enable.trim());
-                write_file(
-                    &root.join(name).join("cgroup.subtree_control"),
-                    enable.trim(),
-                )?;
+                write_file(&root.join(name).join("cgroup.subtree_control"), enable.trim())?;
             }
         }
         Ok(())
@@ -306,10 +268,7 @@ fn remove_group_tree(dir: &Path) -> io::Result<()> {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) if Instant::now() > deadline => {
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("cannot remove cgroup {}: {e}", dir.display()),
-                ))
+                return Err(io::Error::new(e.kind(), format!("cannot remove cgroup {}: {e}", dir.display())))
             }
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
@@ -317,24 +276,14 @@ fn remove_group_tree(dir: &Path) -> io::Result<()> {
 }
 
 pub(crate) fn read_pids(path: &Path) -> Vec<i32> {
-    fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
+    fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
 }
 
 /// Write `pid` to each of the cgroup.procs descriptors `fds`: move it into those groups.
 pub(crate) fn write_pid(fds: &[OwnedFd], pid: i32) -> io::Result<()> {
     let text = pid.to_string();
     for fd in fds {
-        let n = unsafe {
-            libc::write(
-                fd.as_raw_fd(),
-                text.as_ptr() as *const libc::c_void,
-                text.len(),
-            )
-        };
+        let n = unsafe { libc::write(fd.as_raw_fd(), text.as_ptr() as *const libc::c_void, text.len()) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -387,20 +336,9 @@ impl Cgroup {
         }
         let procs_fds = dirs
             .iter()
-            .map(|d| {
-                fs::OpenOptions::new()
-                    .write(true)
-                    .open(d.join("cgroup.procs"))
-                    .map(OwnedFd::from)
-            })
+            .map(|d| fs::OpenOptions::new().write(true).open(d.join("cgroup.procs")).map(OwnedFd::from))
             .collect::<io::Result<_>>()?;
-        Ok(Cgroup {
-            name: name.to_string(),
-            layout,
-            dirs,
-            limits: None,
-            procs_fds,
-        })
+        Ok(Cgroup { name: name.to_string(), layout, dirs, limits: None, procs_fds })
     }
 
     /// The group's directories, one per hierarchy.
@@ -424,10 +362,7 @@ impl Cgroup {
         match &*self.layout {
             Layout::V1 { .. } => {
                 if let Some(d) = self.layout.v1_dir_of(&name, "memory") {
-                    write_file(
-                        &d.join("memory.limit_in_bytes"),
-                        &limits.memory_bytes.to_string(),
-                    )?;
+                    write_file(&d.join("memory.limit_in_bytes"), &limits.memory_bytes.to_string())?;
                     let memsw = d.join("memory.memsw.limit_in_bytes");
                     if memsw.exists() {
                         write_file(&memsw, &limits.memory_bytes.to_string())?;
@@ -438,11 +373,7 @@ impl Cgroup {
                 }
                 if let Some(d) = self.layout.v1_dir_of(&name, "cpu") {
                     write_file(&d.join("cpu.cfs_period_us"), "100000")?;
-                    let quota = if limits.cpus > 0.0 {
-                        ((limits.cpus * 100_000.0) as i64).max(1000)
-                    } else {
-                        -1
-                    };
+                    let quota = if limits.cpus > 0.0 { ((limits.cpus * 100_000.0) as i64).max(1000) } else { -1 };
                     write_file(&d.join("cpu.cfs_quota_us"), &quota.to_string())?;
                 }
             }
@@ -460,11 +391,8 @@ impl Cgroup {
                     write_file(&d.join("pids.max"), &limits.pids.to_string())?;
                 }
                 if has("cpu") {
-                    let quota = if limits.cpus > 0.0 {
-                        ((limits.cpus * 100_000.0) as i64).max(1000).to_string()
-                    } else {
-                        "max".to_string()
-                    };
+                    let quota =
+                        if limits.cpus > 0.0 { ((limits.cpus * 100_000.0) as i64).max(1000).to_string() } else { "max".to_string() };
                     write_file(&d.join("cpu.max"), &format!("{quota} 100000"))?;
                 }
             }
@@ -518,10 +446,7 @@ impl Cgroup {
     pub fn memory_failures(&self) -> u64 {
         let Some(d) = self.memory_dir() else { return 0 };
         match &*self.layout {
-            Layout::V1 { .. } => fs::read_to_string(d.join("memory.failcnt"))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(0),
+            Layout::V1 { .. } => fs::read_to_string(d.join("memory.failcnt")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0),
             Layout::V2 { .. } => read_key(&d.join("memory.events"), "max").unwrap_or(0),
         }
     }
@@ -533,29 +458,17 @@ impl Cgroup {
             Layout::V1 { .. } => "memory.usage_in_bytes",
             Layout::V2 { .. } => "memory.current",
         };
-        fs::read_to_string(d.join(file))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
+        fs::read_to_string(d.join(file)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
     }
 
     /// Freeze (pause) or thaw every process in the group.
     pub fn set_frozen(&self, frozen: bool) -> io::Result<()> {
         match &*self.layout {
             Layout::V1 { .. } => match self.layout.v1_dir_of(&self.name, "freezer") {
-                Some(d) => write_file(
-                    &d.join("freezer.state"),
-                    if frozen { "FROZEN" } else { "THAWED" },
-                ),
-                None => Err(io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    "no freezer hierarchy",
-                )),
+                Some(d) => write_file(&d.join("freezer.state"), if frozen { "FROZEN" } else { "THAWED" }),
+                None => Err(io::Error::new(io::ErrorKind::Unsupported, "no freezer hierarchy")),
             },
-            Layout::V2 { .. } => write_file(
-                &self.dirs[0].join("cgroup.freeze"),
-                if frozen { "1" } else { "0" },
-            ),
+            Layout::V2 { .. } => write_file(&self.dirs[0].join("cgroup.freeze"), if frozen { "1" } else { "0" }),
         }
     }
 
@@ -623,9 +536,7 @@ impl Cgroup {
 pub(crate) fn view_of(layout: Option<&Layout>, name: &str) -> Option<CgroupView> {
     let (dir, oom_file) = match layout? {
         Layout::V1 { hierarchies } => {
-            let (mount, _) = hierarchies
-                .iter()
-                .find(|(_, c)| c.iter().any(|x| x == "memory"))?;
+            let (mount, _) = hierarchies.iter().find(|(_, c)| c.iter().any(|x| x == "memory"))?;
             (mount.join(name), "memory.oom_control")
         }
         Layout::V2 { root, .. } => (root.join(name), "memory.events"),
@@ -636,11 +547,7 @@ pub(crate) fn view_of(layout: Option<&Layout>, name: &str) -> Option<CgroupView>
     }
     let oom_source = Some(dir.join(oom_file)).filter(|p| p.exists());
     let oom_before = oom_source.as_deref().map(read_oom_kills).unwrap_or(0);
-    Some(CgroupView {
-        procs,
-        oom_before,
-        oom_source,
-    })
+    Some(CgroupView { procs, oom_before, oom_source })
 }
 
 /// Counters of a pool, for /stats and /metrics.
@@ -665,13 +572,7 @@ pub struct CgroupPool {
 
 impl CgroupPool {
     /// Create the parent group and `prefill` sandbox groups with `limits` written.
-    pub fn new(
-        layout: Arc<Layout>,
-        parent: &str,
-        limits: Limits,
-        prefill: usize,
-        max_free: usize,
-    ) -> io::Result<CgroupPool> {
+    pub fn new(layout: Arc<Layout>, parent: &str, limits: Limits, prefill: usize, max_free: usize) -> io::Result<CgroupPool> {
         layout.create_parent(parent)?;
         let pool = CgroupPool {
             layout,

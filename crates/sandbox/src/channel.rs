@@ -114,10 +114,7 @@ pub struct Channel {
 
 impl Channel {
     pub fn new(stream: UnixStream, max_body: u32) -> Channel {
-        Channel {
-            stream: BufReader::with_capacity(64 * 1024, stream),
-            max_body,
-        }
+        Channel { stream: BufReader::with_capacity(64 * 1024, stream), max_body }
     }
 
     fn encode(header: &impl Serialize, body: &[u8]) -> io::Result<Vec<u8>> {
@@ -144,14 +141,7 @@ impl Channel {
             .async_io(Interest::WRITABLE, || {
                 let iov = [io::IoSlice::new(buf)];
                 let cmsg = [ControlMessage::ScmRights(fds)];
-                sendmsg::<()>(
-                    fd,
-                    &iov,
-                    &cmsg,
-                    MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-                    None,
-                )
-                .map_err(io::Error::from)
+                sendmsg::<()>(fd, &iov, &cmsg, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL, None).map_err(io::Error::from)
             })
             .await?;
         if sent < buf.len() {
@@ -171,31 +161,19 @@ impl Channel {
             .async_io(Interest::READABLE, || {
                 let mut iov = [io::IoSliceMut::new(&mut *buf)];
                 let mut space = nix::cmsg_space!([RawFd; 8]);
-                let msg = recvmsg::<()>(
-                    fd,
-                    &mut iov,
-                    Some(&mut space),
-                    MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
-                )
-                .map_err(io::Error::from)?;
+                let msg = recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC)
+                    .map_err(io::Error::from)?;
                 let mut fds = Vec::new();
                 for cmsg in msg.cmsgs().map_err(io::Error::from)? {
                     if let ControlMessageOwned::ScmRights(received) = cmsg {
-                        fds.extend(
-                            received
-                                .into_iter()
-                                .map(|f| unsafe { OwnedFd::from_raw_fd(f) }),
-                        );
+                        fds.extend(received.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
                     }
                 }
                 Ok((msg.bytes, fds))
             })
             .await?;
         if got == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the peer closed the channel",
-            ));
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the channel"));
         }
         if got < buf.len() {
             self.stream.read_exact(&mut buf[got..]).await?;
@@ -207,10 +185,7 @@ impl Channel {
     /// when the peer closed the channel) if it never will.
     pub async fn await_frame(&mut self) -> io::Result<()> {
         if self.stream.fill_buf().await?.is_empty() {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the sandbox closed the channel",
-            ));
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the sandbox closed the channel"));
         }
         Ok(())
     }
@@ -222,28 +197,18 @@ impl Channel {
         let head_len = u32::from_le_bytes(prefix[..4].try_into().unwrap());
         let body_len = u32::from_le_bytes(prefix[4..].try_into().unwrap());
         if head_len > MAX_HEADER {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "frame header too large",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "frame header too large"));
         }
         if body_len > self.max_body {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!(
-                    "response body of {body_len} bytes exceeds the limit of {}",
-                    self.max_body
-                ),
+                format!("response body of {body_len} bytes exceeds the limit of {}", self.max_body),
             ));
         }
         let mut head = vec![0u8; head_len as usize];
         self.stream.read_exact(&mut head).await?;
-        let header = serde_json::from_slice(&head).map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("malformed frame header: {e}"),
-            )
-        })?;
+        let header = serde_json::from_slice(&head)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("malformed frame header: {e}")))?;
         let mut body = vec![0u8; body_len as usize];
         self.stream.read_exact(&mut body).await?;
         Ok((header, Bytes::from(body)))
@@ -253,28 +218,13 @@ impl Channel {
 impl Channel {
     /// Send the handler the environment variables of its lambda (beyond the sandbox's own)
     /// and its packages' directories, and wait for its hello: its lambda loaded, or not.
-    pub async fn handshake(
-        &mut self,
-        env: &[(String, String)],
-        paths: &[String],
-        timeout: Duration,
-    ) -> io::Result<Hello> {
-        let init = Init {
-            op: "init",
-            env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
-            paths,
-        };
+    pub async fn handshake(&mut self, env: &[(String, String)], paths: &[String], timeout: Duration) -> io::Result<Hello> {
+        let init = Init { op: "init", env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(), paths };
         self.send(&init, &[]).await?;
         match tokio::time::timeout(timeout, self.recv::<Hello>()).await {
             Ok(Ok((hello, _))) => Ok(hello),
-            Ok(Err(e)) => Err(io::Error::new(
-                e.kind(),
-                format!("the handler died while loading: {e}"),
-            )),
-            Err(_) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the handler did not finish loading in time",
-            )),
+            Ok(Err(e)) => Err(io::Error::new(e.kind(), format!("the handler died while loading: {e}"))),
+            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the handler did not finish loading in time")),
         }
     }
 }
@@ -290,10 +240,7 @@ impl Endpoint {
     /// address. The socket is connectable by any user: only that sandbox can reach it.
     pub fn listen_in(dir: &Path) -> io::Result<Endpoint> {
         let dir_fd = std::fs::File::open(dir)?;
-        let path = PathBuf::from(format!(
-            "/proc/self/fd/{}/{SOCKET_NAME}",
-            dir_fd.as_raw_fd()
-        ));
+        let path = PathBuf::from(format!("/proc/self/fd/{}/{SOCKET_NAME}", dir_fd.as_raw_fd()));
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
@@ -302,19 +249,10 @@ impl Endpoint {
 
     /// Wait up to `timeout` for the helper; returns its channel and a pidfd of the process
     /// that connected.
-    pub async fn accept(
-        self,
-        timeout: Duration,
-        max_body: u32,
-    ) -> io::Result<(Channel, Option<PidFd>)> {
+    pub async fn accept(self, timeout: Duration, max_body: u32) -> io::Result<(Channel, Option<PidFd>)> {
         let (stream, _) = tokio::time::timeout(timeout, self.listener.accept())
             .await
-            .map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "the sandbox's helper never connected",
-                )
-            })??;
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the sandbox's helper never connected"))??;
         let pidfd = peer_pidfd(stream.as_raw_fd());
         Ok((Channel::new(stream, max_body), pidfd))
     }
@@ -326,26 +264,10 @@ fn peer_pidfd(sock: RawFd) -> Option<PidFd> {
     const SO_PEERPIDFD: libc::c_int = 77;
     let mut fd: libc::c_int = -1;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    let rc = unsafe {
-        libc::getsockopt(
-            sock,
-            libc::SOL_SOCKET,
-            SO_PEERPIDFD,
-            &mut fd as *mut _ as *mut libc::c_void,
-            &mut len,
-        )
-    };
+    let rc = unsafe { libc::getsockopt(sock, libc::SOL_SOCKET, SO_PEERPIDFD, &mut fd as *mut _ as *mut libc::c_void, &mut len) };
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut clen = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    let crc = unsafe {
-        libc::getsockopt(
-            sock,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut _ as *mut libc::c_void,
-            &mut clen,
-        )
-    };
+    let crc = unsafe { libc::getsockopt(sock, libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut libc::c_void, &mut clen) };
     if crc != 0 || cred.pid <= 0 {
         if rc == 0 && fd >= 0 {
             unsafe { libc::close(fd) };
@@ -353,10 +275,7 @@ fn peer_pidfd(sock: RawFd) -> Option<PidFd> {
         return None;
     }
     if rc == 0 && fd >= 0 {
-        return Some(PidFd::from_parts(
-            unsafe { OwnedFd::from_raw_fd(fd) },
-            cred.pid,
-        ));
+        return Some(PidFd::from_parts(unsafe { OwnedFd::from_raw_fd(fd) }, cred.pid));
     }
     PidFd::open(cred.pid).ok()
 }

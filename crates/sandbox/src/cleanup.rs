@@ -25,10 +25,7 @@ pub struct Report {
 
 impl Report {
     pub fn is_empty(&self) -> bool {
-        self.processes_killed == 0
-            && self.mounts_removed == 0
-            && self.cgroups_removed.is_empty()
-            && self.network_removed.is_empty()
+        self.processes_killed == 0 && self.mounts_removed == 0 && self.cgroups_removed.is_empty() && self.network_removed.is_empty()
     }
 }
 

@@ -82,13 +82,8 @@ impl hyper::body::Body for ChannelBody {
     type Data = Bytes;
     type Error = io::Error;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<io::Result<Frame<Bytes>>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|r| r.map(Frame::data)))
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<io::Result<Frame<Bytes>>>> {
+        self.0.poll_recv(cx).map(|chunk| chunk.map(|r| r.map(Frame::data)))
     }
 }
 
@@ -121,16 +116,7 @@ impl Write for ChannelWriter {
 /// Percent-encode a query parameter value.
 fn encode(value: &str) -> String {
     let plain = |b: u8| b.is_ascii_alphanumeric() || b"-_.~".contains(&b);
-    value
-        .bytes()
-        .map(|b| {
-            if plain(b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
+    value.bytes().map(|b| if plain(b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
 }
 
 /// The engine's message in an error response (`{"message": "..."}`).
@@ -139,51 +125,31 @@ fn api_error(what: &str, status: StatusCode, body: &[u8]) -> CreateError {
         .ok()
         .and_then(|v| v["message"].as_str().map(str::to_string))
         .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_string());
-    CreateError::Platform(format!(
-        "{what}: the Docker engine said {message} ({status})"
-    ))
+    CreateError::Platform(format!("{what}: the Docker engine said {message} ({status})"))
 }
 
 impl DockerBackend {
     pub fn new(cfg: DockerConfig, stage: Arc<Stage>) -> DockerBackend {
         let layout = Layout::detect(Version::Auto, None)
-            .map_err(|e| {
-                tracing::warn!("no cgroup hierarchy found; docker sandboxes go unwatched: {e}")
-            })
+            .map_err(|e| tracing::warn!("no cgroup hierarchy found; docker sandboxes go unwatched: {e}"))
             .ok();
-        DockerBackend {
-            cfg,
-            stage,
-            layout,
-            next_id: AtomicU64::new(1),
-            counters: Counters::default(),
-        }
+        DockerBackend { cfg, stage, layout, next_id: AtomicU64::new(1), counters: Counters::default() }
     }
 
     /// One API call on a fresh connection; returns the status and the whole response body.
-    async fn call<B>(
-        &self,
-        method: Method,
-        path: &str,
-        content_type: &str,
-        body: B,
-    ) -> Result<(StatusCode, Bytes), CreateError>
+    async fn call<B>(&self, method: Method, path: &str, content_type: &str, body: B) -> Result<(StatusCode, Bytes), CreateError>
     where
         B: hyper::body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let failed = |e: &dyn std::fmt::Display| {
-            CreateError::Platform(format!("Docker API {method} {path}: {e}"))
-        };
+        let failed = |e: &dyn std::fmt::Display| CreateError::Platform(format!("Docker API {method} {path}: {e}"));
         let stream = tokio::net::UnixStream::connect(&self.cfg.socket).await.map_err(|e| {
             CreateError::Platform(format!(
                 "the Docker engine is not reachable at {}: start it with `dockerd --iptables=false --bridge=none` ({e})",
                 self.cfg.socket.display()
             ))
         })?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| failed(&e))?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| failed(&e))?;
         tokio::spawn(connection);
         let request = hyper::Request::builder()
             .method(method.clone())
@@ -194,35 +160,18 @@ impl DockerBackend {
             .map_err(|e| failed(&e))?;
         let response = sender.send_request(request).await.map_err(|e| failed(&e))?;
         let status = response.status();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| failed(&e))?
-            .to_bytes();
+        let body = response.into_body().collect().await.map_err(|e| failed(&e))?.to_bytes();
         Ok((status, body))
     }
 
     /// An API call with an optional JSON body.
-    async fn call_json(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> Result<(StatusCode, Bytes), CreateError> {
+    async fn call_json(&self, method: Method, path: &str, body: Option<Value>) -> Result<(StatusCode, Bytes), CreateError> {
         let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
-        self.call(method, path, "application/json", Full::new(bytes))
-            .await
+        self.call(method, path, "application/json", Full::new(bytes)).await
     }
 
     /// A JSON API call that must succeed: its decoded body, or the engine's message as error.
-    async fn api(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<Value>,
-        what: &str,
-    ) -> Result<Value, CreateError> {
+    async fn api(&self, method: Method, path: &str, body: Option<Value>, what: &str) -> Result<Value, CreateError> {
         let (status, body) = self.call_json(method, path, body).await?;
         if !status.is_success() {
             return Err(api_error(what, status, &body));
@@ -238,14 +187,10 @@ impl DockerBackend {
         let inspect = format!("/images/{}/json", encode(&self.cfg.image));
         match self.call_json(Method::GET, &inspect, None).await? {
             (StatusCode::NOT_FOUND, _) => self.import_image().await?,
-            (status, body) if !status.is_success() => {
-                return Err(api_error("inspecting the image", status, &body))
-            }
+            (status, body) if !status.is_success() => return Err(api_error("inspecting the image", status, &body)),
             _ => return Ok(()),
         }
-        self.api(Method::GET, &inspect, None, "the imported image")
-            .await
-            .map(drop)
+        self.api(Method::GET, &inspect, None, "the imported image").await.map(drop)
     }
 
     /// Import `base_image` as `image`: a tar stream of the directory, written on a blocking
@@ -254,10 +199,7 @@ impl DockerBackend {
         let started = Instant::now();
         let base = self.cfg.base_image.clone();
         if !base.join("opt/sprout").is_dir() {
-            return Err(CreateError::Platform(format!(
-                "{} is not a Sprout base image",
-                base.display()
-            )));
+            return Err(CreateError::Platform(format!("{} is not a Sprout base image", base.display())));
         }
         tracing::info!(image = %self.cfg.image, base = %base.display(), "importing the base image into Docker");
         let (repo, tag) = match self.cfg.image.rsplit_once(':') {
@@ -266,35 +208,20 @@ impl DockerBackend {
         };
         let (tx, rx) = mpsc::channel(8);
         let writer = tokio::task::spawn_blocking(move || {
-            let mut tar = tar::Builder::new(ChannelWriter {
-                tx: tx.clone(),
-                buf: Vec::with_capacity(CHUNK),
-            });
+            let mut tar = tar::Builder::new(ChannelWriter { tx: tx.clone(), buf: Vec::with_capacity(CHUNK) });
             tar.follow_symlinks(false);
-            let result = tar
-                .append_dir_all("", &base)
-                .and_then(|()| tar.into_inner()?.flush());
+            let result = tar.append_dir_all("", &base).and_then(|()| tar.into_inner()?.flush());
             if let Err(e) = &result {
                 let _ = tx.blocking_send(Err(io::Error::new(e.kind(), e.to_string())));
                 // abort the upload
             }
             result
         });
-        let path = format!(
-            "/images/create?fromSrc=-&repo={}&tag={}",
-            encode(repo),
-            encode(tag)
-        );
-        let response = self
-            .call(Method::POST, &path, "application/x-tar", ChannelBody(rx))
-            .await;
+        let path = format!("/images/create?fromSrc=-&repo={}&tag={}", encode(repo), encode(tag));
+        let response = self.call(Method::POST, &path, "application/x-tar", ChannelBody(rx)).await;
         // A broken pipe only echoes the engine's own failure, which the response tells better.
         match writer.await.map_err(CreateError::platform)? {
-            Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
-                return Err(CreateError::Platform(format!(
-                    "archiving the base image: {e}"
-                )))
-            }
+            Err(e) if e.kind() != io::ErrorKind::BrokenPipe => return Err(CreateError::Platform(format!("archiving the base image: {e}"))),
             _ => {}
         }
         let (status, body) = response?;
@@ -302,14 +229,9 @@ impl DockerBackend {
             return Err(api_error("importing the base image", status, &body));
         }
         // Progress messages are a stream of JSON objects; a failure is one with "error".
-        for message in serde_json::Deserializer::from_slice(&body)
-            .into_iter::<Value>()
-            .flatten()
-        {
+        for message in serde_json::Deserializer::from_slice(&body).into_iter::<Value>().flatten() {
             if let Some(error) = message["error"].as_str() {
-                return Err(CreateError::Platform(format!(
-                    "importing the base image: {error}"
-                )));
+                return Err(CreateError::Platform(format!("importing the base image: {error}")));
             }
         }
         tracing::info!(image = %self.cfg.image, seconds = started.elapsed().as_secs_f64(), "base image imported");
@@ -318,22 +240,12 @@ impl DockerBackend {
 
     /// Remove every container labelled as this worker's; returns how many were removed.
     pub async fn remove_leftovers(&self) -> usize {
-        let filters =
-            json!({"label": [format!("sprout.worker={}", self.cfg.worker_label)]}).to_string();
+        let filters = json!({"label": [format!("sprout.worker={}", self.cfg.worker_label)]}).to_string();
         let path = format!("/containers/json?all=1&filters={}", encode(&filters));
-        let listed = self
-            .api(Method::GET, &path, None, "listing leftover containers")
-            .await;
-        let containers = listed
-            .map_err(|e| tracing::warn!("{e}"))
-            .unwrap_or_default();
+        let listed = self.api(Method::GET, &path, None, "listing leftover containers").await;
+        let containers = listed.map_err(|e| tracing::warn!("{e}")).unwrap_or_default();
         let mut removed = 0;
-        for id in containers
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c["Id"].as_str())
-        {
+        for id in containers.as_array().into_iter().flatten().filter_map(|c| c["Id"].as_str()) {
             if self.remove_container(id).await {
                 removed += 1;
             }
@@ -346,17 +258,8 @@ impl DockerBackend {
 
     /// Kill and remove a container; false if the engine refused.
     async fn remove_container(&self, id: &str) -> bool {
-        let e = match self
-            .call_json(
-                Method::DELETE,
-                &format!("/containers/{id}?force=1&v=1"),
-                None,
-            )
-            .await
-        {
-            Ok((status, _)) if status.is_success() || status == StatusCode::NOT_FOUND => {
-                return true
-            }
+        let e = match self.call_json(Method::DELETE, &format!("/containers/{id}?force=1&v=1"), None).await {
+            Ok((status, _)) if status.is_success() || status == StatusCode::NOT_FOUND => return true,
             Ok((status, body)) => api_error("removing a container", status, &body),
             Err(e) => e,
         };
@@ -366,21 +269,10 @@ impl DockerBackend {
 
     /// Why a started container's helper never spoke: how the container ended, if it did.
     async fn why_silent(&self, container: &str, e: io::Error) -> CreateError {
-        if let Ok(inspected) = self
-            .api(
-                Method::GET,
-                &format!("/containers/{container}/json"),
-                None,
-                "inspect",
-            )
-            .await
-        {
+        if let Ok(inspected) = self.api(Method::GET, &format!("/containers/{container}/json"), None, "inspect").await {
             let state = &inspected["State"];
             if state["Running"] == false {
-                let mut why = format!(
-                    "the sandbox's container exited during setup with status {}",
-                    state["ExitCode"]
-                );
+                let mut why = format!("the sandbox's container exited during setup with status {}", state["ExitCode"]);
                 if let Some(error) = state["Error"].as_str().filter(|e| !e.is_empty()) {
                     why = format!("{why}: {error}");
                 }
@@ -432,48 +324,26 @@ impl DockerBackend {
 
     /// Create and start the container (its id goes into `container` as soon as it exists)
     /// and wait for its helper to connect and load the lambda.
-    async fn provision(
-        &self,
-        id: u64,
-        spec: &SandboxSpec,
-        scratch: &Path,
-        container: &mut Option<String>,
-    ) -> Result<Sandbox, CreateError> {
+    async fn provision(&self, id: u64, spec: &SandboxSpec, scratch: &Path, container: &mut Option<String>) -> Result<Sandbox, CreateError> {
         let started = Instant::now();
         make_scratch(scratch, self.cfg.uid, self.cfg.gid).map_err(CreateError::platform)?;
         let endpoint = Endpoint::listen_in(scratch).map_err(CreateError::platform)?;
         let name = format!("sprout-{}-{id}", self.cfg.worker_label);
         let config = self.container_config(spec, scratch);
         let path = format!("/containers/create?name={}", encode(&name));
-        let created = self
-            .api(Method::POST, &path, Some(config), "creating the container")
-            .await?;
-        let full_id = created["Id"]
-            .as_str()
-            .ok_or_else(|| CreateError::platform("the engine returned no container id"))?;
+        let created = self.api(Method::POST, &path, Some(config), "creating the container").await?;
+        let full_id = created["Id"].as_str().ok_or_else(|| CreateError::platform("the engine returned no container id"))?;
         *container = Some(full_id.to_string());
-        self.api(
-            Method::POST,
-            &format!("/containers/{full_id}/start"),
-            None,
-            "starting the container",
-        )
-        .await?;
-        let (mut channel, process) = match endpoint
-            .accept(self.cfg.start_timeout, self.cfg.max_response)
-            .await
-        {
+        self.api(Method::POST, &format!("/containers/{full_id}/start"), None, "starting the container").await?;
+        let (mut channel, process) = match endpoint.accept(self.cfg.start_timeout, self.cfg.max_response).await {
             Ok(accepted) => accepted,
             Err(e) => return Err(self.why_silent(full_id, e).await),
         };
-        let hello = channel
-            .handshake(&spec.env, &spec.paths, self.cfg.start_timeout)
-            .await
-            .map_err(CreateError::platform)?;
+        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
         let kind = handler_kind(hello)?;
         let layout = self.layout.as_ref();
-        let cgroup_path = view_of(layout, &format!("docker/{full_id}"))
-            .or_else(|| view_of(layout, &format!("system.slice/docker-{full_id}.scope")));
+        let cgroup_path =
+            view_of(layout, &format!("docker/{full_id}")).or_else(|| view_of(layout, &format!("system.slice/docker-{full_id}.scope")));
         Ok(Sandbox {
             id,
             lambda: spec.lambda.clone(),
@@ -484,10 +354,7 @@ impl DockerBackend {
             process,
             cgroup_path,
             limits: spec.limits,
-            resources: Resources::Docker {
-                container: full_id.to_string(),
-                scratch: scratch.to_path_buf(),
-            },
+            resources: Resources::Docker { container: full_id.to_string(), scratch: scratch.to_path_buf() },
             tainted: false,
             attached: crate::backend::attachments(spec),
             learner: None,
@@ -517,9 +384,7 @@ impl Backend for DockerBackend {
     }
 
     async fn destroy(&self, sandbox: Sandbox) {
-        let Sandbox {
-            resources, channel, ..
-        } = sandbox;
+        let Sandbox { resources, channel, .. } = sandbox;
         drop(channel);
         if let Resources::Docker { container, scratch } = resources {
             self.remove_container(&container).await;

@@ -13,6 +13,7 @@
 //!   [`memory`] measures what they and paused handlers hold (PSS).
 //! * [`network`] gives each lambda a network namespace of its own, from a pool, reaching only
 //!   the services the operator allows.
+//! * [`seccomp`] filters the system calls of every sandbox process.
 //! * [`oneshot`] runs one program (pip) in a sandbox of its own, with limits.
 //! * [`base`] builds the read-only Debian base image; [`cleanup`] removes what a crashed
 //!   worker left behind.
@@ -31,13 +32,11 @@ pub mod oneshot;
 pub mod output;
 pub mod process;
 pub mod runc;
+pub mod seccomp;
 pub mod sock;
 pub mod stage;
 pub mod userns;
 pub mod zygote;
 
-pub use backend::{
-    Backend, BackendStats, Calls, CreateError, HandlerKind, InvokeError, NoCalls, Package, Phase,
-    Sandbox, SandboxSpec,
-};
+pub use backend::{Backend, BackendStats, Calls, CreateError, HandlerKind, InvokeError, NoCalls, Package, Phase, Sandbox, SandboxSpec};
 pub use cgroup::Limits;

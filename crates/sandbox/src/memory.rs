@@ -5,10 +5,7 @@
 use std::fs;
 
 fn field_kb(text: &str, name: &str) -> Option<u64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix(name)
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-    })
+    text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()))
 }
 
 /// PSS of process `pid` in bytes (from /proc/<pid>/smaps_rollup), if it still exists.

@@ -22,19 +22,16 @@ pub fn bind(src: &Path, dst: &Path, recursive: bool) -> io::Result<()> {
     if recursive {
         flags |= MsFlags::MS_REC;
     }
-    mount(Some(src), dst, None::<&str>, flags, None::<&str>)
-        .map_err(|e| err(e, "bind mount onto", dst))
+    mount(Some(src), dst, None::<&str>, flags, None::<&str>).map_err(|e| err(e, "bind mount onto", dst))
 }
 
 /// Make the bind mount at `path` read-only, nosuid (and nodev when asked).
 pub fn remount_readonly(path: &Path, nodev: bool) -> io::Result<()> {
-    let mut flags =
-        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID;
+    let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID;
     if nodev {
         flags |= MsFlags::MS_NODEV;
     }
-    mount(None::<&str>, path, None::<&str>, flags, None::<&str>)
-        .map_err(|e| err(e, "read-only remount of", path))
+    mount(None::<&str>, path, None::<&str>, flags, None::<&str>).map_err(|e| err(e, "read-only remount of", path))
 }
 
 /// Set the flags of the volume bound at `path`: nosuid and nodev, read-only unless
@@ -67,8 +64,7 @@ pub fn remount_volume(path: &Path, writable: bool) -> io::Result<()> {
     if had.contains(FsFlags::ST_NODIRATIME) {
         flags |= MsFlags::MS_NODIRATIME;
     }
-    mount(None::<&str>, path, None::<&str>, flags, None::<&str>)
-        .map_err(|e| err(e, "remount of", path))
+    mount(None::<&str>, path, None::<&str>, flags, None::<&str>).map_err(|e| err(e, "remount of", path))
 }
 
 /// Bind `src` onto `dst` read-only: a bind followed by a remount, as Linux requires.
@@ -79,27 +75,14 @@ pub fn bind_readonly(src: &Path, dst: &Path, nodev: bool) -> io::Result<()> {
 
 /// Make the mount at `path` (and everything below it) private: no propagation either way.
 pub fn make_rprivate(path: &Path) -> io::Result<()> {
-    mount(
-        None::<&str>,
-        path,
-        None::<&str>,
-        MsFlags::MS_PRIVATE | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(|e| err(e, "make private", path))
+    mount(None::<&str>, path, None::<&str>, MsFlags::MS_PRIVATE | MsFlags::MS_REC, None::<&str>).map_err(|e| err(e, "make private", path))
 }
 
 /// A size-limited tmpfs owned by `uid:gid`, nosuid and nodev.
 pub fn tmpfs(dst: &Path, size_mb: u64, uid: u32, gid: u32) -> io::Result<()> {
     let opts = format!("size={size_mb}m,mode=0755,uid={uid},gid={gid}");
-    mount(
-        Some("tmpfs"),
-        dst,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(opts.as_str()),
-    )
-    .map_err(|e| err(e, "tmpfs on", dst))
+    mount(Some("tmpfs"), dst, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(opts.as_str()))
+        .map_err(|e| err(e, "tmpfs on", dst))
 }
 
 /// Lazily unmount `path` and every mount below it.
@@ -134,12 +117,8 @@ pub fn unescape(field: &str) -> String {
 /// Mount points at or below `prefix`, deepest first (the order to unmount them in).
 pub fn mounts_under(prefix: &Path) -> io::Result<Vec<PathBuf>> {
     let info = fs::read_to_string("/proc/self/mountinfo")?;
-    let mut found: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|f| PathBuf::from(unescape(f)))
-        .filter(|p| p.starts_with(prefix))
-        .collect();
+    let mut found: Vec<PathBuf> =
+        info.lines().filter_map(|l| l.split(' ').nth(4)).map(|f| PathBuf::from(unescape(f))).filter(|p| p.starts_with(prefix)).collect();
     found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     found.dedup();
     Ok(found)
@@ -147,9 +126,7 @@ pub fn mounts_under(prefix: &Path) -> io::Result<Vec<PathBuf>> {
 
 /// Whether `path` is itself a mount point.
 pub fn is_mount_point(path: &Path) -> bool {
-    mounts_under(path)
-        .map(|m| m.iter().any(|p| p == path))
-        .unwrap_or(false)
+    mounts_under(path).map(|m| m.iter().any(|p| p == path)).unwrap_or(false)
 }
 
 /// Unmount everything at or below `prefix`; returns how many mounts were removed.
@@ -170,8 +147,7 @@ pub fn detach_all_under(prefix: &Path) -> io::Result<usize> {
 
 /// A path as a C string, for raw syscalls.
 pub fn cpath(path: &Path) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
 }
 
 #[cfg(test)]
@@ -197,20 +173,10 @@ pub fn clone_tree(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
     const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
     const AT_RECURSIVE: libc::c_uint = 0x8000;
     let c = cpath(path)?;
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE,
-        )
-    };
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE) };
     if fd < 0 {
         let e = io::Error::last_os_error();
-        return Err(io::Error::new(
-            e.kind(),
-            format!("cloning the mount tree at {}: {e}", path.display()),
-        ));
+        return Err(io::Error::new(e.kind(), format!("cloning the mount tree at {}: {e}", path.display())));
     }
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }

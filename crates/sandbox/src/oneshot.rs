@@ -77,12 +77,7 @@ impl Outcome {
 }
 
 /// Run `spec` in a fresh sandbox under `cgroup_parent` and wait for it.
-pub async fn run(
-    stage: &Stage,
-    layout: Arc<Layout>,
-    cgroup_parent: &str,
-    spec: &OneshotSpec,
-) -> io::Result<Outcome> {
+pub async fn run(stage: &Stage, layout: Arc<Layout>, cgroup_parent: &str, spec: &OneshotSpec) -> io::Result<Outcome> {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let dir = stage.run.join("oneshot").join(id.to_string());
     let root = dir.join("root");
@@ -145,6 +140,7 @@ async fn execute(root: &Path, cgroup: &Cgroup, spec: &OneshotSpec) -> io::Result
         // pip must reach the package index: the host's network.
         new_network: false,
         netns: None,
+        seccomp: Some(crate::seccomp::Profile::Handler),
         mount_proc: true,
         hostname: Some("installer"),
         user: Some((spec.uid, spec.gid)),
@@ -163,11 +159,7 @@ async fn execute(root: &Path, cgroup: &Cgroup, spec: &OneshotSpec) -> io::Result
     let status = process.wait_status().await;
     // The program's children may still hold the pipe open: stop them before reading on.
     cgroup.kill_all();
-    let output = tokio::time::timeout(Duration::from_secs(10), reading)
-        .await
-        .ok()
-        .and_then(|r| r.ok())
-        .unwrap_or_default();
+    let output = tokio::time::timeout(Duration::from_secs(10), reading).await.ok().and_then(|r| r.ok()).unwrap_or_default();
     let ending = if !finished {
         Ending::TimedOut
     } else if cgroup.oom_kills() > oom_before {
@@ -177,11 +169,7 @@ async fn execute(root: &Path, cgroup: &Cgroup, spec: &OneshotSpec) -> io::Result
     } else {
         Ending::Signaled(libc::WTERMSIG(status))
     };
-    Ok(Outcome {
-        ending,
-        output,
-        elapsed: started.elapsed(),
-    })
+    Ok(Outcome { ending, output, elapsed: started.elapsed() })
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {

@@ -35,10 +35,7 @@ impl PidFd {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(PidFd {
-            fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) },
-            pid,
-        })
+        Ok(PidFd { fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) }, pid })
     }
 
     pub fn from_parts(fd: OwnedFd, pid: i32) -> PidFd {
@@ -59,10 +56,7 @@ impl PidFd {
 
     /// Another handle on the same process.
     pub fn try_clone(&self) -> io::Result<PidFd> {
-        Ok(PidFd {
-            fd: self.fd.try_clone()?,
-            pid: self.pid,
-        })
+        Ok(PidFd { fd: self.fd.try_clone()?, pid: self.pid })
     }
 
     /// The pid in the worker's PID namespace.
@@ -71,15 +65,7 @@ impl PidFd {
     }
 
     pub fn signal(&self, sig: i32) -> io::Result<()> {
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.fd.as_raw_fd(),
-                sig,
-                std::ptr::null::<u8>(),
-                0,
-            )
-        };
+        let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.fd.as_raw_fd(), sig, std::ptr::null::<u8>(), 0) };
         if rc < 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::ESRCH) {
@@ -96,11 +82,7 @@ impl PidFd {
 
     /// Whether the process has exited (a pidfd polls readable once it has).
     pub fn has_exited(&self) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         unsafe { libc::poll(&mut pfd, 1, 0) == 1 }
     }
 
@@ -153,6 +135,8 @@ pub struct SpawnSpec<'a> {
     pub new_network: bool,
     /// A network namespace to join (a lambda's) before dropping privileges.
     pub netns: Option<RawFd>,
+    /// The seccomp filters to install last before exec.
+    pub seccomp: Option<crate::seccomp::Profile>,
     /// Mount a proc file system of the new PID namespace at /proc.
     pub mount_proc: bool,
     pub hostname: Option<&'a str>,
@@ -171,7 +155,7 @@ fn cstr(s: &str) -> io::Result<CString> {
 }
 
 /// What failed in the child before exec (reported through a close-on-exec pipe).
-const STAGES: [&str; 11] = [
+const STAGES: [&str; 12] = [
     "redirect output",
     "enter root",
     "join cgroup",
@@ -182,6 +166,7 @@ const STAGES: [&str; 11] = [
     "set gid",
     "set uid",
     "set no_new_privs",
+    "install the seccomp filters",
     "exec",
 ];
 
@@ -190,16 +175,8 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
     // Everything the child touches is made here, before the clone.
     let root = std::fs::File::open(spec.root)?;
     let devnull = std::fs::File::open("/dev/null")?;
-    let argv_c: Vec<CString> = spec
-        .argv
-        .iter()
-        .map(|a| cstr(a))
-        .collect::<io::Result<_>>()?;
-    let env_c: Vec<CString> = spec
-        .env
-        .iter()
-        .map(|(k, v)| cstr(&format!("{k}={v}")))
-        .collect::<io::Result<_>>()?;
+    let argv_c: Vec<CString> = spec.argv.iter().map(|a| cstr(a)).collect::<io::Result<_>>()?;
+    let env_c: Vec<CString> = spec.env.iter().map(|(k, v)| cstr(&format!("{k}={v}"))).collect::<io::Result<_>>()?;
     let mut argv_p: Vec<*const libc::c_char> = argv_c.iter().map(|c| c.as_ptr()).collect();
     argv_p.push(std::ptr::null());
     let mut env_p: Vec<*const libc::c_char> = env_c.iter().map(|c| c.as_ptr()).collect();
@@ -224,17 +201,13 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
         flags |= libc::CLONE_NEWNET as libc::c_long;
     }
     let netns = spec.netns;
-    let mut pidfd: libc::c_int = -1;
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            flags,
-            0usize,
-            &mut pidfd as *mut libc::c_int,
-            0usize,
-            0usize,
-        )
+    let filters = match spec.seccomp {
+        Some(profile) => crate::seccomp::programs(profile)?,
+        None => Vec::new(),
     };
+    let fprogs = crate::seccomp::fprogs(&filters);
+    let mut pidfd: libc::c_int = -1;
+    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, &mut pidfd as *mut libc::c_int, 0usize, 0usize) };
     if pid < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -252,10 +225,7 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
                     fail(0);
                 }
             }
-            if libc::fchdir(root.as_raw_fd()) != 0
-                || libc::chroot(dot.as_ptr()) != 0
-                || libc::chdir(slash.as_ptr()) != 0
-            {
+            if libc::fchdir(root.as_raw_fd()) != 0 || libc::chroot(dot.as_ptr()) != 0 || libc::chdir(slash.as_ptr()) != 0 {
                 fail(1);
             }
             for fd in &cg_fds {
@@ -275,20 +245,12 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
             }
             if spec.mount_proc {
                 let f = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-                if libc::mount(
-                    proc_src.as_ptr(),
-                    proc_dst.as_ptr(),
-                    proc_src.as_ptr(),
-                    f,
-                    std::ptr::null(),
-                ) != 0
-                {
+                if libc::mount(proc_src.as_ptr(), proc_dst.as_ptr(), proc_src.as_ptr(), f, std::ptr::null()) != 0 {
                     fail(5);
                 }
             }
             if let Some((uid, gid)) = spec.user {
-                if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0
-                {
+                if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0 {
                     fail(6);
                 }
                 if libc::syscall(libc::SYS_setgid, gid as libc::c_long) != 0 {
@@ -301,29 +263,26 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 fail(9);
             }
+            if crate::seccomp::install(&fprogs) != 0 {
+                fail(10);
+            }
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
             libc::execve(argv_p[0], argv_p.as_ptr(), env_p.as_ptr());
-            fail(10);
+            fail(11);
         }
     }
     drop(wr);
-    let pidfd = PidFd {
-        fd: unsafe { OwnedFd::from_raw_fd(pidfd) },
-        pid: pid as i32,
-    };
+    let pidfd = PidFd { fd: unsafe { OwnedFd::from_raw_fd(pidfd) }, pid: pid as i32 };
     let mut report = [0i32; 2];
     let n = unsafe { libc::read(rd.as_raw_fd(), report.as_mut_ptr() as *mut libc::c_void, 8) };
     if n == 8 {
         unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), 0) };
         let stage = STAGES.get(report[0] as usize).copied().unwrap_or("start");
         let e = io::Error::from_raw_os_error(report[1]);
-        return Err(io::Error::new(
-            e.kind(),
-            format!("sandbox process failed to {stage}: {e}"),
-        ));
+        return Err(io::Error::new(e.kind(), format!("sandbox process failed to {stage}: {e}")));
     }
     Ok(pidfd)
 }

@@ -25,10 +25,7 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 use tokio::process::Command;
 
-use crate::backend::{
-    handler_kind, sandbox_env_strings, Backend, BackendStats, Counters, CreateError, Resources,
-    Sandbox, SandboxSpec,
-};
+use crate::backend::{handler_kind, sandbox_env_strings, Backend, BackendStats, Counters, CreateError, Resources, Sandbox, SandboxSpec};
 use crate::cgroup::{view_of, Layout, Version};
 use crate::channel::Endpoint;
 use crate::output::log_pipe;
@@ -77,28 +74,18 @@ pub(crate) async fn remove_dir(dir: &Path) {
 pub(crate) fn make_scratch(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir.join("tmp"))?;
-    [dir.to_path_buf(), dir.join("tmp")]
-        .iter()
-        .try_for_each(|d| {
-            std::os::unix::fs::chown(d, Some(uid), Some(gid))?;
-            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
-        })
+    [dir.to_path_buf(), dir.join("tmp")].iter().try_for_each(|d| {
+        std::os::unix::fs::chown(d, Some(uid), Some(gid))?;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
+    })
 }
 
 impl RuncBackend {
     pub fn new(cfg: RuncConfig, stage: Arc<Stage>) -> RuncBackend {
         let layout = Layout::detect(Version::Auto, None)
-            .map_err(|e| {
-                tracing::warn!("no cgroup hierarchy found; runc sandboxes go unwatched: {e}")
-            })
+            .map_err(|e| tracing::warn!("no cgroup hierarchy found; runc sandboxes go unwatched: {e}"))
             .ok();
-        RuncBackend {
-            cfg,
-            stage,
-            layout,
-            next_id: AtomicU64::new(1),
-            counters: Counters::default(),
-        }
+        RuncBackend { cfg, stage, layout, next_id: AtomicU64::new(1), counters: Counters::default() }
     }
 
     /// Where runc keeps its state of this worker's containers.
@@ -128,16 +115,14 @@ impl RuncBackend {
 
     /// The OCI runtime spec of one sandbox.
     fn runtime_spec(&self, id: u64, spec: &SandboxSpec, scratch: &Path) -> Value {
-        let bind = |dst: &str, src: &Path, mode: &str| json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", mode]});
+        let bind =
+            |dst: &str, src: &Path, mode: &str| json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", mode]});
         let mount = |dst: &str, kind: &str, src: &str, options: &[&str]| json!({"destination": dst, "type": kind, "source": src, "options": options});
         let limits = &spec.limits;
         // Absent (null) means unlimited, as runc reads it.
         let quota = (limits.cpus > 0.0).then(|| ((limits.cpus * 100_000.0) as i64).max(1000));
         let no_caps: Vec<String> = Vec::new();
-        let namespaces: Vec<Value> = ["pid", "ipc", "uts", "mount", "network", "cgroup"]
-            .iter()
-            .map(|t| json!({"type": t}))
-            .collect();
+        let namespaces: Vec<Value> = ["pid", "ipc", "uts", "mount", "network", "cgroup"].iter().map(|t| json!({"type": t})).collect();
         json!({
             "ociVersion": "1.0.2",
             "root": {"path": self.stage.base, "readonly": true},
@@ -182,46 +167,25 @@ impl RuncBackend {
 
     /// Write the bundle and `runc run --detach` the container; the helper's stdout and
     /// stderr are `log`.
-    async fn start_container(
-        &self,
-        name: &str,
-        bundle: &Path,
-        config: &Value,
-        log: OwnedFd,
-    ) -> Result<(), CreateError> {
+    async fn start_container(&self, name: &str, bundle: &Path, config: &Value, log: OwnedFd) -> Result<(), CreateError> {
         let body = serde_json::to_vec(config).map_err(CreateError::platform)?;
-        tokio::fs::write(bundle.join("config.json"), body)
-            .await
-            .map_err(CreateError::platform)?;
+        tokio::fs::write(bundle.join("config.json"), body).await.map_err(CreateError::platform)?;
         let runc_log = bundle.join("runc.log");
         let mut cmd = self.runc(Some(&runc_log));
-        cmd.args(["run", "--detach", "--bundle"])
-            .arg(bundle)
-            .arg(name);
+        cmd.args(["run", "--detach", "--bundle"]).arg(bundle).arg(name);
         let out_fd = log.try_clone().map_err(CreateError::platform)?;
         cmd.stdout(Stdio::from(out_fd)).stderr(Stdio::from(log));
-        let status = cmd
-            .status()
-            .await
-            .map_err(|e| CreateError::Platform(self.spawn_error(e)))?;
+        let status = cmd.status().await.map_err(|e| CreateError::Platform(self.spawn_error(e)))?;
         if status.success() {
             return Ok(());
         }
         let said = std::fs::read_to_string(&runc_log).unwrap_or_default();
-        let errors: Vec<String> = (said
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok()))
-        .filter(|v| v["level"] == "error" || v["level"] == "fatal")
-        .filter_map(|v| v["msg"].as_str().map(str::to_string))
-        .collect();
-        let why = if errors.is_empty() {
-            status.to_string()
-        } else {
-            errors.join("; ")
-        };
-        Err(CreateError::Platform(format!(
-            "runc could not start the container: {why}"
-        )))
+        let errors: Vec<String> = (said.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()))
+            .filter(|v| v["level"] == "error" || v["level"] == "fatal")
+            .filter_map(|v| v["msg"].as_str().map(str::to_string))
+            .collect();
+        let why = if errors.is_empty() { status.to_string() } else { errors.join("; ") };
+        Err(CreateError::Platform(format!("runc could not start the container: {why}")))
     }
 
     /// Start the container and wait for its helper to connect and load the lambda.
@@ -252,22 +216,12 @@ impl RuncBackend {
                     "the sandbox's helper did not start in time"
                 })),
             },
-            None => {
-                endpoint
-                    .accept(self.cfg.start_timeout, self.cfg.max_response)
-                    .await
-            }
+            None => endpoint.accept(self.cfg.start_timeout, self.cfg.max_response).await,
         };
         let (mut channel, peer) = accepted.map_err(CreateError::platform)?;
-        let hello = channel
-            .handshake(&spec.env, &spec.paths, self.cfg.start_timeout)
-            .await
-            .map_err(CreateError::platform)?;
+        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
         let kind = handler_kind(hello)?;
-        let cgroup_path = view_of(
-            self.layout.as_ref(),
-            &format!("{}/{id}", self.cfg.cgroup_parent),
-        );
+        let cgroup_path = view_of(self.layout.as_ref(), &format!("{}/{id}", self.cfg.cgroup_parent));
         Ok(Sandbox {
             id,
             lambda: spec.lambda.clone(),
@@ -278,10 +232,7 @@ impl RuncBackend {
             process: init.take().or(peer),
             cgroup_path,
             limits: spec.limits,
-            resources: Resources::Runc {
-                container: name.to_string(),
-                bundle: bundle.to_path_buf(),
-            },
+            resources: Resources::Runc { container: name.to_string(), bundle: bundle.to_path_buf() },
             tainted: false,
             attached: crate::backend::attachments(spec),
             learner: None,
@@ -303,9 +254,7 @@ impl RuncBackend {
             init.exited(Duration::from_secs(2)).await;
         }
         let mut delete = self.runc(None);
-        delete
-            .args(["delete", "--force", container])
-            .stdout(Stdio::null());
+        delete.args(["delete", "--force", container]).stdout(Stdio::null());
         // Nothing to say when runc never made the container, or cannot run at all.
         if let Ok(out) = delete.output().await {
             let said = String::from_utf8_lossy(&out.stderr);
@@ -337,12 +286,7 @@ impl Backend for RuncBackend {
     }
 
     async fn destroy(&self, sandbox: Sandbox) {
-        let Sandbox {
-            resources,
-            channel,
-            process,
-            ..
-        } = sandbox;
+        let Sandbox { resources, channel, process, .. } = sandbox;
         drop(channel);
         if let Resources::Runc { container, bundle } = resources {
             self.remove(&container, &bundle, process.as_ref()).await;
@@ -362,12 +306,7 @@ impl Backend for RuncBackend {
                 for container in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                     if let Some(id) = container.strip_prefix("sprout-") {
                         let init = self.init_process(container);
-                        self.remove(
-                            container,
-                            &self.stage.run.join("runc").join(id),
-                            init.as_ref(),
-                        )
-                        .await;
+                        self.remove(container, &self.stage.run.join("runc").join(id), init.as_ref()).await;
                     }
                 }
             }

@@ -18,8 +18,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use crate::backend::{
-    attachments, handler_kind, sandbox_env, Backend, BackendStats, Counters, CreateError,
-    Resources, Sandbox, SandboxSpec,
+    attachments, handler_kind, sandbox_env, Backend, BackendStats, Counters, CreateError, Resources, Sandbox, SandboxSpec,
 };
 use crate::cgroup::{Cgroup, CgroupPool, Limits};
 use crate::channel::{Channel, Endpoint, Hello};
@@ -44,6 +43,8 @@ pub struct LeanConfig {
     pub max_response: u32,
     /// Limits of each Zygote's own cgroup.
     pub zygote_limits: Limits,
+    /// Filter handlers' system calls (`seccomp`).
+    pub seccomp: bool,
 }
 
 /// What provisioning a helper yields.
@@ -67,12 +68,7 @@ pub struct SockBackend {
 }
 
 impl SockBackend {
-    pub fn new(
-        cfg: LeanConfig,
-        stage: Arc<Stage>,
-        pool: Arc<CgroupPool>,
-        zygotes: Option<Arc<ImportCache>>,
-    ) -> SockBackend {
+    pub fn new(cfg: LeanConfig, stage: Arc<Stage>, pool: Arc<CgroupPool>, zygotes: Option<Arc<ImportCache>>) -> SockBackend {
         SockBackend {
             cfg,
             stage,
@@ -94,11 +90,7 @@ impl SockBackend {
     }
 
     fn take_slot(&self) -> usize {
-        self.free_slots
-            .lock()
-            .unwrap()
-            .pop()
-            .unwrap_or_else(|| self.next_slot.fetch_add(1, Ordering::Relaxed))
+        self.free_slots.lock().unwrap().pop().unwrap_or_else(|| self.next_slot.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Kill a sandbox's processes and return its slot and cgroup. Killing the helper, PID 1
@@ -116,8 +108,7 @@ impl SockBackend {
         }
         let empty = cgroup.procs().is_empty() || cgroup.wait_empty(Duration::from_secs(5)).await;
         // Unmounting waits for an RCU grace period: keep it off the async threads.
-        let unmounted =
-            tokio::task::spawn_blocking(move || mounts::detach(&root).map_err(|e| (e, root))).await;
+        let unmounted = tokio::task::spawn_blocking(move || mounts::detach(&root).map_err(|e| (e, root))).await;
         if let Ok(Err((e, root))) = unmounted {
             tracing::warn!("unmounting sandbox root {}: {e}", root.display());
         }
@@ -141,13 +132,7 @@ impl SockBackend {
                 return Err(CreateError::platform(e));
             }
         };
-        if let Err(e) = self.stage.stitch(
-            &root,
-            Some(&spec.code_dir),
-            self.cfg.scratch_mb,
-            self.cfg.uid,
-            self.cfg.gid,
-        ) {
+        if let Err(e) = self.stage.stitch(&root, Some(&spec.code_dir), self.cfg.scratch_mb, self.cfg.uid, self.cfg.gid) {
             self.free_slots.lock().unwrap().push(slot);
             return Err(CreateError::platform(e));
         }
@@ -167,12 +152,7 @@ impl SockBackend {
                 return Err(e);
             }
         };
-        let Provisioned {
-            channel,
-            process,
-            hello,
-            hold,
-        } = provisioned;
+        let Provisioned { channel, process, hello, hold } = provisioned;
         if let (Some(zygotes), Some(report)) = (&self.zygotes, &hello.package_modules) {
             zygotes.learn(report);
         }
@@ -208,13 +188,7 @@ impl SockBackend {
         }
     }
 
-    async fn provision(
-        &self,
-        id: u64,
-        spec: &SandboxSpec,
-        root: &Path,
-        cgroup: &Cgroup,
-    ) -> Result<Provisioned, CreateError> {
+    async fn provision(&self, id: u64, spec: &SandboxSpec, root: &Path, cgroup: &Cgroup) -> Result<Provisioned, CreateError> {
         let t0 = Instant::now();
         let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
         let log = log_pipe(&spec.lambda, id).map_err(CreateError::platform)?;
@@ -224,10 +198,7 @@ impl SockBackend {
                 let mut attempt = 0;
                 loop {
                     let source = zygotes.source_for(&spec.packages).await?;
-                    match zygotes
-                        .fork_handler(&source.node, root, &log, cgroup, self.cfg.mount_proc, netns)
-                        .await
-                    {
+                    match zygotes.fork_handler(&source.node, root, &log, cgroup, self.cfg.mount_proc, netns).await {
                         Ok(f) => break (f.process, Some(f.hold), f.tree),
                         // The Zygote died under us: choose again (it is gone from the tree).
                         Err(e) if attempt == 0 => {
@@ -239,19 +210,14 @@ impl SockBackend {
                 }
             }
             None => {
-                let argv = [
-                    self.cfg.python.clone(),
-                    "-I".into(),
-                    "-S".into(),
-                    HELPER_IN_SANDBOX.into(),
-                    "handler".into(),
-                ];
+                let argv = [self.cfg.python.clone(), "-I".into(), "-S".into(), HELPER_IN_SANDBOX.into(), "handler".into()];
                 let process = spawn(&SpawnSpec {
                     root,
                     cgroup_procs: cgroup.procs_fds(),
                     new_namespaces: true,
                     new_network: false,
                     netns: spec.network.as_ref().map(|n| n.fd()),
+                    seccomp: self.cfg.seccomp.then_some(crate::seccomp::Profile::Handler),
                     mount_proc: self.cfg.mount_proc,
                     hostname: Some("sandbox"),
                     user: Some((self.cfg.uid, self.cfg.gid)),
@@ -284,22 +250,11 @@ impl SockBackend {
                 (channel, process)
             }
             // Forked by a package Zygote: the kernel says who connected; we place it.
-            None => {
-                accept_and_place(
-                    endpoint,
-                    cgroup,
-                    self.cfg.start_timeout,
-                    self.cfg.max_response,
-                )
-                .await?
-            }
+            None => accept_and_place(endpoint, cgroup, self.cfg.start_timeout, self.cfg.max_response).await?,
         };
         drop(tree); // the handler holds its root now: closing ours is not the last reference
         let connected_at = t0.elapsed();
-        let hello = channel
-            .handshake(&spec.env, &spec.paths, self.cfg.start_timeout)
-            .await
-            .map_err(CreateError::platform)?;
+        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
         tracing::debug!(
             sandbox = id,
             fork_us = forked_at.as_micros() as u64,
@@ -307,12 +262,7 @@ impl SockBackend {
             load_us = (t0.elapsed() - connected_at).as_micros() as u64,
             "provisioned"
         );
-        Ok(Provisioned {
-            channel,
-            process: Some(process),
-            hello,
-            hold,
-        })
+        Ok(Provisioned { channel, process: Some(process), hello, hold })
     }
 }
 
@@ -333,21 +283,10 @@ impl Backend for SockBackend {
     }
 
     async fn destroy(&self, sandbox: Sandbox) {
-        let Sandbox {
-            resources,
-            process,
-            channel,
-            attached,
-            ..
-        } = sandbox;
+        let Sandbox { resources, process, channel, attached, .. } = sandbox;
         drop(channel);
         if let Resources::Lean { slot, cgroup } = resources {
-            let root = self
-                .stage
-                .run
-                .join("sb")
-                .join(slot.to_string())
-                .join("root");
+            let root = self.stage.run.join("sb").join(slot.to_string()).join("root");
             self.release(slot, root, cgroup, process).await;
             self.counters.destroyed();
         }
@@ -362,12 +301,7 @@ impl Backend for SockBackend {
             zygote_restarts: self
                 .zygotes
                 .as_ref()
-                .and_then(|z| {
-                    z.counters()
-                        .into_iter()
-                        .find(|c| c.0 == "sprout_zygote_restarts")
-                        .map(|c| c.2)
-                })
+                .and_then(|z| z.counters().into_iter().find(|c| c.0 == "sprout_zygote_restarts").map(|c| c.2))
                 .unwrap_or(0),
             ..self.counters.stats()
         }

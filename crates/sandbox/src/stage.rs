@@ -35,8 +35,7 @@ pub const LIBSPROUT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libspr
 
 /// The `sprout` Python package (but for its runtime): (path below python/, contents). Every
 /// sandbox finds it at /opt/sprout/python, last on sys.path.
-pub const PYTHON_PACKAGE: &[(&str, &[u8])] =
-    include!(concat!(env!("OUT_DIR"), "/python_package.rs"));
+pub const PYTHON_PACKAGE: &[(&str, &[u8])] = include!(concat!(env!("OUT_DIR"), "/python_package.rs"));
 
 /// Where the helper is inside every sandbox.
 pub const HELPER_IN_SANDBOX: &str = "/opt/sprout/helper.py";
@@ -90,12 +89,7 @@ impl Stage {
 
     /// [`Stage::prepare`], with `volumes` bound below the base for every sandbox to see.
     /// Their mount points are made in the base image where missing.
-    pub fn prepare_with_volumes(
-        worker_dir: &Path,
-        base_image: &Path,
-        packages: &Path,
-        volumes: &[Volume],
-    ) -> io::Result<Stage> {
+    pub fn prepare_with_volumes(worker_dir: &Path, base_image: &Path, packages: &Path, volumes: &[Volume]) -> io::Result<Stage> {
         let mut stage = Stage::paths(worker_dir);
         stage.packages = packages.to_path_buf();
         stage.volumes = volumes.to_vec();
@@ -103,10 +97,7 @@ impl Stage {
             if !base_image.join(point).is_dir() {
                 return Err(io::Error::new(
                     io::ErrorKind::NotFound,
-                    format!(
-                        "{} is not a Sprout base image (no /{point}); run `sprout worker init`",
-                        base_image.display()
-                    ),
+                    format!("{} is not a Sprout base image (no /{point}); run `sprout worker init`", base_image.display()),
                 ));
             }
         }
@@ -115,6 +106,8 @@ impl Stage {
         }
         write_if_changed(&stage.runtime.join("helper.py"), HELPER_PY.as_bytes())?;
         write_if_changed(&stage.runtime.join("libsprout.so"), LIBSPROUT_SO)?;
+        let filters = crate::seccomp::programs(crate::seccomp::Profile::Handler)?;
+        write_if_changed(&stage.runtime.join(crate::seccomp::HANDLER_FILE), &crate::seccomp::encode(&filters))?;
         let python = stage.runtime.join("python");
         if python.exists() {
             fs::remove_dir_all(&python)?; // no module of an older version lingers
@@ -126,9 +119,8 @@ impl Stage {
         }
 
         for volume in volumes {
-            mount_point_in_base(base_image, &volume.path).map_err(|e| {
-                io::Error::new(e.kind(), format!("the volume path {}: {e}", volume.path))
-            })?;
+            mount_point_in_base(base_image, &volume.path)
+                .map_err(|e| io::Error::new(e.kind(), format!("the volume path {}: {e}", volume.path)))?;
         }
         if stage.run.exists() {
             remove_run(&stage.run)?;
@@ -155,16 +147,8 @@ impl Stage {
             let mounted = mounts::bind(&volume.host, &dst, false)
                 .and_then(|()| mounts::make_rprivate(&dst))
                 .and_then(|()| mounts::remount_volume(&dst, volume.writable));
-            mounted.map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!(
-                        "mounting the volume {} at {}: {e}",
-                        volume.host.display(),
-                        volume.path
-                    ),
-                )
-            })?;
+            mounted
+                .map_err(|e| io::Error::new(e.kind(), format!("mounting the volume {} at {}: {e}", volume.host.display(), volume.path)))?;
         }
         Ok(stage)
     }
@@ -177,22 +161,11 @@ impl Stage {
         let in_image = base_image.join(rel);
         match fs::symlink_metadata(&in_image) {
             Ok(m) if m.file_type().is_file() => {}
-            Ok(_) => {
-                return Err(io::Error::other(format!(
-                    "{} is not a regular file in the base image",
-                    in_image.display()
-                )))
-            }
+            Ok(_) => return Err(io::Error::other(format!("{} is not a regular file in the base image", in_image.display()))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 if let Some(parent) = in_image.parent() {
-                    if fs::symlink_metadata(parent)
-                        .map(|m| !m.is_dir())
-                        .unwrap_or(true)
-                    {
-                        return Err(io::Error::other(format!(
-                            "{} is not a directory in the base image",
-                            parent.display()
-                        )));
+                    if fs::symlink_metadata(parent).map(|m| !m.is_dir()).unwrap_or(true) {
+                        return Err(io::Error::other(format!("{} is not a directory in the base image", parent.display())));
                     }
                 }
                 fs::write(&in_image, b"")?;
@@ -223,14 +196,7 @@ impl Stage {
 
     /// Stitch a sandbox root: the base (with runtime and packages), the code at /handler
     /// (none for a Zygote), and a tmpfs scratch at /host owned by the sandbox user.
-    pub fn stitch(
-        &self,
-        root: &Path,
-        code: Option<&Path>,
-        scratch_mb: u64,
-        uid: u32,
-        gid: u32,
-    ) -> io::Result<()> {
+    pub fn stitch(&self, root: &Path, code: Option<&Path>, scratch_mb: u64, uid: u32, gid: u32) -> io::Result<()> {
         mounts::bind(&self.base, root, true)?;
         let result = (|| {
             if let Some(code) = code {
@@ -284,30 +250,15 @@ pub fn mount_point_in_base(base_image: &Path, path: &str) -> io::Result<()> {
     for part in path.split('/').filter(|p| !p.is_empty()) {
         dir.push(part);
         match fs::symlink_metadata(&dir) {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(refuse(format!(
-                    "{} is a symbolic link in the base image",
-                    dir.display()
-                )))
-            }
-            Ok(m) if !m.is_dir() => {
-                return Err(refuse(format!(
-                    "{} is not a directory in the base image",
-                    dir.display()
-                )))
-            }
+            Ok(m) if m.file_type().is_symlink() => return Err(refuse(format!("{} is a symbolic link in the base image", dir.display()))),
+            Ok(m) if !m.is_dir() => return Err(refuse(format!("{} is not a directory in the base image", dir.display()))),
             Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                fs::DirBuilder::new().mode(0o755).create(&dir)?
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => fs::DirBuilder::new().mode(0o755).create(&dir)?,
             Err(e) => return Err(e),
         }
     }
     if fs::read_dir(&dir)?.next().is_some() {
-        return Err(refuse(format!(
-            "{} holds files in the base image, which the volume would hide",
-            dir.display()
-        )));
+        return Err(refuse(format!("{} holds files in the base image, which the volume would hide", dir.display())));
     }
     Ok(())
 }

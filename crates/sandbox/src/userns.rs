@@ -11,17 +11,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Make the namespace: `0 -> zygote` and `handler -> handler` for both uids and gids.
 /// Returns a descriptor of it (/proc/<pid>/ns/user of a process that exits at once).
-pub fn create(
-    zygote_uid: u32,
-    zygote_gid: u32,
-    handler_uid: u32,
-    handler_gid: u32,
-) -> io::Result<OwnedFd> {
+pub fn create(zygote_uid: u32, zygote_gid: u32, handler_uid: u32, handler_gid: u32) -> io::Result<OwnedFd> {
     if zygote_uid == handler_uid || zygote_gid == handler_gid {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "the Zygotes' host user must differ from the handlers'",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "the Zygotes' host user must differ from the handlers'"));
     }
     let mut pipe = [0 as RawFd; 2];
     if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -44,14 +36,8 @@ pub fn create(
     }
     let pid = pid as i32;
     let result = (|| {
-        fs::write(
-            format!("/proc/{pid}/uid_map"),
-            format!("0 {zygote_uid} 1\n{handler_uid} {handler_uid} 1\n"),
-        )?;
-        fs::write(
-            format!("/proc/{pid}/gid_map"),
-            format!("0 {zygote_gid} 1\n{handler_gid} {handler_gid} 1\n"),
-        )?;
+        fs::write(format!("/proc/{pid}/uid_map"), format!("0 {zygote_uid} 1\n{handler_uid} {handler_uid} 1\n"))?;
+        fs::write(format!("/proc/{pid}/gid_map"), format!("0 {zygote_gid} 1\n{handler_gid} {handler_gid} 1\n"))?;
         let ns = fs::File::open(format!("/proc/{pid}/ns/user"))?;
         Ok(OwnedFd::from(ns))
     })();

@@ -19,6 +19,8 @@ pub const FLAG_USERNS: u32 = 4;
 /// The descriptors carry a network namespace (after the user namespace, if any) for the
 /// child to join.
 pub const FLAG_NETNS: u32 = 8;
+/// A handler installs the handlers' seccomp filters (`seccomp`).
+pub const FLAG_SECCOMP: u32 = 16;
 
 const FORK_MAGIC: u32 = 0x4652_5053; // "SPRF"
 
@@ -33,10 +35,7 @@ pub struct ForkRequest {
 impl ForkRequest {
     fn encode(&self) -> [u8; 16] {
         let mut buf = [0u8; 16];
-        for (i, v) in [FORK_MAGIC, self.uid, self.gid, self.flags]
-            .into_iter()
-            .enumerate()
-        {
+        for (i, v) in [FORK_MAGIC, self.uid, self.gid, self.flags].into_iter().enumerate() {
             buf[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
         }
         buf
@@ -66,12 +65,7 @@ pub struct ZygoteProcess {
 impl ZygoteProcess {
     /// Ask the Zygote to fork a child with descriptors `fds` ([root, log, (userns), (netns),
     /// cgroup procs...]); returns the pidfd it answers with.
-    pub async fn fork(
-        &mut self,
-        request: ForkRequest,
-        fds: &[RawFd],
-        timeout: Duration,
-    ) -> Result<PidFd, ForkError> {
+    pub async fn fork(&mut self, request: ForkRequest, fds: &[RawFd], timeout: Duration) -> Result<PidFd, ForkError> {
         let bytes = request.encode();
         let channel = &mut self.channel;
         let exchange = async {
@@ -81,8 +75,9 @@ impl ZygoteProcess {
             Ok::<_, std::io::Error>((i32::from_ne_bytes(reply[..4].try_into().unwrap()), pidfds))
         };
         match tokio::time::timeout(timeout, exchange).await {
-            Ok(Ok((0, mut pidfds))) if pidfds.len() == 1 => PidFd::from_fd(pidfds.remove(0))
-                .map_err(|e| ForkError::Broken(format!("a bad pidfd: {e}"))),
+            Ok(Ok((0, mut pidfds))) if pidfds.len() == 1 => {
+                PidFd::from_fd(pidfds.remove(0)).map_err(|e| ForkError::Broken(format!("a bad pidfd: {e}")))
+            }
             Ok(Ok((0, _))) => Err(ForkError::Broken("a reply without a pidfd".into())),
             Ok(Ok((errno, _))) => Err(ForkError::Refused(std::io::Error::from_raw_os_error(errno))),
             Ok(Err(e)) => Err(ForkError::Broken(e.to_string())),
@@ -93,12 +88,7 @@ impl ZygoteProcess {
     /// Kill the Zygote (and with it every process in its PID namespace: its handlers and
     /// child Zygotes), then remove its cgroup and mounts.
     pub async fn stop(self) {
-        let ZygoteProcess {
-            channel,
-            process,
-            cgroup,
-            root,
-        } = self;
+        let ZygoteProcess { channel, process, cgroup, root } = self;
         drop(channel);
         process.kill();
         cgroup.kill_all();

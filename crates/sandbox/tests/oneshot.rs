@@ -15,13 +15,7 @@ const BASE: &str = "/var/lib/sprout/base-bookworm";
 fn spec(code: &str, limits: Limits, timeout: Duration, binds: Vec<Bind>) -> OneshotSpec {
     OneshotSpec {
         name: "test".into(),
-        argv: vec![
-            "/usr/bin/python3".into(),
-            "-I".into(),
-            "-S".into(),
-            "-c".into(),
-            code.into(),
-        ],
+        argv: vec!["/usr/bin/python3".into(), "-I".into(), "-S".into(), "-c".into(), code.into()],
         env: vec![("GREETING".into(), "hello".into())],
         binds,
         limits,
@@ -35,14 +29,7 @@ fn spec(code: &str, limits: Limits, timeout: Duration, binds: Vec<Bind>) -> Ones
 
 fn mounts_under(dir: &Path) -> usize {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    info.lines()
-        .filter(|l| {
-            l.split(' ')
-                .nth(4)
-                .map(|m| m.starts_with(dir.to_str().unwrap()))
-                .unwrap_or(false)
-        })
-        .count()
+    info.lines().filter(|l| l.split(' ').nth(4).map(|m| m.starts_with(dir.to_str().unwrap())).unwrap_or(false)).count()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -58,88 +45,36 @@ async fn a_program_runs_under_the_installers_limits_and_leaves_nothing() {
     let layout = Arc::new(Layout::detect(Version::Auto, None).unwrap());
     let parent = format!("sprout-oneshot-test-{}", std::process::id());
     layout.create_parent(&parent).unwrap();
-    let roomy = Limits {
-        memory_bytes: 256 << 20,
-        pids: 64,
-        cpus: 0.0,
-    };
+    let roomy = Limits { memory_bytes: 256 << 20, pids: 64, cpus: 0.0 };
 
     // Output comes back; the environment and a writable bind arrive; the user is unprivileged.
     let shared = work.path().join("shared");
     std::fs::create_dir_all(&shared).unwrap();
     std::os::unix::fs::chown(&shared, Some(65534), Some(65534)).unwrap();
     let code = "import os; open('/host/work/out', 'w').write('x'); print(os.environ['GREETING'], os.getuid(), os.getpid())";
-    let binds = vec![Bind {
-        src: shared.clone(),
-        dst: "/host/work".into(),
-        writable: true,
-    }];
-    let out = oneshot::run(
-        &stage,
-        layout.clone(),
-        &parent,
-        &spec(code, roomy, Duration::from_secs(30), binds),
-    )
-    .await
-    .unwrap();
+    let binds = vec![Bind { src: shared.clone(), dst: "/host/work".into(), writable: true }];
+    let out = oneshot::run(&stage, layout.clone(), &parent, &spec(code, roomy, Duration::from_secs(30), binds)).await.unwrap();
     assert_eq!(out.ending, Ending::Exited(0), "{}", out.output);
     assert_eq!(out.output.trim(), "hello 65534 1");
     assert_eq!(std::fs::read_to_string(shared.join("out")).unwrap(), "x");
 
     // A program that runs past the time limit is killed, with everything it started.
     let code = "import os, time\nif os.fork() == 0:\n    time.sleep(600)\ntime.sleep(600)";
-    let out = oneshot::run(
-        &stage,
-        layout.clone(),
-        &parent,
-        &spec(code, roomy, Duration::from_millis(500), vec![]),
-    )
-    .await
-    .unwrap();
+    let out = oneshot::run(&stage, layout.clone(), &parent, &spec(code, roomy, Duration::from_millis(500), vec![])).await.unwrap();
     assert_eq!(out.ending, Ending::TimedOut);
     assert!(out.elapsed < Duration::from_secs(10), "{:?}", out.elapsed);
 
     // One that passes the memory limit is reported as out of memory.
-    let tight = Limits {
-        memory_bytes: 48 << 20,
-        pids: 64,
-        cpus: 0.0,
-    };
+    let tight = Limits { memory_bytes: 48 << 20, pids: 64, cpus: 0.0 };
     let code = "blocks = [bytearray(1 << 20) for _ in range(200)]\nfor b in blocks:\n    b[::4096] = b'x' * len(b[::4096])";
-    let out = oneshot::run(
-        &stage,
-        layout.clone(),
-        &parent,
-        &spec(code, tight, Duration::from_secs(30), vec![]),
-    )
-    .await
-    .unwrap();
-    assert!(
-        matches!(out.ending, Ending::OutOfMemory | Ending::Signaled(9)),
-        "{:?}: {}",
-        out.ending,
-        out.output
-    );
-    assert_eq!(
-        out.ending,
-        Ending::OutOfMemory,
-        "the OOM kill was not recognized"
-    );
+    let out = oneshot::run(&stage, layout.clone(), &parent, &spec(code, tight, Duration::from_secs(30), vec![])).await.unwrap();
+    assert!(matches!(out.ending, Ending::OutOfMemory | Ending::Signaled(9)), "{:?}: {}", out.ending, out.output);
+    assert_eq!(out.ending, Ending::OutOfMemory, "the OOM kill was not recognized");
 
     // A failing program's exit status and words come back.
-    let out = oneshot::run(
-        &stage,
-        layout.clone(),
-        &parent,
-        &spec(
-            "raise SystemExit('no luck')",
-            roomy,
-            Duration::from_secs(30),
-            vec![],
-        ),
-    )
-    .await
-    .unwrap();
+    let out = oneshot::run(&stage, layout.clone(), &parent, &spec("raise SystemExit('no luck')", roomy, Duration::from_secs(30), vec![]))
+        .await
+        .unwrap();
     assert_eq!(out.ending, Ending::Exited(1));
     assert!(out.output.contains("no luck"));
 

@@ -87,10 +87,7 @@ pub(crate) struct ApiError {
 
 impl ApiError {
     pub(crate) fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            body: json!({"error": code, "message": message.into()}),
-        }
+        ApiError { status, body: json!({"error": code, "message": message.into()}) }
     }
 
     pub(crate) fn with(mut self, key: &str, value: impl Into<Value>) -> ApiError {
@@ -112,12 +109,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
-            self.status,
-            [(header::CONTENT_TYPE, "application/json")],
-            self.body.to_string(),
-        )
-            .into_response()
+        (self.status, [(header::CONTENT_TYPE, "application/json")], self.body.to_string()).into_response()
     }
 }
 
@@ -128,35 +120,17 @@ pub fn router(api: Api) -> Router {
         .route("/run/{name}/", any(run))
         .route("/run/{name}/{*rest}", any(run))
         .route("/registry", get(list_lambdas))
-        .route(
-            "/registry/{name}",
-            get(show_lambda)
-                .post(upload)
-                .put(upload)
-                .delete(delete_lambda),
-        )
+        .route("/registry/{name}", get(show_lambda).post(upload).put(upload).delete(delete_lambda))
         .route("/status", get(|| async { "ready\n" }))
-        .route(
-            "/pid",
-            get(|| async { format!("{}\n", std::process::id()) }),
-        )
+        .route("/pid", get(|| async { format!("{}\n", std::process::id()) }))
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
         .route("/packages", get(list_packages))
-        .fallback(|| async {
-            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
-        })
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "method not allowed here",
-            )
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed here")
         })
-        .layer(axum::middleware::map_response_with_state(
-            api.clone(),
-            count_errors,
-        ))
+        .layer(axum::middleware::map_response_with_state(api.clone(), count_errors))
         .with_state(api)
 }
 
@@ -172,11 +146,7 @@ pub(crate) async fn count_errors(State(api): State<Api>, response: Response) -> 
 struct ErrorCode(&'static str);
 
 pub(crate) fn fail(e: ApiError) -> Response {
-    let code = ERROR_CODES
-        .iter()
-        .find(|c| **c == e.code())
-        .copied()
-        .unwrap_or("internal");
+    let code = ERROR_CODES.iter().find(|c| **c == e.code()).copied().unwrap_or("internal");
     let mut response = e.into_response();
     response.extensions_mut().insert(ErrorCode(code));
     response
@@ -185,21 +155,12 @@ pub(crate) fn fail(e: ApiError) -> Response {
 async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!("the request body exceeds the limit of {} bytes", limit),
-            ))
-        }
-        Err(e) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            format!("reading the body: {e}"),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("the request body exceeds the limit of {} bytes", limit),
         )),
+        Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", format!("reading the body: {e}"))),
     }
 }
 
@@ -220,16 +181,8 @@ fn decode_segment(raw: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "transfer-encoding",
-    "content-length",
-    "upgrade",
-    "te",
-    "trailer",
-    "proxy-connection",
-];
+const HOP_BY_HOP: [&str; 8] =
+    ["connection", "keep-alive", "transfer-encoding", "content-length", "upgrade", "te", "trailer", "proxy-connection"];
 
 async fn run(
     State(api): State<Api>,
@@ -245,27 +198,14 @@ async fn run(
     }
 }
 
-async fn run_lambda(
-    api: &Api,
-    peer: SocketAddr,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
+async fn run_lambda(api: &Api, peer: SocketAddr, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let after = uri.path().strip_prefix("/run/").unwrap_or("");
     let (raw_name, rest) = after.split_at(after.find('/').unwrap_or(after.len()));
     let target = Target {
-        name: decode_segment(raw_name)
-            .filter(|n| valid_name(n))
-            .unwrap_or_default(),
+        name: decode_segment(raw_name).filter(|n| valid_name(n)).unwrap_or_default(),
         shown: raw_name.to_string(),
         script_name: format!("/run/{raw_name}"),
-        path: if rest.is_empty() {
-            "/".to_string()
-        } else {
-            rest.to_string()
-        },
+        path: if rest.is_empty() { "/".to_string() } else { rest.to_string() },
     };
     forward(api, target, peer, method, &uri, headers, body).await
 }
@@ -293,18 +233,9 @@ pub(crate) async fn forward(
     body: Body,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let Target {
-        name,
-        shown,
-        script_name,
-        path,
-    } = target;
+    let Target { name, shown, script_name, path } = target;
     let Some(lambda) = api.registry.get(&name) else {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "lambda_not_found",
-            format!("no lambda named {shown:?}"),
-        ));
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {shown:?}")));
     };
     let body = read_body(body, api.max_body).await?;
     let is_head = method == Method::HEAD;
@@ -313,23 +244,13 @@ pub(crate) async fn forward(
         script_name,
         path,
         query: uri.query().unwrap_or("").to_string(),
-        headers: headers
-            .iter()
-            .filter_map(|(k, v)| {
-                v.to_str()
-                    .ok()
-                    .map(|v| (k.as_str().to_string(), v.to_string()))
-            })
-            .collect(),
+        headers: headers.iter().filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string()))).collect(),
         protocol: "HTTP/1.1".into(),
         remote_addr: peer.ip().to_string(),
         depth: 0,
     };
     let calls = LambdaCalls::new(api.clone(), 0);
-    let outcome = api
-        .instances
-        .invoke(&lambda, &request, &body, api.instances.timeout(), &calls)
-        .await;
+    let outcome = api.instances.invoke(&lambda, &request, &body, api.instances.timeout(), &calls).await;
     let invocation = match outcome {
         Ok(i) => i,
         Err(failure) => return Err(failure_response(failure).with("lambda", name)),
@@ -337,15 +258,11 @@ pub(crate) async fn forward(
     let start = if invocation.cold { "cold" } else { "warm" };
     let reply = invocation.reply;
     let outcome_code = reply.error.as_deref().unwrap_or("ok").to_string();
-    api.metrics
-        .invocation(&name, invocation.cold, &outcome_code, started.elapsed());
+    api.metrics.invocation(&name, invocation.cold, &outcome_code, started.elapsed());
     let mut response = if let Some(e) = handler_error(&reply) {
         fail(e.with("lambda", name))
     } else {
-        let status = reply
-            .status
-            .and_then(|s| StatusCode::from_u16(s).ok())
-            .unwrap_or(StatusCode::OK);
+        let status = reply.status.and_then(|s| StatusCode::from_u16(s).ok()).unwrap_or(StatusCode::OK);
         let mut out = Response::builder().status(status);
         for (k, v) in &reply.headers {
             let lower = k.to_ascii_lowercase();
@@ -353,10 +270,7 @@ pub(crate) async fn forward(
             if HOP_BY_HOP.contains(&lower.as_str()) && !(is_head && lower == "content-length") {
                 continue;
             }
-            match (
-                HeaderName::from_bytes(k.as_bytes()),
-                HeaderValue::from_str(v),
-            ) {
+            match (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
                 (Ok(k), Ok(v)) => out = out.header(k, v),
                 _ => {
                     return Err(ApiError::new(
@@ -368,8 +282,7 @@ pub(crate) async fn forward(
                 }
             }
         }
-        out.body(Body::from(invocation.body))
-            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+        out.body(Body::from(invocation.body)).unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
     };
     let h = response.headers_mut();
     h.insert("x-sprout-start", HeaderValue::from_static(start));
@@ -380,16 +293,8 @@ pub(crate) async fn forward(
 /// The error a handler's reply reports, if it reports one.
 pub(crate) fn handler_error(reply: &sprout_sandbox::channel::Reply) -> Option<ApiError> {
     let code = reply.error.as_deref()?;
-    let status = if code == "invalid_json" {
-        StatusCode::BAD_REQUEST
-    } else {
-        StatusCode::INTERNAL_SERVER_ERROR
-    };
-    let code = ERROR_CODES
-        .iter()
-        .find(|c| **c == code)
-        .copied()
-        .unwrap_or("handler_exception");
+    let status = if code == "invalid_json" { StatusCode::BAD_REQUEST } else { StatusCode::INTERNAL_SERVER_ERROR };
+    let code = ERROR_CODES.iter().find(|c| **c == code).copied().unwrap_or("handler_exception");
     let mut e = ApiError::new(status, code, reply.message.clone().unwrap_or_default());
     if let Some(tb) = &reply.traceback {
         e = e.with("traceback", tb.clone());
@@ -400,15 +305,9 @@ pub(crate) fn handler_error(reply: &sprout_sandbox::channel::Reply) -> Option<Ap
 pub(crate) fn failure_response(failure: Failure) -> ApiError {
     let message = failure.to_string();
     match failure {
-        Failure::QueueFull(_) => {
-            ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", message)
-        }
-        Failure::QueueTimeout(_) => {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_timeout", message)
-        }
-        Failure::ShuttingDown => {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
-        }
+        Failure::QueueFull(_) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", message),
+        Failure::QueueTimeout(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_timeout", message),
+        Failure::ShuttingDown => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message),
         Failure::Load { traceback, .. } => {
             let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "load_error", message);
             match traceback {
@@ -416,30 +315,18 @@ pub(crate) fn failure_response(failure: Failure) -> ApiError {
                 None => e,
             }
         }
-        Failure::Platform(_) => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "sandbox_start_failed",
-            message,
-        ),
+        Failure::Platform(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "sandbox_start_failed", message),
         Failure::Install(e) => {
-            let mut err =
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "install_failed", message)
-                    .with("pip_output", e.output);
+            let mut err = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "install_failed", message).with("pip_output", e.output);
             if let Some(package) = e.package {
                 err = err.with("package", package);
             }
             err
         }
         Failure::Sandbox(e) => match e {
-            sprout_sandbox::InvokeError::Timeout(_) => {
-                ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message)
-            }
-            sprout_sandbox::InvokeError::OutOfMemory { .. } => {
-                ApiError::new(StatusCode::BAD_GATEWAY, "out_of_memory", message)
-            }
-            sprout_sandbox::InvokeError::Crashed { .. } => {
-                ApiError::new(StatusCode::BAD_GATEWAY, "sandbox_crashed", message)
-            }
+            sprout_sandbox::InvokeError::Timeout(_) => ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message),
+            sprout_sandbox::InvokeError::OutOfMemory { .. } => ApiError::new(StatusCode::BAD_GATEWAY, "out_of_memory", message),
+            sprout_sandbox::InvokeError::Crashed { .. } => ApiError::new(StatusCode::BAD_GATEWAY, "sandbox_crashed", message),
         },
     }
 }
@@ -456,11 +343,7 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) ->
             tracing::info!(lambda = %lambda.name, version = lambda.version, files = lambda.files, "lambda uploaded");
             if !lambda.parsed_requirements.is_empty() {
                 // Install ahead of the first request; a failure is reported to requests.
-                let (packages, reqs, name) = (
-                    api.packages.clone(),
-                    lambda.parsed_requirements.clone(),
-                    lambda.name.clone(),
-                );
+                let (packages, reqs, name) = (api.packages.clone(), lambda.parsed_requirements.clone(), lambda.name.clone());
                 tokio::spawn(async move {
                     if let Err(e) = packages.prefetch(&reqs).await {
                         tracing::warn!(lambda = %name, "installing the lambda's packages failed: {e}");
@@ -481,11 +364,7 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) ->
             }
             fail(err)
         }
-        Err(e) => fail(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            e.to_string(),
-        )),
+        Err(e) => fail(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())),
     }
 }
 
@@ -497,11 +376,7 @@ async fn list_lambdas(State(api): State<Api>) -> Response {
 async fn show_lambda(State(api): State<Api>, Path(name): Path<String>) -> Response {
     match api.registry.get(&name) {
         Some(l) => axum::Json(json!(*l)).into_response(),
-        None => fail(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "lambda_not_found",
-            format!("no lambda named {name:?}"),
-        )),
+        None => fail(ApiError::new(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {name:?}"))),
     }
 }
 
@@ -511,20 +386,13 @@ async fn delete_lambda(State(api): State<Api>, Path(name): Path<String>) -> Resp
         tracing::info!(lambda = %name, "lambda deleted");
         axum::Json(json!({"deleted": name})).into_response()
     } else {
-        fail(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "lambda_not_found",
-            format!("no lambda named {name:?}"),
-        ))
+        fail(ApiError::new(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {name:?}")))
     }
 }
 
 async fn stats(State(api): State<Api>) -> Response {
     let mut lambdas = api.instances.stats();
-    let handler_cache = lambdas
-        .as_object_mut()
-        .and_then(|o| o.remove("handler_cache"))
-        .unwrap_or(Value::Null);
+    let handler_cache = lambdas.as_object_mut().and_then(|o| o.remove("handler_cache")).unwrap_or(Value::Null);
     let mut out = api.metrics.stats(lambdas);
     out["handler_cache"] = handler_cache;
     out["install_cache"] = api.packages.stats();
@@ -535,19 +403,10 @@ async fn stats(State(api): State<Api>) -> Response {
 
 async fn list_packages(State(api): State<Api>) -> Response {
     let packages = api.packages.clone();
-    let list = tokio::task::spawn_blocking(move || packages.cache().list())
-        .await
-        .unwrap_or_default();
+    let list = tokio::task::spawn_blocking(move || packages.cache().list()).await.unwrap_or_default();
     axum::Json(list).into_response()
 }
 
 async fn metrics(State(api): State<Api>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        api.metrics.prometheus(),
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], api.metrics.prometheus()).into_response()
 }

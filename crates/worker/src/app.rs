@@ -45,78 +45,35 @@ impl AppPort {
         }
         let mut statics = Vec::new();
         for (prefix, dir) in &section.statics {
-            let opened = StaticDir::open(dir)
-                .with_context(|| format!("app.static.{prefix:?} = {:?}", dir.display()))?;
+            let opened = StaticDir::open(dir).with_context(|| format!("app.static.{prefix:?} = {:?}", dir.display()))?;
             statics.push((prefix.clone(), opened));
         }
         statics.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
-        let listener = TcpListener::bind(&section.listen)
-            .await
-            .with_context(|| format!("listening on app.listen = {:?}", section.listen))?;
-        Ok(Some(AppPort {
-            listener,
-            site: Site {
-                lambda: section.lambda.clone(),
-                statics,
-            },
-        }))
+        let listener =
+            TcpListener::bind(&section.listen).await.with_context(|| format!("listening on app.listen = {:?}", section.listen))?;
+        Ok(Some(AppPort { listener, site: Site { lambda: section.lambda.clone(), statics } }))
     }
 
     /// Serve until `shutdown` completes, then finish the requests under way.
-    pub async fn serve(
-        self,
-        api: Api,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> std::io::Result<()> {
+    pub async fn serve(self, api: Api, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
         let router = Router::new()
             .fallback(handle)
             .with_state((api.clone(), Arc::new(self.site)))
             .layer(axum::middleware::map_response_with_state(api, count_errors));
-        axum::serve(
-            self.listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(shutdown)
-        .await
+        axum::serve(self.listener, router.into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(shutdown).await
     }
 }
 
-async fn handle(
-    State((api, site)): State<(Api, Arc<Site>)>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    request: Request,
-) -> Response {
+async fn handle(State((api, site)): State<(Api, Arc<Site>)>, ConnectInfo(peer): ConnectInfo<SocketAddr>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let path = parts.uri.path();
-    if let Some((prefix, dir)) = site
-        .statics
-        .iter()
-        .find(|(prefix, _)| path.starts_with(prefix.as_str()))
-    {
-        let response = dir
-            .serve(&parts.method, &parts.headers, &path[prefix.len() - 1..])
-            .await;
-        api.metrics
-            .static_request(prefix, response.status().as_u16());
+    if let Some((prefix, dir)) = site.statics.iter().find(|(prefix, _)| path.starts_with(prefix.as_str())) {
+        let response = dir.serve(&parts.method, &parts.headers, &path[prefix.len() - 1..]).await;
+        api.metrics.static_request(prefix, response.status().as_u16());
         return response;
     }
-    let target = Target {
-        name: site.lambda.clone(),
-        shown: site.lambda.clone(),
-        script_name: String::new(),
-        path: path.to_string(),
-    };
-    match forward(
-        &api,
-        target,
-        peer,
-        parts.method.clone(),
-        &parts.uri,
-        parts.headers,
-        body,
-    )
-    .await
-    {
+    let target = Target { name: site.lambda.clone(), shown: site.lambda.clone(), script_name: String::new(), path: path.to_string() };
+    match forward(&api, target, peer, parts.method.clone(), &parts.uri, parts.headers, body).await {
         Ok(response) => response,
         Err(e) => fail(e),
     }

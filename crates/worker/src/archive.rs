@@ -78,17 +78,7 @@ fn link_stays_inside(link: &Path, target: &Path) -> bool {
     }
     let mut depth: Vec<&std::ffi::OsStr> = link
         .parent()
-        .map(|p| {
-            p.components()
-                .filter_map(|c| {
-                    if let Component::Normal(n) = c {
-                        Some(n)
-                    } else {
-                        None
-                    }
-                })
-                .collect()
-        })
+        .map(|p| p.components().filter_map(|c| if let Component::Normal(n) = c { Some(n) } else { None }).collect())
         .unwrap_or_default();
     for c in target.components() {
         match c {
@@ -116,8 +106,7 @@ pub fn unpack(data: &[u8], dest: &Path, caps: Caps) -> Result<Unpacked, ArchiveE
     for entry in archive.entries().map_err(corrupt)? {
         let mut entry = entry.map_err(corrupt)?;
         let raw = entry.path().map_err(corrupt)?.into_owned();
-        let rel = safe_relative(&raw)
-            .ok_or_else(|| ArchiveError::UnsafePath(raw.display().to_string()))?;
+        let rel = safe_relative(&raw).ok_or_else(|| ArchiveError::UnsafePath(raw.display().to_string()))?;
         if rel.as_os_str().is_empty() {
             continue; // "./" itself
         }
@@ -136,61 +125,31 @@ pub fn unpack(data: &[u8], dest: &Path, caps: Caps) -> Result<Unpacked, ArchiveE
                 fs::set_permissions(&target, fs::Permissions::from_mode(0o755))?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
-                let executable = entry
-                    .header()
-                    .mode()
-                    .map(|m| m & 0o111 != 0)
-                    .unwrap_or(false);
+                let executable = entry.header().mode().map(|m| m & 0o111 != 0).unwrap_or(false);
                 let mut out = fs::File::create(&target)?;
                 let budget = caps.max_bytes.saturating_sub(total.bytes);
-                let copied =
-                    io::copy(&mut (&mut entry).take(budget + 1), &mut out).map_err(corrupt)?;
+                let copied = io::copy(&mut (&mut entry).take(budget + 1), &mut out).map_err(corrupt)?;
                 total.bytes += copied;
                 if total.bytes > caps.max_bytes {
-                    return Err(ArchiveError::TooLarge(format!(
-                        "{} MiB",
-                        caps.max_bytes >> 20
-                    )));
+                    return Err(ArchiveError::TooLarge(format!("{} MiB", caps.max_bytes >> 20)));
                 }
                 out.flush()?;
-                fs::set_permissions(
-                    &target,
-                    fs::Permissions::from_mode(if executable { 0o755 } else { 0o644 }),
-                )?;
+                fs::set_permissions(&target, fs::Permissions::from_mode(if executable { 0o755 } else { 0o644 }))?;
             }
             tar::EntryType::Symlink => {
-                let link = entry
-                    .link_name()
-                    .map_err(corrupt)?
-                    .ok_or_else(|| ArchiveError::Corrupt("symlink without target".into()))?;
+                let link = entry.link_name().map_err(corrupt)?.ok_or_else(|| ArchiveError::Corrupt("symlink without target".into()))?;
                 if !link_stays_inside(&rel, &link) {
-                    return Err(ArchiveError::UnsafePath(format!(
-                        "{} -> {}",
-                        raw.display(),
-                        link.display()
-                    )));
+                    return Err(ArchiveError::UnsafePath(format!("{} -> {}", raw.display(), link.display())));
                 }
                 std::os::unix::fs::symlink(&link, &target)?;
             }
-            tar::EntryType::XGlobalHeader
-            | tar::EntryType::XHeader
-            | tar::EntryType::GNULongName
-            | tar::EntryType::GNULongLink => {
+            tar::EntryType::XGlobalHeader | tar::EntryType::XHeader | tar::EntryType::GNULongName | tar::EntryType::GNULongLink => {
                 total.files -= 1;
             }
             tar::EntryType::Link => {
-                return Err(ArchiveError::Unsupported(format!(
-                    "hard link {}",
-                    raw.display()
-                )));
+                return Err(ArchiveError::Unsupported(format!("hard link {}", raw.display())));
             }
-            other => {
-                return Err(ArchiveError::Unsupported(format!(
-                    "{:?} {}",
-                    other,
-                    raw.display()
-                )))
-            }
+            other => return Err(ArchiveError::Unsupported(format!("{:?} {}", other, raw.display()))),
         }
     }
     hoist_single_directory(dest)?;
@@ -206,10 +165,7 @@ fn hoist_single_directory(dest: &Path) -> io::Result<()> {
         return Ok(());
     }
     let entries: Vec<_> = fs::read_dir(dest)?.collect::<io::Result<_>>()?;
-    if entries.len() != 1
-        || !entries[0].file_type()?.is_dir()
-        || !entries[0].path().join("f.py").is_file()
-    {
+    if entries.len() != 1 || !entries[0].file_type()?.is_dir() || !entries[0].path().join("f.py").is_file() {
         return Ok(());
     }
     let inner = entries[0].path();
@@ -257,10 +213,7 @@ mod tests {
         b.append(&h, &[][..]).unwrap();
     }
 
-    const CAPS: Caps = Caps {
-        max_bytes: 1 << 20,
-        max_files: 100,
-    };
+    const CAPS: Caps = Caps { max_bytes: 1 << 20, max_files: 100 };
 
     fn unpack_new(data: &[u8]) -> (tempfile::TempDir, Result<Unpacked, ArchiveError>) {
         let dir = tempfile::tempdir().unwrap();
@@ -289,10 +242,7 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_targz() {
-        assert_eq!(
-            unpack_new(b"plain text").1.unwrap_err().code(),
-            "invalid_archive"
-        );
+        assert_eq!(unpack_new(b"plain text").1.unwrap_err().code(), "invalid_archive");
         let mut bad = targz(|b| file(b, "f.py", b"x"));
         bad.truncate(bad.len() / 2);
         assert_eq!(unpack_new(&bad).1.unwrap_err().code(), "invalid_archive");

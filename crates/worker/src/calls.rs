@@ -36,50 +36,26 @@ impl Calls for LambdaCalls {
         // the caller's request is cut off meanwhile; it ends within `time_left` anyway.
         match tokio::spawn(run_call(api, name, event, time_left, depth)).await {
             Ok(reply) => reply,
-            Err(e) => (
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-                    .into_call_reply(),
-                Bytes::new(),
-            ),
+            Err(e) => (ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()).into_call_reply(), Bytes::new()),
         }
     }
 }
 
 fn refuse(status: StatusCode, code: &str, message: String) -> (Value, Bytes) {
-    (
-        ApiError::new(status, code, message).into_call_reply(),
-        Bytes::new(),
-    )
+    (ApiError::new(status, code, message).into_call_reply(), Bytes::new())
 }
 
-async fn run_call(
-    api: Api,
-    name: String,
-    event: Bytes,
-    time_left: Duration,
-    depth: u32,
-) -> (Value, Bytes) {
+async fn run_call(api: Api, name: String, event: Bytes, time_left: Duration, depth: u32) -> (Value, Bytes) {
     let started = Instant::now();
     if depth > api.max_invoke_depth {
-        let message = format!(
-            "calls nest at most {} deep (limits.max_invoke_depth)",
-            api.max_invoke_depth
-        );
+        let message = format!("calls nest at most {} deep (limits.max_invoke_depth)", api.max_invoke_depth);
         return refuse(StatusCode::LOOP_DETECTED, "call_depth_exceeded", message);
     }
     if !valid_name(&name) {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            "invalid_name",
-            format!("{name:?} is not a lambda name"),
-        );
+        return refuse(StatusCode::BAD_REQUEST, "invalid_name", format!("{name:?} is not a lambda name"));
     }
     let Some(lambda) = api.registry.get(&name) else {
-        return refuse(
-            StatusCode::NOT_FOUND,
-            "lambda_not_found",
-            format!("no lambda named {name:?}"),
-        );
+        return refuse(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {name:?}"));
     };
     if event.len() > api.max_body {
         return refuse(
@@ -89,11 +65,7 @@ async fn run_call(
         );
     }
     if time_left.is_zero() {
-        return refuse(
-            StatusCode::GATEWAY_TIMEOUT,
-            "timeout",
-            "the caller's time limit has passed".into(),
-        );
+        return refuse(StatusCode::GATEWAY_TIMEOUT, "timeout", "the caller's time limit has passed".into());
     }
     let request = Request {
         method: "POST".into(),
@@ -106,28 +78,15 @@ async fn run_call(
         depth,
     };
     let calls = LambdaCalls::new(api.clone(), depth);
-    match api
-        .instances
-        .invoke(&lambda, &request, &event, time_left, &calls)
-        .await
-    {
-        Err(failure) => (
-            failure_response(failure)
-                .with("lambda", name)
-                .into_call_reply(),
-            Bytes::new(),
-        ),
+    match api.instances.invoke(&lambda, &request, &event, time_left, &calls).await {
+        Err(failure) => (failure_response(failure).with("lambda", name).into_call_reply(), Bytes::new()),
         Ok(invocation) => {
             let reply = invocation.reply;
             let outcome = reply.error.clone().unwrap_or_else(|| "ok".into());
-            api.metrics
-                .invocation(&name, invocation.cold, &outcome, started.elapsed());
+            api.metrics.invocation(&name, invocation.cold, &outcome, started.elapsed());
             match handler_error(&reply) {
                 Some(e) => (e.with("lambda", name).into_call_reply(), Bytes::new()),
-                None => (
-                    json!({"status": reply.status.unwrap_or(200)}),
-                    invocation.body,
-                ),
+                None => (json!({"status": reply.status.unwrap_or(200)}), invocation.body),
             }
         }
     }

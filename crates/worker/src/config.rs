@@ -40,11 +40,7 @@ pub struct Config {
 
 impl Default for WorkerSection {
     fn default() -> Self {
-        WorkerSection {
-            listen: "127.0.0.1:5000".into(),
-            name: String::new(),
-            log: "info".into(),
-        }
+        WorkerSection { listen: "127.0.0.1:5000".into(), name: String::new(), log: "info".into() }
     }
 }
 
@@ -62,6 +58,7 @@ impl Default for SandboxSection {
             zygote_memory_mb: 512,
             cpuset: String::new(),
             volumes: Vec::new(),
+            seccomp: true,
         }
     }
 }
@@ -85,33 +82,19 @@ impl Default for LimitsSection {
 
 impl Default for InstancesSection {
     fn default() -> Self {
-        InstancesSection {
-            keep_warm: true,
-            idle_timeout_s: 300,
-            max_per_lambda: 16,
-            queue_depth: 64,
-            max_total: 256,
-        }
+        InstancesSection { keep_warm: true, idle_timeout_s: 300, max_per_lambda: 16, queue_depth: 64, max_total: 256 }
     }
 }
 
 impl Default for CgroupsSection {
     fn default() -> Self {
-        CgroupsSection {
-            version: sprout_sandbox::cgroup::Version::Auto,
-            v2_root: String::new(),
-            favor_dynmods: true,
-        }
+        CgroupsSection { version: sprout_sandbox::cgroup::Version::Auto, v2_root: String::new(), favor_dynmods: true }
     }
 }
 
 impl Default for BaseSection {
     fn default() -> Self {
-        BaseSection {
-            path: PathBuf::from("/var/lib/sprout/base-bookworm"),
-            suite: "bookworm".into(),
-            mirror: String::new(),
-        }
+        BaseSection { path: PathBuf::from("/var/lib/sprout/base-bookworm"), suite: "bookworm".into(), mirror: String::new() }
     }
 }
 
@@ -150,28 +133,19 @@ impl Default for ImportCacheSection {
 
 impl Default for HandlerCacheSection {
     fn default() -> Self {
-        HandlerCacheSection {
-            pause: true,
-            pause_after_ms: 100,
-            memory_mb: 1024,
-        }
+        HandlerCacheSection { pause: true, pause_after_ms: 100, memory_mb: 1024 }
     }
 }
 
 impl Default for RuncSection {
     fn default() -> Self {
-        RuncSection {
-            binary: "runc".into(),
-        }
+        RuncSection { binary: "runc".into() }
     }
 }
 
 impl Default for DockerSection {
     fn default() -> Self {
-        DockerSection {
-            socket: PathBuf::from("/var/run/docker.sock"),
-            image: "sprout-base:bookworm".into(),
-        }
+        DockerSection { socket: PathBuf::from("/var/run/docker.sock"), image: "sprout-base:bookworm".into() }
     }
 }
 
@@ -197,12 +171,7 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
-    pub const ALL: [BackendKind; 4] = [
-        BackendKind::Sock,
-        BackendKind::SockNoZygote,
-        BackendKind::Runc,
-        BackendKind::Docker,
-    ];
+    pub const ALL: [BackendKind; 4] = [BackendKind::Sock, BackendKind::SockNoZygote, BackendKind::Runc, BackendKind::Docker];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -228,6 +197,7 @@ pub struct SandboxSection {
     pub zygote_memory_mb: u64,
     pub cpuset: String,
     pub volumes: Vec<VolumeSection>,
+    pub seccomp: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -342,18 +312,9 @@ impl Config {
 
     fn validate(&self) -> Result<()> {
         if self.worker.listen.parse::<std::net::SocketAddr>().is_err() {
-            bail!(
-                "worker.listen = {:?} is not an address like 127.0.0.1:5000",
-                self.worker.listen
-            );
+            bail!("worker.listen = {:?} is not an address like 127.0.0.1:5000", self.worker.listen);
         }
-        if !self.worker.name.is_empty()
-            && !self
-                .worker
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
+        if !self.worker.name.is_empty() && !self.worker.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
             bail!("worker.name may hold only letters, digits, '-' and '_'");
         }
         let positive = [
@@ -366,10 +327,7 @@ impl Config {
             ("limits.max_unpacked_mb", self.limits.max_unpacked_mb),
             ("sandbox.scratch_mb", self.sandbox.scratch_mb),
             ("sandbox.start_timeout_ms", self.sandbox.start_timeout_ms),
-            (
-                "instances.max_per_lambda",
-                self.instances.max_per_lambda as u64,
-            ),
+            ("instances.max_per_lambda", self.instances.max_per_lambda as u64),
             ("instances.max_total", self.instances.max_total as u64),
         ];
         for (key, value) in positive {
@@ -394,14 +352,8 @@ impl Config {
             bail!("packages.offline needs packages.wheel_dir: with no index, pip installs only from there");
         }
         let positive = [
-            (
-                "packages.install_timeout_s",
-                self.packages.install_timeout_s,
-            ),
-            (
-                "packages.install_memory_mb",
-                self.packages.install_memory_mb,
-            ),
+            ("packages.install_timeout_s", self.packages.install_timeout_s),
+            ("packages.install_memory_mb", self.packages.install_memory_mb),
             ("packages.install_pids", self.packages.install_pids),
             ("import_cache.window_s", ic.window_s),
             ("import_cache.import_timeout_ms", ic.import_timeout_ms),
@@ -447,18 +399,11 @@ impl Config {
     /// and a seed for choosing its address block.
     pub fn network_tag(&self, dir: &Path) -> (String, u32) {
         let digest = Sha256::digest(self.worker_name(dir).as_bytes());
-        (
-            hex::encode(&digest[..3]),
-            u32::from_le_bytes(digest[3..7].try_into().unwrap()),
-        )
+        (hex::encode(&digest[..3]), u32::from_le_bytes(digest[3..7].try_into().unwrap()))
     }
 
     pub fn sandbox_limits(&self) -> sprout_sandbox::Limits {
-        sprout_sandbox::Limits {
-            memory_bytes: self.limits.memory_mb << 20,
-            pids: self.limits.pids,
-            cpus: self.limits.cpus,
-        }
+        sprout_sandbox::Limits { memory_bytes: self.limits.memory_mb << 20, pids: self.limits.pids, cpus: self.limits.cpus }
     }
 
     pub fn timeout(&self) -> Duration {
@@ -494,17 +439,9 @@ mod tests {
                 let in_template = TEMPLATE
                     .split(&format!("[{section}]"))
                     .nth(1)
-                    .map(|rest| {
-                        rest.split("\n[")
-                            .next()
-                            .unwrap_or("")
-                            .contains(&format!("\n{key} = "))
-                    })
+                    .map(|rest| rest.split("\n[").next().unwrap_or("").contains(&format!("\n{key} = ")))
                     .unwrap_or(false);
-                assert!(
-                    in_template,
-                    "{section}.{key} is not documented in the template"
-                );
+                assert!(in_template, "{section}.{key} is not documented in the template");
             }
         }
     }

@@ -62,22 +62,10 @@ pub fn init(dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<InitOutcome> {
 
 /// Whether a worker holds `dir`'s lock; returns its pid when it does.
 pub fn running_pid(dir: &Path) -> Option<u32> {
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(dir.join(LOCK))
-        .ok()?;
+    let file = fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(LOCK)).ok()?;
     match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
         Ok(_unlocked_on_drop) => None,
-        Err(_) => Some(
-            fs::read_to_string(dir.join(PID))
-                .ok()?
-                .trim()
-                .parse()
-                .unwrap_or(0),
-        ),
+        Err(_) => Some(fs::read_to_string(dir.join(PID)).ok()?.trim().parse().unwrap_or(0)),
     }
 }
 
@@ -95,13 +83,7 @@ pub fn status(dir: &Path) -> Result<Status> {
     let config = Config::load(dir)?;
     let pid = running_pid(dir);
     let ready = pid.is_some() && http_ready(&config.worker.listen);
-    Ok(Status {
-        running: pid.is_some(),
-        pid,
-        listen: config.worker.listen,
-        backend: config.sandbox.backend.name(),
-        ready,
-    })
+    Ok(Status { running: pid.is_some(), pid, listen: config.worker.listen, backend: config.sandbox.backend.name(), ready })
 }
 
 fn http_ready(listen: &str) -> bool {
@@ -113,9 +95,7 @@ fn http_ready(listen: &str) -> bool {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(b"GET /status HTTP/1.1\r\nHost: worker\r\nConnection: close\r\n\r\n")
-        .is_err()
-    {
+    if s.write_all(b"GET /status HTTP/1.1\r\nHost: worker\r\nConnection: close\r\n\r\n").is_err() {
         return false;
     }
     let mut out = String::new();
@@ -127,22 +107,12 @@ fn http_ready(listen: &str) -> bool {
 /// answers /status, or with the log's tail if it died.
 pub fn up_detached(dir: &Path, exe: &Path) -> Result<u32> {
     if let Some(pid) = running_pid(dir) {
-        bail!(
-            "a worker is already running in {} (pid {pid})",
-            dir.display()
-        );
+        bail!("a worker is already running in {} (pid {pid})", dir.display());
     }
     let config = Config::load(dir)?;
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(LOG))?;
+    let log = fs::OpenOptions::new().create(true).append(true).open(dir.join(LOG))?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.args(["worker", "up"])
-        .arg(dir)
-        .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
+    cmd.args(["worker", "up"]).arg(dir).stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(|| {
@@ -157,19 +127,13 @@ pub fn up_detached(dir: &Path, exe: &Path) -> Result<u32> {
             let log = fs::read_to_string(dir.join(LOG)).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(15).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
-            bail!(
-                "the worker exited during start-up ({status}):\n{}",
-                tail.join("\n")
-            );
+            bail!("the worker exited during start-up ({status}):\n{}", tail.join("\n"));
         }
         if http_ready(&config.worker.listen) {
             return Ok(child.id());
         }
         if Instant::now() > deadline {
-            bail!(
-                "the worker did not become ready within 120 s; see {}",
-                dir.join(LOG).display()
-            );
+            bail!("the worker did not become ready within 120 s; see {}", dir.join(LOG).display());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -182,10 +146,7 @@ pub fn down(dir: &Path, grace: Duration) -> Result<bool> {
         return Ok(false);
     };
     if pid == 0 {
-        bail!(
-            "a worker holds {} but its pid file is missing",
-            dir.join(LOCK).display()
-        );
+        bail!("a worker holds {} but its pid file is missing", dir.join(LOCK).display());
     }
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     let deadline = Instant::now() + grace;
@@ -205,10 +166,7 @@ pub fn down(dir: &Path, grace: Duration) -> Result<bool> {
 /// Remove what a dead worker left in `dir`; refuses while a worker is running there.
 pub fn cleanup_dir(dir: &Path) -> Result<cleanup::Report> {
     if let Some(pid) = running_pid(dir) {
-        bail!(
-            "a worker is running in {} (pid {pid}); stop it with `sprout worker down`",
-            dir.display()
-        );
+        bail!("a worker is running in {} (pid {pid}); stop it with `sprout worker down`", dir.display());
     }
     let config = Config::load(dir)?;
     let layout = detect_layout(&config)?;
@@ -216,9 +174,7 @@ pub fn cleanup_dir(dir: &Path) -> Result<cleanup::Report> {
     report.network_removed = network::host::release(dir, &config.network_tag(dir).0);
     if config.sandbox.backend == BackendKind::Docker && config.docker.socket.exists() {
         let docker = DockerBackend::new(docker_config(&config, dir), Arc::new(Stage::paths(dir)));
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         report.processes_killed += rt.block_on(docker.remove_leftovers());
     }
     let _ = fs::remove_file(dir.join(PID));
@@ -226,41 +182,21 @@ pub fn cleanup_dir(dir: &Path) -> Result<cleanup::Report> {
 }
 
 fn detect_layout(config: &Config) -> Result<Layout> {
-    let v2_root =
-        (!config.cgroups.v2_root.is_empty()).then(|| PathBuf::from(&config.cgroups.v2_root));
+    let v2_root = (!config.cgroups.v2_root.is_empty()).then(|| PathBuf::from(&config.cgroups.v2_root));
     Ok(Layout::detect(config.cgroups.version, v2_root.as_deref())?)
 }
 
 /// Run the worker in the foreground until SIGTERM or SIGINT.
 pub async fn serve(dir: &Path) -> Result<()> {
-    let dir = fs::canonicalize(dir).with_context(|| {
-        format!(
-            "{} does not exist; run `sprout worker init` first",
-            dir.display()
-        )
-    })?;
+    let dir = fs::canonicalize(dir).with_context(|| format!("{} does not exist; run `sprout worker init` first", dir.display()))?;
     let config = Config::load(&dir)?;
-    let lock_file = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(dir.join(LOCK))?;
-    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-        .map_err(|_| {
-            let pid = fs::read_to_string(dir.join(PID)).unwrap_or_default();
-            anyhow::anyhow!(
-                "a worker is already running in {} (pid {})",
-                dir.display(),
-                pid.trim()
-            )
-        })?;
+    let lock_file = fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(LOCK))?;
+    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
+        let pid = fs::read_to_string(dir.join(PID)).unwrap_or_default();
+        anyhow::anyhow!("a worker is already running in {} (pid {})", dir.display(), pid.trim())
+    })?;
     if !base::is_ready(&config.base.path, &config.base.suite) {
-        bail!(
-            "no base image at {}; run `sprout worker init {}`",
-            config.base.path.display(),
-            dir.display()
-        );
+        bail!("no base image at {}; run `sprout worker init {}`", config.base.path.display(), dir.display());
     }
     let static_tree = match config.import_cache.tree.as_str() {
         "" => None,
@@ -272,48 +208,26 @@ pub async fn serve(dir: &Path) -> Result<()> {
     let mut leftovers = cleanup::cleanup(&dir, &layout, &parents)?;
     leftovers.network_removed = network::host::release(&dir, &tag);
     if !leftovers.is_empty() {
-        tracing::warn!(
-            ?leftovers,
-            "cleaned up after a worker that did not shut down"
-        );
+        tracing::warn!(?leftovers, "cleaned up after a worker that did not shut down");
     }
     let missing = layout.missing_controllers();
     if !missing.is_empty() {
-        tracing::warn!(
-            ?missing,
-            "cgroup v{} here lacks these controllers: their limits are not enforced",
-            layout.version()
-        );
+        tracing::warn!(?missing, "cgroup v{} here lacks these controllers: their limits are not enforced", layout.version());
     }
-    let listener = tokio::net::TcpListener::bind(&config.worker.listen)
-        .await
-        .with_context(|| format!("listening on {}", config.worker.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(&config.worker.listen).await.with_context(|| format!("listening on {}", config.worker.listen))?;
     let app_port = AppPort::bind(&config.app).await?;
-    let install_cache = InstallCache::open(&config.package_cache_dir(&dir)).with_context(|| {
-        format!(
-            "opening the install cache {}",
-            config.package_cache_dir(&dir).display()
-        )
-    })?;
+    let install_cache = InstallCache::open(&config.package_cache_dir(&dir))
+        .with_context(|| format!("opening the install cache {}", config.package_cache_dir(&dir).display()))?;
     if config.packages.cache_dir.is_empty() {
         install_cache.sweep(); // ours alone: remove what an interrupted install left
     }
-    let volumes: Vec<_> = config
-        .sandbox
-        .volumes
-        .iter()
-        .map(|v| v.to_volume())
-        .collect();
+    let volumes: Vec<_> = config.sandbox.volumes.iter().map(|v| v.to_volume()).collect();
     for (i, volume) in volumes.iter().enumerate() {
         sprout_sandbox::stage::mount_point_in_base(&config.base.path, &volume.path)
             .with_context(|| format!("sandbox.volumes[{i}].path = {:?}", volume.path))?;
     }
-    let stage = Stage::prepare_with_volumes(
-        &dir,
-        &config.base.path,
-        &install_cache.installed_dir(),
-        &volumes,
-    );
+    let stage = Stage::prepare_with_volumes(&dir, &config.base.path, &install_cache.installed_dir(), &volumes);
     let stage = Arc::new(stage.map_err(|e| {
         let _ = cleanup::cleanup(&dir, &layout, &parents);
         anyhow::anyhow!("preparing the sandboxes' mount tree: {e}")
@@ -321,18 +235,10 @@ pub async fn serve(dir: &Path) -> Result<()> {
     if config.cgroups.favor_dynmods {
         match layout.favor_dynamic_modifications(&stage.run.join("cgroup-dynmods")) {
             Ok(done) => tracing::info!("{done}: moving sandboxes into their cgroups stays cheap"),
-            Err(e) => tracing::warn!(
-                "{e}; cold starts may wait for RCU grace periods when requests are sparse"
-            ),
+            Err(e) => tracing::warn!("{e}; cold starts may wait for RCU grace periods when requests are sparse"),
         }
     }
-    let packages = Arc::new(make_packages(
-        &config,
-        install_cache,
-        stage.clone(),
-        layout.clone(),
-        &parents[0],
-    ));
+    let packages = Arc::new(make_packages(&config, install_cache, stage.clone(), layout.clone(), &parents[0]));
     let backend = match make_backend(&config, &dir, layout.clone(), &parents, stage.clone()).await {
         Ok(b) => b,
         Err(e) => {
@@ -352,22 +258,9 @@ pub async fn serve(dir: &Path) -> Result<()> {
     if let Some(tree) = static_tree {
         preload_tree(tree, &backend, &packages);
     }
-    let caps = Caps {
-        max_bytes: config.limits.max_unpacked_mb << 20,
-        max_files: config.limits.max_files,
-    };
-    let checker = Checker::new(
-        &config.base.path,
-        &config.sandbox.python,
-        config.sandbox.uid,
-        config.sandbox.gid,
-    );
-    let registry = Arc::new(Registry::open(
-        &stage.registry,
-        caps,
-        checker,
-        config.packages.allow_unpinned,
-    )?);
+    let caps = Caps { max_bytes: config.limits.max_unpacked_mb << 20, max_files: config.limits.max_files };
+    let checker = Checker::new(&config.base.path, &config.sandbox.python, config.sandbox.uid, config.sandbox.gid);
+    let registry = Arc::new(Registry::open(&stage.registry, caps, checker, config.packages.allow_unpinned)?);
     let metrics = Arc::new(Metrics::new(backend.clone()));
     let instances = Instances::new(
         backend.clone(),
@@ -423,12 +316,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
     };
     let api_router = router(api.clone());
     let api_served = async {
-        axum::serve(
-            listener,
-            api_router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(until_stopped())
-        .await
+        axum::serve(listener, api_router.into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(until_stopped()).await
     };
     let app_served = async {
         match app_port {
@@ -440,9 +328,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
     tracing::info!("shutting down");
     instances.shutdown().await;
     drop(registry);
-    let removed = tokio::task::spawn_blocking(move || networks.shutdown())
-        .await
-        .unwrap_or_default();
+    let removed = tokio::task::spawn_blocking(move || networks.shutdown()).await.unwrap_or_default();
     tracing::debug!(?removed, "network removed");
     let report = cleanup::cleanup(&dir, &layout, &parents)?;
     tracing::info!(mounts = report.mounts_removed, "worker stopped");
@@ -452,13 +338,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
 }
 
 /// The install cache and the installer that fills it.
-pub fn make_packages(
-    config: &Config,
-    cache: InstallCache,
-    stage: Arc<Stage>,
-    layout: Arc<Layout>,
-    cgroup_parent: &str,
-) -> Packages {
+pub fn make_packages(config: &Config, cache: InstallCache, stage: Arc<Stage>, layout: Arc<Layout>, cgroup_parent: &str) -> Packages {
     let p = &config.packages;
     let installer = Installer::new(
         stage,
@@ -473,35 +353,17 @@ pub fn make_packages(
             wheel_dir: (!p.wheel_dir.is_empty()).then(|| PathBuf::from(&p.wheel_dir)),
             offline: p.offline,
             timeout: Duration::from_secs(p.install_timeout_s),
-            limits: Limits {
-                memory_bytes: p.install_memory_mb << 20,
-                pids: p.install_pids,
-                cpus: 0.0,
-            },
+            limits: Limits { memory_bytes: p.install_memory_mb << 20, pids: p.install_pids, cpus: 0.0 },
         },
     );
-    Packages::new(
-        cache,
-        installer,
-        p.install_cache,
-        p.allow_unpinned,
-        config.sandbox.uid,
-        config.sandbox.gid,
-    )
+    Packages::new(cache, installer, p.install_cache, p.allow_unpinned, config.sandbox.uid, config.sandbox.gid)
 }
 
 /// Make the configured static Zygote tree in the background (its packages may take a while
 /// to install). The file was checked before the worker started anything.
-fn preload_tree(
-    tree: crate::packages::tree::TreeNode,
-    backend: &Arc<dyn Backend>,
-    packages: &Arc<Packages>,
-) {
+fn preload_tree(tree: crate::packages::tree::TreeNode, backend: &Arc<dyn Backend>, packages: &Arc<Packages>) {
     let Some(cache) = backend.import_cache() else {
-        tracing::warn!(
-            "import_cache.tree is set but the {} backend has no Zygotes",
-            backend.name()
-        );
+        tracing::warn!("import_cache.tree is set but the {} backend has no Zygotes", backend.name());
         return;
     };
     let packages = packages.clone();
@@ -527,10 +389,7 @@ async fn make_networks(
     tag: &str,
     seed: u32,
 ) -> Result<LambdaNetworks> {
-    let lean = matches!(
-        config.sandbox.backend,
-        BackendKind::Sock | BackendKind::SockNoZygote
-    );
+    let lean = matches!(config.sandbox.backend, BackendKind::Sock | BackendKind::SockNoZygote);
     let specs = config.network.services();
     let networks = if config.network.isolate && lean {
         let cfg = NetworkConfig {
@@ -548,50 +407,34 @@ async fn make_networks(
             .await?
             .context("isolating the sandboxes' network (network.isolate = false turns it off)")?;
         tracing::info!(block = %network.block, services = network.services().len(), "each lambda gets a network namespace of its own");
-        LambdaNetworks::new(
-            Some(network),
-            Vec::new(),
-            config.network.max_namespaces - config.network.pool,
-        )
+        LambdaNetworks::new(Some(network), Vec::new(), config.network.max_namespaces - config.network.pool)
     } else {
         if config.network.isolate {
-            tracing::warn!("the {} backend does not isolate lambdas' networks (network.isolate applies to sock and sock-nozygote)", config.sandbox.backend.name());
+            tracing::warn!(
+                "the {} backend does not isolate lambdas' networks (network.isolate applies to sock and sock-nozygote)",
+                config.sandbox.backend.name()
+            );
         } else {
-            tracing::warn!("network.isolate = false: sandboxes share the host's network and can reach the worker's API and every host service");
+            tracing::warn!(
+                "network.isolate = false: sandboxes share the host's network and can reach the worker's API and every host service"
+            );
         }
         let services = specs.iter().map(|s| s.at(*s.target.ip())).collect();
         LambdaNetworks::new(None, services, config.network.max_namespaces)
     };
     let hosts = dir.join("sandbox-hosts");
     std::fs::write(&hosts, network::hosts_file(&networks.services()))?;
-    stage
-        .bind_file_in_base(&config.base.path, &hosts, "/etc/hosts")
-        .context("binding /etc/hosts for the sandboxes")?;
+    stage.bind_file_in_base(&config.base.path, &hosts, "/etc/hosts").context("binding /etc/hosts for the sandboxes")?;
     Ok(networks)
 }
 
-async fn make_backend(
-    config: &Config,
-    dir: &Path,
-    layout: Arc<Layout>,
-    parents: &[String],
-    stage: Arc<Stage>,
-) -> Result<Arc<dyn Backend>> {
+async fn make_backend(config: &Config, dir: &Path, layout: Arc<Layout>, parents: &[String], stage: Arc<Stage>) -> Result<Arc<dyn Backend>> {
     let limits = config.sandbox_limits();
     match config.sandbox.backend {
         BackendKind::Sock | BackendKind::SockNoZygote => {
-            let pool = Arc::new(CgroupPool::new(
-                layout.clone(),
-                &parents[0],
-                limits,
-                config.sandbox.cgroup_pool,
-                config.sandbox.cgroup_pool * 4,
-            )?);
-            let zygote_limits = Limits {
-                memory_bytes: config.sandbox.zygote_memory_mb << 20,
-                pids: 1024,
-                cpus: 0.0,
-            };
+            let pool =
+                Arc::new(CgroupPool::new(layout.clone(), &parents[0], limits, config.sandbox.cgroup_pool, config.sandbox.cgroup_pool * 4)?);
+            let zygote_limits = Limits { memory_bytes: config.sandbox.zygote_memory_mb << 20, pids: 1024, cpus: 0.0 };
             let zygotes = (config.sandbox.backend == BackendKind::Sock).then(|| {
                 let ic = &config.import_cache;
                 ImportCache::new(
@@ -610,6 +453,7 @@ async fn make_backend(
                         import_timeout: Duration::from_millis(ic.import_timeout_ms),
                         zygote_limits,
                         isolate_network: config.network.isolate,
+                        seccomp: config.sandbox.seccomp,
                     },
                     stage.clone(),
                     layout,
@@ -626,15 +470,13 @@ async fn make_backend(
                     start_timeout: config.start_timeout(),
                     max_response: (config.limits.max_response_mb << 20) as u32,
                     zygote_limits,
+                    seccomp: config.sandbox.seccomp,
                 },
                 stage,
                 pool,
                 zygotes,
             );
-            backend
-                .start()
-                .await
-                .map_err(|e| anyhow::anyhow!("starting the root Zygote: {e}"))?;
+            backend.start().await.map_err(|e| anyhow::anyhow!("starting the root Zygote: {e}"))?;
             Ok(Arc::new(backend))
         }
         BackendKind::Runc => Ok(Arc::new(RuncBackend::new(
@@ -652,10 +494,7 @@ async fn make_backend(
         ))),
         BackendKind::Docker => {
             let backend = DockerBackend::new(docker_config(config, dir), stage);
-            backend
-                .prepare()
-                .await
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            backend.prepare().await.map_err(|e| anyhow::anyhow!("{e}"))?;
             Ok(Arc::new(backend))
         }
     }

@@ -36,13 +36,7 @@ pub enum Eviction {
 }
 
 impl Eviction {
-    pub const ALL: [Eviction; 5] = [
-        Eviction::Memory,
-        Eviction::Idle,
-        Eviction::Room,
-        Eviction::Replaced,
-        Eviction::Dead,
-    ];
+    pub const ALL: [Eviction; 5] = [Eviction::Memory, Eviction::Idle, Eviction::Room, Eviction::Replaced, Eviction::Dead];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -74,8 +68,7 @@ impl Counters {
 
     pub fn resumed(&self, took: std::time::Duration) {
         self.resumes.fetch_add(1, Ordering::Relaxed);
-        self.resume_us
-            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        self.resume_us.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
     }
 
     pub fn evictions(&self, why: Eviction) -> u64 {
@@ -84,10 +77,8 @@ impl Counters {
 
     pub fn json(&self, cfg: &HandlerCacheConfig, paused: usize, paused_pss: u64) -> Value {
         let resumes = self.resumes.load(Ordering::Relaxed);
-        let evictions: serde_json::Map<String, Value> = Eviction::ALL
-            .iter()
-            .map(|e| (e.label().to_string(), json!(self.evictions(*e))))
-            .collect();
+        let evictions: serde_json::Map<String, Value> =
+            Eviction::ALL.iter().map(|e| (e.label().to_string(), json!(self.evictions(*e)))).collect();
         json!({
             "pause": cfg.pause,
             "memory_limit_mb": cfg.memory_limit >> 20,
@@ -120,10 +111,7 @@ fn sigkill_pending(status: &str) -> bool {
     let bit = 1u64 << (libc::SIGKILL - 1);
     status
         .lines()
-        .filter_map(|line| {
-            line.strip_prefix("SigPnd:")
-                .or_else(|| line.strip_prefix("ShdPnd:"))
-        })
+        .filter_map(|line| line.strip_prefix("SigPnd:").or_else(|| line.strip_prefix("ShdPnd:")))
         .filter_map(|mask| u64::from_str_radix(mask.trim(), 16).ok())
         .any(|mask| mask & bit != 0)
 }
@@ -151,36 +139,19 @@ mod tests {
 
     #[test]
     fn a_pending_sigkill_is_seen_in_either_mask() {
-        let status = |sig: &str, shd: &str| {
-            format!("Name:\tpython3\nState:\tD (disk sleep)\nSigPnd:\t{sig}\nShdPnd:\t{shd}\n")
-        };
-        assert!(sigkill_pending(&status(
-            "0000000000000100",
-            "0000000000000100"
-        )));
-        assert!(sigkill_pending(&status(
-            "0000000000000000",
-            "0000000000000100"
-        )));
-        assert!(!sigkill_pending(&status(
-            "0000000000000000",
-            "0000000000000000"
-        )));
-        assert!(!sigkill_pending(&status(
-            "0000000000004002",
-            "0000000000000000"
-        ))); // SIGINT, SIGTERM
+        let status = |sig: &str, shd: &str| format!("Name:\tpython3\nState:\tD (disk sleep)\nSigPnd:\t{sig}\nShdPnd:\t{shd}\n");
+        assert!(sigkill_pending(&status("0000000000000100", "0000000000000100")));
+        assert!(sigkill_pending(&status("0000000000000000", "0000000000000100")));
+        assert!(!sigkill_pending(&status("0000000000000000", "0000000000000000")));
+        assert!(!sigkill_pending(&status("0000000000004002", "0000000000000000")));
+        // SIGINT, SIGTERM
     }
 
     #[test]
     fn the_least_recently_used_go_until_the_rest_fit() {
         let now = Instant::now();
         let at = |s: u64| now - Duration::from_secs(s);
-        let entries = vec![
-            (at(1), 40, "newest"),
-            (at(30), 50, "oldest"),
-            (at(10), 30, "middle"),
-        ];
+        let entries = vec![(at(1), 40, "newest"), (at(30), 50, "oldest"), (at(10), 30, "middle")];
         assert_eq!(over_limit(entries.clone(), 120), Vec::<&str>::new());
         assert_eq!(over_limit(entries.clone(), 100), vec!["oldest"]);
         assert_eq!(over_limit(entries.clone(), 40), vec!["oldest", "middle"]);

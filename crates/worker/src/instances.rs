@@ -66,10 +66,7 @@ pub enum Failure {
     #[error("the worker is shutting down")]
     ShuttingDown,
     #[error("the lambda failed to load: {message}")]
-    Load {
-        message: String,
-        traceback: Option<String>,
-    },
+    Load { message: String, traceback: Option<String> },
     #[error("no sandbox could be provisioned: {0}")]
     Platform(String),
     #[error("the lambda's packages could not be installed: {0}")]
@@ -206,11 +203,7 @@ impl Instances {
     ) -> Result<Invocation, Failure> {
         let queued = Instant::now();
         let lease = self.acquire(lambda, limit).await?;
-        let run_limit = if limit >= self.cfg.timeout {
-            self.cfg.timeout
-        } else {
-            limit.saturating_sub(queued.elapsed())
-        };
+        let run_limit = if limit >= self.cfg.timeout { self.cfg.timeout } else { limit.saturating_sub(queued.elapsed()) };
         let began = Instant::now();
         let kind = lease.sandbox.kind;
         let error = match self.run(lease, request, body, run_limit, calls).await {
@@ -221,10 +214,7 @@ impl Instances {
             return Err(error.into());
         };
         tracing::info!(lambda = %lambda.name, reason = reason.label(), "sandbox died before answering ({error}); retrying on another");
-        match self
-            .retry(lambda, request, body, began, run_limit, reason, calls)
-            .await
-        {
+        match self.retry(lambda, request, body, began, run_limit, reason, calls).await {
             Some(result) => result,
             // No sandbox could take it in time: the request's own failure stands.
             None => Err(error.into()),
@@ -267,13 +257,11 @@ impl Instances {
             return None;
         }
         self.metrics.retry(reason);
-        Some(
-            match self.run(lease, request, body, remaining, calls).await {
-                // The request as a whole ran out of its time limit.
-                Err(InvokeError::Timeout(_)) => Err(InvokeError::Timeout(limit).into()),
-                other => other.map_err(Failure::from),
-            },
-        )
+        Some(match self.run(lease, request, body, remaining, calls).await {
+            // The request as a whole ran out of its time limit.
+            Err(InvokeError::Timeout(_)) => Err(InvokeError::Timeout(limit).into()),
+            other => other.map_err(Failure::from),
+        })
     }
 
     /// Send the request to the leased sandbox, waiting up to `limit`, and give the sandbox back.
@@ -290,12 +278,7 @@ impl Instances {
         let (cold, sandbox) = (lease.cold, lease.sandbox.id);
         self.release(lease, reusable);
         let (reply, body) = result?;
-        Ok(Invocation {
-            reply,
-            body,
-            cold,
-            sandbox,
-        })
+        Ok(Invocation { reply, body, cold, sandbox })
     }
 
     /// A sandbox for `lambda`: an idle one, a new one, or one handed over within `wait`.
@@ -314,10 +297,7 @@ impl Instances {
             let State { pools, total } = &mut *st;
             let pool = pools.entry(lambda.name.clone()).or_default();
             // Sandboxes of a replaced version are never reused.
-            let (current, stale): (Vec<Idle>, Vec<Idle>) = pool
-                .idle
-                .drain(..)
-                .partition(|i| i.lambda.version == lambda.version);
+            let (current, stale): (Vec<Idle>, Vec<Idle>) = pool.idle.drain(..).partition(|i| i.lambda.version == lambda.version);
             pool.idle = current;
             pool.live -= stale.len();
             *total -= stale.len();
@@ -326,8 +306,7 @@ impl Instances {
             if let Some(idle) = pool.idle.pop() {
                 Next::Warm(Box::new(idle))
             } else if pool.live < self.cfg.max_per_lambda
-                && (*total < self.cfg.max_total
-                    || evict_lru(pools, total, &mut doomed, &self.cache))
+                && (*total < self.cfg.max_total || evict_lru(pools, total, &mut doomed, &self.cache))
             {
                 let pool = pools.get_mut(&lambda.name).unwrap();
                 pool.live += 1;
@@ -338,8 +317,7 @@ impl Instances {
                 pool.waiters.retain(|w| !w.is_closed());
                 if pool.waiters.len() >= self.cfg.queue_depth {
                     drop(st);
-                    self.metrics
-                        .sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
+                    self.metrics.sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
                     self.destroy_all(doomed);
                     return Err(Failure::QueueFull(self.cfg.queue_depth));
                 }
@@ -349,15 +327,12 @@ impl Instances {
             }
         };
         let idle_gone = doomed.len() + matches!(next, Next::Warm(_)) as usize;
-        self.metrics
-            .sandbox_state(SandboxState::Idle, -(idle_gone as i64));
+        self.metrics.sandbox_state(SandboxState::Idle, -(idle_gone as i64));
         self.destroy_all(doomed);
         match next {
             Next::Warm(idle) => {
                 self.metrics.sandbox_state(SandboxState::Busy, 1);
-                let Idle {
-                    sandbox, paused, ..
-                } = *idle;
+                let Idle { sandbox, paused, .. } = *idle;
                 let killed = paused && handler_cache::killed_while_paused(&sandbox);
                 if paused {
                     let started = Instant::now();
@@ -374,11 +349,7 @@ impl Instances {
                     self.destroy_all(vec![sandbox]);
                     return self.create(lambda).await;
                 }
-                Ok(Lease {
-                    sandbox,
-                    lambda: lambda.clone(),
-                    cold: false,
-                })
+                Ok(Lease { sandbox, lambda: lambda.clone(), cold: false })
             }
             Next::Create => self.create(lambda).await,
             Next::Wait(mut rx) => {
@@ -399,11 +370,7 @@ impl Instances {
                 };
                 match granted {
                     Ok(Grant::Sandbox(sandbox, owner)) if owner.version == lambda.version => {
-                        Ok(Lease {
-                            sandbox: *sandbox,
-                            lambda: owner,
-                            cold: false,
-                        })
+                        Ok(Lease { sandbox: *sandbox, lambda: owner, cold: false })
                     }
                     Ok(Grant::Sandbox(sandbox, owner)) => {
                         // A sandbox of another version: swap it for room to make a current one.
@@ -435,9 +402,7 @@ impl Instances {
             Err(e) => {
                 self.metrics.sandbox_state(SandboxState::Starting, -1);
                 self.give_back_room(&lambda.name);
-                return Err(Failure::Platform(format!(
-                    "no network namespace for the lambda: {e}"
-                )));
+                return Err(Failure::Platform(format!("no network namespace for the lambda: {e}")));
             }
         };
         let spec = SandboxSpec {
@@ -456,18 +421,12 @@ impl Instances {
             Ok(sandbox) => {
                 self.metrics.sandbox_started(sandbox.startup);
                 self.metrics.sandbox_state(SandboxState::Busy, 1);
-                Ok(Lease {
-                    sandbox,
-                    lambda: lambda.clone(),
-                    cold: true,
-                })
+                Ok(Lease { sandbox, lambda: lambda.clone(), cold: true })
             }
             Err(e) => {
                 self.give_back_room(&lambda.name);
                 Err(match e {
-                    CreateError::Load { message, traceback } => {
-                        Failure::Load { message, traceback }
-                    }
+                    CreateError::Load { message, traceback } => Failure::Load { message, traceback },
                     CreateError::Platform(m) => Failure::Platform(m),
                 })
             }
@@ -477,13 +436,8 @@ impl Instances {
     /// Return a sandbox after its request.
     fn release(&self, lease: Lease, reusable: bool) {
         self.metrics.sandbox_state(SandboxState::Busy, -1);
-        let Lease {
-            sandbox, lambda, ..
-        } = lease;
-        let keep = reusable
-            && self.cfg.keep_warm
-            && !self.closed.load(Ordering::Acquire)
-            && lambda.is_current();
+        let Lease { sandbox, lambda, .. } = lease;
+        let keep = reusable && self.cfg.keep_warm && !self.closed.load(Ordering::Acquire) && lambda.is_current();
         let mut st = self.state.lock().unwrap();
         let pool = st.pools.entry(lambda.name.clone()).or_default();
         pool.served += 1;
@@ -503,13 +457,7 @@ impl Instances {
                 if self.cfg.handler_cache.pause {
                     self.schedule_pause(&lambda.name, sandbox.id);
                 }
-                pool.idle.push(Idle {
-                    sandbox: *sandbox,
-                    lambda,
-                    since: Instant::now(),
-                    paused: false,
-                    pss: 0,
-                });
+                pool.idle.push(Idle { sandbox: *sandbox, lambda, since: Instant::now(), paused: false, pss: 0 });
                 self.metrics.sandbox_state(SandboxState::Idle, 1);
             }
             return;
@@ -522,20 +470,12 @@ impl Instances {
     /// Pause sandbox `id` of lambda `name` once it has been idle for `pause_after`: off the
     /// path of the request that just used it, and never for a sandbox reused at once.
     fn schedule_pause(&self, name: &str, id: u64) {
-        let (me, name, delay) = (
-            self.me.clone(),
-            name.to_string(),
-            self.cfg.handler_cache.pause_after,
-        );
+        let (me, name, delay) = (self.me.clone(), name.to_string(), self.cfg.handler_cache.pause_after);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let Some(me) = me.upgrade() else { return };
             let mut st = me.state.lock().unwrap();
-            let Some(idle) = st
-                .pools
-                .get_mut(&name)
-                .and_then(|p| p.idle.iter_mut().find(|i| i.sandbox.id == id))
-            else {
+            let Some(idle) = st.pools.get_mut(&name).and_then(|p| p.idle.iter_mut().find(|i| i.sandbox.id == id)) else {
                 return; // taken by a request, or gone
             };
             if idle.paused || idle.since.elapsed() < delay {
@@ -596,9 +536,8 @@ impl Instances {
             let State { pools, total } = &mut *st;
             for pool in pools.values_mut() {
                 let before = pool.idle.len();
-                let (keep, expired): (Vec<Idle>, Vec<Idle>) = pool.idle.drain(..).partition(|i| {
-                    i.since.elapsed() < self.cfg.idle_timeout && i.lambda.is_current()
-                });
+                let (keep, expired): (Vec<Idle>, Vec<Idle>) =
+                    pool.idle.drain(..).partition(|i| i.since.elapsed() < self.cfg.idle_timeout && i.lambda.is_current());
                 pool.idle = keep;
                 let replaced = expired.iter().filter(|i| !i.lambda.is_current()).count();
                 self.cache.evicted(Eviction::Replaced, replaced);
@@ -610,8 +549,7 @@ impl Instances {
             }
             pools.retain(|_, p| p.live > 0 || !p.waiters.is_empty());
         }
-        self.metrics
-            .sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
+        self.metrics.sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
         self.destroy_all(doomed);
     }
 
@@ -631,10 +569,7 @@ impl Instances {
             return;
         }
         let measured: Vec<(u64, u64)> = tokio::task::spawn_blocking(move || {
-            probes
-                .into_iter()
-                .map(|(id, pids)| (id, sprout_sandbox::memory::pss_of_pids(&pids)))
-                .collect()
+            probes.into_iter().map(|(id, pids)| (id, sprout_sandbox::memory::pss_of_pids(&pids))).collect()
         })
         .await
         .unwrap_or_default();
@@ -647,11 +582,8 @@ impl Instances {
                     idle.pss = *pss;
                 }
             }
-            let entries: Vec<(Instant, u64, u64)> = pools
-                .values()
-                .flat_map(|p| p.idle.iter().filter(|i| i.paused))
-                .map(|i| (i.since, i.pss, i.sandbox.id))
-                .collect();
+            let entries: Vec<(Instant, u64, u64)> =
+                pools.values().flat_map(|p| p.idle.iter().filter(|i| i.paused)).map(|i| (i.since, i.pss, i.sandbox.id)).collect();
             for id in handler_cache::over_limit(entries, self.cfg.handler_cache.memory_limit) {
                 for pool in pools.values_mut() {
                     if let Some(at) = pool.idle.iter().position(|i| i.sandbox.id == id) {
@@ -665,8 +597,7 @@ impl Instances {
         }
         if !doomed.is_empty() {
             self.cache.evicted(Eviction::Memory, doomed.len());
-            self.metrics
-                .sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
+            self.metrics.sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
             self.destroy_all(doomed);
         }
     }
@@ -706,15 +637,8 @@ impl Instances {
     /// Handler cache figures for /metrics: (paused sandboxes, their PSS, evictions by reason).
     pub fn cache_figures(&self) -> (usize, u64, Vec<(&'static str, u64)>) {
         let st = self.state.lock().unwrap();
-        let paused: Vec<&Idle> = st
-            .pools
-            .values()
-            .flat_map(|p| p.idle.iter().filter(|i| i.paused))
-            .collect();
-        let evictions = Eviction::ALL
-            .iter()
-            .map(|e| (e.label(), self.cache.evictions(*e)))
-            .collect();
+        let paused: Vec<&Idle> = st.pools.values().flat_map(|p| p.idle.iter().filter(|i| i.paused)).collect();
+        let evictions = Eviction::ALL.iter().map(|e| (e.label(), self.cache.evictions(*e))).collect();
         (paused.len(), paused.iter().map(|i| i.pss).sum(), evictions)
     }
 
@@ -730,8 +654,7 @@ impl Instances {
             }
             all
         };
-        self.metrics
-            .sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
+        self.metrics.sandbox_state(SandboxState::Idle, -(doomed.len() as i64));
         self.destroy_all(doomed);
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.destroying.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
@@ -753,20 +676,10 @@ fn pause(sandbox: &Sandbox) -> bool {
 }
 
 /// Make room by removing the least recently used idle sandbox of any lambda.
-fn evict_lru(
-    pools: &mut HashMap<String, Pool>,
-    total: &mut usize,
-    doomed: &mut Vec<Sandbox>,
-    cache: &handler_cache::Counters,
-) -> bool {
+fn evict_lru(pools: &mut HashMap<String, Pool>, total: &mut usize, doomed: &mut Vec<Sandbox>, cache: &handler_cache::Counters) -> bool {
     let oldest = pools
         .iter()
-        .flat_map(|(name, p)| {
-            p.idle
-                .iter()
-                .enumerate()
-                .map(move |(i, idle)| (idle.since, name.clone(), i))
-        })
+        .flat_map(|(name, p)| p.idle.iter().enumerate().map(move |(i, idle)| (idle.since, name.clone(), i)))
         .min_by_key(|(since, _, _)| *since);
     let Some((_, name, index)) = oldest else {
         return false;

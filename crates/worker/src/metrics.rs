@@ -70,12 +70,7 @@ impl SandboxState {
 }
 
 /// Where the caches' figures come from, set once the worker has made them.
-type CacheSources = Arc<
-    OnceLock<(
-        Weak<crate::instances::Instances>,
-        Arc<crate::packages::Packages>,
-    )>,
->;
+type CacheSources = Arc<OnceLock<(Weak<crate::instances::Instances>, Arc<crate::packages::Packages>)>>;
 
 /// Exposes the backend's own counters and the caches' figures at scrape time.
 struct BackendCollector {
@@ -93,45 +88,16 @@ impl Collector for BackendCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = self.backend.stats();
         let counters = [
-            (
-                "sprout_sandboxes_created",
-                "Sandboxes provisioned",
-                s.created,
-            ),
-            (
-                "sprout_sandboxes_destroyed",
-                "Sandboxes destroyed",
-                s.destroyed,
-            ),
-            (
-                "sprout_sandbox_create_failures",
-                "Sandboxes that failed to provision",
-                s.create_failures,
-            ),
-            (
-                "sprout_cgroups_created",
-                "Cgroups created (pool misses)",
-                s.cgroups_created,
-            ),
-            (
-                "sprout_cgroups_reused",
-                "Cgroups taken from the pool",
-                s.cgroups_reused,
-            ),
-            (
-                "sprout_zygote_restarts",
-                "Times the root Zygote was replaced",
-                s.zygote_restarts,
-            ),
+            ("sprout_sandboxes_created", "Sandboxes provisioned", s.created),
+            ("sprout_sandboxes_destroyed", "Sandboxes destroyed", s.destroyed),
+            ("sprout_sandbox_create_failures", "Sandboxes that failed to provision", s.create_failures),
+            ("sprout_cgroups_created", "Cgroups created (pool misses)", s.cgroups_created),
+            ("sprout_cgroups_reused", "Cgroups taken from the pool", s.cgroups_reused),
+            ("sprout_zygote_restarts", "Times the root Zygote was replaced", s.zygote_restarts),
         ];
         let mut all: Vec<(&str, &str, u64)> = counters.to_vec();
         if let Some(cache) = self.backend.import_cache() {
-            all.extend(
-                cache
-                    .counters()
-                    .into_iter()
-                    .filter(|(name, _, _)| *name != "sprout_zygote_restarts"),
-            );
+            all.extend(cache.counters().into_iter().filter(|(name, _, _)| *name != "sprout_zygote_restarts"));
         }
         let handler_cache = match self.caches.get() {
             Some((instances, packages)) => {
@@ -147,16 +113,8 @@ impl Collector for BackendCollector {
         }
         if let Some((paused, pss, evictions)) = handler_cache {
             let gauges = [
-                (
-                    "sprout_handler_cache_paused",
-                    "Idle sandboxes paused in the handler cache",
-                    paused as i64,
-                ),
-                (
-                    "sprout_handler_cache_pss_bytes",
-                    "Memory (PSS) of the paused sandboxes",
-                    pss as i64,
-                ),
+                ("sprout_handler_cache_paused", "Idle sandboxes paused in the handler cache", paused as i64),
+                ("sprout_handler_cache_pss_bytes", "Memory (PSS) of the paused sandboxes", pss as i64),
             ];
             for (name, help, value) in gauges {
                 let gauge = prometheus_client::metrics::gauge::ConstGauge::new(value);
@@ -212,24 +170,14 @@ impl Metrics {
         let mut registry = Registry::default();
         let invocations = Family::<InvocationLabels, Counter>::default();
         let cold_starts = Counter::default();
-        let latency = Family::<StartLabels, Histogram>::new_with_constructor(
-            latency_histogram as fn() -> Histogram,
-        );
+        let latency = Family::<StartLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
         let sandbox_start = latency_histogram();
         let sandboxes = Family::<StateLabels, Gauge>::default();
         let errors = Family::<KindLabels, Counter>::default();
         let statics = Family::<StaticLabels, Counter>::default();
         let retries = Family::<ReasonLabels, Counter>::default();
-        registry.register(
-            "sprout_invocations",
-            "Requests to lambdas, by lambda, start and outcome",
-            invocations.clone(),
-        );
-        registry.register(
-            "sprout_cold_starts",
-            "Requests that needed a new sandbox",
-            cold_starts.clone(),
-        );
+        registry.register("sprout_invocations", "Requests to lambdas, by lambda, start and outcome", invocations.clone());
+        registry.register("sprout_cold_starts", "Requests that needed a new sandbox", cold_starts.clone());
         registry.register(
             "sprout_request_duration_seconds",
             "Time from receiving a request to having its reply, by cold or warm start",
@@ -241,11 +189,7 @@ impl Metrics {
             sandbox_start.clone(),
         );
         registry.register("sprout_sandboxes", "Sandboxes by state", sandboxes.clone());
-        registry.register(
-            "sprout_errors",
-            "Failed requests, by error code",
-            errors.clone(),
-        );
+        registry.register("sprout_errors", "Failed requests, by error code", errors.clone());
         registry.register(
             "sprout_retries",
             "Requests run again on another sandbox after theirs died before answering, by reason",
@@ -257,25 +201,12 @@ impl Metrics {
             statics.clone(),
         );
         let caches: CacheSources = Arc::default();
-        registry.register_collector(Box::new(BackendCollector {
-            backend: backend.clone(),
-            caches: caches.clone(),
-        }));
-        for state in [
-            SandboxState::Starting,
-            SandboxState::Busy,
-            SandboxState::Idle,
-        ] {
-            sandboxes
-                .get_or_create(&StateLabels {
-                    state: state.label(),
-                })
-                .set(0);
+        registry.register_collector(Box::new(BackendCollector { backend: backend.clone(), caches: caches.clone() }));
+        for state in [SandboxState::Starting, SandboxState::Busy, SandboxState::Idle] {
+            sandboxes.get_or_create(&StateLabels { state: state.label() }).set(0);
         }
         for reason in crate::retry::Reason::ALL {
-            let _shown_at_zero = retries.get_or_create(&ReasonLabels {
-                reason: reason.label(),
-            });
+            let _shown_at_zero = retries.get_or_create(&ReasonLabels { reason: reason.label() });
         }
         let hdr = || Hdr::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds");
         Metrics {
@@ -289,11 +220,7 @@ impl Metrics {
             retries,
             statics,
             static_counts: Mutex::default(),
-            percentiles: Mutex::new(Percentiles {
-                cold: hdr(),
-                warm: hdr(),
-                sandbox_start: hdr(),
-            }),
+            percentiles: Mutex::new(Percentiles { cold: hdr(), warm: hdr(), sandbox_start: hdr() }),
             started: Instant::now(),
             backend,
             caches,
@@ -301,38 +228,23 @@ impl Metrics {
     }
 
     /// Report the handler and install caches' figures too.
-    pub fn watch_caches(
-        &self,
-        instances: Weak<crate::instances::Instances>,
-        packages: Arc<crate::packages::Packages>,
-    ) {
+    pub fn watch_caches(&self, instances: Weak<crate::instances::Instances>, packages: Arc<crate::packages::Packages>) {
         let _ = self.caches.set((instances, packages));
     }
 
     /// The import cache's figures and tree (null for backends without Zygotes).
     pub fn import_cache_stats(&self) -> Value {
-        self.backend
-            .import_cache()
-            .map(|c| c.stats())
-            .unwrap_or(Value::Null)
+        self.backend.import_cache().map(|c| c.stats()).unwrap_or(Value::Null)
     }
 
     /// A request that reached a sandbox and got a reply (the handler may still have failed).
     pub fn invocation(&self, lambda: &str, cold: bool, outcome: &str, elapsed: Duration) {
         let start = if cold { "cold" } else { "warm" };
-        self.invocations
-            .get_or_create(&InvocationLabels {
-                lambda: lambda.to_string(),
-                start,
-                outcome: outcome.to_string(),
-            })
-            .inc();
+        self.invocations.get_or_create(&InvocationLabels { lambda: lambda.to_string(), start, outcome: outcome.to_string() }).inc();
         if cold {
             self.cold_starts.inc();
         }
-        self.latency
-            .get_or_create(&StartLabels { start })
-            .observe(elapsed.as_secs_f64());
+        self.latency.get_or_create(&StartLabels { start }).observe(elapsed.as_secs_f64());
         let micros = (elapsed.as_micros() as u64).max(1);
         let mut p = self.percentiles.lock().unwrap();
         let hist = if cold { &mut p.cold } else { &mut p.warm };
@@ -341,61 +253,31 @@ impl Metrics {
 
     /// A request the app port answered from the static directory of `prefix`.
     pub fn static_request(&self, prefix: &str, status: u16) {
-        self.statics
-            .get_or_create(&StaticLabels {
-                prefix: prefix.to_string(),
-                status,
-            })
-            .inc();
-        *self
-            .static_counts
-            .lock()
-            .unwrap()
-            .entry(prefix.to_string())
-            .or_default()
-            .entry(status)
-            .or_default() += 1;
+        self.statics.get_or_create(&StaticLabels { prefix: prefix.to_string(), status }).inc();
+        *self.static_counts.lock().unwrap().entry(prefix.to_string()).or_default().entry(status).or_default() += 1;
     }
 
     pub fn error(&self, code: &str) {
-        self.errors
-            .get_or_create(&KindLabels {
-                kind: code.to_string(),
-            })
-            .inc();
+        self.errors.get_or_create(&KindLabels { kind: code.to_string() }).inc();
     }
 
     /// A request sent to a second sandbox because its first died before answering.
     pub fn retry(&self, reason: crate::retry::Reason) {
-        self.retries
-            .get_or_create(&ReasonLabels {
-                reason: reason.label(),
-            })
-            .inc();
+        self.retries.get_or_create(&ReasonLabels { reason: reason.label() }).inc();
     }
 
     pub fn sandbox_started(&self, elapsed: Duration) {
         self.sandbox_start.observe(elapsed.as_secs_f64());
-        let _ = self
-            .percentiles
-            .lock()
-            .unwrap()
-            .sandbox_start
-            .record((elapsed.as_micros() as u64).max(1));
+        let _ = self.percentiles.lock().unwrap().sandbox_start.record((elapsed.as_micros() as u64).max(1));
     }
 
     pub fn sandbox_state(&self, state: SandboxState, delta: i64) {
-        self.sandboxes
-            .get_or_create(&StateLabels {
-                state: state.label(),
-            })
-            .inc_by(delta);
+        self.sandboxes.get_or_create(&StateLabels { state: state.label() }).inc_by(delta);
     }
 
     pub fn prometheus(&self) -> String {
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String");
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
         out
     }
 
@@ -413,21 +295,12 @@ impl Metrics {
             })
         };
         let p = self.percentiles.lock().unwrap();
-        let gauge = |s: SandboxState| {
-            self.sandboxes
-                .get_or_create(&StateLabels { state: s.label() })
-                .get()
-        };
+        let gauge = |s: SandboxState| self.sandboxes.get_or_create(&StateLabels { state: s.label() }).get();
         let errors: serde_json::Map<String, Value> = {
             let mut out = serde_json::Map::new();
             // Families are not iterable; the error codes are a closed set.
             for code in crate::api::ERROR_CODES {
-                let n = self
-                    .errors
-                    .get_or_create(&KindLabels {
-                        kind: code.to_string(),
-                    })
-                    .get();
+                let n = self.errors.get_or_create(&KindLabels { kind: code.to_string() }).get();
                 if n > 0 {
                     out.insert(code.to_string(), json!(n));
                 }
@@ -436,15 +309,7 @@ impl Metrics {
         };
         let retries: serde_json::Map<String, Value> = crate::retry::Reason::ALL
             .iter()
-            .map(|r| {
-                (
-                    r.label().to_string(),
-                    json!(self
-                        .retries
-                        .get_or_create(&ReasonLabels { reason: r.label() })
-                        .get()),
-                )
-            })
+            .map(|r| (r.label().to_string(), json!(self.retries.get_or_create(&ReasonLabels { reason: r.label() }).get())))
             .collect();
         json!({
             "uptime_s": self.started.elapsed().as_secs_f64(),

@@ -21,10 +21,7 @@ pub struct Assignments<T> {
 
 impl<T> Default for Assignments<T> {
     fn default() -> Self {
-        Assignments {
-            entries: HashMap::new(),
-            clock: 0,
-        }
+        Assignments { entries: HashMap::new(), clock: 0 }
     }
 }
 
@@ -63,18 +60,10 @@ impl<T> Assignments<T> {
         if excess == 0 {
             return Vec::new();
         }
-        let mut candidates: Vec<(&String, u64)> = self
-            .entries
-            .iter()
-            .filter(|(_, (v, _))| idle(v))
-            .map(|(k, (_, used))| (k, *used))
-            .collect();
+        let mut candidates: Vec<(&String, u64)> =
+            self.entries.iter().filter(|(_, (v, _))| idle(v)).map(|(k, (_, used))| (k, *used)).collect();
         candidates.sort_by_key(|(_, used)| *used);
-        candidates
-            .into_iter()
-            .take(excess)
-            .map(|(k, _)| k.clone())
-            .collect()
+        candidates.into_iter().take(excess).map(|(k, _)| k.clone()).collect()
     }
 }
 
@@ -90,21 +79,9 @@ impl LambdaNetworks {
     /// With `network`, each lambda gets a namespace of its own (at most `limit` held by
     /// lambdas at once); without, sandboxes share the host's network and reach `services` at
     /// their real addresses.
-    pub fn new(
-        network: Option<Arc<Network>>,
-        services: Vec<Service>,
-        limit: usize,
-    ) -> LambdaNetworks {
-        let services = network
-            .as_ref()
-            .map(|n| n.services().to_vec())
-            .unwrap_or(services);
-        LambdaNetworks {
-            network,
-            services,
-            limit: limit.max(1),
-            assigned: tokio::sync::Mutex::new(Assignments::default()),
-        }
+    pub fn new(network: Option<Arc<Network>>, services: Vec<Service>, limit: usize) -> LambdaNetworks {
+        let services = network.as_ref().map(|n| n.services().to_vec()).unwrap_or(services);
+        LambdaNetworks { network, services, limit: limit.max(1), assigned: tokio::sync::Mutex::new(Assignments::default()) }
     }
 
     /// The services, where sandboxes reach them.
@@ -148,12 +125,7 @@ impl LambdaNetworks {
             Some(network) => {
                 let mut stats = network.stats();
                 stats["isolated"] = true.into();
-                stats["lambdas_holding_namespaces"] = self
-                    .assigned
-                    .try_lock()
-                    .map(|a| a.len())
-                    .unwrap_or(0)
-                    .into();
+                stats["lambdas_holding_namespaces"] = self.assigned.try_lock().map(|a| a.len()).unwrap_or(0).into();
                 stats
             }
             None => serde_json::json!({"isolated": false}),
@@ -162,10 +134,7 @@ impl LambdaNetworks {
 
     /// Remove the worker's network from the host (at shutdown; blocking).
     pub fn shutdown(&self) -> Vec<String> {
-        self.network
-            .as_ref()
-            .map(|n| n.shutdown())
-            .unwrap_or_default()
+        self.network.as_ref().map(|n| n.shutdown()).unwrap_or_default()
     }
 }
 

@@ -19,34 +19,20 @@ use crate::packages::requirements;
 pub async fn preinstall(dir: &Path, file: &Path) -> Result<Vec<InstalledPackage>> {
     let config = Config::load(dir)?;
     if !sprout_sandbox::base::is_ready(&config.base.path, &config.base.suite) {
-        bail!(
-            "no base image at {}; run `sprout worker init {}`",
-            config.base.path.display(),
-            dir.display()
-        );
+        bail!("no base image at {}; run `sprout worker init {}`", config.base.path.display(), dir.display());
     }
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let reqs = requirements::parse(&text, config.packages.allow_unpinned)?;
     let cache_dir = config.package_cache_dir(dir);
-    let cache = InstallCache::open(&cache_dir)
-        .with_context(|| format!("opening the install cache {}", cache_dir.display()))?;
-    let v2_root = (!config.cgroups.v2_root.is_empty())
-        .then(|| std::path::PathBuf::from(&config.cgroups.v2_root));
+    let cache = InstallCache::open(&cache_dir).with_context(|| format!("opening the install cache {}", cache_dir.display()))?;
+    let v2_root = (!config.cgroups.v2_root.is_empty()).then(|| std::path::PathBuf::from(&config.cgroups.v2_root));
     let layout = Arc::new(Layout::detect(config.cgroups.version, v2_root.as_deref())?);
     let parent = format!("sprout-preinstall-{}", std::process::id());
     layout.create_parent(&parent)?;
-    let scratch = tempfile::Builder::new()
-        .prefix("sprout-preinstall-")
-        .tempdir()?;
+    let scratch = tempfile::Builder::new().prefix("sprout-preinstall-").tempdir()?;
     let result = async {
-        let stage = Arc::new(Stage::prepare(
-            scratch.path(),
-            &config.base.path,
-            &cache.installed_dir(),
-        )?);
-        let packages =
-            crate::daemon::make_packages(&config, cache, stage.clone(), layout.clone(), &parent);
+        let stage = Arc::new(Stage::prepare(scratch.path(), &config.base.path, &cache.installed_dir())?);
+        let packages = crate::daemon::make_packages(&config, cache, stage.clone(), layout.clone(), &parent);
         let installed = packages.prepare(&reqs).await.map_err(|e| {
             let mut message = e.message.clone();
             if !e.output.is_empty() {
@@ -57,11 +43,7 @@ pub async fn preinstall(dir: &Path, file: &Path) -> Result<Vec<InstalledPackage>
         });
         let _ = stage.teardown();
         let set = installed?;
-        Ok(set
-            .packages
-            .iter()
-            .filter_map(|p| packages.cache().get(&p.key))
-            .collect())
+        Ok(set.packages.iter().filter_map(|p| packages.cache().get(&p.key)).collect())
     }
     .await;
     let _ = layout.remove_tree(&parent);

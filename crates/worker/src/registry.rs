@@ -99,14 +99,8 @@ impl UploadError {
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
-        && name
-            .chars()
-            .next()
-            .map(|c| c.is_ascii_alphanumeric())
-            .unwrap_or(false)
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name.chars().next().map(|c| c.is_ascii_alphanumeric()).unwrap_or(false)
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 pub struct Registry {
@@ -120,12 +114,7 @@ pub struct Registry {
 
 impl Registry {
     /// Open the registry at `dir`, keeping the newest version of each lambda found there.
-    pub fn open(
-        dir: &Path,
-        caps: Caps,
-        checker: Checker,
-        allow_unpinned: bool,
-    ) -> anyhow::Result<Registry> {
+    pub fn open(dir: &Path, caps: Caps, checker: Checker, allow_unpinned: bool) -> anyhow::Result<Registry> {
         fs::create_dir_all(dir)?;
         let staging = dir.join(".staging");
         if staging.exists() {
@@ -147,14 +136,9 @@ impl Registry {
                 continue;
             }
             max_version = max_version.max(version);
-            let meta = fs::read(path.with_extension("json"))
-                .ok()
-                .and_then(|b| serde_json::from_slice::<Lambda>(&b).ok());
+            let meta = fs::read(path.with_extension("json")).ok().and_then(|b| serde_json::from_slice::<Lambda>(&b).ok());
             let Some(mut lambda) = meta.filter(|m| m.name == name && m.version == version) else {
-                tracing::warn!(
-                    "removing {}: no metadata (an interrupted upload)",
-                    path.display()
-                );
+                tracing::warn!("removing {}: no metadata (an interrupted upload)", path.display());
                 let _ = fs::remove_dir_all(&path);
                 continue;
             };
@@ -213,16 +197,9 @@ impl Registry {
         result
     }
 
-    fn check_and_publish(
-        &self,
-        name: &str,
-        version: u64,
-        data: &[u8],
-        staging: &Path,
-    ) -> Result<Arc<Lambda>, UploadError> {
+    fn check_and_publish(&self, name: &str, version: u64, data: &[u8], staging: &Path) -> Result<Arc<Lambda>, UploadError> {
         let unpacked = archive::unpack(data, staging, self.caps)?;
-        let source =
-            fs::read(staging.join("f.py")).map_err(|e| UploadError::Internal(e.to_string()))?;
+        let source = fs::read(staging.join("f.py")).map_err(|e| UploadError::Internal(e.to_string()))?;
         match self.checker.check(&source) {
             Ok(None) => {}
             Ok(Some(err)) => return Err(UploadError::Syntax(err)),
@@ -230,10 +207,8 @@ impl Registry {
         }
         let parsed = match fs::read(staging.join("requirements.txt")) {
             Ok(bytes) => {
-                let text = String::from_utf8(bytes).map_err(|_| RequirementsError::Invalid {
-                    line: 0,
-                    message: "requirements.txt is not UTF-8".into(),
-                })?;
+                let text = String::from_utf8(bytes)
+                    .map_err(|_| RequirementsError::Invalid { line: 0, message: "requirements.txt is not UTF-8".into() })?;
                 requirements::parse(&text, self.allow_unpinned)?
             }
             Err(_) => Vec::new(),
@@ -246,28 +221,17 @@ impl Registry {
             archive_bytes: data.len() as u64,
             files: unpacked.files,
             unpacked_bytes: unpacked.bytes,
-            uploaded: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            uploaded: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             requirements: parsed.iter().map(|r| r.canonical()).collect(),
             parsed_requirements: parsed,
             dir: dir.clone(),
             retired: AtomicBool::new(false),
         };
         let internal = |e: std::io::Error| UploadError::Internal(e.to_string());
-        fs::write(
-            dir.with_extension("json"),
-            serde_json::to_vec_pretty(&lambda).unwrap(),
-        )
-        .map_err(internal)?;
+        fs::write(dir.with_extension("json"), serde_json::to_vec_pretty(&lambda).unwrap()).map_err(internal)?;
         fs::rename(staging, &dir).map_err(internal)?;
         let lambda = Arc::new(lambda);
-        let previous = self
-            .lambdas
-            .write()
-            .unwrap()
-            .insert(name.to_string(), lambda.clone());
+        let previous = self.lambdas.write().unwrap().insert(name.to_string(), lambda.clone());
         if let Some(old) = previous {
             old.retire();
         }

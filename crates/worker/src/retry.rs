@@ -41,20 +41,9 @@ pub fn reason(kind: HandlerKind, method: &str, error: &InvokeError) -> Option<Re
         return None;
     }
     match error {
-        InvokeError::Crashed {
-            phase: Phase::Sending,
-            ..
-        } => Some(Reason::SendFailed),
-        InvokeError::Crashed {
-            phase: Phase::AwaitingReply,
-            ..
-        } => Some(Reason::NoReply),
-        InvokeError::Crashed {
-            phase: Phase::Replying,
-            ..
-        }
-        | InvokeError::Timeout(_)
-        | InvokeError::OutOfMemory { .. } => None,
+        InvokeError::Crashed { phase: Phase::Sending, .. } => Some(Reason::SendFailed),
+        InvokeError::Crashed { phase: Phase::AwaitingReply, .. } => Some(Reason::NoReply),
+        InvokeError::Crashed { phase: Phase::Replying, .. } | InvokeError::Timeout(_) | InvokeError::OutOfMemory { .. } => None,
     }
 }
 
@@ -64,49 +53,25 @@ mod tests {
     use std::time::Duration;
 
     fn crashed(phase: Phase) -> InvokeError {
-        InvokeError::Crashed {
-            message: "Connection reset by peer (os error 104)".into(),
-            phase,
-        }
+        InvokeError::Crashed { message: "Connection reset by peer (os error 104)".into(), phase }
     }
 
     #[test]
     fn safe_methods_to_wsgi_apps_are_retried_until_the_reply_begins() {
         for method in SAFE_METHODS {
-            assert_eq!(
-                reason(HandlerKind::Wsgi, method, &crashed(Phase::Sending)),
-                Some(Reason::SendFailed)
-            );
-            assert_eq!(
-                reason(HandlerKind::Wsgi, method, &crashed(Phase::AwaitingReply)),
-                Some(Reason::NoReply)
-            );
-            assert_eq!(
-                reason(HandlerKind::Wsgi, method, &crashed(Phase::Replying)),
-                None
-            );
+            assert_eq!(reason(HandlerKind::Wsgi, method, &crashed(Phase::Sending)), Some(Reason::SendFailed));
+            assert_eq!(reason(HandlerKind::Wsgi, method, &crashed(Phase::AwaitingReply)), Some(Reason::NoReply));
+            assert_eq!(reason(HandlerKind::Wsgi, method, &crashed(Phase::Replying)), None);
         }
     }
 
     #[test]
     fn unsafe_methods_and_functions_are_never_retried() {
         for method in ["POST", "PUT", "PATCH", "DELETE", "get", "CONNECT"] {
-            assert_eq!(
-                reason(HandlerKind::Wsgi, method, &crashed(Phase::AwaitingReply)),
-                None,
-                "{method}"
-            );
+            assert_eq!(reason(HandlerKind::Wsgi, method, &crashed(Phase::AwaitingReply)), None, "{method}");
         }
         for method in ["POST", "GET"] {
-            assert_eq!(
-                reason(
-                    HandlerKind::Function,
-                    method,
-                    &crashed(Phase::AwaitingReply)
-                ),
-                None,
-                "{method}"
-            );
+            assert_eq!(reason(HandlerKind::Function, method, &crashed(Phase::AwaitingReply)), None, "{method}");
         }
     }
 

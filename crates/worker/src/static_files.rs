@@ -52,87 +52,53 @@ impl StaticDir {
     pub fn open(dir: &Path) -> io::Result<StaticDir> {
         let file = std::fs::File::open(dir)?;
         if !file.metadata()?.is_dir() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "not a directory",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a directory"));
         }
         let root = Arc::new(OwnedFd::from(file));
         match open_beneath(&root, Path::new("")) {
             Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
-                return Err(io::Error::other(
-                    "serving files safely needs openat2 (Linux 5.6 or later)",
-                ))
+                return Err(io::Error::other("serving files safely needs openat2 (Linux 5.6 or later)"))
             }
             Err(e) => return Err(e),
             Ok(_) => {}
         }
-        Ok(StaticDir {
-            root: root.clone(),
-            resolver: Resolver::with_opener(BeneathOpener { root }),
-        })
+        Ok(StaticDir { root: root.clone(), resolver: Resolver::with_opener(BeneathOpener { root }) })
     }
 
     /// Answer a request for `path` (below the prefix, starting with '/', percent-encoded).
     pub async fn serve(&self, method: &Method, headers: &HeaderMap, path: &str) -> Response {
         if method != Method::GET && method != Method::HEAD {
-            let mut response = ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "static files answer GET and HEAD only",
-            )
-            .into_response();
-            response
-                .headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            let mut response = ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "static files answer GET and HEAD only")
+                .into_response();
+            response.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
             return response;
         }
         let Some(relative) = clean_path(path) else {
             return not_found();
         };
-        let since = headers
-            .get(header::IF_MODIFIED_SINCE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| httpdate::parse_http_date(v).ok());
+        let since = headers.get(header::IF_MODIFIED_SINCE).and_then(|v| v.to_str().ok()).and_then(|v| httpdate::parse_http_date(v).ok());
         match open_small(&self.root, &relative, since) {
             Small::Answer(file) => return response_for(file, method),
             Small::NotModified(modified) => return not_modified(modified),
             Small::NotFound => return not_found(),
             Small::Large => {}
         }
-        let file = match self
-            .resolver
-            .resolve_path(path, AcceptEncoding::none())
-            .await
-        {
+        let file = match self.resolver.resolve_path(path, AcceptEncoding::none()).await {
             Ok(ResolveResult::Found(file)) => file,
             // Unreadable files and directories (which never list) are as good as absent.
             Ok(_) => return not_found(),
             Err(e) => {
-                return ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    format!("reading the file: {e}"),
-                )
-                .into_response()
+                return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("reading the file: {e}")).into_response()
             }
         };
         let content_type = file.content_type.clone();
-        let built = FileResponseBuilder::new()
-            .request_parts(method, headers)
-            .build(file);
+        let built = FileResponseBuilder::new().request_parts(method, headers).build(file);
         let mut response = match built {
             Ok(r) => r.map(Body::new),
-            Err(e) => {
-                return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-                    .into_response()
-            }
+            Err(e) => return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()).into_response(),
         };
         // hyper-staticfile leaves the type out of its answers to HEAD.
-        if let (true, Some(t)) = (
-            method == Method::HEAD && response.status() == StatusCode::OK,
-            content_type,
-        ) {
+        if let (true, Some(t)) = (method == Method::HEAD && response.status() == StatusCode::OK, content_type) {
             if let Ok(value) = HeaderValue::from_str(&t) {
                 response.headers_mut().insert(header::CONTENT_TYPE, value);
             }
@@ -148,9 +114,7 @@ const INLINE_MAX: u64 = 4 << 20;
 /// a component that could climb out or is hidden: `.`, `..`, or any name starting with a
 /// dot. "/" and directories map to their index.html.
 fn clean_path(path: &str) -> Option<std::path::PathBuf> {
-    let decoded = percent_encoding::percent_decode_str(path)
-        .decode_utf8()
-        .ok()?;
+    let decoded = percent_encoding::percent_decode_str(path).decode_utf8().ok()?;
     let mut out = std::path::PathBuf::new();
     for part in decoded.split('/').filter(|p| !p.is_empty()) {
         if part.starts_with('.') || part.contains('\0') {
@@ -207,26 +171,14 @@ fn open_small(root: &OwnedFd, relative: &Path, since: Option<SystemTime>) -> Sma
         if file.read_to_end(&mut body).is_err() {
             return Small::NotFound;
         }
-        let content_type = mime_guess::from_path(&path)
-            .first_or_octet_stream()
-            .essence_str()
-            .to_string();
-        return Small::Answer(SmallFile {
-            body,
-            modified,
-            content_type,
-        });
+        let content_type = mime_guess::from_path(&path).first_or_octet_stream().essence_str().to_string();
+        return Small::Answer(SmallFile { body, modified, content_type });
     }
     Small::NotFound
 }
 
 fn to_the_second(t: SystemTime) -> SystemTime {
-    UNIX_EPOCH
-        + Duration::from_secs(
-            t.duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-        )
+    UNIX_EPOCH + Duration::from_secs(t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0))
 }
 
 /// 304 with the file's Last-Modified.
@@ -245,11 +197,7 @@ fn response_for(file: SmallFile, method: &Method) -> Response {
         builder = builder.header(header::LAST_MODIFIED, httpdate::fmt_http_date(m));
     }
     let len = file.body.len();
-    let body = if method == Method::HEAD {
-        Body::empty()
-    } else {
-        Body::from(file.body)
-    };
+    let body = if method == Method::HEAD { Body::empty() } else { Body::from(file.body) };
     builder
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, file.content_type)
@@ -276,11 +224,7 @@ impl FileOpener for BeneathOpener {
 
     fn open(&self, path: &Path) -> Self::Future {
         let (root, path) = (self.root.clone(), path.to_path_buf());
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || open_beneath(&root, &path))
-                .await
-                .map_err(io::Error::other)?
-        })
+        Box::pin(async move { tokio::task::spawn_blocking(move || open_beneath(&root, &path)).await.map_err(io::Error::other)? })
     }
 }
 
@@ -288,11 +232,7 @@ impl FileOpener for BeneathOpener {
 /// outside it and anything but regular files and directories.
 fn open_beneath(root: &OwnedFd, path: &Path) -> Opened {
     let missing = || io::Error::from(io::ErrorKind::NotFound);
-    let bytes = if path.as_os_str().is_empty() {
-        b".".as_slice()
-    } else {
-        path.as_os_str().as_bytes()
-    };
+    let bytes = if path.as_os_str().is_empty() { b".".as_slice() } else { path.as_os_str().as_bytes() };
     let name = CString::new(bytes).map_err(|_| missing())?;
     // SAFETY: open_how is plain data; zeroed is its documented initial state.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
@@ -346,22 +286,9 @@ mod tests {
         std::os::unix::fs::symlink("sub/page.html", served.join("inside")).unwrap();
         let root = OwnedFd::from(std::fs::File::open(&served).unwrap());
         let open = |p: &str| open_beneath(&root, Path::new(p));
-        assert!(
-            open("sub/page.html").is_ok() && open("inside").is_ok() && open("").unwrap().is_dir
-        );
-        for escape in [
-            "../secret",
-            "up",
-            "absolute",
-            "sub/../../secret",
-            "/etc/hostname",
-            "nothing",
-        ] {
-            assert_eq!(
-                open(escape).unwrap_err().kind(),
-                io::ErrorKind::NotFound,
-                "{escape}"
-            );
+        assert!(open("sub/page.html").is_ok() && open("inside").is_ok() && open("").unwrap().is_dir);
+        for escape in ["../secret", "up", "absolute", "sub/../../secret", "/etc/hostname", "nothing"] {
+            assert_eq!(open(escape).unwrap_err().kind(), io::ErrorKind::NotFound, "{escape}");
         }
         nix::unistd::mkfifo(&served.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
         assert_eq!(open("fifo").unwrap_err().kind(), io::ErrorKind::NotFound);
@@ -372,37 +299,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("site.css"), "body {}").unwrap();
         let root = OwnedFd::from(std::fs::File::open(dir.path()).unwrap());
-        let modified = to_the_second(
-            std::fs::metadata(dir.path().join("site.css"))
-                .unwrap()
-                .modified()
-                .unwrap(),
-        );
+        let modified = to_the_second(std::fs::metadata(dir.path().join("site.css")).unwrap().modified().unwrap());
         let at = |since: Option<SystemTime>| open_small(&root, Path::new("site.css"), since);
-        let Small::Answer(file) = at(None) else {
-            panic!("no If-Modified-Since: the file")
-        };
-        assert_eq!(
-            (
-                file.body.as_slice(),
-                file.modified,
-                file.content_type.as_str()
-            ),
-            (b"body {}".as_slice(), Some(modified), "text/css")
-        );
+        let Small::Answer(file) = at(None) else { panic!("no If-Modified-Since: the file") };
+        assert_eq!((file.body.as_slice(), file.modified, file.content_type.as_str()), (b"body {}".as_slice(), Some(modified), "text/css"));
         // The same second and later: not modified; the file is not read.
         assert!(matches!(at(Some(modified)), Small::NotModified(m) if m == modified));
-        assert!(matches!(
-            at(Some(modified + Duration::from_secs(60))),
-            Small::NotModified(_)
-        ));
+        assert!(matches!(at(Some(modified + Duration::from_secs(60))), Small::NotModified(_)));
         // A second older: modified since; the whole file.
-        assert!(
-            matches!(at(Some(modified - Duration::from_secs(1))), Small::Answer(f) if f.body == b"body {}")
-        );
-        assert!(matches!(
-            open_small(&root, Path::new("gone.css"), Some(modified)),
-            Small::NotFound
-        ));
+        assert!(matches!(at(Some(modified - Duration::from_secs(1))), Small::Answer(f) if f.body == b"body {}"));
+        assert!(matches!(open_small(&root, Path::new("gone.css"), Some(modified)), Small::NotFound));
     }
 }

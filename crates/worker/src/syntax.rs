@@ -54,12 +54,7 @@ pub struct Checker {
 
 impl Checker {
     pub fn new(base: &Path, python: &str, uid: u32, gid: u32) -> Checker {
-        Checker {
-            base: base.to_path_buf(),
-            python: python.to_string(),
-            uid,
-            gid,
-        }
+        Checker { base: base.to_path_buf(), python: python.to_string(), uid, gid }
     }
 
     /// `Ok(None)` when `source` compiles, `Ok(Some(error))` when it does not; `Err` when the
@@ -78,10 +73,7 @@ impl Checker {
         unsafe {
             cmd.pre_exec(move || {
                 let limit = |res, value: u64| {
-                    let lim = libc::rlimit {
-                        rlim_cur: value,
-                        rlim_max: value,
-                    };
+                    let lim = libc::rlimit { rlim_cur: value, rlim_max: value };
                     libc::setrlimit(res, &lim)
                 };
                 if libc::chroot(base.as_ptr()) != 0
@@ -89,8 +81,7 @@ impl Checker {
                     || limit(libc::RLIMIT_AS, 512 << 20) != 0
                     || limit(libc::RLIMIT_CPU, 10) != 0
                     || limit(libc::RLIMIT_NPROC, 64) != 0
-                    || libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>())
-                        != 0
+                    || libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0
                     || libc::syscall(libc::SYS_setgid, gid as libc::c_long) != 0
                     || libc::syscall(libc::SYS_setuid, uid as libc::c_long) != 0
                 {
@@ -122,11 +113,7 @@ impl Checker {
         match output.status.code() {
             Some(0) => Ok(None),
             Some(3) => Ok(Some(serde_json::from_slice(&output.stdout)?)),
-            _ => anyhow::bail!(
-                "the syntax check failed to run ({}): {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
+            _ => anyhow::bail!("the syntax check failed to run ({}): {}", output.status, String::from_utf8_lossy(&output.stderr).trim()),
         }
     }
 }

@@ -31,31 +31,18 @@ pub fn run(bench: &Bench) -> Result<Value> {
                 let mut ms = Vec::new();
                 for i in 0..samples {
                     let lambda = format!("{name}-{config}-{i}");
-                    worker.upload(
-                        &lambda,
-                        &as_refs(&lambda_files(import, requirement, "    return \"ok\"")),
-                    )?;
+                    worker.upload(&lambda, &as_refs(&lambda_files(import, requirement, "    return \"ok\"")))?;
                     let reply = worker.invoke(&lambda, b"null")?;
                     if reply.status != 200 || reply.start != "cold" {
-                        bail!(
-                            "{lambda}: {} {} {}",
-                            reply.status,
-                            reply.start,
-                            String::from_utf8_lossy(&reply.body)
-                        );
+                        bail!("{lambda}: {} {} {}", reply.status, reply.start, String::from_utf8_lossy(&reply.body));
                     }
                     ms.push(reply.ms);
                 }
                 let s = summary(&ms);
-                eprintln!(
-                    "  {name:>9} {config:>8}: p50 {:>9.2} ms  ({} samples)",
-                    s["p50_ms"].as_f64().unwrap_or(0.0),
-                    ms.len()
-                );
-                let entry = out
-                    .entry(name.to_string())
-                    .or_insert_with(|| json!({"requirement": requirement, "import": import}));
-                entry[config] = json!({"cold_p50_ms": s["p50_ms"], "cold_p90_ms": s["p90_ms"], "cold_mean_ms": s["mean_ms"], "samples": ms});
+                eprintln!("  {name:>9} {config:>8}: p50 {:>9.2} ms  ({} samples)", s["p50_ms"].as_f64().unwrap_or(0.0), ms.len());
+                let entry = out.entry(name.to_string()).or_insert_with(|| json!({"requirement": requirement, "import": import}));
+                entry[config] =
+                    json!({"cold_p50_ms": s["p50_ms"], "cold_p90_ms": s["p90_ms"], "cold_mean_ms": s["mean_ms"], "samples": ms});
             }
             anyhow::Ok(())
         })();

@@ -24,10 +24,7 @@ pub fn run(bench: &Bench) -> Result<Value> {
     let files = lambda_files(import, requirement, "    return \"ok\"");
 
     // The budget: 20 django handlers that imported django themselves.
-    let probe = bench.start(
-        "django-probe",
-        &bench.config(Caches::INSTALL_HANDLER, 100_000, ""),
-    )?;
+    let probe = bench.start("django-probe", &bench.config(Caches::INSTALL_HANDLER, 100_000, ""))?;
     let per_handler = (|| {
         for i in 0..3 {
             probe.upload(&format!("dj{i}"), &as_refs(&files))?;
@@ -35,10 +32,7 @@ pub fn run(bench: &Bench) -> Result<Value> {
         }
         std::thread::sleep(Duration::from_millis(2500));
         let cache = probe.stats()?["handler_cache"].clone();
-        anyhow::Ok(
-            cache["paused_pss_mb"].as_f64().unwrap_or(0.0)
-                / cache["paused"].as_f64().unwrap_or(1.0).max(1.0),
-        )
+        anyhow::Ok(cache["paused_pss_mb"].as_f64().unwrap_or(0.0) / cache["paused"].as_f64().unwrap_or(1.0).max(1.0))
     })();
     probe.stop()?;
     let per_handler = per_handler?;
@@ -60,10 +54,7 @@ pub fn run(bench: &Bench) -> Result<Value> {
     ];
     let mut out = serde_json::Map::new();
     for (name, caches, count) in configs {
-        let worker = bench.start(
-            &format!("django-{}", name.replace('+', "-")),
-            &bench.config(caches, budget, ""),
-        )?;
+        let worker = bench.start(&format!("django-{}", name.replace('+', "-")), &bench.config(caches, budget, ""))?;
         let result = (|| {
             for i in 0..LAMBDAS {
                 worker.upload(&format!("dj{i}"), &as_refs(&files))?;
@@ -72,11 +63,7 @@ pub fn run(bench: &Bench) -> Result<Value> {
             for (n, &lambda) in sequence.iter().take(count).enumerate() {
                 let reply = worker.invoke(&format!("dj{lambda}"), b"null")?;
                 if reply.status != 200 {
-                    bail!(
-                        "dj{lambda}: {} {}",
-                        reply.status,
-                        String::from_utf8_lossy(&reply.body)
-                    );
+                    bail!("dj{lambda}: {} {}", reply.status, String::from_utf8_lossy(&reply.body));
                 }
                 if reply.start == "warm" {
                     hits += 1;
@@ -84,10 +71,7 @@ pub fn run(bench: &Bench) -> Result<Value> {
                 ms.push(reply.ms);
                 cumulative.push(hits);
                 if (n + 1) % 50 == 0 {
-                    eprintln!(
-                        "  {name:>16}: {} requests, {hits} handler-cache hits",
-                        n + 1
-                    );
+                    eprintln!("  {name:>16}: {} requests, {hits} handler-cache hits", n + 1);
                 }
             }
             let stats = worker.stats()?;

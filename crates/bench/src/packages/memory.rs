@@ -21,11 +21,7 @@ fn measure(bench: &Bench, phase: &str, config: &str, n: usize) -> Result<(f64, V
         for i in 0..n {
             worker.upload(&format!("dj{i}"), &as_refs(&files))?;
             let reply = worker.invoke(&format!("dj{i}"), b"null")?;
-            anyhow::ensure!(
-                reply.status == 200,
-                "dj{i}: {}",
-                String::from_utf8_lossy(&reply.body)
-            );
+            anyhow::ensure!(reply.status == 200, "dj{i}: {}", String::from_utf8_lossy(&reply.body));
         }
         std::thread::sleep(Duration::from_millis(2500)); // let every handler be paused and measured
         let stats = worker.stats()?;
@@ -46,23 +42,10 @@ fn measure(bench: &Bench, phase: &str, config: &str, n: usize) -> Result<(f64, V
 pub fn run(bench: &Bench) -> Result<Value> {
     bench.preinstall(PACKAGES[0].1)?;
     let n = if bench.opts.quick { 5 } else { 20 };
-    let (tree, tree_detail) = measure(
-        bench,
-        "memory-tree",
-        &bench.config(Caches::ALL, 100_000, ""),
-        n,
-    )?;
-    let (root, _) = measure(
-        bench,
-        "memory-root",
-        &bench.config(Caches::INSTALL_HANDLER, 100_000, ""),
-        n,
-    )?;
-    let separate_config = bench.config(Caches::INSTALL_HANDLER, 100_000, "").replacen(
-        "[sandbox]\n",
-        "[sandbox]\nbackend = \"sock-nozygote\"\n",
-        1,
-    );
+    let (tree, tree_detail) = measure(bench, "memory-tree", &bench.config(Caches::ALL, 100_000, ""), n)?;
+    let (root, _) = measure(bench, "memory-root", &bench.config(Caches::INSTALL_HANDLER, 100_000, ""), n)?;
+    let separate_config =
+        bench.config(Caches::INSTALL_HANDLER, 100_000, "").replacen("[sandbox]\n", "[sandbox]\nbackend = \"sock-nozygote\"\n", 1);
     let (separate, _) = measure(bench, "memory-separate", &separate_config, n)?;
     eprintln!("  {n} django lambdas: Zygote tree {tree:.1} MiB, root forks {root:.1} MiB, separate interpreters {separate:.1} MiB");
     Ok(json!({

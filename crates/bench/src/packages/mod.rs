@@ -30,11 +30,7 @@ use crate::worker::{pin_to, BenchWorker};
 
 /// The packages measured one by one: (name, requirement, what a lambda imports).
 pub const PACKAGES: [(&str, &str, &str); 6] = [
-    (
-        "django",
-        "django==4.2.16",
-        "from django.http import HttpResponse",
-    ),
+    ("django", "django==4.2.16", "from django.http import HttpResponse"),
     ("flask", "flask==3.0.3", "from flask import Flask"),
     ("jinja2", "jinja2==3.1.4", "import jinja2"),
     ("requests", "requests==2.32.3", "import requests"),
@@ -84,36 +80,12 @@ pub struct Caches {
 }
 
 impl Caches {
-    pub const NONE: Caches = Caches {
-        install: false,
-        import: false,
-        handler: false,
-    };
-    pub const HANDLER: Caches = Caches {
-        install: false,
-        import: false,
-        handler: true,
-    };
-    pub const INSTALL: Caches = Caches {
-        install: true,
-        import: false,
-        handler: false,
-    };
-    pub const IMPORT: Caches = Caches {
-        install: true,
-        import: true,
-        handler: false,
-    };
-    pub const ALL: Caches = Caches {
-        install: true,
-        import: true,
-        handler: true,
-    };
-    pub const INSTALL_HANDLER: Caches = Caches {
-        install: true,
-        import: false,
-        handler: true,
-    };
+    pub const NONE: Caches = Caches { install: false, import: false, handler: false };
+    pub const HANDLER: Caches = Caches { install: false, import: false, handler: true };
+    pub const INSTALL: Caches = Caches { install: true, import: false, handler: false };
+    pub const IMPORT: Caches = Caches { install: true, import: true, handler: false };
+    pub const ALL: Caches = Caches { install: true, import: true, handler: true };
+    pub const INSTALL_HANDLER: Caches = Caches { install: true, import: false, handler: true };
 }
 
 /// State shared by the phases.
@@ -126,21 +98,12 @@ pub struct Bench {
 impl Bench {
     /// The worker configuration for `caches`, with the shared install cache.
     pub fn config(&self, caches: Caches, handler_cache_mb: u64, extra: &str) -> String {
-        let packages = format!(
-            "cache_dir = \"{}\"\ninstall_cache = {}\n",
-            self.cache_dir.display(),
-            caches.install
-        );
+        let packages = format!("cache_dir = \"{}\"\ninstall_cache = {}\n", self.cache_dir.display(), caches.install);
         self.config_with_packages(caches, handler_cache_mb, &packages) + extra
     }
 
     /// The worker configuration for `caches`, with `packages` as its [packages] section.
-    pub fn config_with_packages(
-        &self,
-        caches: Caches,
-        handler_cache_mb: u64,
-        packages: &str,
-    ) -> String {
+    pub fn config_with_packages(&self, caches: Caches, handler_cache_mb: u64, packages: &str) -> String {
         format!(
             "[sandbox]\ncgroup_pool = 32\nstart_timeout_ms = 600000\nzygote_memory_mb = 1024\n\
              [limits]\nmemory_mb = 512\npids = 256\ntimeout_ms = 600000\nmax_body_mb = 16\n\
@@ -148,45 +111,25 @@ impl Bench {
              [import_cache]\nenabled = {}\n\
              [instances]\nkeep_warm = {}\nmax_per_lambda = 4\nmax_total = 512\nidle_timeout_s = 3600\nqueue_depth = 1024\n\
              [handler_cache]\nmemory_mb = {handler_cache_mb}\n",
-            caches.import,
-            caches.handler,
+            caches.import, caches.handler,
         )
     }
 
     pub fn start(&self, phase: &str, config: &str) -> Result<BenchWorker> {
-        let port = self
-            .next_port
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        BenchWorker::start(
-            &self.opts.sprout,
-            &self.opts.work_dir.join(phase),
-            port,
-            Some(self.opts.worker_cpu),
-            config,
-        )
+        let port = self.next_port.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        BenchWorker::start(&self.opts.sprout, &self.opts.work_dir.join(phase), port, Some(self.opts.worker_cpu), config)
     }
 
     /// Fill the install cache with `requirement` and its dependencies (once per run).
     pub fn preinstall(&self, requirement: &str) -> Result<()> {
         let dir = self.opts.work_dir.join("preinstall");
         std::fs::create_dir_all(&dir)?;
-        std::fs::write(
-            dir.join("config.toml"),
-            format!("[packages]\ncache_dir = \"{}\"\n", self.cache_dir.display()),
-        )?;
+        std::fs::write(dir.join("config.toml"), format!("[packages]\ncache_dir = \"{}\"\n", self.cache_dir.display()))?;
         let file = dir.join("requirements.txt");
         std::fs::write(&file, format!("{requirement}\n"))?;
-        let out = Command::new(&self.opts.sprout)
-            .args(["packages", "preinstall"])
-            .arg(&file)
-            .arg("--dir")
-            .arg(&dir)
-            .output()?;
+        let out = Command::new(&self.opts.sprout).args(["packages", "preinstall"]).arg(&file).arg("--dir").arg(&dir).output()?;
         if !out.status.success() {
-            bail!(
-                "preinstalling {requirement}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            bail!("preinstalling {requirement}: {}", String::from_utf8_lossy(&out.stderr));
         }
         Ok(())
     }
@@ -233,24 +176,16 @@ impl Rng {
 /// Run the chosen parts; writes packages.json, .md and .png under `opts.out_dir`.
 pub fn run(opts: &Options) -> Result<Value> {
     std::fs::create_dir_all(&opts.work_dir)?;
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let pinned = cpus > opts.worker_cpu.max(opts.client_cpu) && opts.worker_cpu != opts.client_cpu;
     if pinned {
         pin_to(opts.client_cpu)?;
     } else {
         eprintln!("warning: cannot put the worker and the load generator on separate CPUs here");
     }
-    let bench = Bench {
-        opts: opts.clone(),
-        cache_dir: opts.work_dir.join("package-cache"),
-        next_port: 5700.into(),
-    };
+    let bench = Bench { opts: opts.clone(), cache_dir: opts.work_dir.join("package-cache"), next_port: 5700.into() };
     let mut results = serde_json::Map::new();
-    let previous = std::fs::read(opts.out_dir.join("packages.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    let previous = std::fs::read(opts.out_dir.join("packages.json")).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok());
     let wants = |part: &str| opts.parts.iter().any(|p| p == part);
     let mut run_part = |part: &str, key: &str, f: &dyn Fn(&Bench) -> Result<Value>| -> Result<()> {
         if wants(part) {
@@ -284,13 +219,7 @@ pub fn run(opts: &Options) -> Result<Value> {
         out[k] = v;
     }
     out["targets"] = targets(&out);
-    report::write(
-        &opts.out_dir,
-        "packages",
-        &out,
-        &markdown(&out),
-        "plot_packages.py",
-    )?;
+    report::write(&opts.out_dir, "packages", &out, &markdown(&out), "plot_packages.py")?;
     Ok(out)
 }
 
@@ -313,17 +242,10 @@ fn targets(r: &Value) -> Value {
     let speedups: Vec<(String, f64)> = packages
         .iter()
         .filter_map(|p| {
-            Some((
-                p.to_string(),
-                get(r, &["packages", p, "install", "cold_p50_ms"])?
-                    / get(r, &["packages", p, "import", "cold_p50_ms"])?,
-            ))
+            Some((p.to_string(), get(r, &["packages", p, "install", "cold_p50_ms"])? / get(r, &["packages", p, "import", "cold_p50_ms"])?))
         })
         .collect();
-    let least = speedups
-        .iter()
-        .map(|s| s.1)
-        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))));
+    let least = speedups.iter().map(|s| s.1).fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))));
     out.push(json!({
         "target": "import cache >= 20x faster than the install cache alone (cold p50), for every package",
         "measured": least,
@@ -335,11 +257,7 @@ fn targets(r: &Value) -> Value {
 
 fn markdown(r: &Value) -> String {
     let f = |v: Option<f64>, d: usize| v.map(|x| format!("{x:.d$}")).unwrap_or_else(|| "—".into());
-    let mut s = format!(
-        "Machine: {}. {}\n\n",
-        r["machine"].as_str().unwrap_or(""),
-        r["method"]["pinning"].as_str().unwrap_or("")
-    );
+    let mut s = format!("Machine: {}. {}\n\n", r["machine"].as_str().unwrap_or(""), r["method"]["pinning"].as_str().unwrap_or(""));
     if r.get("packages").is_some() {
         s += "Cold start p50 (ms) of a lambda importing one package (SOCK figure 17):\n\n";
         s += "| package | no caches | install cache | import cache | all caches | install / import |\n|---|---:|---:|---:|---:|---:|\n";
@@ -362,14 +280,7 @@ fn markdown(r: &Value) -> String {
     if let Some(d) = r.get("django") {
         s += "\n100 django lambdas invoked at random by one client (SOCK figures 18-19): latency (ms) and handler-cache hits\n\n";
         s += "| caches | requests | p50 | p90 | p99 | handler-cache hits |\n|---|---:|---:|---:|---:|---:|\n";
-        for cfg in [
-            "none",
-            "handler",
-            "install",
-            "import",
-            "all",
-            "install+handler",
-        ] {
+        for cfg in ["none", "handler", "install", "import", "all", "install+handler"] {
             if let Some(c) = d.get("configs").and_then(|x| x.get(cfg)) {
                 s += &format!(
                     "| {cfg} | {} | {} | {} | {} | {} |\n",
@@ -381,26 +292,15 @@ fn markdown(r: &Value) -> String {
                 );
             }
         }
-        s += &format!(
-            "\nHandler cache budget: {} MiB ({}).\n",
-            d["handler_cache_mb"],
-            d["handler_cache_rule"].as_str().unwrap_or("")
-        );
+        s += &format!("\nHandler cache budget: {} MiB ({}).\n", d["handler_cache_mb"], d["handler_cache_rule"].as_str().unwrap_or(""));
     }
     if let Some(sc) = r.get("scalability") {
         s += "\nSynthetic packages, 10 clients (SOCK figure 20):\n\n| handlers | p50 (ms) | p99 (ms) | handler cache | import cache | install cache |\n|---:|---:|---:|---:|---:|---:|\n";
-        let mut points: Vec<(&String, &Value)> = sc
-            .as_object()
-            .map(|o| o.iter().filter(|(k, _)| k.parse::<u64>().is_ok()).collect())
-            .unwrap_or_default();
+        let mut points: Vec<(&String, &Value)> =
+            sc.as_object().map(|o| o.iter().filter(|(k, _)| k.parse::<u64>().is_ok()).collect()).unwrap_or_default();
         points.sort_by_key(|(k, _)| k.parse::<u64>().unwrap_or(0));
         for (n, p) in points {
-            let pct = |k: &str| {
-                p["share"][k]
-                    .as_f64()
-                    .map(|x| format!("{:.0}%", x * 100.0))
-                    .unwrap_or_else(|| "—".into())
-            };
+            let pct = |k: &str| p["share"][k].as_f64().map(|x| format!("{:.0}%", x * 100.0)).unwrap_or_else(|| "—".into());
             s += &format!(
                 "| {n} | {} | {} | {} | {} | {} |\n",
                 f(p["p50_ms"].as_f64(), 1),
@@ -439,11 +339,7 @@ fn markdown(r: &Value) -> String {
             Some(false) => "**no**",
             None => "not measured",
         };
-        s += &format!(
-            "| {} | {} | {met} |\n",
-            t["target"].as_str().unwrap_or(""),
-            f(t["measured"].as_f64(), 2)
-        );
+        s += &format!("| {} | {} | {met} |\n", t["target"].as_str().unwrap_or(""), f(t["measured"].as_f64(), 2));
     }
     s
 }
@@ -451,22 +347,13 @@ fn markdown(r: &Value) -> String {
 /// The files of a lambda importing what `import` says, with `requirement`.
 pub fn lambda_files(import: &str, requirement: &str, body: &str) -> Vec<(String, Vec<u8>)> {
     vec![
-        (
-            "f.py".to_string(),
-            format!("{import}\n\n\ndef f(event):\n{body}\n").into_bytes(),
-        ),
-        (
-            "requirements.txt".to_string(),
-            format!("{requirement}\n").into_bytes(),
-        ),
+        ("f.py".to_string(), format!("{import}\n\n\ndef f(event):\n{body}\n").into_bytes()),
+        ("requirements.txt".to_string(), format!("{requirement}\n").into_bytes()),
     ]
 }
 
 pub fn as_refs(files: &[(String, Vec<u8>)]) -> Vec<(&str, &[u8])> {
-    files
-        .iter()
-        .map(|(n, d)| (n.as_str(), d.as_slice()))
-        .collect()
+    files.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect()
 }
 
 /// Summed PSS (MiB) of every process of a worker's sandboxes and Zygotes.

@@ -62,12 +62,7 @@ fn bitmap() -> Vec<u8> {
 fn call(worker: &BenchWorker, lambda: &str, body: &[u8], expect: &str) -> Result<(f64, f64)> {
     let reply = worker.invoke(lambda, body)?;
     if reply.status != 200 || reply.start != expect {
-        bail!(
-            "{lambda}: {} {} {}",
-            reply.status,
-            reply.start,
-            String::from_utf8_lossy(&reply.body[..reply.body.len().min(500)])
-        );
+        bail!("{lambda}: {} {} {}", reply.status, reply.start, String::from_utf8_lossy(&reply.body[..reply.body.len().min(500)]));
     }
     let compute = reply.json()["compute_ms"].as_f64().unwrap_or(0.0);
     Ok((reply.ms, compute))
@@ -94,10 +89,7 @@ pub fn run(bench: &Bench) -> Result<Value> {
     let body = b"null".to_vec();
     let files = vec![
         ("f.py".to_string(), SOURCE.as_bytes().to_vec()),
-        (
-            "requirements.txt".to_string(),
-            format!("{requirement}\n").into_bytes(),
-        ),
+        ("requirements.txt".to_string(), format!("{requirement}\n").into_bytes()),
         ("image.bmp".to_string(), bitmap()),
     ];
     let config = bench.config(Caches::ALL, 1024, "");
@@ -105,9 +97,7 @@ pub fn run(bench: &Bench) -> Result<Value> {
     let mut cold = Vec::new();
     for i in 0..(if quick { 2 } else { 5 }) {
         let worker = bench.start("resize-cold", &config)?;
-        let sample = worker
-            .upload("resize", &as_refs(&files))
-            .and_then(|_| call(&worker, "resize", &body, "cold"));
+        let sample = worker.upload("resize", &as_refs(&files)).and_then(|_| call(&worker, "resize", &body, "cold"));
         worker.stop()?;
         cold.push(sample?);
         eprintln!("  cold {i}: {:.1} ms", cold.last().unwrap().0);

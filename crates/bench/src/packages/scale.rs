@@ -20,37 +20,21 @@ use crate::report;
 const CLIENTS: usize = 10;
 
 pub fn run(bench: &Bench) -> Result<Value> {
-    let counts: Vec<usize> = if bench.opts.quick {
-        vec![100, 500]
-    } else {
-        vec![100, 500, 1000, 10_000]
-    };
+    let counts: Vec<usize> = if bench.opts.quick { vec![100, 500] } else { vec![100, 500, 1000, 10_000] };
     let cache = bench.opts.work_dir.join("synthetic-cache");
     let manifest_path = bench.opts.work_dir.join("synthetic-manifest.json");
-    let handlers_arg = counts
-        .iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let handlers_arg = counts.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
     let generated = Command::new("python3")
         .arg(report::bench_dir().join("synthetic_packages.py"))
         .args(["--cache"])
         .arg(&cache)
         .args(["--out"])
         .arg(&manifest_path)
-        .args([
-            "--handlers",
-            &handlers_arg,
-            "--seed",
-            &bench.opts.seed.to_string(),
-        ])
+        .args(["--handlers", &handlers_arg, "--seed", &bench.opts.seed.to_string()])
         .output()
         .context("running bench/synthetic_packages.py")?;
     if !generated.status.success() {
-        bail!(
-            "generating synthetic packages: {}",
-            String::from_utf8_lossy(&generated.stderr)
-        );
+        bail!("generating synthetic packages: {}", String::from_utf8_lossy(&generated.stderr));
     }
     let manifest: Value = serde_json::from_slice(&std::fs::read(&manifest_path)?)?;
     eprintln!("  {}", String::from_utf8_lossy(&generated.stdout).trim());
@@ -61,17 +45,16 @@ pub fn run(bench: &Bench) -> Result<Value> {
     std::fs::set_permissions(&no_wheels, std::fs::Permissions::from_mode(0o755))?;
     let handlers = manifest["handlers"].as_array().cloned().unwrap_or_default();
     let mut out = serde_json::Map::new();
-    out.insert("generator".into(), json!({
-        "universe": manifest["universe"], "zipf_s": manifest["zipf_s"], "seed": manifest["seed"],
-        "materialized": manifest["materialized"], "distinct_import_sets": manifest["distinct_import_sets"],
-        "mean_import_cpu_ms": manifest["mean_import_cpu_ms"], "mean_import_memory_mb": manifest["mean_import_memory_mb"],
-    }));
+    out.insert(
+        "generator".into(),
+        json!({
+            "universe": manifest["universe"], "zipf_s": manifest["zipf_s"], "seed": manifest["seed"],
+            "materialized": manifest["materialized"], "distinct_import_sets": manifest["distinct_import_sets"],
+            "mean_import_cpu_ms": manifest["mean_import_cpu_ms"], "mean_import_memory_mb": manifest["mean_import_memory_mb"],
+        }),
+    );
     for &n in &counts {
-        let packages = format!(
-            "cache_dir = \"{}\"\noffline = true\nwheel_dir = \"{}\"\n",
-            cache.display(),
-            no_wheels.display()
-        );
+        let packages = format!("cache_dir = \"{}\"\noffline = true\nwheel_dir = \"{}\"\n", cache.display(), no_wheels.display());
         let config = bench.config_with_packages(super::Caches::ALL, 1024, &packages);
         let worker = bench.start(&format!("scale-{n}"), &config)?;
         let result = measure(bench, &worker, &handlers[..n.min(handlers.len())]);
@@ -90,11 +73,7 @@ pub fn run(bench: &Bench) -> Result<Value> {
     Ok(Value::Object(out))
 }
 
-fn measure(
-    bench: &Bench,
-    worker: &crate::worker::BenchWorker,
-    handlers: &[Value],
-) -> Result<Value> {
+fn measure(bench: &Bench, worker: &crate::worker::BenchWorker, handlers: &[Value]) -> Result<Value> {
     // Upload every handler (two at a time: each upload's syntax check runs an interpreter).
     let next = Arc::new(Mutex::new(0usize));
     std::thread::scope(|scope| -> Result<()> {
@@ -111,36 +90,16 @@ fn measure(
                     let Some(h) = handlers.get(i) else {
                         return Ok(());
                     };
-                    let imports: Vec<&str> = h["imports"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .filter_map(|v| v.as_str())
-                        .collect();
-                    let reqs: Vec<&str> = h["requirements"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .filter_map(|v| v.as_str())
-                        .collect();
-                    let source = format!(
-                        "import {}\n\n\ndef f(event):\n    return 1\n",
-                        imports.join(", ")
-                    );
+                    let imports: Vec<&str> = h["imports"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+                    let reqs: Vec<&str> = h["requirements"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+                    let source = format!("import {}\n\n\ndef f(event):\n    return 1\n", imports.join(", "));
                     let reqs = reqs.join("\n") + "\n";
-                    client.upload(
-                        h["name"].as_str().unwrap(),
-                        &[
-                            ("f.py", source.as_bytes()),
-                            ("requirements.txt", reqs.as_bytes()),
-                        ],
-                    )?;
+                    client.upload(h["name"].as_str().unwrap(), &[("f.py", source.as_bytes()), ("requirements.txt", reqs.as_bytes())])?;
                 }
             }));
         }
         for j in jobs {
-            j.join()
-                .map_err(|_| anyhow::anyhow!("an upload thread panicked"))??;
+            j.join().map_err(|_| anyhow::anyhow!("an upload thread panicked"))??;
         }
         Ok(())
     })?;
@@ -166,27 +125,19 @@ fn measure(
                 })
             })
             .collect();
-        jobs.into_iter()
-            .flat_map(|j| j.join().unwrap_or_default())
-            .collect()
+        jobs.into_iter().flat_map(|j| j.join().unwrap_or_default()).collect()
     });
     let elapsed = started.elapsed().as_secs_f64();
     let after = worker.stats()?;
     let delta = |path: &[&str]| {
-        let at = |v: &Value| {
-            path.iter()
-                .try_fold(v, |v, k| v.get(*k))
-                .and_then(|v| v.as_u64())
-                .unwrap_or(0)
-        };
+        let at = |v: &Value| path.iter().try_fold(v, |v, k| v.get(*k)).and_then(|v| v.as_u64()).unwrap_or(0);
         at(&after).saturating_sub(at(&before))
     };
     let ok: Vec<f64> = samples.iter().filter(|s| s.1).map(|s| s.0).collect();
     let errors = samples.len() - ok.len();
     let handler = samples.iter().filter(|s| s.1 && s.2).count() as u64;
     let import = delta(&["import_cache", "import_cache_hits"]);
-    let install = delta(&["import_cache", "import_cache_misses"])
-        + delta(&["import_cache", "import_cache_fallbacks"]);
+    let install = delta(&["import_cache", "import_cache_misses"]) + delta(&["import_cache", "import_cache_fallbacks"]);
     let total = (handler + import + install).max(1) as f64;
     let mut point = summary(&ok);
     point["handlers"] = json!(handlers.len());

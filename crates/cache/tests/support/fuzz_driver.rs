@@ -60,12 +60,7 @@ fn stats_ebb() -> EbbRef<CoreStats> {
 }
 
 pub fn settings() -> Settings {
-    Settings {
-        limit_bytes: LIMIT_BYTES,
-        item_max: ITEM_MAX,
-        cores: 1,
-        ..Default::default()
-    }
+    Settings { limit_bytes: LIMIT_BYTES, item_max: ITEM_MAX, cores: 1, ..Default::default() }
 }
 
 /// What a run saw.
@@ -100,11 +95,7 @@ impl Sink {
         let (ours, peer) = std::os::unix::net::UnixStream::pair().expect("socketpair");
         ours.set_nonblocking(true).unwrap();
         peer.set_nonblocking(true).unwrap();
-        Sink {
-            ours,
-            peer,
-            batch: Vec::new(),
-        }
+        Sink { ours, peer, batch: Vec::new() }
     }
 
     /// Take what `out` holds into `self.batch`.
@@ -131,11 +122,7 @@ impl Sink {
             }
         }
         assert!(out.is_empty(), "flush reported done with bytes pending");
-        assert_eq!(
-            self.batch.len(),
-            pending,
-            "pending() counts what flush sends"
-        );
+        assert_eq!(self.batch.len(), pending, "pending() counts what flush sends");
     }
 }
 
@@ -150,24 +137,13 @@ fn check_replies(binary: bool, batch: &[u8]) {
     }
     let mut rest = batch;
     while !rest.is_empty() {
-        assert!(
-            rest.len() >= 24,
-            "truncated binary response header: {:?}",
-            rest
-        );
+        assert!(rest.len() >= 24, "truncated binary response header: {:?}", rest);
         assert_eq!(rest[0], 0x81, "response magic");
         let keylen = u16::from_be_bytes([rest[2], rest[3]]) as usize;
         let extlen = rest[4] as usize;
         let bodylen = u32::from_be_bytes([rest[8], rest[9], rest[10], rest[11]]) as usize;
-        assert!(
-            keylen + extlen <= bodylen,
-            "keylen {keylen} + extlen {extlen} > bodylen {bodylen}"
-        );
-        assert!(
-            rest.len() >= 24 + bodylen,
-            "response body shorter ({}) than its bodylen {bodylen}",
-            rest.len() - 24
-        );
+        assert!(keylen + extlen <= bodylen, "keylen {keylen} + extlen {extlen} > bodylen {bodylen}");
+        assert!(rest.len() >= 24 + bodylen, "response body shorter ({}) than its bodylen {bodylen}", rest.len() - 24);
         rest = &rest[24 + bodylen..];
     }
 }
@@ -183,66 +159,39 @@ fn check_text_replies(batch: &[u8]) {
         let line = &rest[..end];
         rest = &rest[end + 2..];
         // Clients read replies line by line: a newline inside one ends it early.
-        assert!(
-            !line.contains(&b'\n'),
-            "newline inside a reply line: {:?}",
-            String::from_utf8_lossy(line)
-        );
+        assert!(!line.contains(&b'\n'), "newline inside a reply line: {:?}", String::from_utf8_lossy(line));
         let word = line.split(|&b| b == b' ').next().unwrap_or(b"");
         let block = match word {
             // VALUE <key> <flags> <bytes> [<cas>]
             b"VALUE" => {
                 let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
-                assert!(
-                    matches!(fields.len(), 4 | 5),
-                    "malformed VALUE line: {:?}",
-                    String::from_utf8_lossy(line)
-                );
+                assert!(matches!(fields.len(), 4 | 5), "malformed VALUE line: {:?}", String::from_utf8_lossy(line));
                 Some(fields[3])
             }
             // VA <size> <flags>*
             b"VA" => {
-                assert!(
-                    !line.ends_with(b" ") && !contains(line, b"  "),
-                    "empty token in {:?}",
-                    String::from_utf8_lossy(line)
-                );
+                assert!(!line.ends_with(b" ") && !contains(line, b"  "), "empty token in {:?}", String::from_utf8_lossy(line));
                 Some(line.split(|&b| b == b' ').nth(1).unwrap_or(b""))
             }
-            b"STORED" | b"NOT_STORED" | b"EXISTS" | b"NOT_FOUND" | b"DELETED" | b"TOUCHED"
-            | b"END" | b"ERROR" | b"OK" | b"RESET" | b"MN" => {
-                assert_eq!(
-                    line,
-                    word,
-                    "unexpected words after {:?}",
-                    String::from_utf8_lossy(word)
-                );
+            b"STORED" | b"NOT_STORED" | b"EXISTS" | b"NOT_FOUND" | b"DELETED" | b"TOUCHED" | b"END" | b"ERROR" | b"OK" | b"RESET"
+            | b"MN" => {
+                assert_eq!(line, word, "unexpected words after {:?}", String::from_utf8_lossy(word));
                 None
             }
             // Meta replies: a code, then flags, each a non-empty token.
             b"HD" | b"EN" | b"NS" | b"EX" | b"NF" => {
-                assert!(
-                    !line.ends_with(b" ") && !contains(line, b"  "),
-                    "empty token in {:?}",
-                    String::from_utf8_lossy(line)
-                );
+                assert!(!line.ends_with(b" ") && !contains(line, b"  "), "empty token in {:?}", String::from_utf8_lossy(line));
                 None
             }
             b"CLIENT_ERROR" | b"SERVER_ERROR" | b"STAT" | b"VERSION" => None,
             w if !w.is_empty() && w.iter().all(u8::is_ascii_digit) && line == w => None,
-            _ => panic!(
-                "not a reply line: {:?} (after {} bytes)",
-                String::from_utf8_lossy(line),
-                batch.len() - rest.len() - end - 2
-            ),
+            _ => panic!("not a reply line: {:?} (after {} bytes)", String::from_utf8_lossy(line), batch.len() - rest.len() - end - 2),
         };
         if let Some(len) = block {
             let len: usize = std::str::from_utf8(len)
                 .ok()
                 .and_then(|s| s.parse().ok())
-                .unwrap_or_else(|| {
-                    panic!("bad data length in {:?}", String::from_utf8_lossy(line))
-                });
+                .unwrap_or_else(|| panic!("bad data length in {:?}", String::from_utf8_lossy(line)));
             assert!(
                 rest.len() >= len + 2 && &rest[len..len + 2] == b"\r\n",
                 "data block not {len} bytes + CRLF after {:?}",
@@ -286,27 +235,15 @@ pub fn run(data: &[u8]) -> Outcome {
         let whole = run_stream([0, 0], stream, true);
         let timeless = |o: &Outcome| o.end_now == 2 && !contains(&o.output, b"rusage_user");
         if timeless(&chunked) && timeless(&whole) {
-            if let Some(at) = chunked
-                .output
-                .iter()
-                .zip(&whole.output)
-                .position(|(a, b)| a != b)
-            {
+            if let Some(at) = chunked.output.iter().zip(&whole.output).position(|(a, b)| a != b) {
                 panic!(
                     "chunking changed the replies at byte {at}: chunked {:?} vs whole {:?}",
                     excerpt(&chunked.output, at),
                     excerpt(&whole.output, at)
                 );
             }
-            assert_eq!(
-                chunked.output.len(),
-                whole.output.len(),
-                "chunking changed the length of the replies"
-            );
-            assert_eq!(
-                chunked.closed, whole.closed,
-                "chunking changed whether the session closed"
-            );
+            assert_eq!(chunked.output.len(), whole.output.len(), "chunking changed the length of the replies");
+            assert_eq!(chunked.closed, whole.closed, "chunking changed whether the session closed");
         }
     }
     chunked
@@ -324,22 +261,14 @@ fn excerpt(b: &[u8], at: usize) -> String {
 pub fn run_stream(ctrl: [u8; 2], stream: &[u8], keep_output: bool) -> Outcome {
     let shared = Shared::new(settings(), stats_ebb());
     let stats = <CoreStats as Ebb>::create_rep(&Arc::new(StatsRoot { cores: 1 }), 0);
-    let env = Env {
-        shared: &shared,
-        stats: &stats,
-    };
+    let env = Env { shared: &shared, stats: &stats };
     let mut session = Session::new();
     let mut input = BytesMut::new();
     let mut out = Output::new();
     let mut sink = Sink::new();
-    let mut outcome = Outcome {
-        binary: stream.first() == Some(&0x80),
-        ..Default::default()
-    };
+    let mut outcome = Outcome { binary: stream.first() == Some(&0x80), ..Default::default() };
 
-    let max_chunk = MAX_CHUNKS[(ctrl[0] & 7) as usize]
-        .max(stream.len() / 2048)
-        .max(1);
+    let max_chunk = MAX_CHUNKS[(ctrl[0] & 7) as usize].max(stream.len() / 2048).max(1);
     let fixed = ctrl[0] & 8 != 0;
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((ctrl[1] as u64) << 32 | ctrl[0] as u64));
     let limit = shared.store.limit();
@@ -347,11 +276,7 @@ pub fn run_stream(ctrl: [u8; 2], stream: &[u8], keep_output: bool) -> Outcome {
     let mut fed = 0usize;
     let mut pos = 0usize;
     'feed: while pos < stream.len() {
-        let size = if fixed || max_chunk == usize::MAX {
-            max_chunk
-        } else {
-            1 + (rng.next() % max_chunk as u64) as usize
-        };
+        let size = if fixed || max_chunk == usize::MAX { max_chunk } else { 1 + (rng.next() % max_chunk as u64) as usize };
         let end = pos.saturating_add(size).min(stream.len());
         let mut chunk = &stream[pos..end];
         pos = end;
@@ -359,10 +284,7 @@ pub fn run_stream(ctrl: [u8; 2], stream: &[u8], keep_output: bool) -> Outcome {
             // As conn.rs: a large value is read straight into its own buffer, at most what it
             // still needs; anything else goes to the read buffer.
             if let Some((buf, need)) = session.direct_buffer() {
-                assert!(
-                    need > 0,
-                    "a direct buffer offered with nothing left to read"
-                );
+                assert!(need > 0, "a direct buffer offered with nothing left to read");
                 let n = need.min(chunk.len());
                 buf.extend_from_slice(&chunk[..n]);
                 chunk = &chunk[n..];
@@ -381,36 +303,21 @@ pub fn run_stream(ctrl: [u8; 2], stream: &[u8], keep_output: bool) -> Outcome {
             }
 
             let direct = session.direct_buffer().map(|(b, need)| {
-                assert!(
-                    need > 0,
-                    "a direct buffer offered with nothing left to read"
-                );
+                assert!(need > 0, "a direct buffer offered with nothing left to read");
                 b.capacity()
             });
             if direct.is_some() {
                 outcome.used_direct = true;
-                assert!(
-                    input.is_empty(),
-                    "read buffer holds {} bytes beside a direct buffer",
-                    input.len()
-                );
+                assert!(input.is_empty(), "read buffer holds {} bytes beside a direct buffer", input.len());
             }
             let held = input.len() + direct.unwrap_or(0);
             outcome.peak_held = outcome.peak_held.max(held);
-            assert!(
-                held <= fed + SLACK,
-                "session holds {held} bytes after being fed {fed}"
-            );
+            assert!(held <= fed + SLACK, "session holds {held} bytes after being fed {fed}");
             let used = shared.store.used();
-            assert!(
-                used <= limit + ITEM_MAX,
-                "store used {used} > limit {limit} + item max"
-            );
+            assert!(used <= limit + ITEM_MAX, "store used {used} > limit {limit} + item max");
             if closed {
                 outcome.closed = true;
-                outcome.long_line_close = !outcome.binary
-                    && input.len() > sprout_cache::session::MAX_LINE
-                    && !input.contains(&b'\n');
+                outcome.long_line_close = !outcome.binary && input.len() > sprout_cache::session::MAX_LINE && !input.contains(&b'\n');
                 break 'feed;
             }
         }
@@ -419,37 +326,21 @@ pub fn run_stream(ctrl: [u8; 2], stream: &[u8], keep_output: bool) -> Outcome {
     outcome.end_now = shared.clock.now();
     // The charges must add up: a flush frees exactly what is charged.
     let used = shared.store.used();
-    assert!(
-        used <= limit + ITEM_MAX,
-        "store used {used} > limit {limit} + item max"
-    );
+    assert!(used <= limit + ITEM_MAX, "store used {used} > limit {limit} + item max");
     shared.store.flush(None);
-    assert_eq!(
-        shared.store.used(),
-        0,
-        "store accounting drifted (used was {used})"
-    );
+    assert_eq!(shared.store.used(), 0, "store accounting drifted (used was {used})");
     outcome
 }
 
 /// Run the session over what is buffered until it needs more or closes; `true` on close.
-fn pump(
-    session: &mut Session,
-    input: &mut BytesMut,
-    env: &Env,
-    out: &mut Output,
-    outcome: &mut Outcome,
-) -> bool {
+fn pump(session: &mut Session, input: &mut BytesMut, env: &Env, out: &mut Output, outcome: &mut Outcome) -> bool {
     loop {
         outcome.process_calls += 1;
         match session.process(input, env, out) {
             Step::NeedMore => return false,
             Step::Close => return true,
             Step::Stats => {
-                assert!(
-                    session.stats_request().is_some(),
-                    "Step::Stats without a request"
-                );
+                assert!(session.stats_request().is_some(), "Step::Stats without a request");
                 session.finish_stats(&Counters::default(), env, out);
             }
         }

@@ -26,10 +26,7 @@ impl Http {
         let mut ops = Vec::new();
         for op in &workload.operations {
             if op.requests.is_empty() {
-                bail!(
-                    "operation {}: the http driver needs `requests = [\"GET /path\", ...]`",
-                    op.name
-                );
+                bail!("operation {}: the http driver needs `requests = [\"GET /path\", ...]`", op.name);
             }
             let mut reqs = Vec::new();
             for r in &op.requests {
@@ -74,16 +71,9 @@ impl Driver for Http {
 impl Http {
     async fn requests(&self, browser: &mut Browser, op: usize) -> Result<(), Failure> {
         for (method, path) in &self.ops[op] {
-            let resp = if *method == Method::HEAD {
-                browser.head(path).await?
-            } else {
-                browser.get(path).await?
-            };
+            let resp = if *method == Method::HEAD { browser.head(path).await? } else { browser.get(path).await? };
             if resp.status.as_u16() >= 400 {
-                return Err(Failure::new(
-                    format!("http {}", resp.status.as_u16()),
-                    format!("{method} {path}"),
-                ));
+                return Err(Failure::new(format!("http {}", resp.status.as_u16()), format!("{method} {path}")));
             }
         }
         Ok(())

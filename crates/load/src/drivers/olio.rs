@@ -17,15 +17,7 @@ use crate::engine::Driver;
 use crate::workload::Workload;
 
 /// The operations this driver performs, by the names workload files use.
-pub const OPERATIONS: [&str; 7] = [
-    "HomePage",
-    "Login",
-    "TagSearch",
-    "EventDetail",
-    "PersonDetail",
-    "AddPerson",
-    "AddEvent",
-];
+pub const OPERATIONS: [&str; 7] = ["HomePage", "Login", "TagSearch", "EventDetail", "PersonDetail", "AddPerson", "AddEvent"];
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Op {
@@ -68,12 +60,7 @@ pub struct OlioUser {
 }
 
 impl Olio {
-    pub fn new(
-        workload: &Workload,
-        addr: SocketAddr,
-        registered_users: u64,
-        timeout: Duration,
-    ) -> Result<Olio> {
+    pub fn new(workload: &Workload, addr: SocketAddr, registered_users: u64, timeout: Duration) -> Result<Olio> {
         let mut ops = Vec::new();
         for op in &workload.operations {
             ops.push(match op.name.as_str() {
@@ -84,10 +71,7 @@ impl Olio {
                 "PersonDetail" => Op::PersonDetail,
                 "AddPerson" => Op::AddPerson,
                 "AddEvent" => Op::AddEvent,
-                other => bail!(
-                    "the olio driver has no operation {other:?} (it has {})",
-                    OPERATIONS.join(", ")
-                ),
+                other => bail!("the olio driver has no operation {other:?} (it has {})", OPERATIONS.join(", ")),
             });
         }
         if registered_users == 0 {
@@ -127,13 +111,7 @@ impl Driver for Olio {
         }
     }
 
-    async fn run(
-        &self,
-        user: &mut OlioUser,
-        op: usize,
-        rng: &mut SmallRng,
-        counters: &mut BTreeMap<String, u64>,
-    ) -> Result<(), Failure> {
+    async fn run(&self, user: &mut OlioUser, op: usize, rng: &mut SmallRng, counters: &mut BTreeMap<String, u64>) -> Result<(), Failure> {
         let before = user.browser.sent();
         let outcome = match self.ops[op] {
             Op::HomePage => self.home_page(user, rng).await,
@@ -175,29 +153,16 @@ impl Olio {
         let id = rng.random_range(1..=self.registered_users);
         self.page(user, "/users/login").await?;
         let (name, password) = (format!("user{id}"), id.to_string());
-        let resp = user
-            .browser
-            .post_form(
-                "/users/login",
-                &[("username", &name), ("password", &password)],
-            )
-            .await?;
+        let resp = user.browser.post_form("/users/login", &[("username", &name), ("password", &password)]).await?;
         if !resp.status.is_redirection() || !user.browser.logged_in(SESSION_COOKIE) {
-            return Err(Failure::new(
-                "login refused",
-                format!("{name}: status {}", resp.status),
-            ));
+            return Err(Failure::new("login refused", format!("{name}: status {}", resp.status)));
         }
         self.follow(user, &resp).await
     }
 
     async fn logout(&self, user: &mut OlioUser) -> Outcome<()> {
         let resp = user.browser.get("/users/logout").await?;
-        expect(
-            &resp,
-            &[StatusCode::OK, StatusCode::FOUND, StatusCode::SEE_OTHER],
-            "/users/logout",
-        )?;
+        expect(&resp, &[StatusCode::OK, StatusCode::FOUND, StatusCode::SEE_OTHER], "/users/logout")?;
         user.browser.forget_cookies();
         Ok(())
     }
@@ -212,22 +177,13 @@ impl Olio {
             let rank = (-mean * (1.0 - rng.random::<f64>()).ln()) as u64 % self.tags;
             format!("tag{}", rank + 1)
         };
-        let query = form_urlencoded::Serializer::new(String::new())
-            .append_pair("tag", &tag)
-            .finish();
-        let resp = self
-            .page(user, &format!("/events/tag_search?{query}"))
-            .await?;
+        let query = form_urlencoded::Serializer::new(String::new()).append_pair("tag", &tag).finish();
+        let resp = self.page(user, &format!("/events/tag_search?{query}")).await?;
         user.event_links = event_links(&resp.text());
         Ok(())
     }
 
-    async fn event_detail(
-        &self,
-        user: &mut OlioUser,
-        rng: &mut SmallRng,
-        counters: &mut BTreeMap<String, u64>,
-    ) -> Outcome<()> {
+    async fn event_detail(&self, user: &mut OlioUser, rng: &mut SmallRng, counters: &mut BTreeMap<String, u64>) -> Outcome<()> {
         if user.event_links.is_empty() {
             // A session that has not seen a list yet starts from the home page's links.
             let resp = user.browser.get("/").await?;
@@ -241,20 +197,12 @@ impl Olio {
         let resp = self.page(user, &path).await?;
         let text = resp.text();
         // Attend 10% of the time when logged in and not attending yet.
-        let can_attend = user.browser.logged_in(SESSION_COOKIE)
-            && text.contains(&format!("action=\"/events/{id}/attend\""));
+        let can_attend = user.browser.logged_in(SESSION_COOKIE) && text.contains(&format!("action=\"/events/{id}/attend\""));
         if can_attend {
             *counters.entry("attend_eligible".into()).or_default() += 1;
             if rng.random::<f64>() < 0.10 {
-                let resp = user
-                    .browser
-                    .post_form(&format!("/events/{id}/attend"), &[])
-                    .await?;
-                expect(
-                    &resp,
-                    &[StatusCode::OK, StatusCode::FOUND, StatusCode::SEE_OTHER],
-                    "attend",
-                )?;
+                let resp = user.browser.post_form(&format!("/events/{id}/attend"), &[]).await?;
+                expect(&resp, &[StatusCode::OK, StatusCode::FOUND, StatusCode::SEE_OTHER], "attend")?;
                 *counters.entry("attend".into()).or_default() += 1;
             }
         }
@@ -294,44 +242,25 @@ impl Olio {
             .file("image", "me.png", "image/png", &self.image);
         let resp = user.browser.post_multipart("/users", form).await?;
         if !resp.status.is_redirection() {
-            return Err(Failure::new(
-                "register refused",
-                format!(
-                    "{name}: status {}: {}",
-                    resp.status,
-                    first_error(&resp.text())
-                ),
-            ));
+            return Err(Failure::new("register refused", format!("{name}: status {}: {}", resp.status, first_error(&resp.text()))));
         }
         self.follow(user, &resp).await
     }
 
     async fn add_event(&self, user: &mut OlioUser, rng: &mut SmallRng) -> Outcome<()> {
         if !user.browser.logged_in(SESSION_COOKIE) {
-            return Err(Failure::new(
-                "not logged in",
-                "AddEvent without a session (the Login before it failed)",
-            ));
+            return Err(Failure::new("not logged in", "AddEvent without a session (the Login before it failed)"));
         }
         self.page(user, "/events/new").await?;
         let day = chrono_like_date(rng);
-        let tags: Vec<String> = (0..rng.random_range(1..=7))
-            .map(|_| format!("tag{}", rng.random_range(1..=self.tags)))
-            .collect();
+        let tags: Vec<String> = (0..rng.random_range(1..=7)).map(|_| format!("tag{}", rng.random_range(1..=self.tags))).collect();
         let form = Multipart::new(rng.random())
             .text("title", &text_of(rng, 40))
             .text("summary", &text_of(rng, 600))
             .text("description", &text_of(rng, 2000))
             .text("telephone", "555-0199")
             .text("date", &day)
-            .text(
-                "time",
-                &format!(
-                    "{}:{:02}",
-                    rng.random_range(7..=21),
-                    [0, 15, 30, 45][rng.random_range(0..4)]
-                ),
-            )
+            .text("time", &format!("{}:{:02}", rng.random_range(7..=21), [0, 15, 30, 45][rng.random_range(0..4)]))
             .text("tags", &tags.join(" "))
             .text("street1", "2 Oak Ave")
             .text("street2", "")
@@ -343,10 +272,7 @@ impl Olio {
             .file("document", "event.pdf", "application/pdf", &self.document);
         let resp = user.browser.post_multipart("/events", form).await?;
         if !resp.status.is_redirection() {
-            return Err(Failure::new(
-                "add event refused",
-                format!("status {}: {}", resp.status, first_error(&resp.text())),
-            ));
+            return Err(Failure::new("add event refused", format!("status {}: {}", resp.status, first_error(&resp.text()))));
         }
         self.follow(user, &resp).await
     }
@@ -356,10 +282,7 @@ impl Olio {
         let Some(location) = &resp.location else {
             return Err(Failure::new("bad redirect", "no Location"));
         };
-        let path = location
-            .find("://")
-            .and_then(|i| location[i + 3..].find('/').map(|j| &location[i + 3 + j..]))
-            .unwrap_or(location);
+        let path = location.find("://").and_then(|i| location[i + 3..].find('/').map(|j| &location[i + 3 + j..])).unwrap_or(location);
         self.page(user, path).await.map(|_| ())
     }
 }
@@ -368,10 +291,7 @@ fn expect(resp: &Response, ok: &[StatusCode], what: &str) -> Outcome<()> {
     if ok.contains(&resp.status) {
         Ok(())
     } else {
-        Err(Failure::new(
-            format!("http {}", resp.status.as_u16()),
-            what.to_string(),
-        ))
+        Err(Failure::new(format!("http {}", resp.status.as_u16()), what.to_string()))
     }
 }
 
@@ -408,10 +328,7 @@ fn assets(html: &str) -> Vec<String> {
 }
 
 fn event_links(html: &str) -> Vec<u64> {
-    let mut ids: Vec<u64> = attr_values(html, "href", "/events/")
-        .iter()
-        .filter_map(|p| p["/events/".len()..].parse().ok())
-        .collect();
+    let mut ids: Vec<u64> = attr_values(html, "href", "/events/").iter().filter_map(|p| p["/events/".len()..].parse().ok()).collect();
     ids.dedup();
     ids
 }
@@ -419,26 +336,18 @@ fn event_links(html: &str) -> Vec<u64> {
 fn tag_links(html: &str) -> Vec<String> {
     attr_values(html, "href", "/events/tag_search?tag=")
         .iter()
-        .map(|p| {
-            p["/events/tag_search?tag=".len()..]
-                .split('&')
-                .next()
-                .unwrap_or("")
-                .to_string()
-        })
+        .map(|p| p["/events/tag_search?tag=".len()..].split('&').next().unwrap_or("").to_string())
         .filter(|t| !t.is_empty())
         .collect()
 }
 
 fn first_error(html: &str) -> String {
-    html.find("class=\"error")
-        .map(|i| html[i..].chars().take(160).collect())
-        .unwrap_or_else(|| html.chars().take(120).collect())
+    html.find("class=\"error").map(|i| html[i..].chars().take(160).collect()).unwrap_or_else(|| html.chars().take(120).collect())
 }
 
 const WORDS: [&str; 16] = [
-    "music", "festival", "open", "air", "concert", "meetup", "talk", "wine", "tasting", "park",
-    "run", "art", "show", "market", "film", "night",
+    "music", "festival", "open", "air", "concert", "meetup", "talk", "wine", "tasting", "park", "run", "art", "show", "market", "film",
+    "night",
 ];
 
 fn text_of(rng: &mut SmallRng, chars: usize) -> String {
@@ -454,11 +363,7 @@ fn text_of(rng: &mut SmallRng, chars: usize) -> String {
 
 /// A date 1-540 days ahead, YYYY-MM-DD, from the days-since-epoch of today (UTC).
 fn chrono_like_date(rng: &mut SmallRng) -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs()
-        / 86_400;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs() / 86_400;
     civil_from_days(now as i64 + rng.random_range(1..=540))
 }
 
@@ -489,9 +394,7 @@ fn sample_png() -> Vec<u8> {
         out.extend_from_slice(&crc.to_be_bytes());
     }
     let (w, h) = (8u32, 8u32);
-    let row: Vec<u8> = std::iter::once(0u8)
-        .chain((0..w).flat_map(|_| [0x2a, 0x7a, 0xb0]))
-        .collect(); // filter byte, then RGB
+    let row: Vec<u8> = std::iter::once(0u8).chain((0..w).flat_map(|_| [0x2a, 0x7a, 0xb0])).collect(); // filter byte, then RGB
     let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
     for _ in 0..h {
         z.write_all(&row).expect("writing to memory");
@@ -522,19 +425,11 @@ fn sample_pdf() -> Vec<u8> {
         pdf.extend_from_slice(format!("{} 0 obj\n{o}\nendobj\n", i + 1).as_bytes());
     }
     let xref = pdf.len();
-    pdf.extend_from_slice(
-        format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes(),
-    );
+    pdf.extend_from_slice(format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes());
     for off in offsets {
         pdf.extend_from_slice(format!("{off:010} 00000 n \n").as_bytes());
     }
-    pdf.extend_from_slice(
-        format!(
-            "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
-            objects.len() + 1
-        )
-        .as_bytes(),
-    );
+    pdf.extend_from_slice(format!("trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n", objects.len() + 1).as_bytes());
     pdf
 }
 
@@ -547,14 +442,7 @@ mod tests {
         let html = r#"<link rel="stylesheet" href="/static/css/olio.css"><script src="/static/js/olio.js"></script>
             <a href="/events/12"><img src="/files/ab.png"></a><a href="/events/12">x</a><a href="/events/new">new</a>
             <a href="/events/tag_search?tag=tag3">tag3</a><a href="/events/tag_search?tag=tag9&amp;page=2">"#;
-        assert_eq!(
-            assets(html),
-            vec![
-                "/static/js/olio.js",
-                "/files/ab.png",
-                "/static/css/olio.css"
-            ]
-        );
+        assert_eq!(assets(html), vec!["/static/js/olio.js", "/files/ab.png", "/static/css/olio.css"]);
         assert_eq!(event_links(html), vec![12]);
         assert_eq!(tag_links(html), vec!["tag3", "tag9"]);
     }

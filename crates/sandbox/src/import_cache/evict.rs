@@ -27,30 +27,15 @@ impl ImportCache {
             let info = n.info.lock().unwrap();
             info.alive && info.children.is_empty() && info.handlers == 0 && !n.is_root()
         };
-        for node in nodes
-            .iter()
-            .filter(|n| idle(n) && n.info.lock().unwrap().retired)
-        {
+        for node in nodes.iter().filter(|n| idle(n) && n.info.lock().unwrap().retired) {
             total = total.saturating_sub(node.info.lock().unwrap().pss);
             self.forget(node.id, false).await;
         }
         while total > self.cfg.memory_limit {
             let window = self.cfg.window;
-            let candidates: Vec<Arc<Node>> = self
-                .nodes
-                .lock()
-                .unwrap()
-                .values()
-                .filter(|n| !n.pinned && idle(n))
-                .cloned()
-                .collect();
-            let scored: Vec<(u64, u64, usize)> = candidates
-                .iter()
-                .map(|n| (n.id, n.benefit, n.uses_within(window)))
-                .collect();
-            let Some(victim) =
-                choose_victim(&scored).and_then(|id| candidates.into_iter().find(|n| n.id == id))
-            else {
+            let candidates: Vec<Arc<Node>> = self.nodes.lock().unwrap().values().filter(|n| !n.pinned && idle(n)).cloned().collect();
+            let scored: Vec<(u64, u64, usize)> = candidates.iter().map(|n| (n.id, n.benefit, n.uses_within(window))).collect();
+            let Some(victim) = choose_victim(&scored).and_then(|id| candidates.into_iter().find(|n| n.id == id)) else {
                 break; // everything left is pinned or in use
             };
             let pss = victim.info.lock().unwrap().pss;
@@ -94,15 +79,7 @@ pub fn choose_victim(candidates: &[(u64, u64, usize)]) -> Option<u64> {
             benefit as f64 / uses as f64
         }
     };
-    candidates
-        .iter()
-        .max_by(|a, b| {
-            ratio(a)
-                .partial_cmp(&ratio(b))
-                .unwrap_or(std::cmp::Ordering::Equal)
-                .then(a.1.cmp(&b.1))
-        })
-        .map(|c| c.0)
+    candidates.iter().max_by(|a, b| ratio(a).partial_cmp(&ratio(b)).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1))).map(|c| c.0)
 }
 
 #[cfg(test)]
@@ -112,10 +89,7 @@ mod tests {
     #[test]
     pub(super) fn the_highest_benefit_per_use_goes_first() {
         // 40 MB used 10 times (4 MB/use) against 10 MB used once (10 MB/use).
-        assert_eq!(
-            choose_victim(&[(1, 40 << 20, 10), (2, 10 << 20, 1)]),
-            Some(2)
-        );
+        assert_eq!(choose_victim(&[(1, 40 << 20, 10), (2, 10 << 20, 1)]), Some(2));
         // An unused Zygote goes before any used one, however small.
         assert_eq!(choose_victim(&[(1, 400 << 20, 1), (2, 1, 0)]), Some(2));
         // Among unused ones, the one freeing most.

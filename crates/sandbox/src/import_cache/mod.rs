@@ -44,9 +44,7 @@ use crate::mounts;
 use crate::output::log_pipe;
 use crate::process::{spawn, PidFd, SpawnSpec};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
-use crate::zygote::{
-    ForkError, ForkRequest, ZygoteProcess, FLAG_MOUNT_PROC, FLAG_NETNS, FLAG_USERNS, FLAG_ZYGOTE,
-};
+use crate::zygote::{ForkError, ForkRequest, ZygoteProcess, FLAG_MOUNT_PROC, FLAG_NETNS, FLAG_SECCOMP, FLAG_USERNS, FLAG_ZYGOTE};
 
 /// Times an exact Zygote may be replaced by a fuller one as lambdas reveal what they import.
 pub const MAX_REFRESHES: u32 = 3;
@@ -81,6 +79,8 @@ pub struct ImportCacheConfig {
     pub zygote_limits: Limits,
     /// Start the root Zygote (and so every Zygote) in an empty network namespace of its own.
     pub isolate_network: bool,
+    /// Filter Zygotes' and handlers' system calls (`seccomp`).
+    pub seccomp: bool,
 }
 
 /// One node of a static tree (OpenLambda's `{"packages": [...], "children": [...]}`) with its
@@ -134,12 +134,7 @@ impl Node {
 
     fn uses_within(&self, window: Duration) -> usize {
         let mut info = self.info.lock().unwrap();
-        while info
-            .uses
-            .front()
-            .map(|t| t.elapsed() > window)
-            .unwrap_or(false)
-        {
+        while info.uses.front().map(|t| t.elapsed() > window).unwrap_or(false) {
             info.uses.pop_front();
         }
         info.uses.len()
@@ -196,24 +191,16 @@ pub struct ImportCache {
 }
 
 impl ImportCache {
-    pub fn new(
-        cfg: ImportCacheConfig,
-        stage: Arc<Stage>,
-        layout: Arc<Layout>,
-        cgroup_parent: &str,
-    ) -> Arc<ImportCache> {
+    pub fn new(cfg: ImportCacheConfig, stage: Arc<Stage>, layout: Arc<Layout>, cgroup_parent: &str) -> Arc<ImportCache> {
         // Package Zygotes need both a user namespace and detached mount trees (Linux 5.2) to
         // be confined; without them the cache stays off rather than run them less confined.
         let userns = if cfg.enabled {
-            let confinable = mounts::clone_tree(&stage.base).and_then(|_| {
-                crate::userns::create(cfg.zygote_uid, cfg.zygote_gid, cfg.uid, cfg.gid)
-            });
+            let confinable =
+                mounts::clone_tree(&stage.base).and_then(|_| crate::userns::create(cfg.zygote_uid, cfg.zygote_gid, cfg.uid, cfg.gid));
             match confinable {
                 Ok(fd) => Some(fd),
                 Err(e) => {
-                    tracing::warn!(
-                        "package Zygotes cannot be confined here ({e}): the import cache is off"
-                    );
+                    tracing::warn!("package Zygotes cannot be confined here ({e}): the import cache is off");
                     None
                 }
             }
@@ -242,10 +229,15 @@ impl ImportCache {
     /// The user namespace package Zygotes live in (a new descriptor), when they exist: the
     /// lambdas' network namespaces must belong to it for their handlers to join them.
     pub fn package_userns(&self) -> Option<OwnedFd> {
-        self.userns
-            .as_ref()
-            .filter(|_| self.cfg.enabled)
-            .and_then(|fd| fd.try_clone().ok())
+        self.userns.as_ref().filter(|_| self.cfg.enabled).and_then(|fd| fd.try_clone().ok())
+    }
+
+    fn seccomp_flag(&self) -> u32 {
+        if self.cfg.seccomp {
+            FLAG_SECCOMP
+        } else {
+            0
+        }
     }
 
     fn enabled(&self) -> bool {
@@ -273,49 +265,25 @@ impl ImportCache {
     pub async fn source_for(self: &Arc<Self>, packages: &[Package]) -> Result<Source, CreateError> {
         let root = self.root().await?;
         if packages.is_empty() {
-            return Ok(Source {
-                node: root,
-                outcome: "none",
-            });
+            return Ok(Source { node: root, outcome: "none" });
         }
         if !self.enabled() {
             self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-            return Ok(Source {
-                node: root,
-                outcome: "fallback",
-            });
+            return Ok(Source { node: root, outcome: "fallback" });
         }
         let want: BTreeSet<String> = packages.iter().map(|p| p.key.clone()).collect();
         let best = self.best_subset(&want).unwrap_or(root);
         if best.packages == want {
             self.counters.hits.fetch_add(1, Ordering::Relaxed);
             self.maybe_refresh(&best, packages);
-            return Ok(Source {
-                node: best,
-                outcome: "hit",
-            });
+            return Ok(Source { node: best, outcome: "hit" });
         }
-        let recently_failed = self
-            .failed_sets
-            .lock()
-            .unwrap()
-            .get(&want)
-            .map(|t| t.elapsed() < FAILURE_BACKOFF)
-            .unwrap_or(false);
+        let recently_failed = self.failed_sets.lock().unwrap().get(&want).map(|t| t.elapsed() < FAILURE_BACKOFF).unwrap_or(false);
         if best.depth >= self.cfg.max_depth || recently_failed {
             self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-            return Ok(Source {
-                node: best,
-                outcome: "fallback",
-            });
+            return Ok(Source { node: best, outcome: "fallback" });
         }
-        let cell = self
-            .pending
-            .lock()
-            .unwrap()
-            .entry(want.clone())
-            .or_default()
-            .clone();
+        let cell = self.pending.lock().unwrap().entry(want.clone()).or_default().clone();
         let made = cell
             .get_or_init(|| async {
                 let made = self.create_child(&best, packages, false).await;
@@ -326,24 +294,12 @@ impl ImportCache {
             .clone();
         match made {
             Some(node) if node.alive() => {
-                self.counters
-                    .created_for_miss
-                    .fetch_add(1, Ordering::Relaxed);
-                Ok(Source {
-                    node,
-                    outcome: "created",
-                })
+                self.counters.created_for_miss.fetch_add(1, Ordering::Relaxed);
+                Ok(Source { node, outcome: "created" })
             }
             _ => {
                 self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-                Ok(Source {
-                    node: if best.alive() {
-                        best
-                    } else {
-                        self.root().await?
-                    },
-                    outcome: "fallback",
-                })
+                Ok(Source { node: if best.alive() { best } else { self.root().await? }, outcome: "fallback" })
             }
         }
     }
@@ -360,14 +316,8 @@ impl ImportCache {
             })
             .collect();
         let most = fitting.iter().map(|n| n.packages.len()).max()?;
-        let ties: Vec<&&Arc<Node>> = fitting
-            .iter()
-            .filter(|n| n.packages.len() == most)
-            .collect();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
+        let ties: Vec<&&Arc<Node>> = fitting.iter().filter(|n| n.packages.len() == most).collect();
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
         let pick = (nanos as usize / 64) % ties.len();
         Some((*ties[pick]).clone())
     }
@@ -376,10 +326,7 @@ impl ImportCache {
     fn imports_for(&self, parent: &Node, packages: &[Package]) -> Vec<String> {
         let learned = self.learned.lock().unwrap();
         let mut out: Vec<String> = Vec::new();
-        for p in packages
-            .iter()
-            .filter(|p| !parent.packages.contains(&p.key))
-        {
+        for p in packages.iter().filter(|p| !parent.packages.contains(&p.key)) {
             let mut names: Vec<String> = p.modules.clone();
             if let Some(seen) = learned.get(&p.key) {
                 names.extend(seen.iter().cloned());
@@ -402,10 +349,7 @@ impl ImportCache {
         let Some(parent) = node.parent.clone() else {
             return;
         };
-        let missing = self
-            .imports_for(&parent, packages)
-            .into_iter()
-            .any(|m| !node.modules.contains(&m) && !node.failed.contains_key(&m));
+        let missing = self.imports_for(&parent, packages).into_iter().any(|m| !node.modules.contains(&m) && !node.failed.contains_key(&m));
         if !missing {
             return;
         }
@@ -418,9 +362,7 @@ impl ImportCache {
         }
         let (cache, old, packages) = (self.clone(), node.clone(), packages.to_vec());
         tokio::spawn(async move {
-            let made = cache
-                .create_child_with(&parent, &packages, false, old.refreshes + 1)
-                .await;
+            let made = cache.create_child_with(&parent, &packages, false, old.refreshes + 1).await;
             if made.is_some() {
                 cache.counters.refreshes.fetch_add(1, Ordering::Relaxed);
                 old.info.lock().unwrap().retired = true;
@@ -455,42 +397,17 @@ impl ImportCache {
             let mut fds = vec![root_dir.as_raw_fd(), log.as_raw_fd()];
             fds.extend(netns);
             fds.extend(cgroup.procs_fds().iter().map(|f| f.as_raw_fd()));
-            let flags = if mount_proc { FLAG_MOUNT_PROC } else { 0 }
-                | if netns.is_some() { FLAG_NETNS } else { 0 };
-            let pidfd = self
-                .fork_from(
-                    source,
-                    ForkRequest {
-                        uid: self.cfg.uid,
-                        gid: self.cfg.gid,
-                        flags,
-                    },
-                    &fds,
-                )
-                .await?;
-            return Ok(Forked {
-                process: Some(pidfd),
-                hold,
-                tree: None,
-            });
+            let flags = if mount_proc { FLAG_MOUNT_PROC } else { 0 } | if netns.is_some() { FLAG_NETNS } else { 0 } | self.seccomp_flag();
+            let pidfd = self.fork_from(source, ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags }, &fds).await?;
+            return Ok(Forked { process: Some(pidfd), hold, tree: None });
         }
         let t0 = Instant::now();
         let tree = mounts::clone_tree(root).map_err(CreateError::platform)?;
         let cloned = t0.elapsed();
         let mut fds = vec![tree.as_raw_fd(), log.as_raw_fd()];
         fds.extend(netns);
-        let flags = if netns.is_some() { FLAG_NETNS } else { 0 };
-        let result = self
-            .fork_from(
-                source,
-                ForkRequest {
-                    uid: self.cfg.uid,
-                    gid: self.cfg.gid,
-                    flags,
-                },
-                &fds,
-            )
-            .await;
+        let flags = if netns.is_some() { FLAG_NETNS } else { 0 } | self.seccomp_flag();
+        let result = self.fork_from(source, ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags }, &fds).await;
         tracing::debug!(
             zygote = source.id,
             clone_us = cloned.as_micros() as u64,
@@ -498,11 +415,7 @@ impl ImportCache {
             "forked"
         );
         match result {
-            Ok(_) => Ok(Forked {
-                process: None,
-                hold,
-                tree: Some(DetachedTree(Some(tree))),
-            }),
+            Ok(_) => Ok(Forked { process: None, hold, tree: Some(DetachedTree(Some(tree))) }),
             Err(e) => {
                 drop_tree(tree);
                 Err(e)
@@ -533,8 +446,7 @@ impl ImportCache {
     /// Make the Zygotes of a static tree (pinned: never evicted, remade when they die).
     pub async fn preload(self: &Arc<Self>, tree: &[StaticNode]) {
         let Ok(root) = self.root().await else { return };
-        let mut stack: Vec<(Arc<Node>, &StaticNode)> =
-            tree.iter().map(|n| (root.clone(), n)).collect();
+        let mut stack: Vec<(Arc<Node>, &StaticNode)> = tree.iter().map(|n| (root.clone(), n)).collect();
         while let Some((parent, spec)) = stack.pop() {
             let Some(node) = self.create_child(&parent, &spec.packages, true).await else {
                 continue;
@@ -547,51 +459,15 @@ impl ImportCache {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         [
-            (
-                "sprout_import_cache_hits",
-                "Handlers forked from a Zygote holding all their packages",
-                get(&c.hits),
-            ),
-            (
-                "sprout_import_cache_misses",
-                "Handlers for which a child Zygote was made first",
-                get(&c.created_for_miss),
-            ),
-            (
-                "sprout_import_cache_fallbacks",
-                "Handlers forked from a Zygote lacking some of their packages",
-                get(&c.fallbacks),
-            ),
-            (
-                "sprout_zygotes_created",
-                "Child Zygotes made",
-                get(&c.created),
-            ),
-            (
-                "sprout_zygote_creation_failures",
-                "Child Zygotes that failed to start",
-                get(&c.creation_failures),
-            ),
-            (
-                "sprout_zygote_evictions",
-                "Zygotes evicted from the import cache",
-                get(&c.evictions),
-            ),
-            (
-                "sprout_zygote_deaths",
-                "Zygotes that died by themselves",
-                get(&c.deaths),
-            ),
-            (
-                "sprout_zygote_restarts",
-                "Times the root Zygote was restarted",
-                get(&c.root_restarts),
-            ),
-            (
-                "sprout_zygote_refreshes",
-                "Zygotes replaced by fuller ones as lambdas revealed their imports",
-                get(&c.refreshes),
-            ),
+            ("sprout_import_cache_hits", "Handlers forked from a Zygote holding all their packages", get(&c.hits)),
+            ("sprout_import_cache_misses", "Handlers for which a child Zygote was made first", get(&c.created_for_miss)),
+            ("sprout_import_cache_fallbacks", "Handlers forked from a Zygote lacking some of their packages", get(&c.fallbacks)),
+            ("sprout_zygotes_created", "Child Zygotes made", get(&c.created)),
+            ("sprout_zygote_creation_failures", "Child Zygotes that failed to start", get(&c.creation_failures)),
+            ("sprout_zygote_evictions", "Zygotes evicted from the import cache", get(&c.evictions)),
+            ("sprout_zygote_deaths", "Zygotes that died by themselves", get(&c.deaths)),
+            ("sprout_zygote_restarts", "Times the root Zygote was restarted", get(&c.root_restarts)),
+            ("sprout_zygote_refreshes", "Zygotes replaced by fuller ones as lambdas revealed their imports", get(&c.refreshes)),
         ]
     }
 
@@ -601,12 +477,7 @@ impl ImportCache {
         fn describe(node: &Node, nodes: &BTreeMap<u64, Arc<Node>>, window: Duration) -> Value {
             let recent = node.uses_within(window);
             let info = node.info.lock().unwrap();
-            let children: Vec<Value> = info
-                .children
-                .iter()
-                .filter_map(|c| nodes.get(c))
-                .map(|c| describe(c, nodes, window))
-                .collect();
+            let children: Vec<Value> = info.children.iter().filter_map(|c| nodes.get(c)).map(|c| describe(c, nodes, window)).collect();
             json!({
                 "id": node.id,
                 "adds": node.added,
@@ -625,21 +496,12 @@ impl ImportCache {
                 "children": children,
             })
         }
-        let tree = nodes
-            .get(&0)
-            .map(|root| describe(root, &nodes, self.cfg.window));
-        let package_pss: u64 = nodes
-            .values()
-            .filter(|n| !n.is_root())
-            .map(|n| n.info.lock().unwrap().pss)
-            .sum();
+        let tree = nodes.get(&0).map(|root| describe(root, &nodes, self.cfg.window));
+        let package_pss: u64 = nodes.values().filter(|n| !n.is_root()).map(|n| n.info.lock().unwrap().pss).sum();
         let mut out = serde_json::Map::new();
         out.insert("enabled".into(), json!(self.enabled()));
         out.insert("zygotes".into(), json!(nodes.len()));
-        out.insert(
-            "package_zygotes_pss_mb".into(),
-            json!(package_pss as f64 / (1 << 20) as f64),
-        );
+        out.insert("package_zygotes_pss_mb".into(), json!(package_pss as f64 / (1 << 20) as f64));
         out.insert("memory_limit_mb".into(), json!(self.cfg.memory_limit >> 20));
         for (name, _, value) in self.counters() {
             out.insert(name.trim_start_matches("sprout_").to_string(), json!(value));

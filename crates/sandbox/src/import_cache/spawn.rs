@@ -9,28 +9,14 @@ impl ImportCache {
         let root = dir.join("root");
         std::fs::create_dir_all(&root).map_err(CreateError::platform)?;
         let _ = mounts::detach(&root);
-        self.stage
-            .stitch(&root, None, 16, 0, 0)
-            .map_err(CreateError::platform)?;
+        self.stage.stitch(&root, None, 16, 0, 0).map_err(CreateError::platform)?;
         let result = async {
-            let endpoint =
-                Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
-            let mut cgroup = Cgroup::create(
-                self.layout.clone(),
-                &format!("{}/zygote-0", self.cgroup_parent),
-            )
-            .map_err(CreateError::platform)?;
-            cgroup
-                .set_limits(&self.cfg.zygote_limits)
-                .map_err(CreateError::platform)?;
+            let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
+            let mut cgroup =
+                Cgroup::create(self.layout.clone(), &format!("{}/zygote-0", self.cgroup_parent)).map_err(CreateError::platform)?;
+            cgroup.set_limits(&self.cfg.zygote_limits).map_err(CreateError::platform)?;
             let log = log_pipe("<zygote 0>", 0).map_err(CreateError::platform)?;
-            let argv = [
-                self.cfg.python.clone(),
-                "-I".into(),
-                "-S".into(),
-                HELPER_IN_SANDBOX.into(),
-                "zygote".into(),
-            ];
+            let argv = [self.cfg.python.clone(), "-I".into(), "-S".into(), HELPER_IN_SANDBOX.into(), "zygote".into()];
             let started = Instant::now();
             let process = spawn(&SpawnSpec {
                 root: &root,
@@ -38,6 +24,7 @@ impl ImportCache {
                 new_namespaces: true,
                 new_network: self.cfg.isolate_network,
                 netns: None,
+                seccomp: self.cfg.seccomp.then_some(crate::seccomp::Profile::Zygote),
                 mount_proc: false,
                 hostname: Some("zygote"),
                 user: None,
@@ -53,29 +40,16 @@ impl ImportCache {
                 Err(e) => {
                     process.kill();
                     process.reap();
-                    return Err(CreateError::platform(format!(
-                        "the root Zygote did not start: {e}"
-                    )));
+                    return Err(CreateError::platform(format!("the root Zygote did not start: {e}")));
                 }
             };
-            let hello: Hello = channel
-                .recv()
-                .await
-                .map(|(h, _)| h)
-                .map_err(CreateError::platform)?;
+            let hello: Hello = channel.recv().await.map(|(h, _)| h).map_err(CreateError::platform)?;
             if hello.role.as_deref() != Some("zygote") {
                 process.kill();
-                return Err(CreateError::platform(format!(
-                    "the root Zygote said {hello:?}"
-                )));
+                return Err(CreateError::platform(format!("the root Zygote said {hello:?}")));
             }
             tracing::info!(pid = process.pid(), "root Zygote ready");
-            let zygote = ZygoteProcess {
-                channel,
-                process,
-                cgroup,
-                root: root.clone(),
-            };
+            let zygote = ZygoteProcess { channel, process, cgroup, root: root.clone() };
             Ok(Node {
                 id: 0,
                 parent: None,
@@ -90,10 +64,7 @@ impl ImportCache {
                 created: Instant::now(),
                 start_ms: started.elapsed().as_secs_f64() * 1000.0,
                 process: tokio::sync::Mutex::new(Some(zygote)),
-                info: Mutex::new(NodeInfo {
-                    alive: true,
-                    ..Default::default()
-                }),
+                info: Mutex::new(NodeInfo { alive: true, ..Default::default() }),
             })
         }
         .await;
@@ -105,13 +76,7 @@ impl ImportCache {
 
     /// Notice when `node`'s process exits, and forget it (and its subtree) then.
     pub(super) async fn watch(self: &Arc<Self>, node: &Arc<Node>) {
-        let pidfd = match node
-            .process
-            .lock()
-            .await
-            .as_ref()
-            .map(|z| z.process.try_clone())
-        {
+        let pidfd = match node.process.lock().await.as_ref().map(|z| z.process.try_clone()) {
             Some(Ok(p)) => p,
             _ => return,
         };
@@ -149,14 +114,8 @@ impl ImportCache {
             return;
         }
         if died {
-            self.counters
-                .deaths
-                .fetch_add(doomed.len() as u64, Ordering::Relaxed);
-            tracing::warn!(
-                zygote = id,
-                lost = doomed.len(),
-                "a Zygote died; it is replaced when next needed"
-            );
+            self.counters.deaths.fetch_add(doomed.len() as u64, Ordering::Relaxed);
+            tracing::warn!(zygote = id, lost = doomed.len(), "a Zygote died; it is replaced when next needed");
         }
         // Children first: a parent's death would kill them anyway, but their mounts and
         // cgroups are ours to remove.
@@ -167,12 +126,7 @@ impl ImportCache {
         }
     }
 
-    pub(super) async fn create_child(
-        self: &Arc<Self>,
-        parent: &Arc<Node>,
-        packages: &[Package],
-        pinned: bool,
-    ) -> Option<Arc<Node>> {
+    pub(super) async fn create_child(self: &Arc<Self>, parent: &Arc<Node>, packages: &[Package], pinned: bool) -> Option<Arc<Node>> {
         self.create_child_with(parent, packages, pinned, 0).await
     }
 
@@ -189,25 +143,13 @@ impl ImportCache {
         let started = Instant::now();
         match self.spawn_child(id, parent, packages).await {
             Ok((zygote, hello)) => {
-                let added: Vec<String> = packages
-                    .iter()
-                    .filter(|p| !parent.packages.contains(&p.key))
-                    .map(|p| p.key.clone())
-                    .collect();
-                let benefit = packages
-                    .iter()
-                    .filter(|p| added.contains(&p.key))
-                    .map(|p| p.size_bytes)
-                    .sum();
+                let added: Vec<String> = packages.iter().filter(|p| !parent.packages.contains(&p.key)).map(|p| p.key.clone()).collect();
+                let benefit = packages.iter().filter(|p| added.contains(&p.key)).map(|p| p.size_bytes).sum();
                 let mut modules = parent.modules.clone();
                 modules.extend(hello.imported.unwrap_or_default());
                 let failed = hello.failed.unwrap_or_default();
                 if !failed.is_empty() {
-                    tracing::info!(
-                        zygote = id,
-                        ?failed,
-                        "some modules could not be imported ahead; handlers import them"
-                    );
+                    tracing::info!(zygote = id, ?failed, "some modules could not be imported ahead; handlers import them");
                 }
                 let node = Arc::new(Node {
                     id,
@@ -223,10 +165,7 @@ impl ImportCache {
                     created: Instant::now(),
                     start_ms: started.elapsed().as_secs_f64() * 1000.0,
                     process: tokio::sync::Mutex::new(Some(zygote)),
-                    info: Mutex::new(NodeInfo {
-                        alive: true,
-                        ..Default::default()
-                    }),
+                    info: Mutex::new(NodeInfo { alive: true, ..Default::default() }),
                 });
                 {
                     let mut nodes = self.nodes.lock().unwrap();
@@ -235,9 +174,7 @@ impl ImportCache {
                         // The parent died meanwhile, and this child with it.
                         drop(parent_info);
                         drop(nodes);
-                        self.counters
-                            .creation_failures
-                            .fetch_add(1, Ordering::Relaxed);
+                        self.counters.creation_failures.fetch_add(1, Ordering::Relaxed);
                         let node2 = node.clone();
                         let cache = self.clone();
                         tokio::spawn(async move {
@@ -264,13 +201,8 @@ impl ImportCache {
                 Some(node)
             }
             Err(e) => {
-                self.counters
-                    .creation_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                self.failed_sets
-                    .lock()
-                    .unwrap()
-                    .insert(want, Instant::now());
+                self.counters.creation_failures.fetch_add(1, Ordering::Relaxed);
+                self.failed_sets.lock().unwrap().insert(want, Instant::now());
                 tracing::warn!(parent = parent.id, "a child Zygote failed to start: {e}");
                 None
             }
@@ -286,13 +218,8 @@ impl ImportCache {
         let dir = self.stage.run.join("zygote").join(id.to_string());
         let root = dir.join("root");
         std::fs::create_dir_all(&root).map_err(CreateError::platform)?;
-        self.stage
-            .stitch(&root, None, 16, self.cfg.uid, self.cfg.gid)
-            .map_err(CreateError::platform)?;
-        let mut cgroup = match Cgroup::create(
-            self.layout.clone(),
-            &format!("{}/zygote-{id}", self.cgroup_parent),
-        ) {
+        self.stage.stitch(&root, None, 16, self.cfg.uid, self.cfg.gid).map_err(CreateError::platform)?;
+        let mut cgroup = match Cgroup::create(self.layout.clone(), &format!("{}/zygote-{id}", self.cgroup_parent)) {
             Ok(c) => c,
             Err(e) => {
                 let _ = mounts::detach(&root);
@@ -300,89 +227,44 @@ impl ImportCache {
             }
         };
         let result = async {
-            cgroup
-                .set_limits(&self.cfg.zygote_limits)
-                .map_err(CreateError::platform)?;
-            let endpoint =
-                Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
+            cgroup.set_limits(&self.cfg.zygote_limits).map_err(CreateError::platform)?;
+            let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
             let log = log_pipe(&format!("<zygote {id}>"), id).map_err(CreateError::platform)?;
             let tree = mounts::clone_tree(&root).map_err(CreateError::platform)?;
             let mut fds: Vec<RawFd> = vec![tree.as_raw_fd(), log.as_raw_fd()];
             let mut flags = FLAG_ZYGOTE;
             if parent.is_root() {
-                fds.push(
-                    self.userns
-                        .as_ref()
-                        .ok_or_else(|| CreateError::platform("no user namespace"))?
-                        .as_raw_fd(),
-                );
+                fds.push(self.userns.as_ref().ok_or_else(|| CreateError::platform("no user namespace"))?.as_raw_fd());
                 flags |= FLAG_USERNS;
             }
-            let request = ForkRequest {
-                uid: 0,
-                gid: 0,
-                flags,
-            };
+            let request = ForkRequest { uid: 0, gid: 0, flags };
             self.fork_from(parent, request, &fds).await?;
             drop(log);
             // Held until the child has connected: the last holder of a detached tree waits for
             // an RCU grace period as it goes, and that must not be the new Zygote.
-            let accepted =
-                accept_and_place(endpoint, &cgroup, self.cfg.start_timeout, 1 << 20).await;
+            let accepted = accept_and_place(endpoint, &cgroup, self.cfg.start_timeout, 1 << 20).await;
             drop_tree(tree);
             let (mut channel, process) = accepted?;
             let imports = self.imports_for(parent, packages);
             let paths: Vec<String> = packages.iter().map(|p| p.path.clone()).collect();
-            channel
-                .send(
-                    &ZygoteOrder {
-                        op: "zygote",
-                        paths: &paths,
-                        imports: &imports,
-                    },
-                    &[],
-                )
-                .await
-                .map_err(CreateError::platform)?;
-            let hello =
-                tokio::time::timeout(self.cfg.import_timeout, channel.recv::<Hello>()).await;
+            channel.send(&ZygoteOrder { op: "zygote", paths: &paths, imports: &imports }, &[]).await.map_err(CreateError::platform)?;
+            let hello = tokio::time::timeout(self.cfg.import_timeout, channel.recv::<Hello>()).await;
             let hello = match hello {
                 Ok(Ok((h, _))) if h.role.as_deref() == Some("zygote") => h,
-                Ok(Ok((h, _))) => {
-                    return Err(CreateError::platform(format!(
-                        "the child Zygote said {h:?}"
-                    )))
-                }
+                Ok(Ok((h, _))) => return Err(CreateError::platform(format!("the child Zygote said {h:?}"))),
                 Ok(Err(e)) => {
-                    let why = if cgroup.oom_kills() > 0 {
-                        "it ran out of memory importing".to_string()
-                    } else {
-                        e.to_string()
-                    };
-                    return Err(CreateError::platform(format!(
-                        "the child Zygote died while importing: {why}"
-                    )));
+                    let why = if cgroup.oom_kills() > 0 { "it ran out of memory importing".to_string() } else { e.to_string() };
+                    return Err(CreateError::platform(format!("the child Zygote died while importing: {why}")));
                 }
                 Err(_) => {
-                    return Err(CreateError::platform(format!(
-                        "the child Zygote did not import within {:?}",
-                        self.cfg.import_timeout
-                    )))
+                    return Err(CreateError::platform(format!("the child Zygote did not import within {:?}", self.cfg.import_timeout)))
                 }
             };
             Ok((channel, process, hello))
         }
         .await;
         match result {
-            Ok((channel, process, hello)) => Ok((
-                ZygoteProcess {
-                    channel,
-                    process,
-                    cgroup,
-                    root,
-                },
-                hello,
-            )),
+            Ok((channel, process, hello)) => Ok((ZygoteProcess { channel, process, cgroup, root }, hello)),
             Err(e) => {
                 cgroup.kill_all();
                 cgroup.wait_empty(Duration::from_secs(5)).await;
@@ -396,31 +278,20 @@ impl ImportCache {
 
     /// Send a fork request to `node`. A root that stopped answering is restarted by the next
     /// caller of [`ImportCache::root`]; a child that did is forgotten.
-    pub(super) async fn fork_from(
-        &self,
-        node: &Arc<Node>,
-        request: ForkRequest,
-        fds: &[RawFd],
-    ) -> Result<PidFd, CreateError> {
+    pub(super) async fn fork_from(&self, node: &Arc<Node>, request: ForkRequest, fds: &[RawFd]) -> Result<PidFd, CreateError> {
         let mut guard = node.process.lock().await;
         let Some(zygote) = guard.as_mut() else {
             return Err(CreateError::platform(format!("Zygote {} is gone", node.id)));
         };
         match zygote.fork(request, fds, self.cfg.start_timeout).await {
             Ok(pidfd) => Ok(pidfd),
-            Err(ForkError::Refused(e)) => Err(CreateError::platform(format!(
-                "Zygote {} could not fork: {e}",
-                node.id
-            ))),
+            Err(ForkError::Refused(e)) => Err(CreateError::platform(format!("Zygote {} could not fork: {e}", node.id))),
             Err(ForkError::Broken(why)) => {
                 node.info.lock().unwrap().alive = false;
                 if let Some(z) = guard.take() {
                     z.process.kill();
                 }
-                Err(CreateError::platform(format!(
-                    "Zygote {} stopped answering: {why}",
-                    node.id
-                )))
+                Err(CreateError::platform(format!("Zygote {} stopped answering: {why}", node.id)))
             }
         }
     }
@@ -428,14 +299,7 @@ impl ImportCache {
     /// Stop every Zygote (at shutdown).
     pub async fn shutdown(self: &Arc<Self>) {
         let root = self.root.lock().await.take();
-        let ids: Vec<u64> = self
-            .nodes
-            .lock()
-            .unwrap()
-            .keys()
-            .copied()
-            .filter(|id| *id != 0)
-            .collect();
+        let ids: Vec<u64> = self.nodes.lock().unwrap().keys().copied().filter(|id| *id != 0).collect();
         for id in ids.into_iter().rev() {
             self.forget(id, false).await;
         }
@@ -453,27 +317,17 @@ pub async fn accept_and_place(
     timeout: Duration,
     max_body: u32,
 ) -> Result<(crate::channel::Channel, PidFd), CreateError> {
-    let (channel, peer) = endpoint
-        .accept(timeout, max_body)
-        .await
-        .map_err(CreateError::platform)?;
-    let peer =
-        peer.ok_or_else(|| CreateError::platform("cannot identify the process that connected"))?;
+    let (channel, peer) = endpoint.accept(timeout, max_body).await.map_err(CreateError::platform)?;
+    let peer = peer.ok_or_else(|| CreateError::platform("cannot identify the process that connected"))?;
     // A move may wait for an RCU grace period (see Layout::favor_dynamic_modifications):
     // never on the async threads.
-    let fds: Vec<std::os::fd::OwnedFd> = cgroup
-        .procs_fds()
-        .iter()
-        .map(|f| f.try_clone())
-        .collect::<std::io::Result<_>>()
-        .map_err(CreateError::platform)?;
+    let fds: Vec<std::os::fd::OwnedFd> =
+        cgroup.procs_fds().iter().map(|f| f.try_clone()).collect::<std::io::Result<_>>().map_err(CreateError::platform)?;
     let pid = peer.pid();
     tokio::task::spawn_blocking(move || crate::cgroup::write_pid(&fds, pid))
         .await
         .map_err(CreateError::platform)?
-        .map_err(|e| {
-            CreateError::platform(format!("moving the new process into its cgroup: {e}"))
-        })?;
+        .map_err(|e| CreateError::platform(format!("moving the new process into its cgroup: {e}")))?;
     if peer.has_exited() {
         return Err(CreateError::platform("the new process exited during setup"));
     }

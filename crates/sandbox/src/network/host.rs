@@ -33,53 +33,29 @@ pub struct Claim {
 
 /// Where `nft` is.
 pub fn nft_binary() -> Option<&'static str> {
-    ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
+    ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"].into_iter().find(|p| Path::new(p).exists())
 }
 
 fn need_tools() -> io::Result<(&'static str, &'static str)> {
     match (ip_binary(), nft_binary()) {
         (Some(ip), Some(nft)) => Ok((ip, nft)),
-        (None, _) => Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            "network isolation needs iproute2's `ip` (apt-get install iproute2)",
-        )),
-        (_, None) => Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            "network isolation needs `nft` (apt-get install nftables)",
-        )),
+        (None, _) => Err(io::Error::new(io::ErrorKind::NotFound, "network isolation needs iproute2's `ip` (apt-get install iproute2)")),
+        (_, None) => Err(io::Error::new(io::ErrorKind::NotFound, "network isolation needs `nft` (apt-get install nftables)")),
     }
 }
 
 /// The IPv4 prefixes of every route on the host, in every table.
 fn host_routes(ip: &str) -> io::Result<Vec<(Ipv4Addr, u8, String)>> {
-    let out = Command::new(ip)
-        .args(["-4", "-o", "route", "show", "table", "all"])
-        .output()?;
+    let out = Command::new(ip).args(["-4", "-o", "route", "show", "table", "all"]).output()?;
     if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "ip route show: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        return Err(io::Error::other(format!("ip route show: {}", String::from_utf8_lossy(&out.stderr).trim())));
     }
     Ok(parse_routes(&String::from_utf8_lossy(&out.stdout)))
 }
 
 /// Destination prefixes of `ip -o route` lines (`[type] dst ...`), with each line.
 fn parse_routes(text: &str) -> Vec<(Ipv4Addr, u8, String)> {
-    let kinds = [
-        "unicast",
-        "local",
-        "broadcast",
-        "multicast",
-        "blackhole",
-        "unreachable",
-        "prohibit",
-        "throw",
-        "nat",
-        "anycast",
-    ];
+    let kinds = ["unicast", "local", "broadcast", "multicast", "blackhole", "unreachable", "prohibit", "throw", "nat", "anycast"];
     text.lines()
         .filter_map(|line| {
             let mut words = line.split_whitespace();
@@ -101,10 +77,7 @@ fn parse_routes(text: &str) -> Vec<(Ipv4Addr, u8, String)> {
 
 /// A route overlapping `block`, if the host has one.
 fn conflict(block: &Block, routes: &[(Ipv4Addr, u8, String)]) -> Option<String> {
-    routes
-        .iter()
-        .find(|(a, p, _)| block.overlaps(*a, *p))
-        .map(|r| r.2.clone())
+    routes.iter().find(|(a, p, _)| block.overlaps(*a, *p)).map(|r| r.2.clone())
 }
 
 /// Take `wanted` (or, with None, the first free block of [`plan::auto_candidates`] from
@@ -120,13 +93,8 @@ pub fn claim(
 ) -> io::Result<(Block, Vec<rules::Service>)> {
     let (ip, nft) = need_tools()?;
     std::fs::create_dir_all("/run/sprout")?;
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(LOCK_FILE)?;
-    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| io::Error::from(e))?;
+    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(LOCK_FILE)?;
+    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))?;
     let routes = host_routes(ip)?;
     let block = match wanted {
         Some(block) => {
@@ -144,30 +112,15 @@ pub fn claim(
     let services: Vec<rules::Service> = specs
         .iter()
         .enumerate()
-        .map(|(i, s)| {
-            s.at(block
-                .service_address(i)
-                .expect("at most 254 services (the configuration checks)"))
-        })
+        .map(|(i, s)| s.at(block.service_address(i).expect("at most 254 services (the configuration checks)")))
         .collect();
     run_script(
         command(ip, &["-batch", "-"]),
-        &format!(
-            "route add blackhole {block}\nroute add local {} dev lo table local\n",
-            block.services_net()
-        ),
+        &format!("route add blackhole {block}\nroute add local {} dev lo table local\n", block.services_net()),
     )?;
-    let state = Claim {
-        tag: tag.to_string(),
-        block: block.to_string(),
-    };
-    let result =
-        std::fs::write(worker_dir.join(STATE_FILE), serde_json::to_vec(&state)?).and_then(|()| {
-            run_script(
-                command(nft, &["-f", "-"]),
-                &rules::ruleset(tag, &services, max_connections),
-            )
-        });
+    let state = Claim { tag: tag.to_string(), block: block.to_string() };
+    let result = std::fs::write(worker_dir.join(STATE_FILE), serde_json::to_vec(&state)?)
+        .and_then(|()| run_script(command(nft, &["-f", "-"]), &rules::ruleset(tag, &services, max_connections)));
     if let Err(e) = result {
         release(worker_dir, tag);
         return Err(e);
@@ -181,18 +134,12 @@ pub fn update_grants(tag: &str, verb: &str, elements: &[String]) -> io::Result<(
         return Ok(());
     }
     let (_, nft) = need_tools()?;
-    run_script(
-        command(nft, &["-f", "-"]),
-        &rules::grant_command(tag, verb, elements),
-    )
+    run_script(command(nft, &["-f", "-"]), &rules::grant_command(tag, verb, elements))
 }
 
 /// Let IPv4 packets arriving on `interface` be forwarded (to services on other hosts).
 pub fn allow_forwarding(interface: &str) -> io::Result<()> {
-    std::fs::write(
-        format!("/proc/sys/net/ipv4/conf/{interface}/forwarding"),
-        "1",
-    )
+    std::fs::write(format!("/proc/sys/net/ipv4/conf/{interface}/forwarding"), "1")
 }
 
 /// Remove everything the worker tagged `tag` in `worker_dir` set up on the host: its links,
@@ -205,49 +152,20 @@ pub fn release(worker_dir: &Path, tag: &str) -> Vec<String> {
     }
     if let Some(nft) = nft_binary() {
         let table = rules::table(tag);
-        let quiet = |args: &[&str]| {
-            Command::new(nft)
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .map(|s| s.success())
-        };
-        if quiet(&["list", "table", "inet", &table]).unwrap_or(false)
-            && quiet(&["delete", "table", "inet", &table]).unwrap_or(false)
-        {
+        let quiet = |args: &[&str]| Command::new(nft).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().map(|s| s.success());
+        if quiet(&["list", "table", "inet", &table]).unwrap_or(false) && quiet(&["delete", "table", "inet", &table]).unwrap_or(false) {
             removed.push(format!("nftables table {table}"));
         }
     }
     let state_path = state_file(worker_dir);
-    if let Some(claim) = std::fs::read(&state_path)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Claim>(&b).ok())
-    {
+    if let Some(claim) = std::fs::read(&state_path).ok().and_then(|b| serde_json::from_slice::<Claim>(&b).ok()) {
         if let (Some(ip), Ok(block)) = (ip_binary(), Block::parse(&claim.block)) {
-            let quiet = |args: &[&str]| {
-                Command::new(ip)
-                    .args(args)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status()
-                    .map(|s| s.success())
-            };
+            let quiet =
+                |args: &[&str]| Command::new(ip).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().map(|s| s.success());
             if quiet(&["route", "del", "blackhole", &claim.block]).unwrap_or(false) {
                 removed.push(format!("route blackhole {}", claim.block));
             }
-            if quiet(&[
-                "route",
-                "del",
-                "local",
-                &block.services_net(),
-                "dev",
-                "lo",
-                "table",
-                "local",
-            ])
-            .unwrap_or(false)
-            {
+            if quiet(&["route", "del", "local", &block.services_net(), "dev", "lo", "table", "local"]).unwrap_or(false) {
                 removed.push(format!("route local {}", block.services_net()));
             }
         }
@@ -280,16 +198,7 @@ mod tests {
                     172.16.0.0/24 dev eth0 proto kernel scope link src 172.16.0.2\n";
         let routes = parse_routes(text);
         let dsts: Vec<String> = routes.iter().map(|(a, p, _)| format!("{a}/{p}")).collect();
-        assert_eq!(
-            dsts,
-            [
-                "10.0.0.0/8",
-                "10.224.64.0/24",
-                "10.224.64.0/18",
-                "127.255.255.255/32",
-                "172.16.0.0/24"
-            ]
-        );
+        assert_eq!(dsts, ["10.0.0.0/8", "10.224.64.0/24", "10.224.64.0/18", "127.255.255.255/32", "172.16.0.0/24"]);
     }
 
     #[test]
@@ -298,9 +207,7 @@ mod tests {
         assert!(conflict(&Block::parse("10.224.0.0/18").unwrap(), &routes).is_some());
         assert!(conflict(&Block::parse("10.224.32.0/20").unwrap(), &routes).is_some());
         assert!(conflict(&Block::parse("10.224.64.0/18").unwrap(), &routes).is_none());
-        let free = plan::auto_candidates(0)
-            .find(|b| conflict(b, &routes).is_none())
-            .unwrap();
+        let free = plan::auto_candidates(0).find(|b| conflict(b, &routes).is_none()).unwrap();
         assert_eq!(free.to_string(), "10.224.64.0/18");
     }
 }

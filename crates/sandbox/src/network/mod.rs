@@ -48,13 +48,7 @@ impl ServiceSpec {
     /// The service where sandboxes reach it: at `address` (virtual, or the real one when
     /// sandboxes share the host's network).
     pub fn at(&self, address: Ipv4Addr) -> Service {
-        Service {
-            name: self.name.clone(),
-            address,
-            protocol: self.protocol,
-            target: self.target,
-            lambdas: self.lambdas.clone(),
-        }
+        Service { name: self.name.clone(), address, protocol: self.protocol, target: self.target, lambdas: self.lambdas.clone() }
     }
 }
 
@@ -132,20 +126,14 @@ impl LambdaNetwork {
     }
 
     pub fn interface(&self) -> &str {
-        self.namespace
-            .as_ref()
-            .map(|n| n.interface.as_str())
-            .unwrap_or("")
+        self.namespace.as_ref().map(|n| n.interface.as_str()).unwrap_or("")
     }
 }
 
 impl Drop for LambdaNetwork {
     fn drop(&mut self) {
         if let Some(namespace) = self.namespace.take() {
-            let retired = Retired {
-                namespace,
-                grants: std::mem::take(&mut self.grants),
-            };
+            let retired = Retired { namespace, grants: std::mem::take(&mut self.grants) };
             if let Err(mpsc::error::SendError(retired)) = self.retire.send(retired) {
                 // The network is gone (shutdown): remove the link here.
                 namespace::destroy(retired.namespace);
@@ -157,25 +145,10 @@ impl Drop for LambdaNetwork {
 impl Network {
     /// Claim the block and make the table (blocking: run it off the async threads), then
     /// start filling the pool. `owner`: the user namespace namespaces must belong to.
-    pub fn start(
-        worker_dir: &Path,
-        cfg: NetworkConfig,
-        owner: Option<OwnedFd>,
-    ) -> std::io::Result<Arc<Network>> {
-        let (block, services) = host::claim(
-            worker_dir,
-            &cfg.tag,
-            cfg.subnet,
-            cfg.seed,
-            &cfg.services,
-            cfg.max_connections,
-        )?;
+    pub fn start(worker_dir: &Path, cfg: NetworkConfig, owner: Option<OwnedFd>) -> std::io::Result<Arc<Network>> {
+        let (block, services) = host::claim(worker_dir, &cfg.tag, cfg.subnet, cfg.seed, &cfg.services, cfg.max_connections)?;
         let remote = services.iter().any(|s| !is_host_address(*s.target.ip()));
-        if remote
-            && std::fs::read_to_string("/proc/sys/net/ipv4/conf/all/forwarding")
-                .map(|v| v.trim() == "0")
-                .unwrap_or(true)
-        {
+        if remote && std::fs::read_to_string("/proc/sys/net/ipv4/conf/all/forwarding").map(|v| v.trim() == "0").unwrap_or(true) {
             tracing::warn!(
                 "services on other hosts are configured, but IPv4 forwarding is off: their replies are dropped unless \
                  forwarding is on for the interface they arrive on (net.ipv4.conf.<interface>.forwarding = 1)"
@@ -188,23 +161,14 @@ impl Network {
             worker_dir: worker_dir.to_path_buf(),
             owner,
             remote,
-            state: Mutex::new(PoolState {
-                slots: pool::Slots::new(block.slots()),
-                ready: Vec::new(),
-                making: 0,
-                closed: false,
-            }),
+            state: Mutex::new(PoolState { slots: pool::Slots::new(block.slots()), ready: Vec::new(), making: 0, closed: false }),
             refill: Arc::new(Notify::new()),
             freed: Arc::new(Notify::new()),
             retire,
             counters: Counters::default(),
             cfg,
         });
-        tokio::spawn(maintain(
-            Arc::downgrade(&network),
-            network.refill.clone(),
-            retired,
-        ));
+        tokio::spawn(maintain(Arc::downgrade(&network), network.refill.clone(), retired));
         network.refill.notify_one();
         Ok(network)
     }
@@ -222,17 +186,11 @@ impl Network {
             None => self.make_now().await?,
         };
         let grants = rules::grants(&namespace.interface, lambda, &self.services);
-        let mut held = LambdaNetwork {
-            namespace: Some(namespace),
-            grants: Vec::new(),
-            retire: self.retire.clone(),
-        };
+        let mut held = LambdaNetwork { namespace: Some(namespace), grants: Vec::new(), retire: self.retire.clone() };
         if !grants.is_empty() {
             let tag = self.cfg.tag.clone();
             let to_add = grants.clone();
-            tokio::task::spawn_blocking(move || host::update_grants(&tag, "add", &to_add))
-                .await
-                .map_err(std::io::Error::other)??;
+            tokio::task::spawn_blocking(move || host::update_grants(&tag, "add", &to_add)).await.map_err(std::io::Error::other)??;
             held.grants = grants;
         }
         Ok(held)
@@ -249,14 +207,8 @@ impl Network {
                 return Ok(ready);
             }
             let me = self.clone();
-            match tokio::task::spawn_blocking(move || me.make_one())
-                .await
-                .map_err(std::io::Error::other)?
-            {
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::QuotaExceeded
-                        && tokio::time::Instant::now() < deadline =>
-                {
+            match tokio::task::spawn_blocking(move || me.make_one()).await.map_err(std::io::Error::other)? {
+                Err(e) if e.kind() == std::io::ErrorKind::QuotaExceeded && tokio::time::Instant::now() < deadline => {
                     let _ = tokio::time::timeout_at(deadline, freed).await;
                 }
                 made => return made,
@@ -272,24 +224,13 @@ impl Network {
             if in_use >= self.cfg.max_namespaces {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::QuotaExceeded,
-                    format!(
-                        "all {} network namespaces (network.max_namespaces) are in use",
-                        self.cfg.max_namespaces
-                    ),
+                    format!("all {} network namespaces (network.max_namespaces) are in use", self.cfg.max_namespaces),
                 ));
             }
-            st.slots.take().ok_or_else(|| {
-                std::io::Error::other(format!("every address of {} is in use", self.block))
-            })?
+            st.slots.take().ok_or_else(|| std::io::Error::other(format!("every address of {} is in use", self.block)))?
         };
         let started = Instant::now();
-        let made = namespace::create(
-            &self.cfg.tag,
-            &self.block,
-            slot,
-            self.owner.as_ref().map(|f| f.as_raw_fd()),
-        )
-        .and_then(|ns| {
+        let made = namespace::create(&self.cfg.tag, &self.block, slot, self.owner.as_ref().map(|f| f.as_raw_fd())).and_then(|ns| {
             if self.remote {
                 host::allow_forwarding(&ns.interface)?;
             }
@@ -298,9 +239,7 @@ impl Network {
         match &made {
             Ok(_) => {
                 self.counters.made.fetch_add(1, Ordering::Relaxed);
-                self.counters
-                    .make_us
-                    .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                self.counters.make_us.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
             }
             Err(e) => {
                 self.counters.failures.fetch_add(1, Ordering::Relaxed);
@@ -349,11 +288,7 @@ impl Network {
 
 /// The pool's background work: make namespaces up to the target, remove retired ones. It
 /// ends once the network and every lambda's namespace are gone.
-async fn maintain(
-    weak: std::sync::Weak<Network>,
-    refill: Arc<Notify>,
-    mut retired: mpsc::UnboundedReceiver<Retired>,
-) {
+async fn maintain(weak: std::sync::Weak<Network>, refill: Arc<Notify>, mut retired: mpsc::UnboundedReceiver<Retired>) {
     loop {
         if let Some(network) = weak.upgrade() {
             let want = {
@@ -361,13 +296,7 @@ async fn maintain(
                 let n = if st.closed {
                     0
                 } else {
-                    pool::shortfall(
-                        network.cfg.pool,
-                        st.ready.len(),
-                        st.making,
-                        st.slots.in_use() as usize,
-                        network.cfg.max_namespaces,
-                    )
+                    pool::shortfall(network.cfg.pool, st.ready.len(), st.making, st.slots.in_use() as usize, network.cfg.max_namespaces)
                 };
                 st.making += n;
                 n
@@ -431,15 +360,7 @@ pub fn service_env(services: &[Service], lambda: &str) -> Vec<(String, String)> 
     services
         .iter()
         .filter(|s| s.allows(lambda))
-        .map(|s| {
-            (
-                format!(
-                    "SPROUT_SERVICE_{}",
-                    s.name.to_ascii_uppercase().replace('-', "_")
-                ),
-                s.virtual_endpoint().to_string(),
-            )
-        })
+        .map(|s| (format!("SPROUT_SERVICE_{}", s.name.to_ascii_uppercase().replace('-', "_")), s.virtual_endpoint().to_string()))
         .collect()
 }
 
@@ -471,19 +392,11 @@ mod tests {
             spec("olio-db", "127.0.0.1:5432", None).at(Ipv4Addr::new(10, 224, 0, 1)),
             spec("cache", "127.0.0.1:11211", Some(&["visits"])).at(Ipv4Addr::new(10, 224, 0, 2)),
         ];
-        assert_eq!(
-            service_env(&services, "olio"),
-            [(
-                "SPROUT_SERVICE_OLIO_DB".to_string(),
-                "10.224.0.1:5432".to_string()
-            )]
-        );
+        assert_eq!(service_env(&services, "olio"), [("SPROUT_SERVICE_OLIO_DB".to_string(), "10.224.0.1:5432".to_string())]);
         assert_eq!(service_env(&services, "visits").len(), 2);
         let hosts = hosts_file(&services);
         assert!(
-            hosts.contains("10.224.0.1\tolio-db\n")
-                && hosts.contains("10.224.0.2\tcache\n")
-                && hosts.starts_with("127.0.0.1\tlocalhost")
+            hosts.contains("10.224.0.1\tolio-db\n") && hosts.contains("10.224.0.2\tcache\n") && hosts.starts_with("127.0.0.1\tlocalhost")
         );
     }
 

@@ -41,32 +41,18 @@ impl Namespace {
 
 /// Where iproute2's `ip` is; the worker refuses to isolate sandboxes without it.
 pub fn ip_binary() -> Option<&'static str> {
-    ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
+    ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"].into_iter().find(|p| std::path::Path::new(p).exists())
 }
 
 /// Run `program` with `script` on its standard input; an error carries what it printed.
 pub(super) fn run_script(mut command: Command, script: &str) -> io::Result<()> {
-    command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    command.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = command.spawn()?;
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(script.as_bytes())?;
+    child.stdin.take().expect("piped").write_all(script.as_bytes())?;
     let out = child.wait_with_output()?;
     if !out.status.success() {
         let said = String::from_utf8_lossy(&out.stderr);
-        return Err(io::Error::other(format!(
-            "{:?} failed ({}): {}",
-            command.get_program(),
-            out.status,
-            said.trim()
-        )));
+        return Err(io::Error::other(format!("{:?} failed ({}): {}", command.get_program(), out.status, said.trim())));
     }
     Ok(())
 }
@@ -75,22 +61,15 @@ pub(super) fn run_script(mut command: Command, script: &str) -> io::Result<()> {
 /// namespace in which the worker's root maps to nobody) the namespace belongs to that user
 /// namespace.
 pub fn create(tag: &str, block: &Block, slot: u32, owner: Option<RawFd>) -> io::Result<Namespace> {
-    let ip = ip_binary()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "iproute2's ip is not installed"))?;
-    let address = block
-        .link_address(slot)
-        .ok_or_else(|| io::Error::other(format!("slot {slot} is outside {block}")))?;
+    let ip = ip_binary().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "iproute2's ip is not installed"))?;
+    let address = block.link_address(slot).ok_or_else(|| io::Error::other(format!("slot {slot} is outside {block}")))?;
     let interface = plan::interface(tag, slot);
     let (host_mac, inside_mac) = plan::link_macs(slot);
 
     // The inside's `ip`: first process of the new namespace, reading its commands once the
     // link exists.
     let mut inside = Command::new(ip);
-    inside
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    inside.args(["-batch", "-"]).stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
     // SAFETY: the closure runs in the forked child before exec and makes only system calls.
     unsafe {
         inside.pre_exec(move || {
@@ -108,12 +87,7 @@ pub fn create(tag: &str, block: &Block, slot: u32, owner: Option<RawFd>) -> io::
             Ok(())
         });
     }
-    let mut child = inside.spawn().map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("starting ip in a new network namespace: {e}"),
-        )
-    })?;
+    let mut child = inside.spawn().map_err(|e| io::Error::new(e.kind(), format!("starting ip in a new network namespace: {e}")))?;
     let made = (|| {
         let fd = OwnedFd::from(std::fs::File::open(format!("/proc/{}/ns/net", child.id()))?);
         let host = format!(
@@ -126,14 +100,10 @@ pub fn create(tag: &str, block: &Block, slot: u32, owner: Option<RawFd>) -> io::
         let mut host_ip = Command::new(ip);
         host_ip.args(["-batch", "-"]);
         run_script(host_ip, &host)?;
-        for (key, value) in [
-            ("ipv4/conf/{}/route_localnet", "1"),
-            ("ipv6/conf/{}/disable_ipv6", "1"),
-        ] {
+        for (key, value) in [("ipv4/conf/{}/route_localnet", "1"), ("ipv6/conf/{}/disable_ipv6", "1")] {
             let path = format!("/proc/sys/net/{}", key.replace("{}", &interface));
             if std::path::Path::new(&path).exists() {
-                std::fs::write(&path, value)
-                    .map_err(|e| io::Error::new(e.kind(), format!("writing {path}: {e}")))?;
+                std::fs::write(&path, value).map_err(|e| io::Error::new(e.kind(), format!("writing {path}: {e}")))?;
             }
         }
         Ok::<_, io::Error>(fd)
@@ -163,17 +133,9 @@ pub fn create(tag: &str, block: &Block, slot: u32, owner: Option<RawFd>) -> io::
     };
     if !out.status.success() {
         delete_link(&interface);
-        return Err(io::Error::other(format!(
-            "configuring the namespace: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        return Err(io::Error::other(format!("configuring the namespace: {}", String::from_utf8_lossy(&out.stderr).trim())));
     }
-    Ok(Namespace {
-        fd,
-        slot,
-        interface,
-        address,
-    })
+    Ok(Namespace { fd, slot, interface, address })
 }
 
 /// Delete a namespace's link (its other end goes with it); the namespace itself goes when
@@ -186,11 +148,7 @@ pub fn destroy(ns: Namespace) {
 /// Delete the host interface `name`, if it exists.
 pub fn delete_link(name: &str) {
     if let Some(ip) = ip_binary() {
-        let _ = Command::new(ip)
-            .args(["link", "del", name])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let _ = Command::new(ip).args(["link", "del", name]).stdout(Stdio::null()).stderr(Stdio::null()).status();
     }
 }
 
@@ -199,8 +157,5 @@ pub fn links_with_prefix(prefix: &str) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir("/sys/class/net") else {
         return Vec::new();
     };
-    entries
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with(prefix))
-        .collect()
+    entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.starts_with(prefix)).collect()
 }

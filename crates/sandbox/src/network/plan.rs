@@ -26,15 +26,9 @@ pub struct Block {
 impl Block {
     /// Parse `a.b.c.d/n` (n from 16 to 23, no host bits set).
     pub fn parse(text: &str) -> Result<Block, String> {
-        let (addr, prefix) = text
-            .split_once('/')
-            .ok_or_else(|| format!("{text:?} is not a block like \"10.224.0.0/18\""))?;
-        let base: Ipv4Addr = addr
-            .parse()
-            .map_err(|_| format!("{addr:?} is not an IPv4 address"))?;
-        let prefix: u8 = prefix
-            .parse()
-            .map_err(|_| format!("{prefix:?} is not a prefix length"))?;
+        let (addr, prefix) = text.split_once('/').ok_or_else(|| format!("{text:?} is not a block like \"10.224.0.0/18\""))?;
+        let base: Ipv4Addr = addr.parse().map_err(|_| format!("{addr:?} is not an IPv4 address"))?;
+        let prefix: u8 = prefix.parse().map_err(|_| format!("{prefix:?} is not a prefix length"))?;
         if !(16..=23).contains(&prefix) {
             return Err(format!("a block must be from /16 to /23, not /{prefix}"));
         }
@@ -94,11 +88,7 @@ impl Block {
     /// Whether this block and the prefix `other`/`prefix` share any address.
     pub fn overlaps(&self, other: Ipv4Addr, prefix: u8) -> bool {
         let shorter = self.prefix.min(prefix);
-        let mask = if shorter == 0 {
-            0
-        } else {
-            u32::MAX << (32 - shorter)
-        };
+        let mask = if shorter == 0 { 0 } else { u32::MAX << (32 - shorter) };
         u32::from(self.base) & mask == u32::from(other) & mask
     }
 }
@@ -117,10 +107,7 @@ pub fn auto_candidates(seed: u32) -> impl Iterator<Item = Block> {
     let start = seed % count;
     (0..count).map(move |i| {
         let n = (start + i) % count;
-        Block {
-            base: Ipv4Addr::from(u32::from(AUTO_RANGE.0) + (n << (32 - AUTO_PREFIX))),
-            prefix: AUTO_PREFIX,
-        }
+        Block { base: Ipv4Addr::from(u32::from(AUTO_RANGE.0) + (n << (32 - AUTO_PREFIX))), prefix: AUTO_PREFIX }
     })
 }
 
@@ -168,16 +155,10 @@ mod tests {
     fn services_then_links() {
         let b = Block::parse("10.224.64.0/18").unwrap();
         assert_eq!(b.service_address(0), Some(Ipv4Addr::new(10, 224, 64, 1)));
-        assert_eq!(
-            b.service_address(253),
-            Some(Ipv4Addr::new(10, 224, 64, 254))
-        );
+        assert_eq!(b.service_address(253), Some(Ipv4Addr::new(10, 224, 64, 254)));
         assert_eq!(b.service_address(254), None);
         assert_eq!(b.link_address(0), Some(Ipv4Addr::new(10, 224, 65, 0)));
-        assert_eq!(
-            b.link_address(16127),
-            Some(Ipv4Addr::new(10, 224, 127, 255))
-        );
+        assert_eq!(b.link_address(16127), Some(Ipv4Addr::new(10, 224, 127, 255)));
         assert_eq!(b.link_address(16128), None);
         assert!(b.contains(b.link_address(16127).unwrap()));
         assert!(!b.contains(Ipv4Addr::new(10, 224, 128, 0)));
@@ -197,13 +178,7 @@ mod tests {
     fn auto_tries_every_block_of_the_range_once() {
         let all: Vec<Block> = auto_candidates(5).collect();
         assert_eq!(all.len(), 128);
-        assert_eq!(
-            all[0],
-            Block {
-                base: Ipv4Addr::new(10, 225, 64, 0),
-                prefix: 18
-            }
-        );
+        assert_eq!(all[0], Block { base: Ipv4Addr::new(10, 225, 64, 0), prefix: 18 });
         let mut bases: Vec<u32> = all.iter().map(|b| u32::from(b.base)).collect();
         bases.sort();
         bases.dedup();

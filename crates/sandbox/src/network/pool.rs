@@ -14,11 +14,7 @@ pub struct Slots {
 
 impl Slots {
     pub fn new(limit: u32) -> Slots {
-        Slots {
-            limit,
-            next: 0,
-            free: BTreeSet::new(),
-        }
+        Slots { limit, next: 0, free: BTreeSet::new() }
     }
 
     /// The lowest free slot; None when every slot is taken.
@@ -52,13 +48,7 @@ impl Slots {
 /// How many namespaces to make now so that `ready` (plus those being made) reaches `target`,
 /// without passing `max_total` namespaces in all (`in_use` counts ready, assigned and being
 /// made ones).
-pub fn shortfall(
-    target: usize,
-    ready: usize,
-    making: usize,
-    in_use: usize,
-    max_total: usize,
-) -> usize {
+pub fn shortfall(target: usize, ready: usize, making: usize, in_use: usize, max_total: usize) -> usize {
     let want = target.saturating_sub(ready + making);
     want.min(max_total.saturating_sub(in_use))
 }

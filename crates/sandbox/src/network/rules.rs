@@ -60,22 +60,12 @@ impl Service {
     }
 
     pub fn allows(&self, lambda: &str) -> bool {
-        self.lambdas
-            .as_ref()
-            .map(|l| l.iter().any(|n| n == lambda))
-            .unwrap_or(true)
+        self.lambdas.as_ref().map(|l| l.iter().any(|n| n == lambda)).unwrap_or(true)
     }
 
     /// The map key and value of this service (without the link, for grants).
     fn element(&self) -> String {
-        format!(
-            "{} . {} . {} : {} . {}",
-            self.address,
-            self.protocol.name(),
-            self.target.port(),
-            self.target.ip(),
-            self.target.port()
-        )
+        format!("{} . {} . {} : {} . {}", self.address, self.protocol.name(), self.target.port(), self.target.ip(), self.target.port())
     }
 }
 
@@ -87,16 +77,8 @@ pub fn table(tag: &str) -> String {
 /// The whole table: `nft -f` makes it in one transaction (deleting an older one first).
 pub fn ruleset(tag: &str, services: &[Service], max_connections: u32) -> String {
     let links = format!("\"{}*\"", super::plan::interface_prefix(tag));
-    let everyone: Vec<String> = services
-        .iter()
-        .filter(|s| s.lambdas.is_none())
-        .map(Service::element)
-        .collect();
-    let elements = if everyone.is_empty() {
-        String::new()
-    } else {
-        format!("\t\telements = {{ {} }}\n", everyone.join(", "))
-    };
+    let everyone: Vec<String> = services.iter().filter(|s| s.lambdas.is_none()).map(Service::element).collect();
+    let elements = if everyone.is_empty() { String::new() } else { format!("\t\telements = {{ {} }}\n", everyone.join(", ")) };
     let table = table(tag);
     let mut out = String::new();
     // Declaring the table first lets the delete succeed whether or not it existed.
@@ -151,20 +133,12 @@ pub fn ruleset(tag: &str, services: &[Service], max_connections: u32) -> String 
 /// The grant elements of the link `interface` for `lambda`: the services only some lambdas
 /// may reach, of which it is one.
 pub fn grants(interface: &str, lambda: &str, services: &[Service]) -> Vec<String> {
-    services
-        .iter()
-        .filter(|s| s.lambdas.is_some() && s.allows(lambda))
-        .map(|s| format!("\"{interface}\" . {}", s.element()))
-        .collect()
+    services.iter().filter(|s| s.lambdas.is_some() && s.allows(lambda)).map(|s| format!("\"{interface}\" . {}", s.element())).collect()
 }
 
 /// `nft -f` input adding (or deleting) grant elements.
 pub fn grant_command(tag: &str, verb: &str, elements: &[String]) -> String {
-    format!(
-        "{verb} element inet {} lambda_services {{ {} }}\n",
-        table(tag),
-        elements.join(", ")
-    )
+    format!("{verb} element inet {} lambda_services {{ {} }}\n", table(tag), elements.join(", "))
 }
 
 #[cfg(test)]
@@ -183,23 +157,14 @@ mod tests {
 
     #[test]
     fn worker_wide_services_are_map_elements_and_grants_are_not() {
-        let services = [
-            service("db", 1, "127.0.0.1:5432", None),
-            service("cache", 2, "127.0.0.1:11211", Some(&["visits"])),
-        ];
+        let services = [service("db", 1, "127.0.0.1:5432", None), service("cache", 2, "127.0.0.1:11211", Some(&["visits"]))];
         let text = ruleset("abc123", &services, 64);
-        assert!(
-            text.contains("elements = { 10.224.0.1 . tcp . 5432 : 127.0.0.1 . 5432 }"),
-            "{text}"
-        );
+        assert!(text.contains("elements = { 10.224.0.1 . tcp . 5432 : 127.0.0.1 . 5432 }"), "{text}");
         assert!(!text.contains("11211"), "{text}");
         assert!(text.contains("iifname \"sbabc123-*\" jump from_sandbox"));
         assert!(text.contains("ct count over 64"));
         assert!(text.starts_with("table inet sprout_abc123 {}\ndelete table inet sprout_abc123\n"));
-        assert_eq!(
-            grants("sbabc123-7", "visits", &services),
-            ["\"sbabc123-7\" . 10.224.0.2 . tcp . 11211 : 127.0.0.1 . 11211"]
-        );
+        assert_eq!(grants("sbabc123-7", "visits", &services), ["\"sbabc123-7\" . 10.224.0.2 . tcp . 11211 : 127.0.0.1 . 11211"]);
         assert!(grants("sbabc123-7", "echo", &services).is_empty());
         assert_eq!(
             grant_command("abc123", "add", &grants("sbabc123-7", "visits", &services)),

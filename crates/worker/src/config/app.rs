@@ -34,25 +34,16 @@ impl AppSection {
             return Ok(());
         }
         let Ok(listen) = self.listen.parse::<SocketAddr>() else {
-            bail!(
-                "app.listen = {:?} is not an address like 127.0.0.1:8080",
-                self.listen
-            );
+            bail!("app.listen = {:?} is not an address like 127.0.0.1:8080", self.listen);
         };
         if worker_listen.parse::<SocketAddr>().ok() == Some(listen) {
-            bail!(
-                "app.listen = {:?} must differ from worker.listen",
-                self.listen
-            );
+            bail!("app.listen = {:?} must differ from worker.listen", self.listen);
         }
         if self.lambda.is_empty() {
             bail!("app.lambda must name the lambda the app port serves");
         }
         if !crate::registry::valid_name(&self.lambda) {
-            bail!(
-                "app.lambda = {:?} is not a lambda name (1-64 letters, digits, '-', '_', '.')",
-                self.lambda
-            );
+            bail!("app.lambda = {:?} is not a lambda name (1-64 letters, digits, '-', '_', '.')", self.lambda);
         }
         for (prefix, dir) in &self.statics {
             if !valid_prefix(prefix) {
@@ -62,16 +53,10 @@ impl AppSection {
                 );
             }
             if !dir.is_absolute() {
-                bail!(
-                    "app.static.{prefix:?} = {:?} must be an absolute path",
-                    dir.display()
-                );
+                bail!("app.static.{prefix:?} = {:?} must be an absolute path", dir.display());
             }
             if !dir.is_dir() {
-                bail!(
-                    "app.static.{prefix:?} = {:?} is not a directory",
-                    dir.display()
-                );
+                bail!("app.static.{prefix:?} = {:?} is not a directory", dir.display());
             }
         }
         Ok(())
@@ -89,9 +74,7 @@ fn valid_prefix(prefix: &str) -> bool {
             !segment.is_empty()
                 && segment != "."
                 && segment != ".."
-                && segment
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@".contains(&b))
+                && segment.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@".contains(&b))
         })
 }
 
@@ -103,10 +86,7 @@ mod tests {
         AppSection {
             listen: listen.into(),
             lambda: lambda.into(),
-            statics: statics
-                .iter()
-                .map(|(p, d)| (p.to_string(), PathBuf::from(d)))
-                .collect(),
+            statics: statics.iter().map(|(p, d)| (p.to_string(), PathBuf::from(d))).collect(),
         }
     }
 
@@ -119,9 +99,7 @@ mod tests {
         for good in ["/static/", "/a/b-c/", "/files.v2/"] {
             assert!(valid_prefix(good), "{good}");
         }
-        for bad in [
-            "/", "static/", "/static", "//", "/a//b/", "/../", "/./", "/a b/", "/%2e%2e/", "/a?/",
-        ] {
+        for bad in ["/", "static/", "/static", "//", "/a//b/", "/../", "/./", "/a b/", "/%2e%2e/", "/a?/"] {
             assert!(!valid_prefix(bad), "{bad}");
         }
     }
@@ -134,16 +112,10 @@ mod tests {
         assert!(error(app("127.0.0.1:5000", "olio", &[])).contains("worker.listen"));
         assert!(error(app("127.0.0.1:8080", "", &[])).contains("app.lambda"));
         assert!(error(app("127.0.0.1:8080", "a/b", &[])).contains("app.lambda"));
-        assert!(error(app("127.0.0.1:8080", "olio", &[("static", "/tmp")]))
-            .contains("app.static.\"static\""));
+        assert!(error(app("127.0.0.1:8080", "olio", &[("static", "/tmp")])).contains("app.static.\"static\""));
         assert!(error(app("127.0.0.1:8080", "olio", &[("/s/", "tmp")])).contains("absolute"));
         let missing = error(app("127.0.0.1:8080", "olio", &[("/s/", "/no/such/dir")]));
-        assert!(
-            missing.contains("app.static.\"/s/\"") && missing.contains("not a directory"),
-            "{missing}"
-        );
-        assert!(app("127.0.0.1:8080", "olio", &[("/s/", "/tmp")])
-            .validate("127.0.0.1:5000")
-            .is_ok());
+        assert!(missing.contains("app.static.\"/s/\"") && missing.contains("not a directory"), "{missing}");
+        assert!(app("127.0.0.1:8080", "olio", &[("/s/", "/tmp")]).validate("127.0.0.1:5000").is_ok());
     }
 }

@@ -24,14 +24,7 @@ pub struct NetworkSection {
 
 impl Default for NetworkSection {
     fn default() -> Self {
-        NetworkSection {
-            isolate: true,
-            subnet: "auto".into(),
-            pool: 4,
-            max_namespaces: 1024,
-            max_connections: 512,
-            allow: Vec::new(),
-        }
+        NetworkSection { isolate: true, subnet: "auto".into(), pool: 4, max_namespaces: 1024, max_connections: 512, allow: Vec::new() }
     }
 }
 
@@ -84,8 +77,7 @@ fn valid_service_name(name: &str) -> bool {
     let b = name.as_bytes();
     !b.is_empty()
         && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
         && name != "localhost"
@@ -101,48 +93,31 @@ pub(super) fn validate(network: &NetworkSection, text: &str) -> Result<()> {
         bail!("network.max_namespaces and network.max_connections must be greater than 0");
     }
     if network.pool >= network.max_namespaces {
-        bail!(
-            "network.pool ({}) must be smaller than network.max_namespaces ({})",
-            network.pool,
-            network.max_namespaces
-        );
+        bail!("network.pool ({}) must be smaller than network.max_namespaces ({})", network.pool, network.max_namespaces);
     }
     if network.allow.len() > 254 {
-        bail!(
-            "network.allow lists {} services; at most 254 fit a block's service addresses",
-            network.allow.len()
-        );
+        bail!("network.allow lists {} services; at most 254 fit a block's service addresses", network.allow.len());
     }
     for (i, entry) in network.allow.iter().enumerate() {
         let e = entry.get_ref();
-        let at = format!(
-            "line {}: network.allow[{i}]",
-            line_of(text, entry.span().start)
-        );
+        let at = format!("line {}: network.allow[{i}]", line_of(text, entry.span().start));
         if !valid_service_name(&e.name) {
-            bail!("{at}.name = {:?}: a service name is 1-63 lower-case letters, digits and '-' (not at either end), and not \"localhost\"", e.name);
-        }
-        if let Some(j) = network.allow[..i]
-            .iter()
-            .position(|earlier| earlier.get_ref().name == e.name)
-        {
             bail!(
-                "{at}.name = {:?} is already the name of network.allow[{j}]",
+                "{at}.name = {:?}: a service name is 1-63 lower-case letters, digits and '-' (not at either end), and not \"localhost\"",
                 e.name
             );
         }
+        if let Some(j) = network.allow[..i].iter().position(|earlier| earlier.get_ref().name == e.name) {
+            bail!("{at}.name = {:?} is already the name of network.allow[{j}]", e.name);
+        }
         let Ok(target) = e.address.parse::<SocketAddrV4>() else {
-            bail!("{at}.address = {:?}: not an IPv4 address and port like \"127.0.0.1:5432\" (host names and IPv6 are not supported)", e.address);
-        };
-        if target.port() == 0
-            || target.ip().is_unspecified()
-            || target.ip().is_multicast()
-            || target.ip().is_broadcast()
-        {
             bail!(
-                "{at}.address = {:?}: needs a real address and a port other than 0",
+                "{at}.address = {:?}: not an IPv4 address and port like \"127.0.0.1:5432\" (host names and IPv6 are not supported)",
                 e.address
             );
+        };
+        if target.port() == 0 || target.ip().is_unspecified() || target.ip().is_multicast() || target.ip().is_broadcast() {
+            bail!("{at}.address = {:?}: needs a real address and a port other than 0", e.address);
         }
         if Protocol::parse(&e.protocol).is_none() {
             bail!("{at}.protocol = {:?}: \"tcp\" or \"udp\"", e.protocol);
@@ -158,11 +133,7 @@ pub(super) fn validate(network: &NetworkSection, text: &str) -> Result<()> {
         for (j, earlier) in network.allow[..i].iter().enumerate() {
             let other = earlier.get_ref();
             if other.address == e.address && other.protocol == e.protocol {
-                bail!(
-                    "{at}.address = {:?} is already network.allow[{j}] ({:?})",
-                    e.address,
-                    other.name
-                );
+                bail!("{at}.address = {:?} is already network.allow[{j}] ({:?})", e.address, other.name);
             }
         }
     }
@@ -188,10 +159,7 @@ mod tests {
         assert_eq!(services[0].target.to_string(), "127.0.0.1:5432");
         assert_eq!(services[0].lambdas, None);
         assert_eq!(services[1].protocol, sprout_sandbox::network::Protocol::Udp);
-        assert_eq!(
-            services[1].lambdas.as_deref(),
-            Some(&["visits".to_string()][..])
-        );
+        assert_eq!(services[1].lambdas.as_deref(), Some(&["visits".to_string()][..]));
     }
 
     #[test]
@@ -219,10 +187,7 @@ mod tests {
         ];
         for (body, place, reason) in cases {
             let err = error(&format!("{head}{body}"));
-            assert!(
-                err.contains(place) && err.contains(reason),
-                "{body:?}: {err}"
-            );
+            assert!(err.contains(place) && err.contains(reason), "{body:?}: {err}");
         }
     }
 
@@ -231,14 +196,6 @@ mod tests {
         assert!(error("[network]\nsubnet = \"10.0.0.0/8\"\n").contains("network.subnet"));
         assert!(error("[network]\nsubnet = \"8.8.0.0/16\"\n").contains("private"));
         assert!(error("[network]\npool = 10\nmax_namespaces = 10\n").contains("network.pool"));
-        assert_eq!(
-            Config::parse("[network]\nsubnet = \"10.9.0.0/18\"\n")
-                .unwrap()
-                .network
-                .block()
-                .unwrap()
-                .to_string(),
-            "10.9.0.0/18"
-        );
+        assert_eq!(Config::parse("[network]\nsubnet = \"10.9.0.0/18\"\n").unwrap().network.block().unwrap().to_string(), "10.9.0.0/18");
     }
 }

@@ -18,26 +18,12 @@ pub struct VolumeSection {
 
 /// Where a sandbox's own mounts, the runtime and the packages live (and /tmp, a link into
 /// /host): no volume may cover them or lie within them.
-const RESERVED: [&str; 9] = [
-    "/proc",
-    "/sys",
-    "/dev",
-    "/host",
-    "/handler",
-    "/opt/sprout",
-    "/packages",
-    "/wheels",
-    "/tmp",
-];
+const RESERVED: [&str; 9] = ["/proc", "/sys", "/dev", "/host", "/handler", "/opt/sprout", "/packages", "/wheels", "/tmp"];
 
 impl VolumeSection {
     /// The volume as the sandbox engine takes it.
     pub fn to_volume(&self) -> sprout_sandbox::stage::Volume {
-        sprout_sandbox::stage::Volume {
-            host: self.host.clone(),
-            path: self.path.clone(),
-            writable: self.writable,
-        }
+        sprout_sandbox::stage::Volume { host: self.host.clone(), path: self.path.clone(), writable: self.writable }
     }
 }
 
@@ -52,16 +38,11 @@ pub(super) fn validate(volumes: &[VolumeSection]) -> Result<()> {
             bail!("{key}.path must not be \"/\"");
         }
         if let Some(reserved) = RESERVED.iter().find(|r| overlaps(path, r)) {
-            bail!(
-                "{key}.path = {path:?} overlaps {reserved}, which every sandbox needs for itself"
-            );
+            bail!("{key}.path = {path:?} overlaps {reserved}, which every sandbox needs for itself");
         }
         for (j, earlier) in volumes[..i].iter().enumerate() {
             if overlaps(path, &earlier.path) {
-                bail!(
-                    "{key}.path = {path:?} overlaps sandbox.volumes[{j}].path = {:?}",
-                    earlier.path
-                );
+                bail!("{key}.path = {path:?} overlaps sandbox.volumes[{j}].path = {:?}", earlier.path);
             }
         }
         let host = &volume.host;
@@ -85,16 +66,12 @@ fn is_plain_absolute(path: &str) -> bool {
     let Some(rest) = path.strip_prefix('/') else {
         return false;
     };
-    !path.chars().any(char::is_control)
-        && rest
-            .split('/')
-            .all(|s| !s.is_empty() && s != "." && s != "..")
+    !path.chars().any(char::is_control) && rest.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
 }
 
 /// Whether one path equals the other or lies under it.
 fn overlaps(a: &str, b: &str) -> bool {
-    let under =
-        |x: &str, y: &str| x == y || x.strip_prefix(y).is_some_and(|rest| rest.starts_with('/'));
+    let under = |x: &str, y: &str| x == y || x.strip_prefix(y).is_some_and(|rest| rest.starts_with('/'));
     under(a, b) || under(b, a)
 }
 
@@ -103,11 +80,7 @@ mod tests {
     use super::*;
 
     fn volume(host: &str, path: &str) -> VolumeSection {
-        VolumeSection {
-            host: PathBuf::from(host),
-            path: path.into(),
-            writable: false,
-        }
+        VolumeSection { host: PathBuf::from(host), path: path.into(), writable: false }
     }
 
     fn error(volumes: &[VolumeSection]) -> String {
@@ -116,11 +89,7 @@ mod tests {
 
     #[test]
     fn good_volumes_pass() {
-        assert!(validate(&[
-            volume("/tmp", "/srv/files"),
-            volume("/tmp", "/var/lib/olio")
-        ])
-        .is_ok());
+        assert!(validate(&[volume("/tmp", "/srv/files"), volume("/tmp", "/var/lib/olio")]).is_ok());
         assert!(validate(&[volume("/tmp", "/optional")]).is_ok()); // a prefix of /opt's name, not of the path
     }
 
@@ -131,37 +100,16 @@ mod tests {
             assert!(e.contains("sandbox.volumes[0].path"), "{bad}: {e}");
         }
         assert!(error(&[volume("/tmp", "/")]).contains("must not be \"/\""));
-        for reserved in [
-            "/proc",
-            "/proc/x",
-            "/sys",
-            "/dev/shm",
-            "/host",
-            "/handler",
-            "/opt",
-            "/opt/sprout/x",
-            "/packages",
-            "/tmp/x",
-        ] {
+        for reserved in ["/proc", "/proc/x", "/sys", "/dev/shm", "/host", "/handler", "/opt", "/opt/sprout/x", "/packages", "/tmp/x"] {
             let e = error(&[volume("/tmp", reserved)]);
-            assert!(
-                e.contains("sandbox.volumes[0].path") && e.contains("overlaps"),
-                "{reserved}: {e}"
-            );
+            assert!(e.contains("sandbox.volumes[0].path") && e.contains("overlaps"), "{reserved}: {e}");
         }
         let e = error(&[volume("/tmp", "/srv"), volume("/tmp", "/srv")]);
-        assert!(
-            e.contains("sandbox.volumes[1].path") && e.contains("sandbox.volumes[0].path"),
-            "{e}"
-        );
-        assert!(error(&[volume("/tmp", "/srv"), volume("/tmp", "/srv/x")])
-            .contains("sandbox.volumes[1]"));
+        assert!(e.contains("sandbox.volumes[1].path") && e.contains("sandbox.volumes[0].path"), "{e}");
+        assert!(error(&[volume("/tmp", "/srv"), volume("/tmp", "/srv/x")]).contains("sandbox.volumes[1]"));
         assert!(error(&[volume("tmp", "/srv")]).contains("sandbox.volumes[0].host"));
         let e = error(&[volume("/no/such/dir", "/srv")]);
-        assert!(
-            e.contains("sandbox.volumes[0].host") && e.contains("No such file"),
-            "{e}"
-        );
+        assert!(e.contains("sandbox.volumes[0].host") && e.contains("No such file"), "{e}");
         assert!(error(&[volume("/etc/hostname", "/srv")]).contains("not a directory"));
     }
 }

@@ -80,10 +80,7 @@ impl InstallCache {
         for sub in ["installed", "resolved", "staging", "installed/.ephemeral"] {
             fs::create_dir_all(root.join(sub))?;
         }
-        let cache = InstallCache {
-            root: root.to_path_buf(),
-            next: AtomicU64::new(0),
-        };
+        let cache = InstallCache { root: root.to_path_buf(), next: AtomicU64::new(0) };
         Ok(cache)
     }
 
@@ -91,19 +88,14 @@ impl InstallCache {
     /// a worker that owns the cache alone may do this; entries of other live processes are
     /// recognized by the pid in their names and kept.
     pub fn sweep(&self) {
-        for dir in [
-            self.root.join("staging"),
-            self.installed_dir().join(".ephemeral"),
-        ] {
+        for dir in [self.root.join("staging"), self.installed_dir().join(".ephemeral")] {
             let Ok(entries) = fs::read_dir(&dir) else {
                 continue;
             };
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let pid: Option<i32> = name.split('-').next().and_then(|p| p.parse().ok());
-                let alive = pid
-                    .map(|p| p != std::process::id() as i32 && unsafe { libc::kill(p, 0) } == 0)
-                    .unwrap_or(false);
+                let alive = pid.map(|p| p != std::process::id() as i32 && unsafe { libc::kill(p, 0) } == 0).unwrap_or(false);
                 if !alive {
                     let _ = fs::remove_dir_all(e.path());
                 }
@@ -129,12 +121,7 @@ impl InstallCache {
     /// Every installed package, by key.
     pub fn list(&self) -> Vec<InstalledPackage> {
         let mut out: Vec<InstalledPackage> = fs::read_dir(self.installed_dir())
-            .map(|entries| {
-                entries
-                    .flatten()
-                    .filter_map(|e| self.get(&e.file_name().to_string_lossy()))
-                    .collect()
-            })
+            .map(|entries| entries.flatten().filter_map(|e| self.get(&e.file_name().to_string_lossy())).collect())
             .unwrap_or_default();
         out.sort_by(|a, b| a.key.cmp(&b.key));
         out
@@ -143,10 +130,7 @@ impl InstallCache {
     /// A fresh directory for an install in progress, writable by `uid:gid` (pip runs as them).
     pub fn staging(&self, uid: u32, gid: u32) -> io::Result<Staging> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let dir = self
-            .root
-            .join("staging")
-            .join(format!("{}-{n}", std::process::id()));
+        let dir = self.root.join("staging").join(format!("{}-{n}", std::process::id()));
         if dir.exists() {
             fs::remove_dir_all(&dir)?;
         }
@@ -181,12 +165,7 @@ impl InstallCache {
     pub fn publish_ephemeral(&self, staging: &Staging) -> io::Result<(PathBuf, String)> {
         let files = staging.files();
         chown_tree(&files)?;
-        let name = staging
-            .dir
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
+        let name = staging.dir.file_name().unwrap().to_string_lossy().into_owned();
         let target = self.installed_dir().join(".ephemeral").join(&name);
         fs::rename(&files, &target)?;
         Ok((target, format!("/packages/.ephemeral/{name}")))
@@ -265,30 +244,16 @@ pub fn describe(files: &Path, install_ms: u64) -> io::Result<InstalledPackage> {
         .flatten()
         .map(|e| e.path())
         .find(|p| p.extension().map(|x| x == "dist-info").unwrap_or(false))
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                "pip installed no .dist-info directory",
-            )
-        })?;
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "pip installed no .dist-info directory"))?;
     let metadata = fs::read_to_string(dist_info.join("METADATA"))?;
-    let field = |name: &str| {
-        metadata
-            .lines()
-            .take_while(|l| !l.is_empty())
-            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
-    };
-    let name = field("Name:")
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "METADATA has no Name"))?;
-    let version = field("Version:")
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "METADATA has no Version"))?;
+    let field =
+        |name: &str| metadata.lines().take_while(|l| !l.is_empty()).find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()));
+    let name = field("Name:").ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "METADATA has no Name"))?;
+    let version = field("Version:").ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "METADATA has no Version"))?;
     let requires_dist = metadata
         .lines()
         .take_while(|l| !l.is_empty())
-        .filter_map(|l| {
-            l.strip_prefix("Requires-Dist:")
-                .map(|v| v.trim().to_string())
-        })
+        .filter_map(|l| l.strip_prefix("Requires-Dist:").map(|v| v.trim().to_string()))
         .collect();
     let top_level = top_level_modules(files, &dist_info);
     let (size_bytes, file_count) = disk_usage(files);
@@ -300,32 +265,21 @@ pub fn describe(files: &Path, install_ms: u64) -> io::Result<InstalledPackage> {
         requires_dist,
         size_bytes,
         files: file_count,
-        installed_at: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
+        installed_at: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         install_ms,
     })
 }
 
 fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
-    chars
-        .next()
-        .map(|c| c.is_ascii_alphabetic() || c == '_')
-        .unwrap_or(false)
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    chars.next().map(|c| c.is_ascii_alphabetic() || c == '_').unwrap_or(false) && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Importable top-level modules: `top_level.txt` when the package has one, else the modules
 /// and packages found at the top of its install.
 fn top_level_modules(files: &Path, dist_info: &Path) -> Vec<String> {
     let mut names: Vec<String> = match fs::read_to_string(dist_info.join("top_level.txt")) {
-        Ok(text) => text
-            .lines()
-            .map(|l| l.trim().replace('/', "."))
-            .filter(|l| !l.is_empty())
-            .collect(),
+        Ok(text) => text.lines().map(|l| l.trim().replace('/', ".")).filter(|l| !l.is_empty()).collect(),
         Err(_) => fs::read_dir(files)
             .map(|entries| {
                 entries
@@ -380,10 +334,7 @@ mod tests {
         fake_install(tmp.path(), None);
         let p = describe(tmp.path(), 5).unwrap();
         assert_eq!(p.key, "demo-pkg==1.0");
-        assert_eq!(
-            p.requires_dist,
-            vec!["six>=1.0", "extra-thing ; extra == \"x\""]
-        );
+        assert_eq!(p.requires_dist, vec!["six>=1.0", "extra-thing ; extra == \"x\""]);
         assert_eq!(p.top_level, vec!["_speedups", "demo_pkg", "helper_mod"]);
         assert!(p.size_bytes > 0 && p.files >= 4);
     }
@@ -408,10 +359,6 @@ mod tests {
         let got = cache.get("demo-pkg==1.0").unwrap();
         assert_eq!(got.version, "1.0");
         assert_eq!(cache.list().len(), 1);
-        assert_eq!(
-            fs::read_dir(tmp.path().join("staging")).unwrap().count(),
-            0,
-            "staging left behind"
-        );
+        assert_eq!(fs::read_dir(tmp.path().join("staging")).unwrap().count(), 0, "staging left behind");
     }
 }

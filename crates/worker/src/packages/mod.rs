@@ -47,19 +47,11 @@ pub struct InstallError {
 
 impl InstallError {
     fn from_pip(package: Option<String>, e: PipError) -> InstallError {
-        InstallError {
-            package,
-            message: e.message,
-            output: e.output,
-        }
+        InstallError { package, message: e.message, output: e.output }
     }
 
     fn internal(message: String) -> InstallError {
-        InstallError {
-            package: None,
-            message,
-            output: String::new(),
-        }
+        InstallError { package: None, message, output: String::new() }
     }
 }
 
@@ -112,14 +104,7 @@ pub struct Packages {
 }
 
 impl Packages {
-    pub fn new(
-        cache: InstallCache,
-        installer: Installer,
-        use_cache: bool,
-        allow_unpinned: bool,
-        uid: u32,
-        gid: u32,
-    ) -> Packages {
+    pub fn new(cache: InstallCache, installer: Installer, use_cache: bool, allow_unpinned: bool, uid: u32, gid: u32) -> Packages {
         Packages {
             cache,
             installer,
@@ -153,11 +138,7 @@ impl Packages {
     /// cache off) a fresh install of its own.
     pub async fn for_sandbox(&self, reqs: &[Requirement]) -> Result<Arc<PackageSet>, InstallError> {
         if reqs.is_empty() {
-            return Ok(Arc::new(PackageSet {
-                packages: Vec::new(),
-                paths: Vec::new(),
-                ephemeral: None,
-            }));
+            return Ok(Arc::new(PackageSet { packages: Vec::new(), paths: Vec::new(), ephemeral: None }));
         }
         if !self.use_cache {
             return self.install_ephemeral(reqs).await;
@@ -166,9 +147,7 @@ impl Packages {
         let set = set?;
         if !made_now {
             // Counted package by package when the set was made.
-            self.counters
-                .hits
-                .fetch_add(set.packages.len() as u64, Ordering::Relaxed);
+            self.counters.hits.fetch_add(set.packages.len() as u64, Ordering::Relaxed);
         }
         Ok(set)
     }
@@ -188,10 +167,7 @@ impl Packages {
     }
 
     /// [`Packages::prepare`], and whether this call did the work.
-    async fn prepare_set(
-        &self,
-        reqs: &[Requirement],
-    ) -> (Result<Arc<PackageSet>, InstallError>, bool) {
+    async fn prepare_set(&self, reqs: &[Requirement]) -> (Result<Arc<PackageSet>, InstallError>, bool) {
         let text = requirements::canonical_text(reqs);
         let digest = self.digest(&text);
         let cell = {
@@ -208,37 +184,20 @@ impl Packages {
         let (_, result) = cell
             .get_or_init(|| async {
                 made_now.store(true, Ordering::Relaxed);
-                (
-                    Instant::now(),
-                    self.make_set(reqs, &text, &digest).await.map(Arc::new),
-                )
+                (Instant::now(), self.make_set(reqs, &text, &digest).await.map(Arc::new))
             })
             .await;
         (result.clone(), made_now.load(Ordering::Relaxed))
     }
 
-    async fn make_set(
-        &self,
-        reqs: &[Requirement],
-        text: &str,
-        digest: &str,
-    ) -> Result<PackageSet, InstallError> {
-        let pins = match self
-            .cache
-            .resolution(digest)
-            .or_else(|| self.resolve_locally(reqs))
-        {
+    async fn make_set(&self, reqs: &[Requirement], text: &str, digest: &str) -> Result<PackageSet, InstallError> {
+        let pins = match self.cache.resolution(digest).or_else(|| self.resolve_locally(reqs)) {
             Some(pins) => pins,
             None => {
-                let staging = self
-                    .cache
-                    .staging(self.uid, self.gid)
-                    .map_err(|e| InstallError::internal(e.to_string()))?;
+                let staging = self.cache.staging(self.uid, self.gid).map_err(|e| InstallError::internal(e.to_string()))?;
                 self.counters.resolutions.fetch_add(1, Ordering::Relaxed);
                 let pins = self.installer.resolve(text, &staging).await.map_err(|e| {
-                    self.counters
-                        .resolution_failures
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.counters.resolution_failures.fetch_add(1, Ordering::Relaxed);
                     InstallError::from_pip(None, e)
                 })?;
                 if let Err(e) = self.cache.save_resolution(digest, &pins) {
@@ -270,20 +229,12 @@ impl Packages {
             .map(|(name, p)| Package {
                 key: p.key.clone(),
                 path: format!("/packages/{}", p.key),
-                modules: if named(&name) {
-                    p.top_level.clone()
-                } else {
-                    Vec::new()
-                },
+                modules: if named(&name) { p.top_level.clone() } else { Vec::new() },
                 size_bytes: p.size_bytes,
             })
             .collect();
         let paths = packages.iter().map(|p| p.path.clone()).collect();
-        Ok(PackageSet {
-            packages,
-            paths,
-            ephemeral: None,
-        })
+        Ok(PackageSet { packages, paths, ephemeral: None })
     }
 
     /// A fully pinned set whose packages are all in the cache and bring every dependency they
@@ -295,11 +246,7 @@ impl Packages {
             if r.marker.is_some() || !r.extras.is_empty() {
                 return None;
             }
-            held.push((
-                r.normalized.clone(),
-                self.cache
-                    .get(&cache::key(&r.normalized, r.pinned_version()?))?,
-            ));
+            held.push((r.normalized.clone(), self.cache.get(&cache::key(&r.normalized, r.pinned_version()?))?));
         }
         let mut pins = Vec::new();
         for (name, package) in &held {
@@ -316,10 +263,7 @@ impl Packages {
                 let specifier = requirement[pip::requirement_name(requirement).len()..].trim();
                 match held.iter().find(|(n, _)| *n == dep) {
                     Some((_, found)) => {
-                        if !requirements::satisfies(
-                            &found.version,
-                            specifier.split(';').next().unwrap_or(""),
-                        )? {
+                        if !requirements::satisfies(&found.version, specifier.split(';').next().unwrap_or(""))? {
                             return None; // a conflict: let pip explain it
                         }
                         depends_on.push(dep);
@@ -329,11 +273,7 @@ impl Packages {
                 }
             }
             depends_on.sort();
-            pins.push(Pin {
-                name: name.clone(),
-                version: package.version.clone(),
-                depends_on,
-            });
+            pins.push(Pin { name: name.clone(), version: package.version.clone(), depends_on });
         }
         Some(pins)
     }
@@ -341,13 +281,7 @@ impl Packages {
     /// Install one pinned package, once even when several sets need it at the same time.
     async fn install_once(&self, pin: &Pin) -> Result<InstalledPackage, InstallError> {
         let key = pin.key();
-        let cell = self
-            .installing
-            .lock()
-            .unwrap()
-            .entry(key.clone())
-            .or_default()
-            .clone();
+        let cell = self.installing.lock().unwrap().entry(key.clone()).or_default().clone();
         let result = cell
             .get_or_init(|| async {
                 if let Some(p) = self.cache.get(&key) {
@@ -360,8 +294,11 @@ impl Packages {
                     InstallError::from_pip(Some(key.clone()), e)
                 })?;
                 self.counters.install_ms.fetch_add(took.as_millis() as u64, Ordering::Relaxed);
-                let meta = cache::describe(&staging.files(), took.as_millis() as u64)
-                    .map_err(|e| InstallError { package: Some(key.clone()), message: format!("reading what pip installed: {e}"), output: String::new() })?;
+                let meta = cache::describe(&staging.files(), took.as_millis() as u64).map_err(|e| InstallError {
+                    package: Some(key.clone()),
+                    message: format!("reading what pip installed: {e}"),
+                    output: String::new(),
+                })?;
                 if meta.key != key {
                     return Err(InstallError::internal(format!("pip installed {} when asked for {key}", meta.key)));
                 }
@@ -375,41 +312,18 @@ impl Packages {
         result
     }
 
-    async fn install_ephemeral(
-        &self,
-        reqs: &[Requirement],
-    ) -> Result<Arc<PackageSet>, InstallError> {
+    async fn install_ephemeral(&self, reqs: &[Requirement]) -> Result<Arc<PackageSet>, InstallError> {
         let text = requirements::canonical_text(reqs);
-        let staging = self
-            .cache
-            .staging(self.uid, self.gid)
-            .map_err(|e| InstallError::internal(e.to_string()))?;
+        let staging = self.cache.staging(self.uid, self.gid).map_err(|e| InstallError::internal(e.to_string()))?;
         self.counters.installs.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .misses
-            .fetch_add(reqs.len() as u64, Ordering::Relaxed);
-        let took = self
-            .installer
-            .install_all(&text, &staging)
-            .await
-            .map_err(|e| {
-                self.counters
-                    .install_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                InstallError::from_pip(None, e)
-            })?;
-        self.counters
-            .install_ms
-            .fetch_add(took.as_millis() as u64, Ordering::Relaxed);
-        let (dir, path) = self
-            .cache
-            .publish_ephemeral(&staging)
-            .map_err(|e| InstallError::internal(e.to_string()))?;
-        Ok(Arc::new(PackageSet {
-            packages: Vec::new(),
-            paths: vec![path],
-            ephemeral: Some(EphemeralDir(dir)),
-        }))
+        self.counters.misses.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        let took = self.installer.install_all(&text, &staging).await.map_err(|e| {
+            self.counters.install_failures.fetch_add(1, Ordering::Relaxed);
+            InstallError::from_pip(None, e)
+        })?;
+        self.counters.install_ms.fetch_add(took.as_millis() as u64, Ordering::Relaxed);
+        let (dir, path) = self.cache.publish_ephemeral(&staging).map_err(|e| InstallError::internal(e.to_string()))?;
+        Ok(Arc::new(PackageSet { packages: Vec::new(), paths: vec![path], ephemeral: Some(EphemeralDir(dir)) }))
     }
 
     /// Figures for /stats.
@@ -433,26 +347,13 @@ impl Packages {
     pub fn counters(&self) -> [(&'static str, &'static str, u64); 4] {
         let c = &self.counters;
         [
-            (
-                "sprout_install_cache_hits",
-                "Packages of new sandboxes found in the install cache",
-                c.hits.load(Ordering::Relaxed),
-            ),
-            (
-                "sprout_install_cache_misses",
-                "Packages of new sandboxes that had to be installed",
-                c.misses.load(Ordering::Relaxed),
-            ),
-            (
-                "sprout_package_installs",
-                "pip installs run",
-                c.installs.load(Ordering::Relaxed),
-            ),
+            ("sprout_install_cache_hits", "Packages of new sandboxes found in the install cache", c.hits.load(Ordering::Relaxed)),
+            ("sprout_install_cache_misses", "Packages of new sandboxes that had to be installed", c.misses.load(Ordering::Relaxed)),
+            ("sprout_package_installs", "pip installs run", c.installs.load(Ordering::Relaxed)),
             (
                 "sprout_package_install_failures",
                 "pip runs (resolutions and installs) that failed",
-                c.install_failures.load(Ordering::Relaxed)
-                    + c.resolution_failures.load(Ordering::Relaxed),
+                c.install_failures.load(Ordering::Relaxed) + c.resolution_failures.load(Ordering::Relaxed),
             ),
         ]
     }
@@ -464,14 +365,8 @@ fn dependency_order(pins: &[Pin]) -> Vec<String> {
     let mut remaining: Vec<&Pin> = pins.iter().collect();
     remaining.sort_by(|a, b| a.name.cmp(&b.name));
     while !remaining.is_empty() {
-        let ready = remaining
-            .iter()
-            .position(|p| {
-                p.depends_on
-                    .iter()
-                    .all(|d| done.contains(d) || !pins.iter().any(|q| &q.name == d))
-            })
-            .unwrap_or(0); // a cycle: break it at the first name
+        let ready =
+            remaining.iter().position(|p| p.depends_on.iter().all(|d| done.contains(d) || !pins.iter().any(|q| &q.name == d))).unwrap_or(0); // a cycle: break it at the first name
         done.push(remaining.remove(ready).name.clone());
     }
     done
@@ -482,11 +377,7 @@ mod tests {
     use super::*;
 
     fn pin(name: &str, deps: &[&str]) -> Pin {
-        Pin {
-            name: name.into(),
-            version: "1".into(),
-            depends_on: deps.iter().map(|d| d.to_string()).collect(),
-        }
+        Pin { name: name.into(), version: "1".into(), depends_on: deps.iter().map(|d| d.to_string()).collect() }
     }
 
     #[test]
@@ -497,10 +388,7 @@ mod tests {
             pin("sqlparse", &[]),
             pin("typing-extensions", &[]),
         ];
-        assert_eq!(
-            dependency_order(&pins),
-            vec!["sqlparse", "typing-extensions", "asgiref", "django"]
-        );
+        assert_eq!(dependency_order(&pins), vec!["sqlparse", "typing-extensions", "asgiref", "django"]);
         let cycle = [pin("a", &["b"]), pin("b", &["a"])];
         assert_eq!(dependency_order(&cycle).len(), 2);
     }

@@ -83,18 +83,8 @@ struct ReportMetadata {
 }
 
 impl Installer {
-    pub fn new(
-        stage: Arc<Stage>,
-        layout: Arc<Layout>,
-        cgroup_parent: String,
-        cfg: InstallerConfig,
-    ) -> Installer {
-        Installer {
-            stage,
-            layout,
-            cgroup_parent,
-            cfg,
-        }
+    pub fn new(stage: Arc<Stage>, layout: Arc<Layout>, cgroup_parent: String, cfg: InstallerConfig) -> Installer {
+        Installer { stage, layout, cgroup_parent, cfg }
     }
 
     /// What distinguishes one package source from another (part of a resolution's key).
@@ -103,11 +93,7 @@ impl Installer {
             "index={} extra={} wheels={} offline={}",
             self.index_url(),
             self.cfg.extra_index_url,
-            self.cfg
-                .wheel_dir
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
+            self.cfg.wheel_dir.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
             self.cfg.offline
         )
     }
@@ -128,10 +114,7 @@ impl Installer {
                 args.extend(["--index-url".to_string(), self.cfg.index_url.clone()]);
             }
             if !self.cfg.extra_index_url.is_empty() {
-                args.extend([
-                    "--extra-index-url".to_string(),
-                    self.cfg.extra_index_url.clone(),
-                ]);
+                args.extend(["--extra-index-url".to_string(), self.cfg.extra_index_url.clone()]);
             }
         }
         if self.cfg.wheel_dir.is_some() {
@@ -144,11 +127,7 @@ impl Installer {
         let mut env: Vec<(String, String)> = PASSED_ENV
             .iter()
             .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
-            .filter(|(k, _)| {
-                !(k.starts_with("PIP_")
-                    && k.contains("INDEX")
-                    && (self.cfg.offline || !self.cfg.index_url.is_empty()))
-            })
+            .filter(|(k, _)| !(k.starts_with("PIP_") && k.contains("INDEX") && (self.cfg.offline || !self.cfg.index_url.is_empty())))
             .collect();
         env.extend([
             ("PIP_DISABLE_PIP_VERSION_CHECK".into(), "1".into()),
@@ -157,63 +136,37 @@ impl Installer {
             ("PIP_ROOT_USER_ACTION".into(), "ignore".into()),
             ("HOME".into(), "/host/work/tmp".into()),
             ("TMPDIR".into(), "/host/work/tmp".into()),
-            (
-                "PIP_CERT".into(),
-                "/etc/ssl/certs/ca-certificates.crt".into(),
-            ),
+            ("PIP_CERT".into(), "/etc/ssl/certs/ca-certificates.crt".into()),
         ]);
         env
     }
 
     /// The host's network settings and the staging directory, bound into the sandbox.
     fn binds(&self, staging: &Staging) -> Vec<Bind> {
-        let mut binds = vec![Bind {
-            src: staging.dir.clone(),
-            dst: "/host/work".into(),
-            writable: true,
-        }];
+        let mut binds = vec![Bind { src: staging.dir.clone(), dst: "/host/work".into(), writable: true }];
         for file in ["/etc/resolv.conf", "/etc/hosts"] {
             let in_base = self.stage.base.join(file.trim_start_matches('/'));
             if std::path::Path::new(file).is_file() && in_base.is_file() {
-                binds.push(Bind {
-                    src: file.into(),
-                    dst: file.into(),
-                    writable: false,
-                });
+                binds.push(Bind { src: file.into(), dst: file.into(), writable: false });
             }
         }
         let ca = ["PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"]
             .iter()
             .filter_map(|k| std::env::var(k).ok())
             .map(PathBuf::from)
-            .chain(std::iter::once(PathBuf::from(
-                "/etc/ssl/certs/ca-certificates.crt",
-            )))
+            .chain(std::iter::once(PathBuf::from("/etc/ssl/certs/ca-certificates.crt")))
             .find(|p| p.is_file());
         let in_base = self.stage.base.join("etc/ssl/certs/ca-certificates.crt");
         if let (Some(ca), true) = (ca, in_base.is_file()) {
-            binds.push(Bind {
-                src: ca,
-                dst: "/etc/ssl/certs/ca-certificates.crt".into(),
-                writable: false,
-            });
+            binds.push(Bind { src: ca, dst: "/etc/ssl/certs/ca-certificates.crt".into(), writable: false });
         }
         if let Some(wheels) = &self.cfg.wheel_dir {
-            binds.push(Bind {
-                src: wheels.clone(),
-                dst: "/wheels".into(),
-                writable: false,
-            });
+            binds.push(Bind { src: wheels.clone(), dst: "/wheels".into(), writable: false });
         }
         binds
     }
 
-    async fn pip(
-        &self,
-        what: &str,
-        staging: &Staging,
-        args: Vec<String>,
-    ) -> Result<Duration, PipError> {
+    async fn pip(&self, what: &str, staging: &Staging, args: Vec<String>) -> Result<Duration, PipError> {
         let mut argv = vec![self.cfg.python.clone(), "-m".into(), "pip".into()];
         argv.extend(args);
         let spec = OneshotSpec {
@@ -231,10 +184,7 @@ impl Installer {
         let started = Instant::now();
         let outcome = oneshot::run(&self.stage, self.layout.clone(), &self.cgroup_parent, &spec)
             .await
-            .map_err(|e| PipError {
-                message: format!("could not run pip to {what}: {e}"),
-                output: String::new(),
-            })?;
+            .map_err(|e| PipError { message: format!("could not run pip to {what}: {e}"), output: String::new() })?;
         let tail = outcome.output.trim_end().to_string();
         let why = match outcome.ending {
             Ending::Exited(0) => return Ok(started.elapsed()),
@@ -242,36 +192,22 @@ impl Installer {
             Ending::Signaled(sig) => {
                 format!("pip was killed by signal {sig} while trying to {what}")
             }
-            Ending::TimedOut => format!(
-                "pip did not {what} within the installer's limit of {:?}",
-                self.cfg.timeout
-            ),
+            Ending::TimedOut => format!("pip did not {what} within the installer's limit of {:?}", self.cfg.timeout),
             Ending::OutOfMemory => format!(
                 "pip ran out of memory (the installer's limit is {} MiB) while trying to {what}",
                 self.cfg.limits.memory_bytes >> 20
             ),
         };
-        let last_error = tail
-            .lines()
-            .rev()
-            .find(|l| l.contains("ERROR") || l.contains("error:"))
-            .map(str::trim);
+        let last_error = tail.lines().rev().find(|l| l.contains("ERROR") || l.contains("error:")).map(str::trim);
         let message = match last_error {
             Some(line) => format!("{why}: {line}"),
             None => why,
         };
-        Err(PipError {
-            message,
-            output: tail,
-        })
+        Err(PipError { message, output: tail })
     }
 
     /// Resolve `requirements` (requirements.txt text) to pinned packages with pip's resolver.
-    pub async fn resolve(
-        &self,
-        requirements: &str,
-        staging: &Staging,
-    ) -> Result<Vec<Pin>, PipError> {
+    pub async fn resolve(&self, requirements: &str, staging: &Staging) -> Result<Vec<Pin>, PipError> {
         std::fs::write(staging.dir.join("requirements.txt"), requirements).map_err(io_error)?;
         let mut args: Vec<String> = [
             "install",
@@ -289,15 +225,9 @@ impl Installer {
         args.extend(self.index_args());
         self.pip("resolve the requirements", staging, args).await?;
         let report = std::fs::read(staging.dir.join("report.json")).map_err(io_error)?;
-        let report: Report = serde_json::from_slice(&report).map_err(|e| PipError {
-            message: format!("pip's report is unreadable: {e}"),
-            output: String::new(),
-        })?;
-        let names: Vec<String> = report
-            .install
-            .iter()
-            .map(|i| normalize(&i.metadata.name))
-            .collect();
+        let report: Report = serde_json::from_slice(&report)
+            .map_err(|e| PipError { message: format!("pip's report is unreadable: {e}"), output: String::new() })?;
+        let names: Vec<String> = report.install.iter().map(|i| normalize(&i.metadata.name)).collect();
         let pins = report
             .install
             .iter()
@@ -306,21 +236,13 @@ impl Installer {
                     .metadata
                     .requires_dist
                     .iter()
-                    .filter(|r| {
-                        !r.split_once(';')
-                            .map(|(_, m)| m.contains("extra"))
-                            .unwrap_or(false)
-                    })
+                    .filter(|r| !r.split_once(';').map(|(_, m)| m.contains("extra")).unwrap_or(false))
                     .map(|r| normalize(requirement_name(r)))
                     .filter(|n| names.contains(n))
                     .collect();
                 depends_on.sort();
                 depends_on.dedup();
-                Pin {
-                    name: normalize(&item.metadata.name),
-                    version: item.metadata.version.clone(),
-                    depends_on,
-                }
+                Pin { name: normalize(&item.metadata.name), version: item.metadata.version.clone(), depends_on }
             })
             .collect();
         Ok(pins)
@@ -342,21 +264,12 @@ impl Installer {
         .to_vec();
         args.extend(self.index_args());
         args.push(format!("{}=={}", pin.name, pin.version));
-        self.pip(
-            &format!("install {}=={}", pin.name, pin.version),
-            staging,
-            args,
-        )
-        .await
+        self.pip(&format!("install {}=={}", pin.name, pin.version), staging, args).await
     }
 
     /// Install a whole requirement set with its dependencies into `staging` (the install
     /// cache switched off: what every cold start then pays).
-    pub async fn install_all(
-        &self,
-        requirements: &str,
-        staging: &Staging,
-    ) -> Result<Duration, PipError> {
+    pub async fn install_all(&self, requirements: &str, staging: &Staging) -> Result<Duration, PipError> {
         std::fs::write(staging.dir.join("requirements.txt"), requirements).map_err(io_error)?;
         let mut args: Vec<String> = [
             "install",
@@ -377,16 +290,11 @@ impl Installer {
 }
 
 fn io_error(e: std::io::Error) -> PipError {
-    PipError {
-        message: format!("installer staging: {e}"),
-        output: String::new(),
-    }
+    PipError { message: format!("installer staging: {e}"), output: String::new() }
 }
 
 /// The distribution name at the start of a Requires-Dist value.
 pub fn requirement_name(r: &str) -> &str {
-    let end = r
-        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
-        .unwrap_or(r.len());
+    let end = r.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))).unwrap_or(r.len());
     &r[..end]
 }

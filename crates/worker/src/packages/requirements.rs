@@ -30,15 +30,10 @@ impl Requirement {
     /// The pinned version, when the requirement pins one.
     pub fn pinned_version(&self) -> Option<&str> {
         let spec = self.specifier.trim();
-        let version = spec
-            .strip_prefix("===")
-            .or_else(|| spec.strip_prefix("=="))?
-            .trim();
+        let version = spec.strip_prefix("===").or_else(|| spec.strip_prefix("=="))?.trim();
         let ok = !version.is_empty()
             && !version.contains(['*', ',', '<', '>', '!', '~', '=', ' '])
-            && version
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '+'));
+            && version.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '+'));
         ok.then_some(version)
     }
 
@@ -74,11 +69,7 @@ pub enum RequirementsError {
 }
 
 fn describe(lines: &[(usize, String)]) -> String {
-    lines
-        .iter()
-        .map(|(n, l)| format!("line {n} ({l:?})"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    lines.iter().map(|(n, l)| format!("line {n} ({l:?})")).collect::<Vec<_>>().join(", ")
 }
 
 impl RequirementsError {
@@ -113,8 +104,7 @@ fn valid_name(name: &str) -> bool {
     !b.is_empty()
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 /// Parse a requirements file. With `allow_unpinned`, unpinned lines are accepted (pip then
@@ -124,10 +114,7 @@ pub fn parse(text: &str, allow_unpinned: bool) -> Result<Vec<Requirement>, Requi
     let mut unpinned = Vec::new();
     for (index, raw) in text.lines().enumerate() {
         let line = index + 1;
-        let content = match raw
-            .find(" #")
-            .or_else(|| raw.trim_start().starts_with('#').then_some(0))
-        {
+        let content = match raw.find(" #").or_else(|| raw.trim_start().starts_with('#').then_some(0)) {
             Some(i) => &raw[..i],
             None => raw,
         }
@@ -135,40 +122,25 @@ pub fn parse(text: &str, allow_unpinned: bool) -> Result<Vec<Requirement>, Requi
         if content.is_empty() {
             continue;
         }
-        let invalid = |message: &str| RequirementsError::Invalid {
-            line,
-            message: message.to_string(),
-        };
+        let invalid = |message: &str| RequirementsError::Invalid { line, message: message.to_string() };
         if content.starts_with('-') {
             return Err(invalid("options (-r, -e, --index-url, ...) are not accepted; list packages as name==version"));
         }
-        if content.contains("://")
-            || content.contains(" @ ")
-            || content.starts_with('.')
-            || content.starts_with('/')
-        {
-            return Err(invalid(
-                "URLs and paths are not accepted; list packages as name==version",
-            ));
+        if content.contains("://") || content.contains(" @ ") || content.starts_with('.') || content.starts_with('/') {
+            return Err(invalid("URLs and paths are not accepted; list packages as name==version"));
         }
         if content.ends_with('\\') {
             return Err(invalid("line continuations are not accepted"));
         }
         let (requirement, marker) = match content.split_once(';') {
-            Some((r, m)) => (
-                r.trim(),
-                Some(m.trim().to_string()).filter(|m| !m.is_empty()),
-            ),
+            Some((r, m)) => (r.trim(), Some(m.trim().to_string()).filter(|m| !m.is_empty())),
             None => (content, None),
         };
-        let name_end = requirement
-            .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
-            .unwrap_or(requirement.len());
+        let name_end =
+            requirement.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))).unwrap_or(requirement.len());
         let name = &requirement[..name_end];
         if !valid_name(name) {
-            return Err(invalid(&format!(
-                "{content:?} does not start with a package name"
-            )));
+            return Err(invalid(&format!("{content:?} does not start with a package name")));
         }
         let mut rest = requirement[name_end..].trim_start();
         let mut extras = Vec::new();
@@ -187,18 +159,9 @@ pub fn parse(text: &str, allow_unpinned: bool) -> Result<Vec<Requirement>, Requi
         }
         let specifier = rest.trim().to_string();
         if !specifier.is_empty() && !specifier.starts_with(['=', '<', '>', '!', '~', '(']) {
-            return Err(invalid(&format!(
-                "unexpected {specifier:?} after the package name"
-            )));
+            return Err(invalid(&format!("unexpected {specifier:?} after the package name")));
         }
-        let req = Requirement {
-            name: name.to_string(),
-            normalized: normalize(name),
-            extras,
-            specifier,
-            marker,
-            line,
-        };
+        let req = Requirement { name: name.to_string(), normalized: normalize(name), extras, specifier, marker, line };
         if out.iter().any(|r| r.normalized == req.normalized) {
             return Err(RequirementsError::Duplicate(req.name));
         }
@@ -226,10 +189,7 @@ fn release(version: &str) -> Option<Vec<u64>> {
 fn compare(a: &[u64], b: &[u64]) -> std::cmp::Ordering {
     let n = a.len().max(b.len());
     let at = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
-    (0..n)
-        .map(|i| at(a, i).cmp(&at(b, i)))
-        .find(|o| o.is_ne())
-        .unwrap_or(std::cmp::Ordering::Equal)
+    (0..n).map(|i| at(a, i).cmp(&at(b, i))).find(|o| o.is_ne()).unwrap_or(std::cmp::Ordering::Equal)
 }
 
 /// Whether `version` meets a PEP 440 specifier such as `>=1.0,<3` or `~=2.1`; None when the
@@ -237,14 +197,9 @@ fn compare(a: &[u64], b: &[u64]) -> std::cmp::Ordering {
 pub fn satisfies(version: &str, specifier: &str) -> Option<bool> {
     use std::cmp::Ordering::*;
     let have = release(version)?;
-    let spec = specifier
-        .trim()
-        .trim_start_matches('(')
-        .trim_end_matches(')');
+    let spec = specifier.trim().trim_start_matches('(').trim_end_matches(')');
     for clause in spec.split(',').map(str::trim).filter(|c| !c.is_empty()) {
-        let op_len = clause
-            .find(|c: char| c.is_ascii_alphanumeric())
-            .unwrap_or(clause.len());
+        let op_len = clause.find(|c: char| c.is_ascii_alphanumeric()).unwrap_or(clause.len());
         let (op, want) = (clause[..op_len].trim(), clause[op_len..].trim());
         if let Some(prefix) = want.strip_suffix(".*") {
             let want = release(prefix)?;
@@ -265,11 +220,7 @@ pub fn satisfies(version: &str, specifier: &str) -> Option<bool> {
             "<=" => order != Greater,
             ">" => order == Greater,
             "<" => order == Less,
-            "~=" if want.len() >= 2 => {
-                order != Less
-                    && have.len() >= want.len() - 1
-                    && have[..want.len() - 1] == want[..want.len() - 1]
-            }
+            "~=" if want.len() >= 2 => order != Less && have.len() >= want.len() - 1 && have[..want.len() - 1] == want[..want.len() - 1],
             _ => return None,
         };
         if !ok {
@@ -290,7 +241,11 @@ mod tests {
 
     #[test]
     fn pinned_lines_parse_into_canonical_form() {
-        let reqs = parse("# deps\nDjango==4.2.7  # web\n\nzope.interface == 6.1\nrequests[Socks,security]==2.31.0 ; python_version >= '3.8'\n", false).unwrap();
+        let reqs = parse(
+            "# deps\nDjango==4.2.7  # web\n\nzope.interface == 6.1\nrequests[Socks,security]==2.31.0 ; python_version >= '3.8'\n",
+            false,
+        )
+        .unwrap();
         let text = canonical_text(&reqs);
         assert_eq!(text, "django==4.2.7\nrequests[security,socks]==2.31.0 ; python_version >= '3.8'\nzope-interface==6.1\n");
         assert_eq!(reqs[0].pinned_version(), Some("4.2.7"));
@@ -302,21 +257,11 @@ mod tests {
         let err = parse("flask==3.0.0\nnumpy>=1.26\nrequests\npillow==10.*\n", false).unwrap_err();
         assert_eq!(err.code(), "unpinned_requirements");
         let message = err.to_string();
-        for part in [
-            "line 2",
-            "numpy>=1.26",
-            "line 3",
-            "requests",
-            "line 4",
-            "pillow==10.*",
-        ] {
+        for part in ["line 2", "numpy>=1.26", "line 3", "requests", "line 4", "pillow==10.*"] {
             assert!(message.contains(part), "{message}");
         }
         assert!(!message.contains("line 1"), "{message}");
-        assert_eq!(
-            parse("numpy>=1.26\n", true).unwrap()[0].pinned_version(),
-            None
-        );
+        assert_eq!(parse("numpy>=1.26\n", true).unwrap()[0].pinned_version(), None);
     }
 
     #[test]
@@ -336,10 +281,7 @@ mod tests {
             assert_eq!(err.code(), "invalid_requirements", "{bad}: {err}");
             assert!(err.to_string().contains("line 1"), "{bad}: {err}");
         }
-        assert!(matches!(
-            parse("a==1\nA==2\n", false),
-            Err(RequirementsError::Duplicate(_))
-        ));
+        assert!(matches!(parse("a==1\nA==2\n", false), Err(RequirementsError::Duplicate(_))));
     }
 
     #[test]

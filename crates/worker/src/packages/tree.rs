@@ -23,10 +23,8 @@ pub struct TreeNode {
 
 /// Read a tree file. Its root may list packages too (a Zygote below the root Zygote).
 pub fn load(path: &Path) -> Result<TreeNode> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading the Zygote tree {}", path.display()))?;
-    let tree: TreeNode = serde_json::from_str(&text)
-        .with_context(|| format!("parsing the Zygote tree {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the Zygote tree {}", path.display()))?;
+    let tree: TreeNode = serde_json::from_str(&text).with_context(|| format!("parsing the Zygote tree {}", path.display()))?;
     fn check(node: &TreeNode, depth: usize) -> Result<()> {
         if depth > 16 {
             bail!("the Zygote tree is deeper than 16 levels");
@@ -50,18 +48,10 @@ pub async fn resolve(tree: &TreeNode, packages: &Packages) -> Result<Vec<StaticN
         if !node.packages.is_empty() {
             let reqs = requirements::parse(&lines.join("\n"), packages.allow_unpinned())
                 .with_context(|| format!("in the Zygote tree node {:?}", node.packages))?;
-            let set = packages.prepare(&reqs).await.map_err(|e| {
-                anyhow::anyhow!("installing {:?} for the Zygote tree: {e}", node.packages)
-            })?;
-            let made = StaticNode {
-                packages: set.packages.clone(),
-                children: Vec::new(),
-            };
-            let siblings = place
-                .iter()
-                .fold(&mut out, |level: &mut Vec<StaticNode>, i| {
-                    &mut level[*i].children
-                });
+            let set =
+                packages.prepare(&reqs).await.map_err(|e| anyhow::anyhow!("installing {:?} for the Zygote tree: {e}", node.packages))?;
+            let made = StaticNode { packages: set.packages.clone(), children: Vec::new() };
+            let siblings = place.iter().fold(&mut out, |level: &mut Vec<StaticNode>, i| &mut level[*i].children);
             siblings.push(made);
             place.push(siblings.len() - 1);
         }
