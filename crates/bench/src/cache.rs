@@ -98,7 +98,11 @@ fn start(system: &str, sprout: &Path, cpus: &[usize], shared_cpu: bool) -> Resul
             }
         }
     }
-    let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().with_context(|| format!("starting {system} (scripts/setup.sh installs memcached)"))?;
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {system} (scripts/setup.sh installs memcached)"))?;
     let server = Server { child, port };
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -272,12 +276,18 @@ pub fn run(opts: &Options) -> Result<Value> {
         let mut by_conns = Map::new();
         let small = write_config(&work, opts.small_value)?;
         for &conns in &opts.connections {
-            by_conns.insert(conns.to_string(), point(&servers, conns, opts.small_value, &small, opts, &format!("{conns} conns, {} B", opts.small_value))?);
+            by_conns.insert(
+                conns.to_string(),
+                point(&servers, conns, opts.small_value, &small, opts, &format!("{conns} conns, {} B", opts.small_value))?,
+            );
         }
         let mut by_size = Map::new();
         for &size in &opts.value_sizes {
             let config = write_config(&work, size)?;
-            by_size.insert(size.to_string(), point(&servers, opts.value_connections, size, &config, opts, &format!("{} conns, {size} B", opts.value_connections))?);
+            by_size.insert(
+                size.to_string(),
+                point(&servers, opts.value_connections, size, &config, opts, &format!("{} conns, {size} B", opts.value_connections))?,
+            );
         }
         cores_json.insert(budget.to_string(), json!({ "cpus": cpus, "connections": by_conns, "value_bytes": by_size }));
     }

@@ -82,10 +82,7 @@ const NAMESPACE_SETS: [(&str, libc::c_int); 9] = [
     ("sock", libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS),
     ("no_net", libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNS),
     ("net", libc::CLONE_NEWNET),
-    (
-        "all",
-        libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNS | libc::CLONE_NEWNET,
-    ),
+    ("all", libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNS | libc::CLONE_NEWNET),
 ];
 
 /// Run every measurement, write primitives.{json,md,png} under `opts.out_dir` and return the
@@ -134,16 +131,14 @@ pub fn run(opts: &Options) -> Result<Value> {
         tree.cleanup()?;
         (storage, mount_ns)
     };
-    notes.push(
-        format!(
-            "storage: overlayfs stands in for AUFS (not in this kernel). overlay = a container-style \
+    notes.push(format!(
+        "storage: overlayfs stands in for AUFS (not in this kernel). overlay = a container-style \
              writable overlay: lowerdir with 200 files, a per-thread upperdir and workdir on the \
              work dir's file system ({}); overlay_ro = two read-only lower layers, no upper. Each \
              op is mount(2) onto the thread's own target directory then umount2(target, 0), a \
              synchronous unmount (a writable overlay syncs its upper file system at unmount).",
-            storage["work_dir_fs"].as_str().unwrap_or("?")
-        ),
-    );
+        storage["work_dir_fs"].as_str().unwrap_or("?")
+    ));
     notes.push(format!(
         "mount_ns: each op forks a child that unshares CLONE_NEWNS (copying every mount of this \
          namespace: {} host/tree mounts plus the extra bind mounts of the x-axis) and exits; the \
@@ -261,10 +256,8 @@ where
         let start = Instant::now();
         let _ = deadline.set(start + Duration::from_secs_f64(secs));
         barrier.wait();
-        let outcomes: Vec<Result<()>> = handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a measuring thread panicked"))))
-            .collect();
+        let outcomes: Vec<Result<()>> =
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a measuring thread panicked")))).collect();
         (start, outcomes)
     });
     let elapsed = start.elapsed().as_secs_f64();
@@ -277,12 +270,7 @@ where
 
 /// /proc/loadavg's three load averages.
 fn loadavg() -> Vec<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .filter_map(|x| x.parse().ok())
-        .collect()
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).filter_map(|x| x.parse().ok()).collect()
 }
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -489,9 +477,7 @@ impl MountTree {
 
     fn bind_cycle(&self, t: usize) -> Result<()> {
         let target = &self.bind_targets[t];
-        let r = unsafe {
-            libc::mount(self.lower.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null())
-        };
+        let r = unsafe { libc::mount(self.lower.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
         if r != 0 {
             bail!("bind mount: {}", errno());
         }
@@ -504,14 +490,9 @@ impl MountTree {
     /// Mount + unmount an overlay: writable (a per-thread upper layer) or read-only (two
     /// lower layers, no upper).
     fn overlay_cycle(&self, t: usize, writable: bool) -> Result<()> {
-        let (target, opts) = if writable {
-            (&self.overlay_targets[t], &self.overlay_opts[t])
-        } else {
-            (&self.overlay_ro_targets[t], &self.overlay_ro_opts)
-        };
-        let r = unsafe {
-            libc::mount(c"overlay".as_ptr(), target.as_ptr(), c"overlay".as_ptr(), 0, opts.as_ptr().cast())
-        };
+        let (target, opts) =
+            if writable { (&self.overlay_targets[t], &self.overlay_opts[t]) } else { (&self.overlay_ro_targets[t], &self.overlay_ro_opts) };
+        let r = unsafe { libc::mount(c"overlay".as_ptr(), target.as_ptr(), c"overlay".as_ptr(), 0, opts.as_ptr().cast()) };
         if r != 0 {
             bail!("overlay mount: {}", errno());
         }
@@ -527,9 +508,7 @@ impl MountTree {
             let dir = self.extra.join(format!("m{}", self.extra_count));
             std::fs::create_dir_all(&dir)?;
             let target = cstr(&dir)?;
-            let r = unsafe {
-                libc::mount(self.lower.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null())
-            };
+            let r = unsafe { libc::mount(self.lower.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
             if r != 0 {
                 bail!("extra bind mount {}: {}", dir.display(), errno());
             }

@@ -120,11 +120,7 @@ impl Worker {
         let noop = worker.dir.join("noop");
         std::fs::create_dir_all(&noop)?;
         std::fs::write(noop.join("f.py"), "def f(event):\n    return None\n")?;
-        let deploy = Command::new(&opts.sprout)
-            .args(["deploy"])
-            .arg(&noop)
-            .args(["--url", &worker.url()])
-            .output()?;
+        let deploy = Command::new(&opts.sprout).args(["deploy"]).arg(&noop).args(["--url", &worker.url()]).output()?;
         if !deploy.status.success() {
             bail!("deploying the no-op lambda: {}", String::from_utf8_lossy(&deploy.stderr));
         }
@@ -184,9 +180,7 @@ async fn closed_loop(port: u16, concurrency: usize, warmup: Duration, duration: 
                 if now >= stop_at {
                     break;
                 }
-                let request = Request::post("/run/noop")
-                    .header("host", "bench")
-                    .body(Full::new(Bytes::from_static(b"null")))?;
+                let request = Request::post("/run/noop").header("host", "bench").body(Full::new(Bytes::from_static(b"null")))?;
                 let t0 = Instant::now();
                 let response = sender.send_request(request).await?;
                 let status = response.status();
@@ -231,7 +225,8 @@ fn docker_answers() -> bool {
     let Ok(mut s) = std::os::unix::net::UnixStream::connect("/var/run/docker.sock") else { return false };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
     let mut out = [0u8; 512];
-    s.write_all(b"GET /_ping HTTP/1.0\r\n\r\n").is_ok() && s.read(&mut out).map(|n| String::from_utf8_lossy(&out[..n]).contains("OK")).unwrap_or(false)
+    s.write_all(b"GET /_ping HTTP/1.0\r\n\r\n").is_ok()
+        && s.read(&mut out).map(|n| String::from_utf8_lossy(&out[..n]).contains("OK")).unwrap_or(false)
 }
 
 /// Start Debian's Docker engine pinned to the worker's CPU, unless one is running.
@@ -260,9 +255,7 @@ fn ensure_docker(opts: &Options) -> Result<Option<Child>> {
 }
 
 fn which(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|p| p.join(program).is_file()))
-        .unwrap_or(false)
+    std::env::var_os("PATH").map(|paths| std::env::split_paths(&paths).any(|p| p.join(program).is_file())).unwrap_or(false)
 }
 
 async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Value> {
@@ -384,11 +377,31 @@ fn summarize(opts: &Options, backends: serde_json::Map<String, Value>, pinned: b
     let target = |name: &str, measured: Value, met: Option<bool>| json!({"target": name, "measured": measured, "met": met});
     let cmp = |v: Option<f64>, f: &dyn Fn(f64) -> bool| v.map(f);
     let targets = vec![
-        target("sock cold start p50 <= 5 ms at concurrency 1", json!(get(b, &["sock", "c1", "cold_p50_ms"])), cmp(get(b, &["sock", "c1", "cold_p50_ms"]), &|x| x <= 5.0)),
-        target(">= 10x runc's cold-start throughput at concurrency 10", ratios["sock_over_runc_cold_per_s_c10"].clone(), cmp(ratios["sock_over_runc_cold_per_s_c10"].as_f64(), &|x| x >= 10.0)),
-        target(">= 50x docker's cold-start throughput at concurrency 10", ratios["sock_over_docker_cold_per_s_c10"].clone(), cmp(ratios["sock_over_docker_cold_per_s_c10"].as_f64(), &|x| x >= 50.0)),
-        target("warm invocation p50 <= 0.5 ms", json!(get(b, &["sock", "warm_p50_ms"])), cmp(get(b, &["sock", "warm_p50_ms"]), &|x| x <= 0.5)),
-        target(">= 200 cold starts per second at concurrency 10", json!(get(b, &["sock", "c10", "cold_per_s"])), cmp(get(b, &["sock", "c10", "cold_per_s"]), &|x| x >= 200.0)),
+        target(
+            "sock cold start p50 <= 5 ms at concurrency 1",
+            json!(get(b, &["sock", "c1", "cold_p50_ms"])),
+            cmp(get(b, &["sock", "c1", "cold_p50_ms"]), &|x| x <= 5.0),
+        ),
+        target(
+            ">= 10x runc's cold-start throughput at concurrency 10",
+            ratios["sock_over_runc_cold_per_s_c10"].clone(),
+            cmp(ratios["sock_over_runc_cold_per_s_c10"].as_f64(), &|x| x >= 10.0),
+        ),
+        target(
+            ">= 50x docker's cold-start throughput at concurrency 10",
+            ratios["sock_over_docker_cold_per_s_c10"].clone(),
+            cmp(ratios["sock_over_docker_cold_per_s_c10"].as_f64(), &|x| x >= 50.0),
+        ),
+        target(
+            "warm invocation p50 <= 0.5 ms",
+            json!(get(b, &["sock", "warm_p50_ms"])),
+            cmp(get(b, &["sock", "warm_p50_ms"]), &|x| x <= 0.5),
+        ),
+        target(
+            ">= 200 cold starts per second at concurrency 10",
+            json!(get(b, &["sock", "c10", "cold_per_s"])),
+            cmp(get(b, &["sock", "c10", "cold_per_s"]), &|x| x >= 200.0),
+        ),
     ];
     json!({
         "machine": report::machine(),

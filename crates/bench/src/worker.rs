@@ -131,7 +131,10 @@ impl BenchWorker {
 
     /// Host pids of every process of this worker's sandboxes and Zygotes.
     pub fn sandbox_pids(&self) -> Vec<i32> {
-        let name = format!("sprout-bench-{}", self.dir.file_name().and_then(|n| n.to_str()).unwrap_or("bench").replace(|c: char| !c.is_ascii_alphanumeric(), "-"));
+        let name = format!(
+            "sprout-bench-{}",
+            self.dir.file_name().and_then(|n| n.to_str()).unwrap_or("bench").replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+        );
         let mut out = Vec::new();
         let mut stack = vec![Path::new("/sys/fs/cgroup/pids").join(&name), Path::new("/sys/fs/cgroup").join(&name)];
         while let Some(dir) = stack.pop() {

@@ -238,12 +238,7 @@ fn set(key: &[u8], datalen: usize, f: &Flags, env: &Env, out: &mut Output) -> Ne
         return Next::Swallow(datalen + 2);
     }
     Next::Data(StoreOp {
-        reply: Reply::Meta {
-            quiet: f.quiet,
-            opaque: f.opaque.map(|o| o.to_vec()),
-            ret: f.order.clone(),
-            base64: f.base64,
-        },
+        reply: Reply::Meta { quiet: f.quiet, opaque: f.opaque.map(|o| o.to_vec()), ret: f.order.clone(), base64: f.base64 },
         mode,
         key: key.to_vec(),
         flags: f.client_flags.unwrap_or(0),

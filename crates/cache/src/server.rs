@@ -27,13 +27,18 @@ pub struct Server {
 impl Server {
     /// Bind and start serving: returns once every core listens.
     pub fn start(settings: Settings) -> Result<Server> {
-        let mut builder = Runtime::builder().cores(settings.cores).name("cache").pin(settings.pin).spin(std::time::Duration::from_micros(settings.spin_us));
+        let mut builder = Runtime::builder()
+            .cores(settings.cores)
+            .name("cache")
+            .pin(settings.pin)
+            .spin(std::time::Duration::from_micros(settings.spin_us));
         if let Some(cpus) = &settings.cpus {
             builder = builder.cpus(cpus.clone());
         }
         let ip: std::net::IpAddr = settings.listen.parse().with_context(|| format!("bad listen address {:?}", settings.listen))?;
         // The first socket picks the port (when 0 asks for any); the others share it.
-        let first = bind(SocketAddr::new(ip, settings.port)).with_context(|| format!("listening on {}:{}", settings.listen, settings.port))?;
+        let first =
+            bind(SocketAddr::new(ip, settings.port)).with_context(|| format!("listening on {}:{}", settings.listen, settings.port))?;
         let addr = first.local_addr()?;
         let mut listeners = vec![first];
         for _ in 1..settings.cores {

@@ -49,11 +49,22 @@ enum Proto {
 /// How to answer a store once its value has arrived.
 #[derive(Clone, Debug)]
 pub enum Reply {
-    Text { noreply: bool },
-    Binary { opcode: u8, opaque: u32, quiet: bool },
+    Text {
+        noreply: bool,
+    },
+    Binary {
+        opcode: u8,
+        opaque: u32,
+        quiet: bool,
+    },
     /// ms: a two-letter code and the flags it asked back.
     /// `base64`: the key came base64-encoded (`b`), and goes back so.
-    Meta { quiet: bool, opaque: Option<Vec<u8>>, ret: Vec<u8>, base64: bool },
+    Meta {
+        quiet: bool,
+        opaque: Option<Vec<u8>>,
+        ret: Vec<u8>,
+        base64: bool,
+    },
 }
 
 /// A store command waiting for (or holding) its value.
@@ -73,7 +84,10 @@ pub struct StoreOp {
 enum State {
     Ready,
     /// Waiting for a value; `buf` is its own buffer when it is large.
-    Data { op: StoreOp, buf: Option<BytesMut> },
+    Data {
+        op: StoreOp,
+        buf: Option<BytesMut>,
+    },
     /// Discarding this many bytes (a refused value).
     Swallow(usize),
     /// Waiting for a stats gather.
@@ -284,8 +298,6 @@ pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Out
             }
         }
         Reply::Binary { opcode, opaque, quiet } => binary::store_reply(opcode, opaque, quiet, result, out),
-        Reply::Meta { quiet, opaque, ret, base64 } => {
-            crate::meta::store_reply(result, &op.key, base64, quiet, opaque.as_deref(), ret, out)
-        }
+        Reply::Meta { quiet, opaque, ret, base64 } => crate::meta::store_reply(result, &op.key, base64, quiet, opaque.as_deref(), ret, out),
     }
 }

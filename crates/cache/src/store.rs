@@ -374,7 +374,8 @@ impl Store {
                 return Stored::Exists
             }
             (Mode::Append(_) | Mode::Prepend(_), Some(i))
-                if item_size(key.len(), shard.entries[i as usize].value.len() + value.len(), shard.entries[i as usize].flags) > self.item_max =>
+                if item_size(key.len(), shard.entries[i as usize].value.len() + value.len(), shard.entries[i as usize].flags)
+                    > self.item_max =>
             {
                 // memcached refuses to grow an item past the item size limit.
                 return Stored::NotStored;

@@ -20,18 +20,52 @@ pub enum StoreKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command<'a> {
     /// get / gets / gat / gats: `keys` is the rest of the line (space-separated keys).
-    Get { cas: bool, touch: Option<i64>, keys: &'a [u8] },
-    Store { kind: StoreKind, key: &'a [u8], flags: u32, exptime: i64, bytes: usize, cas: u64, noreply: bool },
-    Delete { key: &'a [u8], noreply: bool },
-    Delta { incr: bool, key: &'a [u8], delta: u64, noreply: bool },
-    Touch { key: &'a [u8], exptime: i64, noreply: bool },
-    FlushAll { delay: i64, noreply: bool },
-    Stats { args: Vec<&'a [u8]> },
+    Get {
+        cas: bool,
+        touch: Option<i64>,
+        keys: &'a [u8],
+    },
+    Store {
+        kind: StoreKind,
+        key: &'a [u8],
+        flags: u32,
+        exptime: i64,
+        bytes: usize,
+        cas: u64,
+        noreply: bool,
+    },
+    Delete {
+        key: &'a [u8],
+        noreply: bool,
+    },
+    Delta {
+        incr: bool,
+        key: &'a [u8],
+        delta: u64,
+        noreply: bool,
+    },
+    Touch {
+        key: &'a [u8],
+        exptime: i64,
+        noreply: bool,
+    },
+    FlushAll {
+        delay: i64,
+        noreply: bool,
+    },
+    Stats {
+        args: Vec<&'a [u8]>,
+    },
     Version,
-    Verbosity { noreply: bool },
+    Verbosity {
+        noreply: bool,
+    },
     Quit,
     /// A meta command (mg, ms, md, ma, mn, me): its tokens after the name.
-    Meta { name: u8, tokens: Vec<&'a [u8]> },
+    Meta {
+        name: u8,
+        tokens: Vec<&'a [u8]>,
+    },
 }
 
 /// What a line that is not a valid command gets.
@@ -188,10 +222,7 @@ pub fn parse(line: &[u8]) -> Result<Command<'_>, Reject> {
                 let hold_is_zero = tokens[2] == b"0";
                 let valid = (n == 4 && (hold_is_zero || nr)) || (n == 5 && hold_is_zero && nr);
                 if !valid {
-                    return Err(Reject::Client {
-                        message: "bad command line format.  Usage: delete <key> [noreply]",
-                        noreply: nr,
-                    });
+                    return Err(Reject::Client { message: "bad command line format.  Usage: delete <key> [noreply]", noreply: nr });
                 }
             }
             if tokens[1].len() > KEY_MAX {

@@ -58,7 +58,9 @@ fn partial_commands_answer_as_whole_ones() {
 /// A value over DIRECT_MIN is read into its own buffer and stored intact, however it arrives.
 #[test]
 fn large_values_take_the_direct_path() {
-    for file in [&include_bytes!("fuzz_regressions/seed_text_direct_value")[..], include_bytes!("fuzz_regressions/seed_binary_direct_value")] {
+    for file in
+        [&include_bytes!("fuzz_regressions/seed_text_direct_value")[..], include_bytes!("fuzz_regressions/seed_binary_direct_value")]
+    {
         let (_, stream) = fuzz_driver::split(file);
         let whole = fuzz_driver::run_stream([0, 0], stream, true);
         for c0 in [1u8, 3, 4, 5, 6, 12, 13] {

@@ -124,10 +124,7 @@ pub fn deploy(url: &str, token: Option<&str>, dir: &Path, name: Option<&str>) ->
 }
 
 pub fn invoke(url: &str, name: &str, event: &str) -> Result<String> {
-    let response = ureq::post(&format!("{url}/run/{name}"))
-        .set("Content-Type", "application/json")
-        .send_string(event)
-        .map_err(explain)?;
+    let response = ureq::post(&format!("{url}/run/{name}")).set("Content-Type", "application/json").send_string(event).map_err(explain)?;
     let mut body = String::new();
     response.into_reader().take(1 << 30).read_to_string(&mut body)?;
     Ok(body)
@@ -161,7 +158,13 @@ pub fn zygotes(url: &str, token: Option<&str>) -> Result<String> {
         if node["retired"].as_bool() == Some(true) {
             flags.push("retired");
         }
-        let branch = if root { "" } else if last { "└─ " } else { "├─ " };
+        let branch = if root {
+            ""
+        } else if last {
+            "└─ "
+        } else {
+            "├─ "
+        };
         out.push_str(&format!(
             "{prefix}{branch}#{} {what}  [{} modules, {:.1} MiB PSS, {:.1} MiB on disk, {} uses ({} recent), {} handlers{}]\n",
             node["id"],

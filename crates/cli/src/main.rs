@@ -384,7 +384,12 @@ fn run(cli: Cli) -> Result<()> {
                 spin_us,
             };
             sprout_cache::server::serve_until_signal(settings, |server| {
-                tracing::info!("sprout cache listening on {} with {} cores (CPUs {:?})", server.addr(), server.shared().settings.cores, server.cpus());
+                tracing::info!(
+                    "sprout cache listening on {} with {} cores (CPUs {:?})",
+                    server.addr(),
+                    server.shared().settings.cores,
+                    server.cpus()
+                );
                 println!("listening on {}", server.addr());
             })?;
         }
@@ -431,7 +436,17 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Store { out, iterations, sizes, systems, repeats }) => {
             sprout_bench::store::run(&out, iterations, &sizes, &systems, repeats)?;
         }
-        Command::Bench(BenchCommand::Cache { out, cores, connections, values, value_connections, seconds, repeats, client_cpu, memaslap_only }) => {
+        Command::Bench(BenchCommand::Cache {
+            out,
+            cores,
+            connections,
+            values,
+            value_connections,
+            seconds,
+            repeats,
+            client_cpu,
+            memaslap_only,
+        }) => {
             let opts = sprout_bench::cache::Options {
                 out_dir: out,
                 sprout: std::env::current_exe()?,

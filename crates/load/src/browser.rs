@@ -66,7 +66,17 @@ impl Browser {
     /// `warm_since`: None for an empty cache; else the Last-Modified date a warm browser
     /// claims for assets it has never fetched in this run.
     pub fn new(addr: SocketAddr, host: String, warm_since: Option<String>, timeout: Duration) -> Browser {
-        Browser { addr, host, conn: None, cookies: HashMap::new(), cache: HashMap::new(), warm_since, timeout, requests: 0, not_modified: 0 }
+        Browser {
+            addr,
+            host,
+            conn: None,
+            cookies: HashMap::new(),
+            cache: HashMap::new(),
+            warm_since,
+            timeout,
+            requests: 0,
+            not_modified: 0,
+        }
     }
 
     /// Requests sent and 304s received so far, to count an operation's share with
@@ -132,7 +142,14 @@ impl Browser {
         Ok(self.request(method, path, content_type, body, None).await?.0)
     }
 
-    async fn request(&mut self, method: Method, path: &str, content_type: Option<String>, body: Option<Bytes>, since: Option<String>) -> Outcome<(Response, Option<String>)> {
+    async fn request(
+        &mut self,
+        method: Method,
+        path: &str,
+        content_type: Option<String>,
+        body: Option<Bytes>,
+        since: Option<String>,
+    ) -> Outcome<(Response, Option<String>)> {
         let what = format!("{method} {path}");
         match tokio::time::timeout(self.timeout, self.exchange(method, path, content_type, body, since)).await {
             Ok(r) => r.map_err(|e| Failure { detail: format!("{what}: {}", e.detail), ..e }),
@@ -143,7 +160,14 @@ impl Browser {
         }
     }
 
-    async fn exchange(&mut self, method: Method, path: &str, content_type: Option<String>, body: Option<Bytes>, since: Option<String>) -> Outcome<(Response, Option<String>)> {
+    async fn exchange(
+        &mut self,
+        method: Method,
+        path: &str,
+        content_type: Option<String>,
+        body: Option<Bytes>,
+        since: Option<String>,
+    ) -> Outcome<(Response, Option<String>)> {
         let mut req = Request::builder().method(method).uri(path).header(HOST, &self.host);
         if let Some(ct) = content_type {
             req = req.header(CONTENT_TYPE, ct);
@@ -185,7 +209,10 @@ impl Browser {
         let location = headers.get(LOCATION).and_then(|v| v.to_str().ok()).map(str::to_string);
         let last_modified = headers.get(LAST_MODIFIED).and_then(|v| v.to_str().ok()).map(str::to_string);
         if status.is_server_error() {
-            return Err(Failure::new(format!("http {}", status.as_u16()), String::from_utf8_lossy(&body.to_bytes()).chars().take(200).collect::<String>()));
+            return Err(Failure::new(
+                format!("http {}", status.as_u16()),
+                String::from_utf8_lossy(&body.to_bytes()).chars().take(200).collect::<String>(),
+            ));
         }
         Ok((Response { status, location, body: body.to_bytes() }, last_modified))
     }
@@ -198,7 +225,8 @@ impl Browser {
         }
         let stream = tokio::net::TcpStream::connect(self.addr).await.map_err(|e| Failure::new("connect", format!("{}: {e}", self.addr)))?;
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| Failure::new("connect", e.to_string()))?;
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| Failure::new("connect", e.to_string()))?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -234,13 +262,19 @@ impl Multipart {
     }
 
     pub fn text(mut self, name: &str, value: &str) -> Multipart {
-        self.body.extend_from_slice(format!("--{}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n", self.boundary).as_bytes());
+        self.body.extend_from_slice(
+            format!("--{}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n", self.boundary).as_bytes(),
+        );
         self
     }
 
     pub fn file(mut self, name: &str, filename: &str, content_type: &str, data: &[u8]) -> Multipart {
         self.body.extend_from_slice(
-            format!("--{}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{filename}\"\r\nContent-Type: {content_type}\r\n\r\n", self.boundary).as_bytes(),
+            format!(
+                "--{}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{filename}\"\r\nContent-Type: {content_type}\r\n\r\n",
+                self.boundary
+            )
+            .as_bytes(),
         );
         self.body.extend_from_slice(data);
         self.body.extend_from_slice(b"\r\n");

@@ -39,7 +39,12 @@ impl Chain {
             .iter()
             .map(|row| {
                 let mut acc = 0.0;
-                row.iter().map(|p| { acc += p; acc }).collect()
+                row.iter()
+                    .map(|p| {
+                        acc += p;
+                        acc
+                    })
+                    .collect()
             })
             .collect();
         let chain = Chain { probs, cumulative };
@@ -113,7 +118,11 @@ impl Chain {
                 }
             }
             if let Some(missing) = seen.iter().position(|s| !s) {
-                bail!("mix matrix: operation {} cannot be reached from operation {} (every operation must be reachable from every other)", missing + 1, start + 1);
+                bail!(
+                    "mix matrix: operation {} cannot be reached from operation {} (every operation must be reachable from every other)",
+                    missing + 1,
+                    start + 1
+                );
             }
         }
         Ok(())

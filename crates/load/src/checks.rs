@@ -112,14 +112,22 @@ pub fn cycle_time(workload: &Workload, measured_mean_ms: f64, cycles: u64) -> Ch
     }
     let target = workload.cycle.mean_ms;
     if target == 0.0 {
-        return Check { name, passed: true, detail: format!("no think time: {measured_mean_ms:.1} ms between operation starts (the response time)") };
+        return Check {
+            name,
+            passed: true,
+            detail: format!("no think time: {measured_mean_ms:.1} ms between operation starts (the response time)"),
+        };
     }
     let off = (measured_mean_ms - target) / target;
     let limit = workload.cycle_tolerance.max(3.0 / (cycles as f64).sqrt());
     Check {
         name,
         passed: off.abs() <= limit,
-        detail: format!("{measured_mean_ms:.0} ms over {cycles} cycles against {target:.0} ms ({:+.2}%, limit ±{:.2}%)", off * 100.0, limit * 100.0),
+        detail: format!(
+            "{measured_mean_ms:.0} ms over {cycles} cycles against {target:.0} ms ({:+.2}%, limit ±{:.2}%)",
+            off * 100.0,
+            limit * 100.0
+        ),
     }
 }
 
@@ -127,7 +135,11 @@ pub fn cycle_time(workload: &Workload, measured_mean_ms: f64, cycles: u64) -> Ch
 /// (Faban's check that the generator was not starved: 5.25 for Olio's 5 s cycles).
 pub fn users_per_ops(users: f64, ops_per_s: f64, max: f64) -> Check {
     let ratio = if ops_per_s > 0.0 { users / ops_per_s } else { f64::INFINITY };
-    Check { name: "users / ops per second".into(), passed: ratio <= max, detail: format!("{users:.0} users / {ops_per_s:.2} ops/s = {ratio:.2} (limit {max})") }
+    Check {
+        name: "users / ops per second".into(),
+        passed: ratio <= max,
+        detail: format!("{users:.0} users / {ops_per_s:.2} ops/s = {ratio:.2} (limit {max})"),
+    }
 }
 
 /// A counted event as a share of an operation's runs, at least `min` (Olio: attends on at
@@ -139,7 +151,12 @@ pub fn ratio(name: &str, count: u64, of: u64, min: f64) -> Check {
     Check {
         name: name.into(),
         passed: of > 0 && share >= limit,
-        detail: format!("{count} of {of} = {:.1}% (at least {:.1}%, {:.1}% allowing for {of} runs)", share * 100.0, min * 100.0, limit * 100.0),
+        detail: format!(
+            "{count} of {of} = {:.1}% (at least {:.1}%, {:.1}% allowing for {of} runs)",
+            share * 100.0,
+            min * 100.0,
+            limit * 100.0
+        ),
     }
 }
 

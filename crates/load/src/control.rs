@@ -79,7 +79,11 @@ impl Spec {
         let rest = self.url.strip_prefix("http://").with_context(|| format!("{:?}: the site must be an http:// URL", self.url))?;
         let hostport = rest.split('/').next().unwrap_or(rest);
         let hostport = if hostport.contains(':') { hostport.to_string() } else { format!("{hostport}:80") };
-        hostport.to_socket_addrs().with_context(|| format!("resolving {hostport}"))?.next().with_context(|| format!("{hostport} has no address"))
+        hostport
+            .to_socket_addrs()
+            .with_context(|| format!("resolving {hostport}"))?
+            .next()
+            .with_context(|| format!("{hostport} has no address"))
     }
 }
 
@@ -143,7 +147,14 @@ pub fn merge(results: &[AgentResult]) -> Result<Merged> {
         let series = Windows::from_wire(r.series.as_ref().context("an agent sent no series")?)?;
         match &mut merged {
             None => {
-                merged = Some(Merged { steady, series, cycles: r.cycles, cycle_ms_sum: r.cycle_ms_sum, counters: r.counters.clone(), active_users: r.active_users.clone() })
+                merged = Some(Merged {
+                    steady,
+                    series,
+                    cycles: r.cycles,
+                    cycle_ms_sum: r.cycle_ms_sum,
+                    counters: r.counters.clone(),
+                    active_users: r.active_users.clone(),
+                })
             }
             Some(m) => {
                 m.steady.merge(&steady);

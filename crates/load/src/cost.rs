@@ -52,7 +52,11 @@ impl Pricing {
         let f: PricingFile = toml::from_str(text)?;
         for p in &f.price {
             let ok = |v: f64| v.is_finite() && v >= 0.0;
-            if !ok(p.usd_per_instance_hour) || !ok(p.upfront_usd) || !p.usd_per_vcpu_hour.map_or(true, ok) || !p.usd_per_gb_hour.map_or(true, ok) {
+            if !ok(p.usd_per_instance_hour)
+                || !ok(p.upfront_usd)
+                || !p.usd_per_vcpu_hour.map_or(true, ok)
+                || !p.usd_per_gb_hour.map_or(true, ok)
+            {
                 bail!("price {}: prices are non-negative numbers of dollars", p.name);
             }
         }
@@ -63,7 +67,10 @@ impl Pricing {
 
     pub fn get(&self, name: &str) -> Result<&Price> {
         self.prices.iter().find(|p| p.name == name).with_context(|| {
-            format!("no price named {name:?} (the file has: {})", self.prices.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "))
+            format!(
+                "no price named {name:?} (the file has: {})",
+                self.prices.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
+            )
         })
     }
 }
@@ -112,7 +119,14 @@ mod tests {
 
     #[test]
     fn upfront_costs_spread_over_the_term() {
-        let p = Price { name: "bought".into(), description: String::new(), usd_per_instance_hour: 0.0, upfront_usd: 3600.0, usd_per_vcpu_hour: None, usd_per_gb_hour: None };
+        let p = Price {
+            name: "bought".into(),
+            description: String::new(),
+            usd_per_instance_hour: 0.0,
+            upfront_usd: 3600.0,
+            usd_per_vcpu_hour: None,
+            usd_per_gb_hour: None,
+        };
         let by_term = p.per_user_month(1.0, 100);
         assert_eq!(by_term, vec![(1, Some(36.0)), (12, Some(3.0)), (36, Some(1.0))]);
         assert_eq!(p.used_usd(3600.0, 0.0), None);
@@ -129,7 +143,10 @@ mod tests {
 
     #[test]
     fn bad_pricing_files_are_refused() {
-        assert!(Pricing::parse("default = \"x\"\n[[price]]\nname = \"y\"\nusd_per_instance_hour = 1\n").unwrap_err().to_string().contains("no price named \"x\""));
+        assert!(Pricing::parse("default = \"x\"\n[[price]]\nname = \"y\"\nusd_per_instance_hour = 1\n")
+            .unwrap_err()
+            .to_string()
+            .contains("no price named \"x\""));
         assert!(Pricing::parse("default = \"y\"\n[[price]]\nname = \"y\"\nusd_per_instance_hour = -1\n").is_err());
     }
 }

@@ -27,7 +27,13 @@ pub trait Driver: 'static {
     /// A new simulated user (`cold`: its browser cache starts empty).
     fn new_user(&self, id: u64, cold: bool, rng: &mut SmallRng) -> Self::User;
     /// Perform operation `op`; counters it bumps (e.g. "attend") go in `counters`.
-    fn run(&self, user: &mut Self::User, op: usize, rng: &mut SmallRng, counters: &mut BTreeMap<String, u64>) -> impl Future<Output = Result<(), Failure>>;
+    fn run(
+        &self,
+        user: &mut Self::User,
+        op: usize,
+        rng: &mut SmallRng,
+        counters: &mut BTreeMap<String, u64>,
+    ) -> impl Future<Output = Result<(), Failure>>;
 }
 
 #[derive(Debug, Clone)]
@@ -450,7 +456,13 @@ mod tests {
         fn new_user(&self, id: u64, cold: bool, rng: &mut SmallRng) -> D::User {
             self.0.new_user(id, cold, rng)
         }
-        async fn run(&self, user: &mut D::User, op: usize, rng: &mut SmallRng, counters: &mut BTreeMap<String, u64>) -> Result<(), Failure> {
+        async fn run(
+            &self,
+            user: &mut D::User,
+            op: usize,
+            rng: &mut SmallRng,
+            counters: &mut BTreeMap<String, u64>,
+        ) -> Result<(), Failure> {
             self.0.run(user, op, rng, counters).await
         }
     }

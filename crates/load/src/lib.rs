@@ -3,8 +3,8 @@
 
 pub mod browser;
 pub mod chain;
-pub mod control;
 pub mod checks;
+pub mod control;
 pub mod cost;
 pub mod cycle;
 pub mod drivers;

@@ -29,7 +29,11 @@ impl Profile {
             let (Some(t), Some(u), None) = (fields.next(), fields.next(), fields.next()) else {
                 bail!("line {}: expected `seconds users`, got {line:?}", n + 1);
             };
-            let t: f64 = t.parse().ok().filter(|t: &f64| t.is_finite() && *t >= 0.0).with_context(|| format!("line {}: {t:?} is not a number of seconds", n + 1))?;
+            let t: f64 = t
+                .parse()
+                .ok()
+                .filter(|t: &f64| t.is_finite() && *t >= 0.0)
+                .with_context(|| format!("line {}: {t:?} is not a number of seconds", n + 1))?;
             let u: usize = u.parse().with_context(|| format!("line {}: {u:?} is not a number of users", n + 1))?;
             if let Some(&(last, _)) = points.last() {
                 if t <= last {

@@ -62,7 +62,16 @@ pub const MAX_USERS_PER_OPS: f64 = 5.25;
 /// Olio's attend rule: attends on at least this share of EventDetails.
 pub const MIN_ATTEND_SHARE: f64 = 0.06;
 
-pub fn build(workload: &Workload, spec: &Spec, stack: &str, merged: &Merged, utilization: Vec<Sample>, sut_cpus: Vec<usize>, machine: String, peak_users: usize) -> RunReport {
+pub fn build(
+    workload: &Workload,
+    spec: &Spec,
+    stack: &str,
+    merged: &Merged,
+    utilization: Vec<Sample>,
+    sut_cpus: Vec<usize>,
+    machine: String,
+    peak_users: usize,
+) -> RunReport {
     let total = merged.steady.total();
     let pi = workload.chain.stationary();
     let all: u64 = total.iter().map(|s| s.hist.len() + s.error_count()).sum();
@@ -81,11 +90,18 @@ pub fn build(workload: &Workload, spec: &Spec, stack: &str, merged: &Merged, uti
         );
     }
     let window_s = merged.steady.window_us as f64 / 1e6;
-    let window_name = |w: usize| format!("window {} ({:.0}-{:.0} s of the steady state)", w + 1, w as f64 * window_s, (w + 1) as f64 * window_s);
+    let window_name =
+        |w: usize| format!("window {} ({:.0}-{:.0} s of the steady state)", w + 1, w as f64 * window_s, (w + 1) as f64 * window_s);
     let per_window = |ops: &Vec<crate::stats::OpStats>| -> Value {
         Value::Object(workload.operations.iter().zip(ops).map(|(op, s)| (op.name.clone(), json!(s.summary()))).collect())
     };
-    let windows = merged.steady.windows.iter().enumerate().map(|(w, ops)| json!({"start_s": w as f64 * window_s, "operations": per_window(ops)})).collect();
+    let windows = merged
+        .steady
+        .windows
+        .iter()
+        .enumerate()
+        .map(|(w, ops)| json!({"start_s": w as f64 * window_s, "operations": per_window(ops)}))
+        .collect();
     let interval_s = merged.series.window_us as f64 / 1e6;
     let series = merged
         .series
@@ -106,7 +122,12 @@ pub fn build(workload: &Workload, spec: &Spec, stack: &str, merged: &Merged, uti
     let mut common = vec![checks::mix(workload, &total), checks::cycle_time(workload, mean_cycle_ms, merged.cycles)];
     if workload.driver == "olio" {
         let details = workload.index_of("EventDetail").map(|i| total[i].hist.len()).unwrap_or(0);
-        common.push(checks::ratio("attends on EventDetail", merged.counters.get("attend").copied().unwrap_or(0), details, MIN_ATTEND_SHARE));
+        common.push(checks::ratio(
+            "attends on EventDetail",
+            merged.counters.get("attend").copied().unwrap_or(0),
+            details,
+            MIN_ATTEND_SHARE,
+        ));
         // Under a profile, the users the steady state had on average.
         let profile = spec.profile.as_deref().and_then(|p| crate::profile::Profile::load(p).ok());
         let users = match profile {
@@ -162,7 +183,10 @@ impl RunReport {
             "{} against {} ({}): {} users, U = {:.2}, {:.0} s steady, {:.2} ops/s, mean cycle {:.0} ms\n",
             self.workload, self.url, self.stack, self.peak_users, self.u, self.steady_seconds, self.ops_per_s, self.mean_cycle_ms
         );
-        out += &format!("{:<14} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}\n", "operation", "count", "errors", "mean ms", "p90 ms", "p99 ms", "max ms", "share", "target");
+        out += &format!(
+            "{:<14} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}\n",
+            "operation", "count", "errors", "mean ms", "p90 ms", "p99 ms", "max ms", "share", "target"
+        );
         for (name, op) in &self.operations {
             let s = &op.summary;
             out += &format!(

@@ -44,7 +44,15 @@ pub fn run(opts: &RunOptions) -> Result<RunReport> {
     let peak = plan.profile.as_ref().map(|p| p.peak()).unwrap_or(opts.spec.users);
     eprintln!(
         "==> {} against {}: {} users ({} agents on CPUs {:?}), ramp-up {} s, steady {} s, ramp-down {} s; system under test on CPUs {:?}",
-        workload.name, opts.spec.url, peak, opts.spec.agents, opts.agent_cpus, opts.spec.ramp_up_s, opts.spec.steady_s, opts.spec.ramp_down_s, opts.sut_cpus
+        workload.name,
+        opts.spec.url,
+        peak,
+        opts.spec.agents,
+        opts.agent_cpus,
+        opts.spec.ramp_up_s,
+        opts.spec.steady_s,
+        opts.spec.ramp_down_s,
+        opts.sut_cpus
     );
     let sampler = Sampler::start(Duration::from_secs(1), opts.sut_cgroup.clone().map(SutProcesses));
     let merged = control::run_agents(&opts.exe, &opts.spec, &opts.agent_cpus);
@@ -72,7 +80,9 @@ fn resources(report: &RunReport, opts: &RunOptions, cpu_by_process: std::collect
             costs.insert(p.name.clone(), serde_json::json!({"used_usd": used, "provisioned_usd": provisioned}));
         }
     }
-    Ok(serde_json::json!({"seconds": seconds, "cpu_seconds": cpu_seconds, "gb_seconds": gb_seconds, "instances": opts.instances, "costs": costs, "cpu_seconds_by_process": cpu_by_process}))
+    Ok(
+        serde_json::json!({"seconds": seconds, "cpu_seconds": cpu_seconds, "gb_seconds": gb_seconds, "instances": opts.instances, "costs": costs, "cpu_seconds_by_process": cpu_by_process}),
+    )
 }
 
 /// bench/cloudstone_report.py draws the plots and writes report.html beside the JSON.

@@ -80,7 +80,13 @@ pub fn search(opts: &SearchOptions) -> Result<SearchResult> {
             return Ok((s.sla1, s.sla2));
         }
         let step = one_run(opts, users)?;
-        eprintln!("==> {} users: SLA-1 {}, SLA-2 {}{}", users, pass(step.sla1), pass(step.sla2), if step.reason.is_empty() { String::new() } else { format!(" ({})", step.reason) });
+        eprintln!(
+            "==> {} users: SLA-1 {}, SLA-2 {}{}",
+            users,
+            pass(step.sla1),
+            pass(step.sla2),
+            if step.reason.is_empty() { String::new() } else { format!(" ({})", step.reason) }
+        );
         let verdict = (step.sla1, step.sla2);
         trace.push(step);
         write_partial(&opts.run.out, trace)?;
@@ -203,7 +209,17 @@ fn one_run(opts: &SearchOptions, users: usize) -> Result<Step> {
     if state.exists() {
         std::fs::remove_dir_all(&state).with_context(|| format!("clearing {}", state.display()))?;
     }
-    let mut up: Vec<String> = vec!["up".into(), "--stack".into(), opts.stack.clone(), "--cpus".into(), opts.cpus.clone(), "--port".into(), opts.port.to_string(), "--users".into(), registered.to_string()];
+    let mut up: Vec<String> = vec![
+        "up".into(),
+        "--stack".into(),
+        opts.stack.clone(),
+        "--cpus".into(),
+        opts.cpus.clone(),
+        "--port".into(),
+        opts.port.to_string(),
+        "--users".into(),
+        registered.to_string(),
+    ];
     up.extend(opts.up_args.iter().cloned());
     up.push("--dir".into());
     let up_refs: Vec<&str> = up.iter().map(String::as_str).collect();
@@ -232,7 +248,8 @@ fn one_run(opts: &SearchOptions, users: usize) -> Result<Step> {
 }
 
 fn olio(exe: &Path, args: &[&str], state: &Path) -> Result<()> {
-    let status = Command::new(exe).arg("olio").args(args).arg(state).status().with_context(|| format!("running sprout olio {}", args.join(" ")))?;
+    let status =
+        Command::new(exe).arg("olio").args(args).arg(state).status().with_context(|| format!("running sprout olio {}", args.join(" ")))?;
     if !status.success() {
         bail!("sprout olio {} {} failed ({status})", args.join(" "), state.display());
     }
@@ -259,7 +276,15 @@ mod tests {
     use super::*;
 
     fn step(users: usize, report: &str) -> Step {
-        Step { users, registered_users: users as u64 * 100, sla1: users < 300, sla2: users < 200, ops_per_s: 1.0, reason: String::new(), report: report.into() }
+        Step {
+            users,
+            registered_users: users as u64 * 100,
+            sla1: users < 300,
+            sla2: users < 200,
+            ops_per_s: 1.0,
+            reason: String::new(),
+            report: report.into(),
+        }
     }
 
     #[test]
@@ -271,7 +296,11 @@ mod tests {
             std::fs::write(run_dir(dir.path(), users).join("run.json"), "{}").unwrap();
         }
         // 400's results are gone (its directory removed): it runs again.
-        write_partial(dir.path(), &[step(100, "run-00100/report.html"), step(200, "run-00200/report.html"), step(400, "run-00400/report.html")]).unwrap();
+        write_partial(
+            dir.path(),
+            &[step(100, "run-00100/report.html"), step(200, "run-00200/report.html"), step(400, "run-00400/report.html")],
+        )
+        .unwrap();
         let kept = resumed(dir.path()).unwrap();
         assert_eq!(kept.iter().map(|s| s.users).collect::<Vec<_>>(), vec![100, 200]);
         assert!(kept[0].sla2 && !kept[1].sla2);

@@ -217,7 +217,11 @@ mod tests {
         for i in 0..10_000u64 {
             let us = if i % 2 == 0 { 1_000 + i } else { 200_000 + 7 * i };
             let t = i * 10_000;
-            if i % 2 == 0 { a.at(t, 0).record(us) } else { b.at(t, 0).record(us) }
+            if i % 2 == 0 {
+                a.at(t, 0).record(us)
+            } else {
+                b.at(t, 0).record(us)
+            }
             whole.at(t, 0).record(us);
         }
         a.at(0, 0).error("timeout");
@@ -235,7 +239,8 @@ mod tests {
 
     #[test]
     fn garbage_on_the_wire_is_an_error() {
-        let wire = WireWindows { window_us: 1, ops: 1, windows: vec![vec![WireStats { hist: "not base64!".into(), errors: BTreeMap::new() }]] };
+        let wire =
+            WireWindows { window_us: 1, ops: 1, windows: vec![vec![WireStats { hist: "not base64!".into(), errors: BTreeMap::new() }]] };
         assert!(Windows::from_wire(&wire).is_err());
         let wire = WireWindows { window_us: 1, ops: 1, windows: vec![vec![WireStats { hist: "AAAA".into(), errors: BTreeMap::new() }]] };
         assert!(Windows::from_wire(&wire).is_err());

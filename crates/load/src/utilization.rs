@@ -51,14 +51,15 @@ impl SutProcesses {
         }
         pids
     }
-
 }
 
 /// Sum of these processes' PSS (a page shared by n processes counts 1/n to each).
 fn pss_of(pids: &[u32]) -> u64 {
     pids.iter()
         .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
-        .filter_map(|text| text.lines().find(|l| l.starts_with("Pss:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<u64>().ok()))
+        .filter_map(|text| {
+            text.lines().find(|l| l.starts_with("Pss:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<u64>().ok())
+        })
         .sum::<u64>()
         * 1024
 }
@@ -201,7 +202,10 @@ fn read_counters() -> Counters {
 
 fn meminfo() -> (u64, u64) {
     let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let get = |key: &str| text.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 1024;
+    let get = |key: &str| {
+        text.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+            * 1024
+    };
     let total = get("MemTotal:");
     (total.saturating_sub(get("MemAvailable:")), total)
 }
@@ -213,10 +217,15 @@ fn sample(prev: &Counters, now: &Counters, secs: f64, t: f64, sut_pids: Option<&
         .zip(&prev.cpus)
         .map(|(n, p)| {
             let total = n.1.saturating_sub(p.1);
-            if total == 0 { 0.0 } else { n.0.saturating_sub(p.0) as f64 / total as f64 }
+            if total == 0 {
+                0.0
+            } else {
+                n.0.saturating_sub(p.0) as f64 / total as f64
+            }
         })
         .collect();
-    let (io, tot) = now.cpus.iter().zip(&prev.cpus).fold((0, 0), |(io, tot), (n, p)| (io + n.2.saturating_sub(p.2), tot + n.1.saturating_sub(p.1)));
+    let (io, tot) =
+        now.cpus.iter().zip(&prev.cpus).fold((0, 0), |(io, tot), (n, p)| (io + n.2.saturating_sub(p.2), tot + n.1.saturating_sub(p.1)));
     let (used, total) = meminfo();
     let util = now.disk_io_ms.iter().zip(&prev.disk_io_ms).map(|(n, p)| n.saturating_sub(*p) as f64 / (secs * 1000.0)).fold(0.0, f64::max);
     let rate = |n: u64, p: u64| n.saturating_sub(p) as f64 / secs;

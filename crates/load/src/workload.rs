@@ -93,7 +93,11 @@ impl Workload {
     pub fn parse(text: &str) -> Result<Workload> {
         let f: File = toml::from_str(text)?;
         if f.operations.len() != f.mix.len() {
-            bail!("{} operations but a mix of {} rows: one row (and column) per operation, in the same order", f.operations.len(), f.mix.len());
+            bail!(
+                "{} operations but a mix of {} rows: one row (and column) per operation, in the same order",
+                f.operations.len(),
+                f.mix.len()
+            );
         }
         let mut names = std::collections::HashSet::new();
         for op in &f.operations {

@@ -321,7 +321,10 @@ mod tests {
     #[test]
     fn extra_variables_override_the_defaults() {
         let env = super::sandbox_env(&[("TMPDIR".into(), "/host/work/tmp".into()), ("X".into(), "1".into())]);
-        assert_eq!(env.iter().filter(|(k, _)| k == "TMPDIR").collect::<Vec<_>>(), vec![&("TMPDIR".to_string(), "/host/work/tmp".to_string())]);
+        assert_eq!(
+            env.iter().filter(|(k, _)| k == "TMPDIR").collect::<Vec<_>>(),
+            vec![&("TMPDIR".to_string(), "/host/work/tmp".to_string())]
+        );
         assert!(env.contains(&("X".into(), "1".into())));
     }
 }

@@ -57,9 +57,7 @@ pub fn host_mirror(suite: &str) -> Option<String> {
         }
     }
     for stanza in candidates.iter().flat_map(|f| f.split("\n\n")) {
-        let field = |name: &str| {
-            stanza.lines().find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
-        };
+        let field = |name: &str| stanza.lines().find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()));
         let suites = field("Suites:").unwrap_or_default();
         let types = field("Types:").unwrap_or_default();
         if types.split_whitespace().any(|t| t == "deb") && suites.split_whitespace().any(|s| s == suite) {
@@ -102,8 +100,7 @@ pub fn ensure(path: &Path, suite: &str, mirror: Option<&str>, progress: &mut dyn
     }
     let mirror = match mirror {
         Some(m) if !m.is_empty() => m.to_string(),
-        _ => host_mirror(suite)
-            .with_context(|| format!("no apt source for {suite} on this host; set base.mirror in config.toml"))?,
+        _ => host_mirror(suite).with_context(|| format!("no apt source for {suite} on this host; set base.mirror in config.toml"))?,
     };
     let started = Instant::now();
     let building = path.with_extension("building");
@@ -136,15 +133,13 @@ fn debootstrap(target: &Path, suite: &str, mirror: &str, progress: &mut dyn FnMu
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => anyhow::anyhow!(
-                "debootstrap is not installed (apt-get install debootstrap, or run scripts/setup.sh)"
-            ),
+            std::io::ErrorKind::NotFound => {
+                anyhow::anyhow!("debootstrap is not installed (apt-get install debootstrap, or run scripts/setup.sh)")
+            }
             _ => anyhow::anyhow!("starting debootstrap: {e}"),
         })?;
     let stderr = child.stderr.take().unwrap();
-    let errors = std::thread::spawn(move || {
-        BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<_>>().join("\n")
-    });
+    let errors = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<_>>().join("\n"));
     let mut steps = 0;
     for line in BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok) {
         if let Some(step) = line.strip_prefix("I: ") {
@@ -206,18 +201,14 @@ fn adapt(root: &Path, suite: &str) -> Result<()> {
     if !pip.status.success() {
         bail!("pip does not run in the built image: {}", String::from_utf8_lossy(&pip.stderr));
     }
-    let marker =
-        format!("suite={suite}\n{}\npython={version}\nbuilt_by=sprout {}\n", layout_line(), env!("CARGO_PKG_VERSION"));
+    let marker = format!("suite={suite}\n{}\npython={version}\nbuilt_by=sprout {}\n", layout_line(), env!("CARGO_PKG_VERSION"));
     fs::write(root.join(MARKER), marker)?;
     Ok(())
 }
 
 /// The python version recorded in a finished image, e.g. "3.11".
 pub fn python_version(path: &Path) -> Option<String> {
-    fs::read_to_string(path.join(MARKER))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("python=").map(str::to_string))
+    fs::read_to_string(path.join(MARKER)).ok()?.lines().find_map(|l| l.strip_prefix("python=").map(str::to_string))
 }
 
 /// Where the machine-wide base image of `suite` lives by default.

@@ -74,11 +74,8 @@ impl Layout {
             let mount_point = PathBuf::from(crate::mounts::unescape(fields[4]));
             match rfields[0] {
                 "cgroup" => {
-                    let controllers: Vec<String> = rfields[2]
-                        .split(',')
-                        .filter(|o| V1_CONTROLLERS.contains(o))
-                        .map(str::to_string)
-                        .collect();
+                    let controllers: Vec<String> =
+                        rfields[2].split(',').filter(|o| V1_CONTROLLERS.contains(o)).map(str::to_string).collect();
                     if !controllers.is_empty() && !v1.iter().any(|(p, _)| p == &mount_point) {
                         v1.push((mount_point, controllers));
                     }
@@ -97,16 +94,10 @@ impl Layout {
             let root = match v2_root {
                 Some(r) => r.to_path_buf(),
                 None if unified_main => PathBuf::from("/sys/fs/cgroup"),
-                None => v2.first().cloned().ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::NotFound, "no cgroup2 hierarchy is mounted")
-                })?,
+                None => v2.first().cloned().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no cgroup2 hierarchy is mounted"))?,
             };
             let available = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
-            let controllers = available
-                .split_whitespace()
-                .filter(|c| V2_CONTROLLERS.contains(c))
-                .map(str::to_string)
-                .collect();
+            let controllers = available.split_whitespace().filter(|c| V2_CONTROLLERS.contains(c)).map(str::to_string).collect();
             Ok(Layout::V2 { root, controllers })
         } else {
             if v1.is_empty() {
@@ -134,10 +125,7 @@ impl Layout {
 
     fn v1_dir_of(&self, name: &str, controller: &str) -> Option<PathBuf> {
         match self {
-            Layout::V1 { hierarchies } => hierarchies
-                .iter()
-                .find(|(_, c)| c.iter().any(|x| x == controller))
-                .map(|(p, _)| p.join(name)),
+            Layout::V1 { hierarchies } => hierarchies.iter().find(|(_, c)| c.iter().any(|x| x == controller)).map(|(p, _)| p.join(name)),
             Layout::V2 { .. } => None,
         }
     }
@@ -150,11 +138,9 @@ impl Layout {
                 .filter(|c| !hierarchies.iter().any(|(_, cs)| cs.iter().any(|x| x == *c)))
                 .map(|c| c.to_string())
                 .collect(),
-            Layout::V2 { controllers, .. } => V2_CONTROLLERS
-                .iter()
-                .filter(|c| !controllers.iter().any(|x| x == *c))
-                .map(|c| c.to_string())
-                .collect(),
+            Layout::V2 { controllers, .. } => {
+                V2_CONTROLLERS.iter().filter(|c| !controllers.iter().any(|x| x == *c)).map(|c| c.to_string()).collect()
+            }
         }
     }
 
@@ -183,8 +169,14 @@ impl Layout {
             }
             Layout::V1 { .. } => {
                 fs::create_dir_all(mount_dir)?;
-                mount(Some("cgroup"), mount_dir, Some("cgroup"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, Some("none,name=sprout-dynmods,favordynmods"))
-                    .map_err(|e| io::Error::other(format!("mounting a cgroup v1 hierarchy with favordynmods: {e}")))?;
+                mount(
+                    Some("cgroup"),
+                    mount_dir,
+                    Some("cgroup"),
+                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                    Some("none,name=sprout-dynmods,favordynmods"),
+                )
+                .map_err(|e| io::Error::other(format!("mounting a cgroup v1 hierarchy with favordynmods: {e}")))?;
                 Ok("mounted a named cgroup v1 hierarchy with favordynmods")
             }
         }
@@ -282,11 +274,7 @@ fn remove_group_tree(dir: &Path) -> io::Result<()> {
 }
 
 pub(crate) fn read_pids(path: &Path) -> Vec<i32> {
-    fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
+    fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
 }
 
 /// Write `pid` to each of the cgroup.procs descriptors `fds`: move it into those groups.
@@ -401,11 +389,8 @@ impl Cgroup {
                     write_file(&d.join("pids.max"), &limits.pids.to_string())?;
                 }
                 if has("cpu") {
-                    let quota = if limits.cpus > 0.0 {
-                        ((limits.cpus * 100_000.0) as i64).max(1000).to_string()
-                    } else {
-                        "max".to_string()
-                    };
+                    let quota =
+                        if limits.cpus > 0.0 { ((limits.cpus * 100_000.0) as i64).max(1000).to_string() } else { "max".to_string() };
                     write_file(&d.join("cpu.max"), &format!("{quota} 100000"))?;
                 }
             }
@@ -459,10 +444,7 @@ impl Cgroup {
     pub fn memory_failures(&self) -> u64 {
         let Some(d) = self.memory_dir() else { return 0 };
         match &*self.layout {
-            Layout::V1 { .. } => fs::read_to_string(d.join("memory.failcnt"))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(0),
+            Layout::V1 { .. } => fs::read_to_string(d.join("memory.failcnt")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0),
             Layout::V2 { .. } => read_key(&d.join("memory.events"), "max").unwrap_or(0),
         }
     }

@@ -133,8 +133,7 @@ impl Channel {
             .async_io(Interest::WRITABLE, || {
                 let iov = [io::IoSlice::new(buf)];
                 let cmsg = [ControlMessage::ScmRights(fds)];
-                sendmsg::<()>(fd, &iov, &cmsg, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL, None)
-                    .map_err(io::Error::from)
+                sendmsg::<()>(fd, &iov, &cmsg, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL, None).map_err(io::Error::from)
             })
             .await?;
         if sent < buf.len() {
@@ -257,14 +256,10 @@ fn peer_pidfd(sock: RawFd) -> Option<PidFd> {
     const SO_PEERPIDFD: libc::c_int = 77;
     let mut fd: libc::c_int = -1;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    let rc = unsafe {
-        libc::getsockopt(sock, libc::SOL_SOCKET, SO_PEERPIDFD, &mut fd as *mut _ as *mut libc::c_void, &mut len)
-    };
+    let rc = unsafe { libc::getsockopt(sock, libc::SOL_SOCKET, SO_PEERPIDFD, &mut fd as *mut _ as *mut libc::c_void, &mut len) };
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut clen = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    let crc = unsafe {
-        libc::getsockopt(sock, libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut libc::c_void, &mut clen)
-    };
+    let crc = unsafe { libc::getsockopt(sock, libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut libc::c_void, &mut clen) };
     if crc != 0 || cred.pid <= 0 {
         if rc == 0 && fd >= 0 {
             unsafe { libc::close(fd) };

@@ -29,11 +29,11 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use crate::backend::{handler_kind, sandbox_env_strings, Counters};
 use crate::backend::{Backend, BackendStats, CreateError, Resources, Sandbox, SandboxSpec};
+use crate::cgroup::view_of;
 use crate::cgroup::{Layout, Version};
 use crate::channel::Endpoint;
-use crate::backend::{handler_kind, sandbox_env_strings, Counters};
-use crate::cgroup::view_of;
 use crate::runc::{make_scratch, remove_dir};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
 
@@ -105,7 +105,11 @@ impl Write for ChannelWriter {
     fn flush(&mut self) -> io::Result<()> {
         let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
         let gone = |_| io::Error::new(io::ErrorKind::BrokenPipe, "the engine stopped reading");
-        if chunk.is_empty() { Ok(()) } else { self.tx.blocking_send(Ok(chunk)).map_err(gone) }
+        if chunk.is_empty() {
+            Ok(())
+        } else {
+            self.tx.blocking_send(Ok(chunk)).map_err(gone)
+        }
     }
 }
 
@@ -208,7 +212,8 @@ impl DockerBackend {
             tar.follow_symlinks(false);
             let result = tar.append_dir_all("", &base).and_then(|()| tar.into_inner()?.flush());
             if let Err(e) = &result {
-                let _ = tx.blocking_send(Err(io::Error::new(e.kind(), e.to_string()))); // abort the upload
+                let _ = tx.blocking_send(Err(io::Error::new(e.kind(), e.to_string())));
+                // abort the upload
             }
             result
         });
@@ -216,9 +221,7 @@ impl DockerBackend {
         let response = self.call(Method::POST, &path, "application/x-tar", ChannelBody(rx)).await;
         // A broken pipe only echoes the engine's own failure, which the response tells better.
         match writer.await.map_err(CreateError::platform)? {
-            Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
-                return Err(CreateError::Platform(format!("archiving the base image: {e}")))
-            }
+            Err(e) if e.kind() != io::ErrorKind::BrokenPipe => return Err(CreateError::Platform(format!("archiving the base image: {e}"))),
             _ => {}
         }
         let (status, body) = response?;
@@ -339,8 +342,8 @@ impl DockerBackend {
         let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
         let kind = handler_kind(hello)?;
         let layout = self.layout.as_ref();
-        let cgroup_path = view_of(layout, &format!("docker/{full_id}"))
-            .or_else(|| view_of(layout, &format!("system.slice/docker-{full_id}.scope")));
+        let cgroup_path =
+            view_of(layout, &format!("docker/{full_id}")).or_else(|| view_of(layout, &format!("system.slice/docker-{full_id}.scope")));
         Ok(Sandbox {
             id,
             lambda: spec.lambda.clone(),

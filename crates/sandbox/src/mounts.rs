@@ -42,7 +42,10 @@ pub fn remount_volume(path: &Path, writable: bool) -> io::Result<()> {
     use nix::sys::statvfs::{statvfs, FsFlags};
     let had = statvfs(path).map_err(|e| err(e, "statvfs", path))?.flags();
     if writable && had.contains(FsFlags::ST_RDONLY) {
-        return Err(io::Error::new(io::ErrorKind::PermissionDenied, "it is writable = true, but its host directory is on a read-only mount"));
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "it is writable = true, but its host directory is on a read-only mount",
+        ));
     }
     let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     if !writable {
@@ -72,21 +75,14 @@ pub fn bind_readonly(src: &Path, dst: &Path, nodev: bool) -> io::Result<()> {
 
 /// Make the mount at `path` (and everything below it) private: no propagation either way.
 pub fn make_rprivate(path: &Path) -> io::Result<()> {
-    mount(None::<&str>, path, None::<&str>, MsFlags::MS_PRIVATE | MsFlags::MS_REC, None::<&str>)
-        .map_err(|e| err(e, "make private", path))
+    mount(None::<&str>, path, None::<&str>, MsFlags::MS_PRIVATE | MsFlags::MS_REC, None::<&str>).map_err(|e| err(e, "make private", path))
 }
 
 /// A size-limited tmpfs owned by `uid:gid`, nosuid and nodev.
 pub fn tmpfs(dst: &Path, size_mb: u64, uid: u32, gid: u32) -> io::Result<()> {
     let opts = format!("size={size_mb}m,mode=0755,uid={uid},gid={gid}");
-    mount(
-        Some("tmpfs"),
-        dst,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(opts.as_str()),
-    )
-    .map_err(|e| err(e, "tmpfs on", dst))
+    mount(Some("tmpfs"), dst, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(opts.as_str()))
+        .map_err(|e| err(e, "tmpfs on", dst))
 }
 
 /// Lazily unmount `path` and every mount below it.
@@ -121,12 +117,8 @@ pub fn unescape(field: &str) -> String {
 /// Mount points at or below `prefix`, deepest first (the order to unmount them in).
 pub fn mounts_under(prefix: &Path) -> io::Result<Vec<PathBuf>> {
     let info = fs::read_to_string("/proc/self/mountinfo")?;
-    let mut found: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|f| PathBuf::from(unescape(f)))
-        .filter(|p| p.starts_with(prefix))
-        .collect();
+    let mut found: Vec<PathBuf> =
+        info.lines().filter_map(|l| l.split(' ').nth(4)).map(|f| PathBuf::from(unescape(f))).filter(|p| p.starts_with(prefix)).collect();
     found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     found.dedup();
     Ok(found)
@@ -181,9 +173,7 @@ pub fn clone_tree(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
     const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
     const AT_RECURSIVE: libc::c_uint = 0x8000;
     let c = cpath(path)?;
-    let fd = unsafe {
-        libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
-    };
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE) };
     if fd < 0 {
         let e = io::Error::last_os_error();
         return Err(io::Error::new(e.kind(), format!("cloning the mount tree at {}: {e}", path.display())));

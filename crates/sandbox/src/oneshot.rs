@@ -155,11 +155,7 @@ async fn execute(root: &Path, cgroup: &Cgroup, spec: &OneshotSpec) -> io::Result
     let status = process.wait_status().await;
     // The program's children may still hold the pipe open: stop them before reading on.
     cgroup.kill_all();
-    let output = tokio::time::timeout(Duration::from_secs(10), reading)
-        .await
-        .ok()
-        .and_then(|r| r.ok())
-        .unwrap_or_default();
+    let output = tokio::time::timeout(Duration::from_secs(10), reading).await.ok().and_then(|r| r.ok()).unwrap_or_default();
     let ending = if !finished {
         Ending::TimedOut
     } else if cgroup.oom_kills() > oom_before {

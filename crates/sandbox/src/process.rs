@@ -64,9 +64,7 @@ impl PidFd {
     }
 
     pub fn signal(&self, sig: i32) -> io::Result<()> {
-        let rc = unsafe {
-            libc::syscall(libc::SYS_pidfd_send_signal, self.fd.as_raw_fd(), sig, std::ptr::null::<u8>(), 0)
-        };
+        let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.fd.as_raw_fd(), sig, std::ptr::null::<u8>(), 0) };
         if rc < 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::ESRCH) {
@@ -186,9 +184,7 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
         flags |= (libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS) as libc::c_long;
     }
     let mut pidfd: libc::c_int = -1;
-    let pid = unsafe {
-        libc::syscall(libc::SYS_clone, flags, 0usize, &mut pidfd as *mut libc::c_int, 0usize, 0usize)
-    };
+    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, &mut pidfd as *mut libc::c_int, 0usize, 0usize) };
     if pid < 0 {
         return Err(io::Error::last_os_error());
     }

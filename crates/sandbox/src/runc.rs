@@ -78,7 +78,6 @@ pub(crate) fn make_scratch(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()
     })
 }
 
-
 impl RuncBackend {
     pub fn new(cfg: RuncConfig, stage: Arc<Stage>) -> RuncBackend {
         let layout = Layout::detect(Version::Auto, None)
@@ -114,18 +113,14 @@ impl RuncBackend {
 
     /// The OCI runtime spec of one sandbox.
     fn runtime_spec(&self, id: u64, spec: &SandboxSpec, scratch: &Path) -> Value {
-        let bind = |dst: &str, src: &Path, mode: &str| {
-            json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", mode]})
-        };
-        let mount = |dst: &str, kind: &str, src: &str, options: &[&str]| {
-            json!({"destination": dst, "type": kind, "source": src, "options": options})
-        };
+        let bind =
+            |dst: &str, src: &Path, mode: &str| json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", mode]});
+        let mount = |dst: &str, kind: &str, src: &str, options: &[&str]| json!({"destination": dst, "type": kind, "source": src, "options": options});
         let limits = &spec.limits;
         // Absent (null) means unlimited, as runc reads it.
         let quota = (limits.cpus > 0.0).then(|| ((limits.cpus * 100_000.0) as i64).max(1000));
         let no_caps: Vec<String> = Vec::new();
-        let namespaces: Vec<Value> =
-            ["pid", "ipc", "uts", "mount", "network", "cgroup"].iter().map(|t| json!({"type": t})).collect();
+        let namespaces: Vec<Value> = ["pid", "ipc", "uts", "mount", "network", "cgroup"].iter().map(|t| json!({"type": t})).collect();
         json!({
             "ociVersion": "1.0.2",
             "root": {"path": self.stage.base, "readonly": true},
@@ -193,7 +188,14 @@ impl RuncBackend {
 
     /// Start the container and wait for its helper to connect and load the lambda.
     /// The container's init goes into `init` as soon as it runs.
-    async fn provision(&self, id: u64, name: &str, bundle: &Path, spec: &SandboxSpec, init: &mut Option<PidFd>) -> Result<Sandbox, CreateError> {
+    async fn provision(
+        &self,
+        id: u64,
+        name: &str,
+        bundle: &Path,
+        spec: &SandboxSpec,
+        init: &mut Option<PidFd>,
+    ) -> Result<Sandbox, CreateError> {
         let started = Instant::now();
         let scratch = bundle.join("scratch");
         make_scratch(&scratch, self.cfg.uid, self.cfg.gid).map_err(CreateError::platform)?;

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::backend::{attachments, handler_kind, sandbox_env, Backend, BackendStats, Counters, CreateError, Resources, Sandbox, SandboxSpec};
+use crate::backend::{
+    attachments, handler_kind, sandbox_env, Backend, BackendStats, Counters, CreateError, Resources, Sandbox, SandboxSpec,
+};
 use crate::cgroup::{Cgroup, CgroupPool, Limits};
 use crate::channel::{Channel, Endpoint, Hello};
 use crate::import_cache::{accept_and_place, ImportCache, NodeUse};

@@ -132,7 +132,8 @@ impl Stage {
             let mounted = mounts::bind(&volume.host, &dst, false)
                 .and_then(|()| mounts::make_rprivate(&dst))
                 .and_then(|()| mounts::remount_volume(&dst, volume.writable));
-            mounted.map_err(|e| io::Error::new(e.kind(), format!("mounting the volume {} at {}: {e}", volume.host.display(), volume.path)))?;
+            mounted
+                .map_err(|e| io::Error::new(e.kind(), format!("mounting the volume {} at {}: {e}", volume.host.display(), volume.path)))?;
         }
         Ok(stage)
     }
@@ -210,9 +211,7 @@ pub fn mount_point_in_base(base_image: &Path, path: &str) -> io::Result<()> {
     for part in path.split('/').filter(|p| !p.is_empty()) {
         dir.push(part);
         match fs::symlink_metadata(&dir) {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(refuse(format!("{} is a symbolic link in the base image", dir.display())))
-            }
+            Ok(m) if m.file_type().is_symlink() => return Err(refuse(format!("{} is a symbolic link in the base image", dir.display()))),
             Ok(m) if !m.is_dir() => return Err(refuse(format!("{} is not a directory in the base image", dir.display()))),
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => fs::DirBuilder::new().mode(0o755).create(&dir)?,

@@ -72,7 +72,9 @@ async fn a_program_runs_under_the_installers_limits_and_leaves_nothing() {
     assert_eq!(out.ending, Ending::OutOfMemory, "the OOM kill was not recognized");
 
     // A failing program's exit status and words come back.
-    let out = oneshot::run(&stage, layout.clone(), &parent, &spec("raise SystemExit('no luck')", roomy, Duration::from_secs(30), vec![])).await.unwrap();
+    let out = oneshot::run(&stage, layout.clone(), &parent, &spec("raise SystemExit('no luck')", roomy, Duration::from_secs(30), vec![]))
+        .await
+        .unwrap();
     assert_eq!(out.ending, Ending::Exited(1));
     assert!(out.output.contains("no luck"));
 

@@ -49,9 +49,8 @@ impl AppPort {
             statics.push((prefix.clone(), opened));
         }
         statics.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
-        let listener = TcpListener::bind(&section.listen)
-            .await
-            .with_context(|| format!("listening on app.listen = {:?}", section.listen))?;
+        let listener =
+            TcpListener::bind(&section.listen).await.with_context(|| format!("listening on app.listen = {:?}", section.listen))?;
         Ok(Some(AppPort { listener, site: Site { lambda: section.lambda.clone(), statics } }))
     }
 
@@ -61,9 +60,7 @@ impl AppPort {
             .fallback(handle)
             .with_state((api.clone(), Arc::new(self.site)))
             .layer(axum::middleware::map_response_with_state(api, count_errors));
-        axum::serve(self.listener, router.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(shutdown)
-            .await
+        axum::serve(self.listener, router.into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(shutdown).await
     }
 }
 

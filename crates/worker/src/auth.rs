@@ -22,8 +22,7 @@ pub use token::{Discovery, Token};
 
 /// Whether a request may reach `path` without a token.
 pub fn is_open(method: &Method, path: &str) -> bool {
-    path.starts_with("/run/")
-        || (path == "/status" && (method == Method::GET || method == Method::HEAD))
+    path.starts_with("/run/") || (path == "/status" && (method == Method::GET || method == Method::HEAD))
 }
 
 /// What a request's `Authorization` headers present.
@@ -39,11 +38,7 @@ pub enum Credential<'a> {
 pub fn credential(headers: &HeaderMap) -> Credential<'_> {
     let mut values = headers.get_all(header::AUTHORIZATION).iter();
     let (Some(value), None) = (values.next(), values.next()) else {
-        return if headers.contains_key(header::AUTHORIZATION) {
-            Credential::Malformed
-        } else {
-            Credential::Missing
-        };
+        return if headers.contains_key(header::AUTHORIZATION) { Credential::Malformed } else { Credential::Missing };
     };
     bearer_token(value).map_or(Credential::Malformed, Credential::Bearer)
 }
@@ -51,10 +46,7 @@ pub fn credential(headers: &HeaderMap) -> Credential<'_> {
 fn bearer_token(value: &HeaderValue) -> Option<&str> {
     let (scheme, token) = value.to_str().ok()?.trim().split_once(' ')?;
     let token = token.trim_start();
-    (scheme.eq_ignore_ascii_case("bearer")
-        && !token.is_empty()
-        && !token.contains(char::is_whitespace))
-    .then_some(token)
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && !token.contains(char::is_whitespace)).then_some(token)
 }
 
 /// Whether two tokens are equal, in time that depends only on their lengths (a token's
@@ -63,10 +55,7 @@ pub fn same_token(presented: &[u8], expected: &[u8]) -> bool {
     if presented.len() != expected.len() {
         return false;
     }
-    let difference = presented
-        .iter()
-        .zip(expected)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    let difference = presented.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b));
     std::hint::black_box(difference) == 0
 }
 
@@ -90,11 +79,7 @@ pub struct Guard {
 
 impl Guard {
     pub fn new(token: Token, required: bool, listen: impl Into<String>) -> Guard {
-        Guard {
-            token,
-            required,
-            listen: listen.into(),
-        }
+        Guard { token, required, listen: listen.into() }
     }
 
     pub fn decide(&self, method: &Method, path: &str, headers: &HeaderMap) -> Verdict {
@@ -103,7 +88,9 @@ impl Guard {
         }
         match credential(headers) {
             Credential::Missing => Verdict::Unauthorized,
-            Credential::Malformed => Verdict::Forbidden("the Authorization header is malformed: send exactly one `Authorization: Bearer <token>`"),
+            Credential::Malformed => {
+                Verdict::Forbidden("the Authorization header is malformed: send exactly one `Authorization: Bearer <token>`")
+            }
             Credential::Bearer(presented) if same_token(presented.as_bytes(), self.token.as_str().as_bytes()) => Verdict::Allow,
             Credential::Bearer(_) => Verdict::Forbidden("the bearer token is not this worker's (DIR/api-token)"),
         }
@@ -113,8 +100,7 @@ impl Guard {
     /// `/run` passes the other headers, `Authorization` included, to the handler.
     pub fn is_worker_credential(&self, name: &str, value: &HeaderValue) -> bool {
         name.eq_ignore_ascii_case(header::AUTHORIZATION.as_str())
-            && bearer_token(value)
-                .is_some_and(|t| same_token(t.as_bytes(), self.token.as_str().as_bytes()))
+            && bearer_token(value).is_some_and(|t| same_token(t.as_bytes(), self.token.as_str().as_bytes()))
     }
 
     fn unauthorized_message(&self) -> String {
@@ -128,23 +114,12 @@ impl Guard {
 }
 
 /// The middleware in front of every route of `worker.listen`.
-pub(crate) async fn require_token(
-    State(guard): State<Arc<Guard>>,
-    request: Request,
-    next: Next,
-) -> Response {
+pub(crate) async fn require_token(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
     match guard.decide(request.method(), request.uri().path(), request.headers()) {
         Verdict::Allow => next.run(request).await,
         Verdict::Unauthorized => {
-            let mut response = fail(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                guard.unauthorized_message(),
-            ));
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"sprout\""),
-            );
+            let mut response = fail(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", guard.unauthorized_message()));
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"sprout\""));
             response
         }
         Verdict::Forbidden(why) => fail(ApiError::new(StatusCode::FORBIDDEN, "forbidden", why)),
@@ -206,42 +181,15 @@ mod tests {
     #[test]
     fn the_header_is_one_bearer_token() {
         assert_eq!(credential(&headers(&[])), Credential::Missing);
-        assert_eq!(
-            credential(&headers(&["Bearer abc"])),
-            Credential::Bearer("abc")
-        );
-        assert_eq!(
-            credential(&headers(&["bearer  abc "])),
-            Credential::Bearer("abc")
-        );
-        assert_eq!(
-            credential(&headers(&["BEARER abc"])),
-            Credential::Bearer("abc")
-        );
-        for malformed in [
-            "abc",
-            "Bearer",
-            "Bearer ",
-            "Basic YWRhOmFkYQ==",
-            "Bearer a b",
-            "Bearerabc",
-            "",
-        ] {
-            assert_eq!(
-                credential(&headers(&[malformed])),
-                Credential::Malformed,
-                "{malformed:?}"
-            );
+        assert_eq!(credential(&headers(&["Bearer abc"])), Credential::Bearer("abc"));
+        assert_eq!(credential(&headers(&["bearer  abc "])), Credential::Bearer("abc"));
+        assert_eq!(credential(&headers(&["BEARER abc"])), Credential::Bearer("abc"));
+        for malformed in ["abc", "Bearer", "Bearer ", "Basic YWRhOmFkYQ==", "Bearer a b", "Bearerabc", ""] {
+            assert_eq!(credential(&headers(&[malformed])), Credential::Malformed, "{malformed:?}");
         }
-        assert_eq!(
-            credential(&headers(&["Bearer abc", "Bearer abc"])),
-            Credential::Malformed
-        );
+        assert_eq!(credential(&headers(&["Bearer abc", "Bearer abc"])), Credential::Malformed);
         let mut opaque = HeaderMap::new();
-        opaque.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_bytes(b"Bearer \xff").unwrap(),
-        );
+        opaque.insert(header::AUTHORIZATION, HeaderValue::from_bytes(b"Bearer \xff").unwrap());
         assert_eq!(credential(&opaque), Credential::Malformed);
     }
 
@@ -260,56 +208,23 @@ mod tests {
         let (guard, token) = guard(true);
         let ok = format!("Bearer {token}");
         let wrong = format!("Bearer {}", Token::generate().unwrap().as_str());
-        assert_eq!(
-            guard.decide(&Method::GET, "/stats", &headers(&[&ok])),
-            Verdict::Allow
-        );
-        assert_eq!(
-            guard.decide(&Method::GET, "/stats", &headers(&[])),
-            Verdict::Unauthorized
-        );
-        assert_eq!(
-            guard.decide(&Method::GET, "/nowhere", &headers(&[])),
-            Verdict::Unauthorized
-        );
-        assert!(matches!(
-            guard.decide(&Method::GET, "/stats", &headers(&[&wrong])),
-            Verdict::Forbidden(_)
-        ));
-        assert!(matches!(
-            guard.decide(&Method::GET, "/stats", &headers(&[&token])),
-            Verdict::Forbidden(_)
-        ));
-        assert!(matches!(
-            guard.decide(&Method::POST, "/registry/x", &headers(&[&ok, &ok])),
-            Verdict::Forbidden(_)
-        ));
+        assert_eq!(guard.decide(&Method::GET, "/stats", &headers(&[&ok])), Verdict::Allow);
+        assert_eq!(guard.decide(&Method::GET, "/stats", &headers(&[])), Verdict::Unauthorized);
+        assert_eq!(guard.decide(&Method::GET, "/nowhere", &headers(&[])), Verdict::Unauthorized);
+        assert!(matches!(guard.decide(&Method::GET, "/stats", &headers(&[&wrong])), Verdict::Forbidden(_)));
+        assert!(matches!(guard.decide(&Method::GET, "/stats", &headers(&[&token])), Verdict::Forbidden(_)));
+        assert!(matches!(guard.decide(&Method::POST, "/registry/x", &headers(&[&ok, &ok])), Verdict::Forbidden(_)));
         // Open paths ignore credentials, good or bad.
-        assert_eq!(
-            guard.decide(&Method::POST, "/run/echo", &headers(&[])),
-            Verdict::Allow
-        );
-        assert_eq!(
-            guard.decide(&Method::POST, "/run/echo", &headers(&[&wrong])),
-            Verdict::Allow
-        );
-        assert_eq!(
-            guard.decide(&Method::GET, "/status", &headers(&["junk"])),
-            Verdict::Allow
-        );
+        assert_eq!(guard.decide(&Method::POST, "/run/echo", &headers(&[])), Verdict::Allow);
+        assert_eq!(guard.decide(&Method::POST, "/run/echo", &headers(&[&wrong])), Verdict::Allow);
+        assert_eq!(guard.decide(&Method::GET, "/status", &headers(&["junk"])), Verdict::Allow);
     }
 
     #[test]
     fn auth_off_allows_everything() {
         let (guard, _) = guard(false);
-        assert_eq!(
-            guard.decide(&Method::DELETE, "/registry/x", &headers(&[])),
-            Verdict::Allow
-        );
-        assert_eq!(
-            guard.decide(&Method::GET, "/stats", &headers(&["Bearer wrong"])),
-            Verdict::Allow
-        );
+        assert_eq!(guard.decide(&Method::DELETE, "/registry/x", &headers(&[])), Verdict::Allow);
+        assert_eq!(guard.decide(&Method::GET, "/stats", &headers(&["Bearer wrong"])), Verdict::Allow);
     }
 
     #[test]
@@ -327,13 +242,7 @@ mod tests {
     fn the_401_message_says_where_the_token_is() {
         let (guard, token) = guard(true);
         let message = guard.unauthorized_message();
-        assert!(
-            message.contains("DIR/api-token") && message.contains("$SPROUT_TOKEN"),
-            "{message}"
-        );
-        assert!(
-            message.contains("/run/sprout/api/127.0.0.1:5000") && !message.contains(&token),
-            "{message}"
-        );
+        assert!(message.contains("DIR/api-token") && message.contains("$SPROUT_TOKEN"), "{message}");
+        assert!(message.contains("/run/sprout/api/127.0.0.1:5000") && !message.contains(&token), "{message}");
     }
 }

@@ -35,7 +35,6 @@ pub struct Config {
     pub app: AppSection,
 }
 
-
 impl Default for WorkerSection {
     fn default() -> Self {
         WorkerSection { listen: "127.0.0.1:5000".into(), auth: true, name: String::new(), log: "info".into() }
@@ -197,7 +196,6 @@ pub struct SandboxSection {
     pub volumes: Vec<VolumeSection>,
 }
 
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsSection {
@@ -310,9 +308,7 @@ impl Config {
         if self.worker.listen.parse::<std::net::SocketAddr>().is_err() {
             bail!("worker.listen = {:?} is not an address like 127.0.0.1:5000", self.worker.listen);
         }
-        if !self.worker.name.is_empty()
-            && !self.worker.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
+        if !self.worker.name.is_empty() && !self.worker.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
             bail!("worker.name may hold only letters, digits, '-' and '_'");
         }
         let positive = [
@@ -394,11 +390,7 @@ impl Config {
     }
 
     pub fn sandbox_limits(&self) -> sprout_sandbox::Limits {
-        sprout_sandbox::Limits {
-            memory_bytes: self.limits.memory_mb << 20,
-            pids: self.limits.pids,
-            cpus: self.limits.cpus,
-        }
+        sprout_sandbox::Limits { memory_bytes: self.limits.memory_mb << 20, pids: self.limits.pids, cpus: self.limits.cpus }
     }
 
     pub fn timeout(&self) -> Duration {

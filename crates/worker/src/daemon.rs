@@ -86,13 +86,7 @@ pub fn status(dir: &Path) -> Result<Status> {
     let config = Config::load(dir)?;
     let pid = running_pid(dir);
     let ready = pid.is_some() && http_ready(&config.worker.listen);
-    Ok(Status {
-        running: pid.is_some(),
-        pid,
-        listen: config.worker.listen,
-        backend: config.sandbox.backend.name(),
-        ready,
-    })
+    Ok(Status { running: pid.is_some(), pid, listen: config.worker.listen, backend: config.sandbox.backend.name(), ready })
 }
 
 fn http_ready(listen: &str) -> bool {
@@ -218,9 +212,8 @@ pub async fn serve(dir: &Path) -> Result<()> {
     if !missing.is_empty() {
         tracing::warn!(?missing, "cgroup v{} here lacks these controllers: their limits are not enforced", layout.version());
     }
-    let listener = tokio::net::TcpListener::bind(&config.worker.listen)
-        .await
-        .with_context(|| format!("listening on {}", config.worker.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(&config.worker.listen).await.with_context(|| format!("listening on {}", config.worker.listen))?;
     let listening = listener.local_addr()?;
     let app_port = AppPort::bind(&config.app).await?;
     let install_cache = InstallCache::open(&config.package_cache_dir(&dir))
@@ -314,9 +307,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
     };
     let api_router = router(api.clone());
     let api_served = async {
-        axum::serve(listener, api_router.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(until_stopped())
-            .await
+        axum::serve(listener, api_router.into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(until_stopped()).await
     };
     let app_served = async {
         match app_port {
@@ -397,7 +388,8 @@ async fn make_backend(config: &Config, dir: &Path, layout: Arc<Layout>, parents:
     let limits = config.sandbox_limits();
     match config.sandbox.backend {
         BackendKind::Sock | BackendKind::SockNoZygote => {
-            let pool = Arc::new(CgroupPool::new(layout.clone(), &parents[0], limits, config.sandbox.cgroup_pool, config.sandbox.cgroup_pool * 4)?);
+            let pool =
+                Arc::new(CgroupPool::new(layout.clone(), &parents[0], limits, config.sandbox.cgroup_pool, config.sandbox.cgroup_pool * 4)?);
             let zygote_limits = Limits { memory_bytes: config.sandbox.zygote_memory_mb << 20, pids: 1024, cpus: 0.0 };
             let zygotes = (config.sandbox.backend == BackendKind::Sock).then(|| {
                 let ic = &config.import_cache;

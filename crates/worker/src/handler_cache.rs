@@ -141,7 +141,8 @@ mod tests {
         assert!(sigkill_pending(&status("0000000000000100", "0000000000000100")));
         assert!(sigkill_pending(&status("0000000000000000", "0000000000000100")));
         assert!(!sigkill_pending(&status("0000000000000000", "0000000000000000")));
-        assert!(!sigkill_pending(&status("0000000000004002", "0000000000000000"))); // SIGINT, SIGTERM
+        assert!(!sigkill_pending(&status("0000000000004002", "0000000000000000")));
+        // SIGINT, SIGTERM
     }
 
     #[test]

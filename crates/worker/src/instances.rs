@@ -256,8 +256,7 @@ impl Instances {
             let State { pools, total } = &mut *st;
             let pool = pools.entry(lambda.name.clone()).or_default();
             // Sandboxes of a replaced version are never reused.
-            let (current, stale): (Vec<Idle>, Vec<Idle>) =
-                pool.idle.drain(..).partition(|i| i.lambda.version == lambda.version);
+            let (current, stale): (Vec<Idle>, Vec<Idle>) = pool.idle.drain(..).partition(|i| i.lambda.version == lambda.version);
             pool.idle = current;
             pool.live -= stale.len();
             *total -= stale.len();
@@ -485,10 +484,8 @@ impl Instances {
             let State { pools, total } = &mut *st;
             for pool in pools.values_mut() {
                 let before = pool.idle.len();
-                let (keep, expired): (Vec<Idle>, Vec<Idle>) = pool
-                    .idle
-                    .drain(..)
-                    .partition(|i| i.since.elapsed() < self.cfg.idle_timeout && i.lambda.is_current());
+                let (keep, expired): (Vec<Idle>, Vec<Idle>) =
+                    pool.idle.drain(..).partition(|i| i.since.elapsed() < self.cfg.idle_timeout && i.lambda.is_current());
                 pool.idle = keep;
                 let replaced = expired.iter().filter(|i| !i.lambda.is_current()).count();
                 self.cache.evicted(Eviction::Replaced, replaced);
@@ -533,11 +530,8 @@ impl Instances {
                     idle.pss = *pss;
                 }
             }
-            let entries: Vec<(Instant, u64, u64)> = pools
-                .values()
-                .flat_map(|p| p.idle.iter().filter(|i| i.paused))
-                .map(|i| (i.since, i.pss, i.sandbox.id))
-                .collect();
+            let entries: Vec<(Instant, u64, u64)> =
+                pools.values().flat_map(|p| p.idle.iter().filter(|i| i.paused)).map(|i| (i.since, i.pss, i.sandbox.id)).collect();
             for id in handler_cache::over_limit(entries, self.cfg.handler_cache.memory_limit) {
                 for pool in pools.values_mut() {
                     if let Some(at) = pool.idle.iter().position(|i| i.sandbox.id == id) {

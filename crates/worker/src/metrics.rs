@@ -183,7 +183,11 @@ impl Metrics {
             "Time from receiving a request to having its reply, by cold or warm start",
             latency.clone(),
         );
-        registry.register("sprout_sandbox_start_duration_seconds", "Time to provision a sandbox and load its lambda", sandbox_start.clone());
+        registry.register(
+            "sprout_sandbox_start_duration_seconds",
+            "Time to provision a sandbox and load its lambda",
+            sandbox_start.clone(),
+        );
         registry.register("sprout_sandboxes", "Sandboxes by state", sandboxes.clone());
         registry.register("sprout_errors", "Failed requests, by error code", errors.clone());
         registry.register(
@@ -191,7 +195,11 @@ impl Metrics {
             "Requests run again on another sandbox after theirs died before answering, by reason",
             retries.clone(),
         );
-        registry.register("sprout_static_requests", "Requests the app port answered from a static directory, by prefix and status", statics.clone());
+        registry.register(
+            "sprout_static_requests",
+            "Requests the app port answered from a static directory, by prefix and status",
+            statics.clone(),
+        );
         let caches: CacheSources = Arc::default();
         registry.register_collector(Box::new(BackendCollector { backend: backend.clone(), caches: caches.clone() }));
         for state in [SandboxState::Starting, SandboxState::Busy, SandboxState::Idle] {
@@ -232,9 +240,7 @@ impl Metrics {
     /// A request that reached a sandbox and got a reply (the handler may still have failed).
     pub fn invocation(&self, lambda: &str, cold: bool, outcome: &str, elapsed: Duration) {
         let start = if cold { "cold" } else { "warm" };
-        self.invocations
-            .get_or_create(&InvocationLabels { lambda: lambda.to_string(), start, outcome: outcome.to_string() })
-            .inc();
+        self.invocations.get_or_create(&InvocationLabels { lambda: lambda.to_string(), start, outcome: outcome.to_string() }).inc();
         if cold {
             self.cold_starts.inc();
         }

@@ -205,9 +205,8 @@ impl Registry {
         }
         let parsed = match fs::read(staging.join("requirements.txt")) {
             Ok(bytes) => {
-                let text = String::from_utf8(bytes).map_err(|_| {
-                    RequirementsError::Invalid { line: 0, message: "requirements.txt is not UTF-8".into() }
-                })?;
+                let text = String::from_utf8(bytes)
+                    .map_err(|_| RequirementsError::Invalid { line: 0, message: "requirements.txt is not UTF-8".into() })?;
                 requirements::parse(&text, self.allow_unpinned)?
             }
             Err(_) => Vec::new(),

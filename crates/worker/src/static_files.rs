@@ -85,7 +85,9 @@ impl StaticDir {
             Ok(ResolveResult::Found(file)) => file,
             // Unreadable files and directories (which never list) are as good as absent.
             Ok(_) => return not_found(),
-            Err(e) => return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("reading the file: {e}")).into_response(),
+            Err(e) => {
+                return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("reading the file: {e}")).into_response()
+            }
         };
         let content_type = file.content_type.clone();
         let built = FileResponseBuilder::new().request_parts(method, headers).build(file);
@@ -236,7 +238,13 @@ fn open_beneath(root: &OwnedFd, path: &Path) -> Opened {
     how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
     // SAFETY: valid descriptor, NUL-terminated path, and the size of the struct passed.
     let fd = unsafe {
-        libc::syscall(libc::SYS_openat2, root.as_raw_fd(), name.as_ptr(), &how as *const libc::open_how, std::mem::size_of::<libc::open_how>())
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            name.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
     };
     if fd < 0 {
         let e = io::Error::last_os_error();

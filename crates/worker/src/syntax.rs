@@ -113,11 +113,7 @@ impl Checker {
         match output.status.code() {
             Some(0) => Ok(None),
             Some(3) => Ok(Some(serde_json::from_slice(&output.stdout)?)),
-            _ => anyhow::bail!(
-                "the syntax check failed to run ({}): {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
+            _ => anyhow::bail!("the syntax check failed to run ({}): {}", output.status, String::from_utf8_lossy(&output.stderr).trim()),
         }
     }
 }

@@ -41,7 +41,8 @@ pub fn run(bench: &Bench) -> Result<Value> {
                 let s = summary(&ms);
                 eprintln!("  {name:>9} {config:>8}: p50 {:>9.2} ms  ({} samples)", s["p50_ms"].as_f64().unwrap_or(0.0), ms.len());
                 let entry = out.entry(name.to_string()).or_insert_with(|| json!({"requirement": requirement, "import": import}));
-                entry[config] = json!({"cold_p50_ms": s["p50_ms"], "cold_p90_ms": s["p90_ms"], "cold_mean_ms": s["mean_ms"], "samples": ms});
+                entry[config] =
+                    json!({"cold_p50_ms": s["p50_ms"], "cold_p90_ms": s["p90_ms"], "cold_mean_ms": s["mean_ms"], "samples": ms});
             }
             anyhow::Ok(())
         })();

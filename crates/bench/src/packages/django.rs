@@ -81,7 +81,11 @@ pub fn run(bench: &Bench) -> Result<Value> {
             s["cumulative_hits"] = json!(cumulative);
             s["latencies_ms"] = json!(ms);
             s["handler_cache"] = stats["handler_cache"].clone();
-            eprintln!("  {name:>16}: p50 {:.1} ms, p99 {:.1} ms, {hits} hits", s["p50_ms"].as_f64().unwrap_or(0.0), s["p99_ms"].as_f64().unwrap_or(0.0));
+            eprintln!(
+                "  {name:>16}: p50 {:.1} ms, p99 {:.1} ms, {hits} hits",
+                s["p50_ms"].as_f64().unwrap_or(0.0),
+                s["p99_ms"].as_f64().unwrap_or(0.0)
+            );
             anyhow::Ok(s)
         })();
         worker.stop()?;

@@ -25,8 +25,15 @@ fn measure(bench: &Bench, phase: &str, config: &str, n: usize) -> Result<(f64, V
         }
         std::thread::sleep(Duration::from_millis(2500)); // let every handler be paused and measured
         let stats = worker.stats()?;
-        anyhow::ensure!(stats["handler_cache"]["paused"].as_u64() == Some(n as u64), "not all handlers were kept: {}", stats["handler_cache"]);
-        Ok((worker_pss_mb(&worker), json!({"handler_cache": stats["handler_cache"], "import_cache_pss_mb": stats["import_cache"]["package_zygotes_pss_mb"]})))
+        anyhow::ensure!(
+            stats["handler_cache"]["paused"].as_u64() == Some(n as u64),
+            "not all handlers were kept: {}",
+            stats["handler_cache"]
+        );
+        Ok((
+            worker_pss_mb(&worker),
+            json!({"handler_cache": stats["handler_cache"], "import_cache_pss_mb": stats["import_cache"]["package_zygotes_pss_mb"]}),
+        ))
     })();
     worker.stop()?;
     result
@@ -37,7 +44,8 @@ pub fn run(bench: &Bench) -> Result<Value> {
     let n = if bench.opts.quick { 5 } else { 20 };
     let (tree, tree_detail) = measure(bench, "memory-tree", &bench.config(Caches::ALL, 100_000, ""), n)?;
     let (root, _) = measure(bench, "memory-root", &bench.config(Caches::INSTALL_HANDLER, 100_000, ""), n)?;
-    let separate_config = bench.config(Caches::INSTALL_HANDLER, 100_000, "").replacen("[sandbox]\n", "[sandbox]\nbackend = \"sock-nozygote\"\n", 1);
+    let separate_config =
+        bench.config(Caches::INSTALL_HANDLER, 100_000, "").replacen("[sandbox]\n", "[sandbox]\nbackend = \"sock-nozygote\"\n", 1);
     let (separate, _) = measure(bench, "memory-separate", &separate_config, n)?;
     eprintln!("  {n} django lambdas: Zygote tree {tree:.1} MiB, root forks {root:.1} MiB, separate interpreters {separate:.1} MiB");
     Ok(json!({

@@ -111,8 +111,7 @@ impl Bench {
              [import_cache]\nenabled = {}\n\
              [instances]\nkeep_warm = {}\nmax_per_lambda = 4\nmax_total = 512\nidle_timeout_s = 3600\nqueue_depth = 1024\n\
              [handler_cache]\nmemory_mb = {handler_cache_mb}\n",
-            caches.import,
-            caches.handler,
+            caches.import, caches.handler,
         )
     }
 
@@ -231,7 +230,10 @@ fn get(v: &Value, path: &[&str]) -> Option<f64> {
 fn targets(r: &Value) -> Value {
     let mut out = Vec::new();
     let packages = PACKAGES.map(|p| p.0);
-    let worst_import = packages.iter().filter_map(|p| get(r, &["packages", p, "import", "cold_p50_ms"])).fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+    let worst_import = packages
+        .iter()
+        .filter_map(|p| get(r, &["packages", p, "import", "cold_p50_ms"]))
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
     out.push(json!({
         "target": "with the import cache, cold start p50 <= 10 ms for every package",
         "measured": worst_import,
@@ -239,7 +241,9 @@ fn targets(r: &Value) -> Value {
     }));
     let speedups: Vec<(String, f64)> = packages
         .iter()
-        .filter_map(|p| Some((p.to_string(), get(r, &["packages", p, "install", "cold_p50_ms"])? / get(r, &["packages", p, "import", "cold_p50_ms"])?)))
+        .filter_map(|p| {
+            Some((p.to_string(), get(r, &["packages", p, "install", "cold_p50_ms"])? / get(r, &["packages", p, "import", "cold_p50_ms"])?))
+        })
         .collect();
     let least = speedups.iter().map(|s| s.1).fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))));
     out.push(json!({
@@ -263,7 +267,14 @@ fn markdown(r: &Value) -> String {
                 (Some(a), Some(b)) if b > 0.0 => Some(a / b),
                 _ => None,
             };
-            s += &format!("| {req} | {} | {} | {} | {} | {}× |\n", f(c("none"), 0), f(c("install"), 1), f(c("import"), 2), f(c("all"), 2), f(ratio, 1));
+            s += &format!(
+                "| {req} | {} | {} | {} | {} | {}× |\n",
+                f(c("none"), 0),
+                f(c("install"), 1),
+                f(c("import"), 2),
+                f(c("all"), 2),
+                f(ratio, 1)
+            );
         }
     }
     if let Some(d) = r.get("django") {
@@ -285,18 +296,31 @@ fn markdown(r: &Value) -> String {
     }
     if let Some(sc) = r.get("scalability") {
         s += "\nSynthetic packages, 10 clients (SOCK figure 20):\n\n| handlers | p50 (ms) | p99 (ms) | handler cache | import cache | install cache |\n|---:|---:|---:|---:|---:|---:|\n";
-        let mut points: Vec<(&String, &Value)> = sc.as_object().map(|o| o.iter().filter(|(k, _)| k.parse::<u64>().is_ok()).collect()).unwrap_or_default();
+        let mut points: Vec<(&String, &Value)> =
+            sc.as_object().map(|o| o.iter().filter(|(k, _)| k.parse::<u64>().is_ok()).collect()).unwrap_or_default();
         points.sort_by_key(|(k, _)| k.parse::<u64>().unwrap_or(0));
         for (n, p) in points {
             let pct = |k: &str| p["share"][k].as_f64().map(|x| format!("{:.0}%", x * 100.0)).unwrap_or_else(|| "—".into());
-            s += &format!("| {n} | {} | {} | {} | {} | {} |\n", f(p["p50_ms"].as_f64(), 1), f(p["p99_ms"].as_f64(), 1), pct("handler"), pct("import"), pct("install"));
+            s += &format!(
+                "| {n} | {} | {} | {} | {} | {} |\n",
+                f(p["p50_ms"].as_f64(), 1),
+                f(p["p99_ms"].as_f64(), 1),
+                pct("handler"),
+                pct("import"),
+                pct("install")
+            );
         }
     }
     if let Some(ir) = r.get("image_resize") {
         s += "\nImage resizing with Pillow (SOCK figure 21), p50 (ms):\n\n| case | total | compute | platform |\n|---|---:|---:|---:|\n";
         for case in ["cold", "cold+", "warm"] {
             let c = &ir[case];
-            s += &format!("| {case} | {} | {} | {} |\n", f(c["p50_ms"].as_f64(), 1), f(c["compute_p50_ms"].as_f64(), 1), f(c["platform_p50_ms"].as_f64(), 1));
+            s += &format!(
+                "| {case} | {} | {} | {} |\n",
+                f(c["p50_ms"].as_f64(), 1),
+                f(c["compute_p50_ms"].as_f64(), 1),
+                f(c["platform_p50_ms"].as_f64(), 1)
+            );
         }
     }
     if let Some(m) = r.get("memory") {

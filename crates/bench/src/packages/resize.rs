@@ -127,7 +127,11 @@ pub fn run(bench: &Bench) -> Result<Value> {
         "warm": case(&warm),
     });
     for c in ["cold", "cold+", "warm"] {
-        eprintln!("  {c:>5}: total p50 {:.1} ms, platform p50 {:.1} ms", out[c]["p50_ms"].as_f64().unwrap_or(0.0), out[c]["platform_p50_ms"].as_f64().unwrap_or(0.0));
+        eprintln!(
+            "  {c:>5}: total p50 {:.1} ms, platform p50 {:.1} ms",
+            out[c]["p50_ms"].as_f64().unwrap_or(0.0),
+            out[c]["platform_p50_ms"].as_f64().unwrap_or(0.0)
+        );
     }
     Ok(out)
 }

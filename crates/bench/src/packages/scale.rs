@@ -45,11 +45,14 @@ pub fn run(bench: &Bench) -> Result<Value> {
     std::fs::set_permissions(&no_wheels, std::fs::Permissions::from_mode(0o755))?;
     let handlers = manifest["handlers"].as_array().cloned().unwrap_or_default();
     let mut out = serde_json::Map::new();
-    out.insert("generator".into(), json!({
-        "universe": manifest["universe"], "zipf_s": manifest["zipf_s"], "seed": manifest["seed"],
-        "materialized": manifest["materialized"], "distinct_import_sets": manifest["distinct_import_sets"],
-        "mean_import_cpu_ms": manifest["mean_import_cpu_ms"], "mean_import_memory_mb": manifest["mean_import_memory_mb"],
-    }));
+    out.insert(
+        "generator".into(),
+        json!({
+            "universe": manifest["universe"], "zipf_s": manifest["zipf_s"], "seed": manifest["seed"],
+            "materialized": manifest["materialized"], "distinct_import_sets": manifest["distinct_import_sets"],
+            "mean_import_cpu_ms": manifest["mean_import_cpu_ms"], "mean_import_memory_mb": manifest["mean_import_memory_mb"],
+        }),
+    );
     for &n in &counts {
         let packages = format!("cache_dir = \"{}\"\noffline = true\nwheel_dir = \"{}\"\n", cache.display(), no_wheels.display());
         let config = bench.config_with_packages(super::Caches::ALL, 1024, &packages);

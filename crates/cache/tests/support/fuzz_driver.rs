@@ -173,8 +173,8 @@ fn check_text_replies(batch: &[u8]) {
                 assert!(!line.ends_with(b" ") && !contains(line, b"  "), "empty token in {:?}", String::from_utf8_lossy(line));
                 Some(line.split(|&b| b == b' ').nth(1).unwrap_or(b""))
             }
-            b"STORED" | b"NOT_STORED" | b"EXISTS" | b"NOT_FOUND" | b"DELETED" | b"TOUCHED" | b"END" | b"ERROR"
-            | b"OK" | b"RESET" | b"MN" => {
+            b"STORED" | b"NOT_STORED" | b"EXISTS" | b"NOT_FOUND" | b"DELETED" | b"TOUCHED" | b"END" | b"ERROR" | b"OK" | b"RESET"
+            | b"MN" => {
                 assert_eq!(line, word, "unexpected words after {:?}", String::from_utf8_lossy(word));
                 None
             }
@@ -188,10 +188,15 @@ fn check_text_replies(batch: &[u8]) {
             _ => panic!("not a reply line: {:?} (after {} bytes)", String::from_utf8_lossy(line), batch.len() - rest.len() - end - 2),
         };
         if let Some(len) = block {
-            let len: usize = std::str::from_utf8(len).ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-                panic!("bad data length in {:?}", String::from_utf8_lossy(line))
-            });
-            assert!(rest.len() >= len + 2 && &rest[len..len + 2] == b"\r\n", "data block not {len} bytes + CRLF after {:?}", String::from_utf8_lossy(line));
+            let len: usize = std::str::from_utf8(len)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| panic!("bad data length in {:?}", String::from_utf8_lossy(line)));
+            assert!(
+                rest.len() >= len + 2 && &rest[len..len + 2] == b"\r\n",
+                "data block not {len} bytes + CRLF after {:?}",
+                String::from_utf8_lossy(line)
+            );
             rest = &rest[len + 2..];
         }
     }
@@ -312,9 +317,7 @@ pub fn run_stream(ctrl: [u8; 2], stream: &[u8], keep_output: bool) -> Outcome {
             assert!(used <= limit + ITEM_MAX, "store used {used} > limit {limit} + item max");
             if closed {
                 outcome.closed = true;
-                outcome.long_line_close = !outcome.binary
-                    && input.len() > sprout_cache::session::MAX_LINE
-                    && !input.contains(&b'\n');
+                outcome.long_line_close = !outcome.binary && input.len() > sprout_cache::session::MAX_LINE && !input.contains(&b'\n');
                 break 'feed;
             }
         }

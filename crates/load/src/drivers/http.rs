@@ -54,7 +54,13 @@ impl Driver for Http {
         Browser::new(self.addr, self.addr.to_string(), None, self.timeout)
     }
 
-    async fn run(&self, browser: &mut Browser, op: usize, _rng: &mut SmallRng, counters: &mut BTreeMap<String, u64>) -> Result<(), Failure> {
+    async fn run(
+        &self,
+        browser: &mut Browser,
+        op: usize,
+        _rng: &mut SmallRng,
+        counters: &mut BTreeMap<String, u64>,
+    ) -> Result<(), Failure> {
         let before = browser.sent();
         let outcome = self.requests(browser, op).await;
         browser.count_since(before, counters);

@@ -102,7 +102,13 @@ impl Driver for Olio {
 
     fn new_user(&self, id: u64, cold: bool, _rng: &mut SmallRng) -> OlioUser {
         let warm = (!cold).then(|| self.warm_since.clone());
-        OlioUser { id, browser: Browser::new(self.addr, self.host.clone(), warm, self.timeout), event_links: Vec::new(), tag_links: Vec::new(), registered: 0 }
+        OlioUser {
+            id,
+            browser: Browser::new(self.addr, self.host.clone(), warm, self.timeout),
+            event_links: Vec::new(),
+            tag_links: Vec::new(),
+            registered: 0,
+        }
     }
 
     async fn run(&self, user: &mut OlioUser, op: usize, rng: &mut SmallRng, counters: &mut BTreeMap<String, u64>) -> Result<(), Failure> {
@@ -324,14 +330,21 @@ fn event_links(html: &str) -> Vec<u64> {
 }
 
 fn tag_links(html: &str) -> Vec<String> {
-    attr_values(html, "href", "/events/tag_search?tag=").iter().map(|p| p["/events/tag_search?tag=".len()..].split('&').next().unwrap_or("").to_string()).filter(|t| !t.is_empty()).collect()
+    attr_values(html, "href", "/events/tag_search?tag=")
+        .iter()
+        .map(|p| p["/events/tag_search?tag=".len()..].split('&').next().unwrap_or("").to_string())
+        .filter(|t| !t.is_empty())
+        .collect()
 }
 
 fn first_error(html: &str) -> String {
     html.find("class=\"error").map(|i| html[i..].chars().take(160).collect()).unwrap_or_else(|| html.chars().take(120).collect())
 }
 
-const WORDS: [&str; 16] = ["music", "festival", "open", "air", "concert", "meetup", "talk", "wine", "tasting", "park", "run", "art", "show", "market", "film", "night"];
+const WORDS: [&str; 16] = [
+    "music", "festival", "open", "air", "concert", "meetup", "talk", "wine", "tasting", "park", "run", "art", "show", "market", "film",
+    "night",
+];
 
 fn text_of(rng: &mut SmallRng, chars: usize) -> String {
     let mut s = String::with_capacity(chars + 10);

@@ -33,8 +33,7 @@ impl ImportCache {
         }
         while total > self.cfg.memory_limit {
             let window = self.cfg.window;
-            let candidates: Vec<Arc<Node>> =
-                self.nodes.lock().unwrap().values().filter(|n| !n.pinned && idle(n)).cloned().collect();
+            let candidates: Vec<Arc<Node>> = self.nodes.lock().unwrap().values().filter(|n| !n.pinned && idle(n)).cloned().collect();
             let scored: Vec<(u64, u64, usize)> = candidates.iter().map(|n| (n.id, n.benefit, n.uses_within(window))).collect();
             let Some(victim) = choose_victim(&scored).and_then(|id| candidates.into_iter().find(|n| n.id == id)) else {
                 break; // everything left is pinned or in use
@@ -46,7 +45,6 @@ impl ImportCache {
             total = total.saturating_sub(pss);
         }
     }
-
 }
 
 /// Every Zygote's PSS is measured again this often. Measuring walks the page tables of an
@@ -75,10 +73,7 @@ pub(super) async fn maintain(cache: Weak<ImportCache>) {
 /// (their ratio is infinite), the larger benefit breaking ties.
 pub fn choose_victim(candidates: &[(u64, u64, usize)]) -> Option<u64> {
     let ratio = |&(_, benefit, uses): &(u64, u64, usize)| if uses == 0 { f64::INFINITY } else { benefit as f64 / uses as f64 };
-    candidates
-        .iter()
-        .max_by(|a, b| ratio(a).partial_cmp(&ratio(b)).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)))
-        .map(|c| c.0)
+    candidates.iter().max_by(|a, b| ratio(a).partial_cmp(&ratio(b)).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1))).map(|c| c.0)
 }
 
 #[cfg(test)]

@@ -191,8 +191,8 @@ impl ImportCache {
         // Package Zygotes need both a user namespace and detached mount trees (Linux 5.2) to
         // be confined; without them the cache stays off rather than run them less confined.
         let userns = if cfg.enabled {
-            let confinable = mounts::clone_tree(&stage.base)
-                .and_then(|_| crate::userns::create(cfg.zygote_uid, cfg.zygote_gid, cfg.uid, cfg.gid));
+            let confinable =
+                mounts::clone_tree(&stage.base).and_then(|_| crate::userns::create(cfg.zygote_uid, cfg.zygote_gid, cfg.uid, cfg.gid));
             match confinable {
                 Ok(fd) => Some(fd),
                 Err(e) => {
@@ -384,7 +384,12 @@ impl ImportCache {
         let cloned = t0.elapsed();
         let fds = [tree.as_raw_fd(), log.as_raw_fd()];
         let result = self.fork_from(source, ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags: 0 }, &fds).await;
-        tracing::debug!(zygote = source.id, clone_us = cloned.as_micros() as u64, fork_us = (t0.elapsed() - cloned).as_micros() as u64, "forked");
+        tracing::debug!(
+            zygote = source.id,
+            clone_us = cloned.as_micros() as u64,
+            fork_us = (t0.elapsed() - cloned).as_micros() as u64,
+            "forked"
+        );
         match result {
             Ok(_) => Ok(Forked { process: None, hold, tree: Some(DetachedTree(Some(tree))) }),
             Err(e) => {
@@ -444,8 +449,7 @@ impl ImportCache {
         fn describe(node: &Node, nodes: &BTreeMap<u64, Arc<Node>>, window: Duration) -> Value {
             let recent = node.uses_within(window);
             let info = node.info.lock().unwrap();
-            let children: Vec<Value> =
-                info.children.iter().filter_map(|c| nodes.get(c)).map(|c| describe(c, nodes, window)).collect();
+            let children: Vec<Value> = info.children.iter().filter_map(|c| nodes.get(c)).map(|c| describe(c, nodes, window)).collect();
             json!({
                 "id": node.id,
                 "adds": node.added,
@@ -477,7 +481,6 @@ impl ImportCache {
         out.insert("tree".into(), tree.unwrap_or(Value::Null));
         Value::Object(out)
     }
-
 }
 
 /// Close a detached tree's descriptor off the async threads: the kernel dissolves the copy

@@ -12,8 +12,8 @@ impl ImportCache {
         self.stage.stitch(&root, None, 16, 0, 0).map_err(CreateError::platform)?;
         let result = async {
             let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
-            let mut cgroup = Cgroup::create(self.layout.clone(), &format!("{}/zygote-0", self.cgroup_parent))
-                .map_err(CreateError::platform)?;
+            let mut cgroup =
+                Cgroup::create(self.layout.clone(), &format!("{}/zygote-0", self.cgroup_parent)).map_err(CreateError::platform)?;
             cgroup.set_limits(&self.cfg.zygote_limits).map_err(CreateError::platform)?;
             let log = log_pipe("<zygote 0>", 0).map_err(CreateError::platform)?;
             let argv = [self.cfg.python.clone(), "-I".into(), "-S".into(), HELPER_IN_SANDBOX.into(), "zygote".into()];
@@ -128,7 +128,13 @@ impl ImportCache {
     }
 
     /// Fork a child Zygote of `parent` holding `packages` and wait until it has imported them.
-    pub(super) async fn create_child_with(self: &Arc<Self>, parent: &Arc<Node>, packages: &[Package], pinned: bool, refreshes: u32) -> Option<Arc<Node>> {
+    pub(super) async fn create_child_with(
+        self: &Arc<Self>,
+        parent: &Arc<Node>,
+        packages: &[Package],
+        pinned: bool,
+        refreshes: u32,
+    ) -> Option<Arc<Node>> {
         let want: BTreeSet<String> = packages.iter().map(|p| p.key.clone()).collect();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
@@ -200,7 +206,12 @@ impl ImportCache {
         }
     }
 
-    pub(super) async fn spawn_child(&self, id: u64, parent: &Arc<Node>, packages: &[Package]) -> Result<(ZygoteProcess, Hello), CreateError> {
+    pub(super) async fn spawn_child(
+        &self,
+        id: u64,
+        parent: &Arc<Node>,
+        packages: &[Package],
+    ) -> Result<(ZygoteProcess, Hello), CreateError> {
         let dir = self.stage.run.join("zygote").join(id.to_string());
         let root = dir.join("root");
         std::fs::create_dir_all(&root).map_err(CreateError::platform)?;
@@ -233,10 +244,7 @@ impl ImportCache {
             let (mut channel, process) = accepted?;
             let imports = self.imports_for(parent, packages);
             let paths: Vec<String> = packages.iter().map(|p| p.path.clone()).collect();
-            channel
-                .send(&ZygoteOrder { op: "zygote", paths: &paths, imports: &imports }, &[])
-                .await
-                .map_err(CreateError::platform)?;
+            channel.send(&ZygoteOrder { op: "zygote", paths: &paths, imports: &imports }, &[]).await.map_err(CreateError::platform)?;
             let hello = tokio::time::timeout(self.cfg.import_timeout, channel.recv::<Hello>()).await;
             let hello = match hello {
                 Ok(Ok((h, _))) if h.role.as_deref() == Some("zygote") => h,
@@ -245,7 +253,9 @@ impl ImportCache {
                     let why = if cgroup.oom_kills() > 0 { "it ran out of memory importing".to_string() } else { e.to_string() };
                     return Err(CreateError::platform(format!("the child Zygote died while importing: {why}")));
                 }
-                Err(_) => return Err(CreateError::platform(format!("the child Zygote did not import within {:?}", self.cfg.import_timeout))),
+                Err(_) => {
+                    return Err(CreateError::platform(format!("the child Zygote did not import within {:?}", self.cfg.import_timeout)))
+                }
             };
             Ok((channel, process, hello))
         }
@@ -294,7 +304,6 @@ impl ImportCache {
             self.forget(root.id, false).await;
         }
     }
-
 }
 
 /// Wait for the process forked into a sandbox to connect, take its identity from the
@@ -309,7 +318,8 @@ pub async fn accept_and_place(
     let peer = peer.ok_or_else(|| CreateError::platform("cannot identify the process that connected"))?;
     // A move may wait for an RCU grace period (see Layout::favor_dynamic_modifications):
     // never on the async threads.
-    let fds: Vec<std::os::fd::OwnedFd> = cgroup.procs_fds().iter().map(|f| f.try_clone()).collect::<std::io::Result<_>>().map_err(CreateError::platform)?;
+    let fds: Vec<std::os::fd::OwnedFd> =
+        cgroup.procs_fds().iter().map(|f| f.try_clone()).collect::<std::io::Result<_>>().map_err(CreateError::platform)?;
     let pid = peer.pid();
     tokio::task::spawn_blocking(move || crate::cgroup::write_pid(&fds, pid))
         .await

@@ -30,17 +30,14 @@ impl Token {
     /// A new token from the kernel's random source.
     pub fn generate() -> Result<Token> {
         let mut bytes = [0u8; TOKEN_BYTES];
-        fs::File::open("/dev/urandom")
-            .and_then(|mut f| f.read_exact(&mut bytes))
-            .context("reading /dev/urandom")?;
+        fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).context("reading /dev/urandom")?;
         Ok(Token(hex::encode(bytes)))
     }
 
     /// A token as written in a file (surrounding white space ignored), if it is one.
     pub fn parse(text: &str) -> Option<Token> {
         let text = text.trim();
-        (text.len() == 2 * TOKEN_BYTES && text.bytes().all(|b| b.is_ascii_hexdigit()))
-            .then(|| Token(text.to_ascii_lowercase()))
+        (text.len() == 2 * TOKEN_BYTES && text.bytes().all(|b| b.is_ascii_hexdigit())).then(|| Token(text.to_ascii_lowercase()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -63,25 +60,16 @@ pub fn token_path(dir: &Path) -> PathBuf {
 /// An existing file is never replaced; one readable by others is made 0600 again.
 pub fn ensure_token(dir: &Path) -> Result<(Token, bool)> {
     let path = token_path(dir);
-    match fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-    {
+    match fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
         Ok(mut file) => {
             let written = Token::generate().and_then(|token| {
-                file.write_all(token.as_str().as_bytes())
-                    .and_then(|_| file.sync_all())?;
+                file.write_all(token.as_str().as_bytes()).and_then(|_| file.sync_all())?;
                 Ok(token)
             });
             if written.is_err() {
                 let _ = fs::remove_file(&path); // never leave a file that holds no token
             }
-            Ok((
-                written.with_context(|| format!("writing {}", path.display()))?,
-                true,
-            ))
+            Ok((written.with_context(|| format!("writing {}", path.display()))?, true))
         }
         Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok((read_token(dir)?, false)),
         Err(e) => Err(e).with_context(|| format!("creating {}", path.display())),
@@ -91,26 +79,15 @@ pub fn ensure_token(dir: &Path) -> Result<(Token, bool)> {
 /// Read `DIR/api-token` as it is.
 pub fn read_token(dir: &Path) -> Result<Token> {
     let path = token_path(dir);
-    let mode = fs::metadata(&path)
-        .with_context(|| format!("reading {}", path.display()))?
-        .permissions()
-        .mode();
+    let mode = fs::metadata(&path).with_context(|| format!("reading {}", path.display()))?.permissions().mode();
     if mode & 0o077 != 0 {
-        tracing::warn!(
-            "{} was readable by others (mode {:o}); making it 0600",
-            path.display(),
-            mode & 0o777
-        );
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
-            .with_context(|| format!("chmod 0600 {}", path.display()))?;
+        tracing::warn!("{} was readable by others (mode {:o}); making it 0600", path.display(), mode & 0o777);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).with_context(|| format!("chmod 0600 {}", path.display()))?;
     }
     let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     match Token::parse(&text) {
         Some(token) => Ok(token),
-        None => bail!(
-            "{} does not hold a token (64 hex digits); remove it and a new one is made",
-            path.display()
-        ),
+        None => bail!("{} does not hold a token (64 hex digits); remove it and a new one is made", path.display()),
     }
 }
 
@@ -148,12 +125,8 @@ impl Discovery {
 
     fn publish_in(base: &Path, listen: SocketAddr, token: &Token) -> Result<Discovery> {
         fs::create_dir_all(base).with_context(|| format!("creating {}", base.display()))?;
-        fs::set_permissions(base, fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("chmod 0700 {}", base.display()))?;
-        let mut discovery = Discovery {
-            files: Vec::new(),
-            token: token.clone(),
-        };
+        fs::set_permissions(base, fs::Permissions::from_mode(0o700)).with_context(|| format!("chmod 0700 {}", base.display()))?;
+        let mut discovery = Discovery { files: Vec::new(), token: token.clone() };
         for name in discovery_names(listen) {
             let path = base.join(name.to_string());
             let staged = base.join(format!(".{name}.{}", std::process::id()));
@@ -195,17 +168,11 @@ pub fn withdraw(listen: SocketAddr, token: &Token) -> usize {
 }
 
 fn withdraw_in(base: &Path, listen: SocketAddr, token: &Token) -> usize {
-    discovery_names(listen)
-        .into_iter()
-        .filter(|name| remove_if_holding(&base.join(name.to_string()), token))
-        .count()
+    discovery_names(listen).into_iter().filter(|name| remove_if_holding(&base.join(name.to_string()), token)).count()
 }
 
 fn remove_if_holding(path: &Path, token: &Token) -> bool {
-    let holds = fs::read_to_string(path)
-        .ok()
-        .and_then(|text| Token::parse(&text))
-        .is_some_and(|t| t == *token);
+    let holds = fs::read_to_string(path).ok().and_then(|text| Token::parse(&text)).is_some_and(|t| t == *token);
     holds && fs::remove_file(path).is_ok()
 }
 
@@ -234,10 +201,7 @@ mod tests {
         fs::write(token_path(dir.path()), "secret").unwrap();
         let err = ensure_token(dir.path()).unwrap_err();
         assert!(format!("{err:#}").contains("64 hex digits"), "{err:#}");
-        assert_eq!(
-            fs::read_to_string(token_path(dir.path())).unwrap(),
-            "secret"
-        );
+        assert_eq!(fs::read_to_string(token_path(dir.path())).unwrap(), "secret");
     }
 
     #[test]
@@ -273,11 +237,7 @@ mod tests {
         let stale = Discovery::publish_in(&base, listen, &ours).unwrap();
         std::mem::forget(stale); // a worker killed with -9
         let next = Discovery::publish_in(&base, listen, &theirs).unwrap();
-        assert_eq!(
-            withdraw_in(&base, listen, &ours),
-            0,
-            "another worker's token stays"
-        );
+        assert_eq!(withdraw_in(&base, listen, &ours), 0, "another worker's token stays");
         assert_eq!(fs::read_to_string(&file).unwrap(), theirs.as_str());
         std::mem::forget(next);
         assert_eq!(withdraw_in(&base, listen, &theirs), 1);
@@ -286,21 +246,10 @@ mod tests {
 
     #[test]
     fn a_wildcard_listener_is_also_found_by_its_loopback_addresses() {
-        let names = |s: &str| {
-            discovery_names(s.parse().unwrap())
-                .iter()
-                .map(|a| a.to_string())
-                .collect::<Vec<_>>()
-        };
+        let names = |s: &str| discovery_names(s.parse().unwrap()).iter().map(|a| a.to_string()).collect::<Vec<_>>();
         assert_eq!(names("127.0.0.1:5000"), ["127.0.0.1:5000"]);
         assert_eq!(names("0.0.0.0:5000"), ["0.0.0.0:5000", "127.0.0.1:5000"]);
-        assert_eq!(
-            names("[::]:5000"),
-            ["[::]:5000", "[::1]:5000", "127.0.0.1:5000"]
-        );
-        assert_eq!(
-            discovery_path(&"[::1]:80".parse().unwrap()),
-            Path::new("/run/sprout/api/[::1]:80")
-        );
+        assert_eq!(names("[::]:5000"), ["[::]:5000", "[::1]:5000", "127.0.0.1:5000"]);
+        assert_eq!(discovery_path(&"[::1]:80".parse().unwrap()), Path::new("/run/sprout/api/[::1]:80"));
     }
 }

@@ -119,9 +119,7 @@ impl InstallCache {
     /// Every installed package, by key.
     pub fn list(&self) -> Vec<InstalledPackage> {
         let mut out: Vec<InstalledPackage> = fs::read_dir(self.installed_dir())
-            .map(|entries| {
-                entries.flatten().filter_map(|e| self.get(&e.file_name().to_string_lossy())).collect()
-            })
+            .map(|entries| entries.flatten().filter_map(|e| self.get(&e.file_name().to_string_lossy())).collect())
             .unwrap_or_default();
         out.sort_by(|a, b| a.key.cmp(&b.key));
         out
@@ -244,9 +242,8 @@ pub fn describe(files: &Path, install_ms: u64) -> io::Result<InstalledPackage> {
         .find(|p| p.extension().map(|x| x == "dist-info").unwrap_or(false))
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "pip installed no .dist-info directory"))?;
     let metadata = fs::read_to_string(dist_info.join("METADATA"))?;
-    let field = |name: &str| {
-        metadata.lines().take_while(|l| !l.is_empty()).find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
-    };
+    let field =
+        |name: &str| metadata.lines().take_while(|l| !l.is_empty()).find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()));
     let name = field("Name:").ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "METADATA has no Name"))?;
     let version = field("Version:").ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "METADATA has no Version"))?;
     let requires_dist = metadata

@@ -294,8 +294,11 @@ impl Packages {
                     InstallError::from_pip(Some(key.clone()), e)
                 })?;
                 self.counters.install_ms.fetch_add(took.as_millis() as u64, Ordering::Relaxed);
-                let meta = cache::describe(&staging.files(), took.as_millis() as u64)
-                    .map_err(|e| InstallError { package: Some(key.clone()), message: format!("reading what pip installed: {e}"), output: String::new() })?;
+                let meta = cache::describe(&staging.files(), took.as_millis() as u64).map_err(|e| InstallError {
+                    package: Some(key.clone()),
+                    message: format!("reading what pip installed: {e}"),
+                    output: String::new(),
+                })?;
                 if meta.key != key {
                     return Err(InstallError::internal(format!("pip installed {} when asked for {key}", meta.key)));
                 }
@@ -362,10 +365,8 @@ fn dependency_order(pins: &[Pin]) -> Vec<String> {
     let mut remaining: Vec<&Pin> = pins.iter().collect();
     remaining.sort_by(|a, b| a.name.cmp(&b.name));
     while !remaining.is_empty() {
-        let ready = remaining
-            .iter()
-            .position(|p| p.depends_on.iter().all(|d| done.contains(d) || !pins.iter().any(|q| &q.name == d)))
-            .unwrap_or(0); // a cycle: break it at the first name
+        let ready =
+            remaining.iter().position(|p| p.depends_on.iter().all(|d| done.contains(d) || !pins.iter().any(|q| &q.name == d))).unwrap_or(0); // a cycle: break it at the first name
         done.push(remaining.remove(ready).name.clone());
     }
     done
@@ -381,7 +382,12 @@ mod tests {
 
     #[test]
     fn dependencies_come_first_and_cycles_do_not_hang() {
-        let pins = [pin("django", &["asgiref", "sqlparse"]), pin("asgiref", &["typing-extensions"]), pin("sqlparse", &[]), pin("typing-extensions", &[])];
+        let pins = [
+            pin("django", &["asgiref", "sqlparse"]),
+            pin("asgiref", &["typing-extensions"]),
+            pin("sqlparse", &[]),
+            pin("typing-extensions", &[]),
+        ];
         assert_eq!(dependency_order(&pins), vec!["sqlparse", "typing-extensions", "asgiref", "django"]);
         let cycle = [pin("a", &["b"]), pin("b", &["a"])];
         assert_eq!(dependency_order(&cycle).len(), 2);

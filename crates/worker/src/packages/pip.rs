@@ -182,10 +182,9 @@ impl Installer {
             workdir: "/host/work".into(),
         };
         let started = Instant::now();
-        let outcome = oneshot::run(&self.stage, self.layout.clone(), &self.cgroup_parent, &spec).await.map_err(|e| PipError {
-            message: format!("could not run pip to {what}: {e}"),
-            output: String::new(),
-        })?;
+        let outcome = oneshot::run(&self.stage, self.layout.clone(), &self.cgroup_parent, &spec)
+            .await
+            .map_err(|e| PipError { message: format!("could not run pip to {what}: {e}"), output: String::new() })?;
         let tail = outcome.output.trim_end().to_string();
         let why = match outcome.ending {
             Ending::Exited(0) => return Ok(started.elapsed()),
@@ -209,8 +208,15 @@ impl Installer {
     pub async fn resolve(&self, requirements: &str, staging: &Staging) -> Result<Vec<Pin>, PipError> {
         std::fs::write(staging.dir.join("requirements.txt"), requirements).map_err(io_error)?;
         let mut args: Vec<String> = [
-            "install", "--dry-run", "--ignore-installed", "--quiet", "--report", "/host/work/report.json",
-            "--no-cache-dir", "-r", "/host/work/requirements.txt",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            "/host/work/report.json",
+            "--no-cache-dir",
+            "-r",
+            "/host/work/requirements.txt",
         ]
         .map(String::from)
         .to_vec();
@@ -243,8 +249,14 @@ impl Installer {
     /// Install exactly `pin` (no dependencies) into `staging`'s files directory.
     pub async fn install(&self, pin: &Pin, staging: &Staging) -> Result<Duration, PipError> {
         let mut args: Vec<String> = [
-            "install", "--no-deps", "--ignore-installed", "--quiet", "--no-warn-script-location", "--no-cache-dir",
-            "--target", "/host/work/files",
+            "install",
+            "--no-deps",
+            "--ignore-installed",
+            "--quiet",
+            "--no-warn-script-location",
+            "--no-cache-dir",
+            "--target",
+            "/host/work/files",
         ]
         .map(String::from)
         .to_vec();
@@ -258,8 +270,15 @@ impl Installer {
     pub async fn install_all(&self, requirements: &str, staging: &Staging) -> Result<Duration, PipError> {
         std::fs::write(staging.dir.join("requirements.txt"), requirements).map_err(io_error)?;
         let mut args: Vec<String> = [
-            "install", "--ignore-installed", "--quiet", "--no-warn-script-location", "--no-cache-dir",
-            "--target", "/host/work/files", "-r", "/host/work/requirements.txt",
+            "install",
+            "--ignore-installed",
+            "--quiet",
+            "--no-warn-script-location",
+            "--no-cache-dir",
+            "--target",
+            "/host/work/files",
+            "-r",
+            "/host/work/requirements.txt",
         ]
         .map(String::from)
         .to_vec();

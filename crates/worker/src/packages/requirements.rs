@@ -136,7 +136,8 @@ pub fn parse(text: &str, allow_unpinned: bool) -> Result<Vec<Requirement>, Requi
             Some((r, m)) => (r.trim(), Some(m.trim().to_string()).filter(|m| !m.is_empty())),
             None => (content, None),
         };
-        let name_end = requirement.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))).unwrap_or(requirement.len());
+        let name_end =
+            requirement.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))).unwrap_or(requirement.len());
         let name = &requirement[..name_end];
         if !valid_name(name) {
             return Err(invalid(&format!("{content:?} does not start with a package name")));
@@ -240,7 +241,11 @@ mod tests {
 
     #[test]
     fn pinned_lines_parse_into_canonical_form() {
-        let reqs = parse("# deps\nDjango==4.2.7  # web\n\nzope.interface == 6.1\nrequests[Socks,security]==2.31.0 ; python_version >= '3.8'\n", false).unwrap();
+        let reqs = parse(
+            "# deps\nDjango==4.2.7  # web\n\nzope.interface == 6.1\nrequests[Socks,security]==2.31.0 ; python_version >= '3.8'\n",
+            false,
+        )
+        .unwrap();
         let text = canonical_text(&reqs);
         assert_eq!(text, "django==4.2.7\nrequests[security,socks]==2.31.0 ; python_version >= '3.8'\nzope-interface==6.1\n");
         assert_eq!(reqs[0].pinned_version(), Some("4.2.7"));
@@ -261,7 +266,17 @@ mod tests {
 
     #[test]
     fn options_urls_and_garbage_are_invalid() {
-        for bad in ["-r other.txt", "--index-url http://x", "-e .", "pkg @ https://x/y.whl", "https://x/y.whl", "./local", "==1.0", "pkg[oops==1", "pkg 1.0"] {
+        for bad in [
+            "-r other.txt",
+            "--index-url http://x",
+            "-e .",
+            "pkg @ https://x/y.whl",
+            "https://x/y.whl",
+            "./local",
+            "==1.0",
+            "pkg[oops==1",
+            "pkg 1.0",
+        ] {
             let err = parse(bad, true).unwrap_err();
             assert_eq!(err.code(), "invalid_requirements", "{bad}: {err}");
             assert!(err.to_string().contains("line 1"), "{bad}: {err}");

@@ -48,7 +48,8 @@ pub async fn resolve(tree: &TreeNode, packages: &Packages) -> Result<Vec<StaticN
         if !node.packages.is_empty() {
             let reqs = requirements::parse(&lines.join("\n"), packages.allow_unpinned())
                 .with_context(|| format!("in the Zygote tree node {:?}", node.packages))?;
-            let set = packages.prepare(&reqs).await.map_err(|e| anyhow::anyhow!("installing {:?} for the Zygote tree: {e}", node.packages))?;
+            let set =
+                packages.prepare(&reqs).await.map_err(|e| anyhow::anyhow!("installing {:?} for the Zygote tree: {e}", node.packages))?;
             let made = StaticNode { packages: set.packages.clone(), children: Vec::new() };
             let siblings = place.iter().fold(&mut out, |level: &mut Vec<StaticNode>, i| &mut level[*i].children);
             siblings.push(made);
