@@ -39,7 +39,7 @@ The worker is serving on http://127.0.0.1:5000. Try:
   curl -X POST localhost:5000/run/jinja -d '{"name": "ada"}'   # a lambda with a package
   curl -X POST localhost:5000/run/visits -d '{"page": "home"}' # counts in the cache tier
   target/release/sprout zygotes worker               # the import cache's Zygotes
-  curl localhost:5000/stats
+  curl -H "Authorization: Bearer $(cat worker/api-token)" localhost:5000/stats   # the admin API needs the token
 Its log is worker/worker.log; stop it with: target/release/sprout worker down worker
 (and the cache with: kill $(cat worker/cache.pid))
 USAGE

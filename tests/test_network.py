@@ -57,6 +57,7 @@ class EchoServer:
         self.sock.bind((host, 0))
         self.address = self.sock.getsockname()
         self.connections = []
+        self.peers = []  # where each connection came from
         if not udp:
             self.sock.listen(256)
         threading.Thread(target=self._serve_udp if udp else self._serve, daemon=True).start()
@@ -64,10 +65,11 @@ class EchoServer:
     def _serve(self):
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn, peer = self.sock.accept()
             except OSError:
                 return
             self.connections.append(conn)
+            self.peers.append(peer[0])
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn):
@@ -150,6 +152,9 @@ def test_a_sandbox_reaches_its_services_by_name_and_nothing_else(make_worker, ec
         assert attempt["outcome"] == f"ok pong {'dns' if target[2] == 'udp' else 'db'}", (target, attempt)
     for target, attempt in zip(refused, tries[len(targets):]):
         assert refused_at_once(attempt), (target, attempt)
+    # A service on the host's loopback sees the sandbox as a local client, as it did when
+    # sandboxes shared the host's network (its access rules for 127.0.0.1 still hold).
+    assert allowed.peers and set(allowed.peers) == {"127.0.0.1"}, allowed.peers
     # The worker's API was never reached from the sandbox, over any address.
     assert w.client.status() == "ready\n"
 

@@ -109,7 +109,8 @@ def test_the_loaded_tables_are_vacuumed_and_analyzed_before_the_site_opens(stack
 
 
 def _static_hits(stack):
-    metrics = requests.get(stack.dep.api_url + "/metrics", timeout=10).text
+    token = (stack.state / "worker" / "api-token").read_text().strip()
+    metrics = requests.get(stack.dep.api_url + "/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10).text
     return {m.group(1, 2): float(m.group(3)) for m in
             re.finditer(r'sprout_static_requests_total\{prefix="([^"]+)",status="(\d+)"\} (\S+)', metrics)}
 

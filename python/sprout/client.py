@@ -8,18 +8,26 @@
 
 Errors from the worker raise :class:`SproutError` carrying its HTTP status, its stable error
 code (``timeout``, ``handler_exception``, ...) and, for handler failures, the traceback.
+
+Every endpoint but ``/run/...`` and ``/status`` needs the worker's API token. The client sends
+the first it finds: ``token=``, ``$SPROUT_TOKEN``, or (for a loopback or ``localhost`` URL) the
+one a worker on this machine leaves in ``/run/sprout/api/<host>:<port>`` while it runs. It
+never sends it to ``/run``, whose handlers see the request's headers.
 """
 
 import io
+import ipaddress
 import json
 import os
 import tarfile
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 _SKIP = {"__pycache__", ".git", ".pytest_cache"}
+DISCOVERY_DIR = "/run/sprout/api"
 
 
 class SproutError(Exception):
@@ -65,13 +73,56 @@ def pack(directory):
     return buffer.getvalue()
 
 
+def discovered_token(url):
+    """The token a worker on this machine published for ``url``'s address, or None: only for
+    a loopback or ``localhost`` URL (127.0.0.1, then ::1), skipping files that do not exist or
+    cannot be read."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    host = (parts.hostname or "").lower()
+    if host == "localhost":
+        names = [f"127.0.0.1:{port}", f"[::1]:{port}"]
+    else:
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            return None
+        if not ip.is_loopback:
+            return None
+        names = [f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"]
+    for name in names:
+        try:
+            with open(os.path.join(DISCOVERY_DIR, name)) as f:
+                token = f.read().strip()
+        except OSError:
+            continue
+        if token:
+            return token
+    return None
+
+
 class Client:
-    def __init__(self, url="http://127.0.0.1:5000", timeout=120):
+    def __init__(self, url="http://127.0.0.1:5000", timeout=120, token=None):
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self._token = token
+
+    def token(self):
+        """The API token this client sends: ``token=``, else ``$SPROUT_TOKEN``, else the one
+        discovered for its URL (looked up at each call, so a client made before its worker
+        started finds it). None when there is none."""
+        return self._token or os.environ.get("SPROUT_TOKEN") or discovered_token(self.url)
 
     def _call(self, method, path, body=None, headers=None):
-        request = urllib.request.Request(self.url + path, data=body, method=method, headers=headers or {})
+        headers = dict(headers or {})
+        if not path.startswith("/run/") and not any(k.lower() == "authorization" for k in headers):
+            token = self.token()
+            if token:
+                headers["Authorization"] = f"Bearer {token.strip()}"
+        request = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as reply:
                 return Response(reply.status, reply.headers, reply.read())

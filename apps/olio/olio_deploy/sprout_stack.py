@@ -4,6 +4,7 @@ The worker (STATE/worker) maps the static prefixes to disk and mounts the file s
 sandbox; the lambda is built in STATE/lambda and deployed to it."""
 
 import json
+import os
 import re
 import shutil
 import threading
@@ -38,7 +39,7 @@ def worker_config(dep):
 # keep the defaults documented in `sprout worker init`'s template.
 
 [worker]
-listen = {t(f"127.0.0.1:{dep.ports['api']}")}   # the worker's API (deploys, /stats, /metrics)
+listen = {t(f"127.0.0.1:{dep.ports['api']}")}   # the worker's API (deploys, /stats, /metrics; token: api-token)
 name = {t(worker_name(dep))}
 log = "info"
 
@@ -98,6 +99,12 @@ v2_root = {t(str(v2_root))}
 """ if v2_root else "")
 
 
+def api_token(dep):
+    """The worker's API token (STATE/worker/api-token, made by `sprout worker init`): its
+    /registry and /packages need it."""
+    return (dep.state.worker / "api-token").read_text().strip()
+
+
 def lambda_config(dep):
     """olio.toml: the services by the names the worker gives them in the sandbox (the cache at
     its port; sprout.store finds PostgreSQL's port itself)."""
@@ -149,7 +156,8 @@ def start(dep):
     run([sprout, "worker", "up", "--detach", str(state.worker)], "starting the Sprout worker", preexec=dep.confinement.enter,
         timeout=180)
     build_lambda(dep)
-    run([sprout, "deploy", str(state.lambda_dir), "--name", LAMBDA, "--url", dep.api_url], "deploying the Olio lambda")
+    run([sprout, "deploy", str(state.lambda_dir), "--name", LAMBDA, "--url", dep.api_url], "deploying the Olio lambda",
+        env={**os.environ, "SPROUT_TOKEN": api_token(dep)})
 
 
 def start_cache(dep):
@@ -173,7 +181,7 @@ def _requirement_keys(path):
 
 
 def _installed_keys(dep):
-    status, _, body = http_get(dep.api_url, "/packages", timeout=10)
+    status, _, body = http_get(dep.api_url, "/packages", timeout=10, headers={"Authorization": f"Bearer {api_token(dep)}"})
     if status != 200:
         return set()
     return {f"{re.sub(r'[-_.]+', '-', p['name']).lower()}=={p['version']}" for p in json.loads(body)}

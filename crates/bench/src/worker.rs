@@ -1,6 +1,7 @@
 //! A real worker for a benchmark phase: configured from TOML, started with `sprout worker up`
 //! pinned to one CPU, driven over HTTP (blocking, one agent per client thread), stopped with
-//! `sprout worker down`.
+//! `sprout worker down`. Uploads, deletes and `/stats` send the worker's token, read from
+//! `DIR/api-token` (which `sprout worker init` makes); `/run` needs none.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -23,6 +24,8 @@ pub struct BenchWorker {
     pub port: u16,
     sprout: PathBuf,
     agent: ureq::Agent,
+    /// `Bearer <DIR/api-token>`.
+    authorization: String,
 }
 
 /// One request's outcome.
@@ -59,6 +62,9 @@ impl BenchWorker {
         if !init.status.success() {
             bail!("sprout worker init: {}", String::from_utf8_lossy(&init.stderr));
         }
+        let token_file = dir.join("api-token");
+        let token = std::fs::read_to_string(&token_file).with_context(|| format!("reading {}", token_file.display()))?;
+        let authorization = format!("Bearer {}", token.trim());
         let log = std::fs::File::create(dir.join("bench-worker.log"))?;
         let mut cmd = Command::new(sprout);
         cmd.args(["worker", "up"]).arg(dir).stdout(log.try_clone()?).stderr(log);
@@ -70,7 +76,7 @@ impl BenchWorker {
         }
         let child = cmd.spawn()?;
         let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(900)).build();
-        let mut worker = BenchWorker { child, dir: dir.to_path_buf(), port, sprout: sprout.to_path_buf(), agent };
+        let mut worker = BenchWorker { child, dir: dir.to_path_buf(), port, sprout: sprout.to_path_buf(), agent, authorization };
         let deadline = Instant::now() + Duration::from_secs(300);
         loop {
             if let Some(status) = worker.child.try_wait()? {
@@ -98,12 +104,16 @@ impl BenchWorker {
 
     /// Upload a lambda made of `files` (name, contents).
     pub fn upload(&self, name: &str, files: &[(&str, &[u8])]) -> Result<()> {
-        upload_with(&self.agent, &self.url(), name, files)
+        upload_with(&self.agent, &self.url(), &self.authorization, name, files)
     }
 
     /// A separate HTTP client for another thread.
     pub fn client(&self) -> Client {
-        Client { agent: ureq::AgentBuilder::new().timeout(Duration::from_secs(900)).build(), url: self.url() }
+        Client {
+            agent: ureq::AgentBuilder::new().timeout(Duration::from_secs(900)).build(),
+            url: self.url(),
+            authorization: self.authorization.clone(),
+        }
     }
 
     pub fn invoke(&self, name: &str, body: &[u8]) -> Result<Reply> {
@@ -111,11 +121,11 @@ impl BenchWorker {
     }
 
     pub fn stats(&self) -> Result<Value> {
-        Ok(self.agent.get(&format!("{}/stats", self.url())).call()?.into_json()?)
+        Ok(self.agent.get(&format!("{}/stats", self.url())).set("Authorization", &self.authorization).call()?.into_json()?)
     }
 
     pub fn delete(&self, name: &str) -> Result<()> {
-        self.agent.delete(&format!("{}/registry/{name}", self.url())).call()?;
+        self.agent.delete(&format!("{}/registry/{name}", self.url())).set("Authorization", &self.authorization).call()?;
         Ok(())
     }
 
@@ -154,6 +164,7 @@ impl BenchWorker {
 pub struct Client {
     agent: ureq::Agent,
     url: String,
+    authorization: String,
 }
 
 impl Client {
@@ -162,7 +173,7 @@ impl Client {
     }
 
     pub fn upload(&self, name: &str, files: &[(&str, &[u8])]) -> Result<()> {
-        upload_with(&self.agent, &self.url, name, files)
+        upload_with(&self.agent, &self.url, &self.authorization, name, files)
     }
 }
 
@@ -180,7 +191,7 @@ fn invoke_with(agent: &ureq::Agent, url: &str, name: &str, body: &[u8]) -> Resul
     Ok(Reply { status, ms: started.elapsed().as_secs_f64() * 1000.0, start, body: bytes })
 }
 
-fn upload_with(agent: &ureq::Agent, url: &str, name: &str, files: &[(&str, &[u8])]) -> Result<()> {
+fn upload_with(agent: &ureq::Agent, url: &str, authorization: &str, name: &str, files: &[(&str, &[u8])]) -> Result<()> {
     let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     let mut tar = tar::Builder::new(gz);
     for (path, data) in files {
@@ -193,7 +204,7 @@ fn upload_with(agent: &ureq::Agent, url: &str, name: &str, files: &[(&str, &[u8]
     let mut gz = tar.into_inner()?;
     gz.flush()?;
     let archive = gz.finish()?;
-    match agent.post(&format!("{url}/registry/{name}")).send_bytes(&archive) {
+    match agent.post(&format!("{url}/registry/{name}")).set("Authorization", authorization).send_bytes(&archive) {
         Ok(_) => Ok(()),
         Err(ureq::Error::Status(code, r)) => bail!("uploading {name}: {code} {}", r.into_string().unwrap_or_default()),
         Err(e) => Err(e.into()),

@@ -1,6 +1,11 @@
-//! `sprout deploy` and `sprout invoke`: a small client of the worker's HTTP API.
+//! `sprout deploy`, `sprout invoke` and `sprout zygotes`: a small client of the worker's HTTP API.
+//!
+//! Every endpoint but `/run/...` and `/status` needs the worker's token. [`find_token`] takes
+//! the one given (`--token`, or `$SPROUT_TOKEN`), else the one a worker on this machine left
+//! for the URL's address in `/run/sprout/api`. `/run` never gets it: the lambda would see it.
 
 use std::io::Read;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -59,15 +64,62 @@ fn explain(e: ureq::Error) -> anyhow::Error {
     }
 }
 
-pub fn deploy(url: &str, dir: &Path, name: Option<&str>) -> Result<serde_json::Value> {
+/// The token to send to `url`: `given` (`--token` or `$SPROUT_TOKEN`), else the discovery
+/// file of a worker on this machine, for a loopback or `localhost` URL; files that are
+/// missing or unreadable are skipped.
+pub fn find_token(url: &str, given: Option<String>) -> Option<String> {
+    given.filter(|t| !t.trim().is_empty()).map(|t| t.trim().to_string()).or_else(|| {
+        local_addresses(url).iter().find_map(|addr| {
+            let text = std::fs::read_to_string(sprout_worker::auth::token::discovery_path(addr)).ok()?;
+            Some(text.trim().to_string()).filter(|t| !t.is_empty())
+        })
+    })
+}
+
+/// The addresses a loopback or `localhost` URL reaches, in the order to try them; none for
+/// any other host.
+fn local_addresses(url: &str) -> Vec<SocketAddr> {
+    let (rest, default_port) = match url.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("https") => (rest, 443),
+        Some((_, rest)) => (rest, 80),
+        None => (url, 80),
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    let (host, port) = match authority.strip_prefix('[').and_then(|v6| v6.split_once(']')) {
+        Some((host, port)) => (host, port.strip_prefix(':')),
+        None => match authority.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        },
+    };
+    let Ok(port) = port.map_or(Ok(default_port), str::parse::<u16>) else { return Vec::new() };
+    let ips: Vec<IpAddr> = if host.eq_ignore_ascii_case("localhost") {
+        vec![Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()]
+    } else {
+        host.parse::<IpAddr>().into_iter().filter(|ip| ip.is_loopback()).collect()
+    };
+    ips.into_iter().map(|ip| SocketAddr::new(ip, port)).collect()
+}
+
+fn authorized(request: ureq::Request, token: Option<&str>) -> ureq::Request {
+    match token {
+        Some(token) => request.set("Authorization", &format!("Bearer {token}")),
+        None => request,
+    }
+}
+
+pub fn deploy(url: &str, token: Option<&str>, dir: &Path, name: Option<&str>) -> Result<serde_json::Value> {
     let dir = std::fs::canonicalize(dir).with_context(|| format!("{} does not exist", dir.display()))?;
     let name = match name {
         Some(n) => n.to_string(),
         None => dir.file_name().and_then(|n| n.to_str()).context("cannot name the lambda after its directory")?.to_string(),
     };
     let archive = pack(&dir)?;
-    let response =
-        ureq::post(&format!("{url}/registry/{name}")).set("Content-Type", "application/gzip").send_bytes(&archive).map_err(explain)?;
+    let response = authorized(ureq::post(&format!("{url}/registry/{name}")), token)
+        .set("Content-Type", "application/gzip")
+        .send_bytes(&archive)
+        .map_err(explain)?;
     Ok(response.into_json()?)
 }
 
@@ -79,8 +131,8 @@ pub fn invoke(url: &str, name: &str, event: &str) -> Result<String> {
 }
 
 /// The worker's Zygote tree (its import cache), drawn as text.
-pub fn zygotes(url: &str) -> Result<String> {
-    let stats: serde_json::Value = ureq::get(&format!("{url}/stats")).call().map_err(explain)?.into_json()?;
+pub fn zygotes(url: &str, token: Option<&str>) -> Result<String> {
+    let stats: serde_json::Value = authorized(ureq::get(&format!("{url}/stats")), token).call().map_err(explain)?.into_json()?;
     let cache = &stats["import_cache"];
     if cache.is_null() {
         bail!("this worker's backend ({}) has no Zygotes", stats["backend"].as_str().unwrap_or("?"));
@@ -132,4 +184,31 @@ pub fn zygotes(url: &str) -> Result<String> {
     }
     draw(&cache["tree"], "", true, true, &mut out);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_and_localhost_urls_are_looked_up() {
+        let names = |url: &str| local_addresses(url).iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        assert_eq!(names("http://127.0.0.1:5000"), ["127.0.0.1:5000"]);
+        assert_eq!(names("http://127.0.0.1:5000/"), ["127.0.0.1:5000"]);
+        assert_eq!(names("http://localhost:8000/x?y"), ["127.0.0.1:8000", "[::1]:8000"]);
+        assert_eq!(names("http://LOCALHOST"), ["127.0.0.1:80", "[::1]:80"]);
+        assert_eq!(names("http://[::1]:5000"), ["[::1]:5000"]);
+        assert_eq!(names("http://127.0.0.2:5000"), ["127.0.0.2:5000"]);
+        assert_eq!(names("https://user@127.0.0.1"), ["127.0.0.1:443"]);
+        for remote in ["http://10.0.0.1:5000", "http://example.com:5000", "http://[2001:db8::1]:5000", "http://127.0.0.1:x"] {
+            assert!(names(remote).is_empty(), "{remote}");
+        }
+    }
+
+    #[test]
+    fn a_given_token_wins() {
+        assert_eq!(find_token("http://10.0.0.1:5000", Some(" abc\n".into())).as_deref(), Some("abc"));
+        assert_eq!(find_token("http://10.0.0.1:5000", Some(String::new())), None);
+        assert_eq!(find_token("http://10.0.0.1:5000", None), None);
+    }
 }

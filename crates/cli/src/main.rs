@@ -30,8 +30,12 @@ enum Command {
         name: Option<String>,
         #[arg(long, env = "SPROUT_URL", default_value = "http://127.0.0.1:5000")]
         url: String,
+        /// The worker's API token (default: $SPROUT_TOKEN, else the one a worker on this
+        /// machine leaves in /run/sprout/api/<address> while it runs).
+        #[arg(long, env = "SPROUT_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
-    /// Run a lambda with a JSON event and print its reply.
+    /// Run a lambda with a JSON event and print its reply (/run needs no token).
     Invoke {
         name: String,
         #[arg(default_value = "null")]
@@ -43,7 +47,12 @@ enum Command {
     #[command(subcommand)]
     Packages(PackagesCommand),
     /// Print the tree of Zygotes (the import cache) of the worker running in DIR.
-    Zygotes { dir: PathBuf },
+    Zygotes {
+        dir: PathBuf,
+        /// The worker's API token (default: $SPROUT_TOKEN, else DIR/api-token).
+        #[arg(long, env = "SPROUT_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// The memcached-compatible cache server.
     #[command(subcommand)]
     Cache(CacheCommand),
@@ -335,8 +344,9 @@ fn run(cli: Cli) -> Result<()> {
             let report = daemon::cleanup_dir(&dir)?;
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
-        Command::Deploy { dir, name, url } => {
-            let lambda = client::deploy(url.trim_end_matches('/'), &dir, name.as_deref())?;
+        Command::Deploy { dir, name, url, token } => {
+            let token = client::find_token(&url, token);
+            let lambda = client::deploy(url.trim_end_matches('/'), token.as_deref(), &dir, name.as_deref())?;
             println!("{}", serde_json::to_string_pretty(&lambda)?);
         }
         Command::Invoke { name, event, url } => {
@@ -385,9 +395,11 @@ fn run(cli: Cli) -> Result<()> {
                 println!("listening on {}", server.addr());
             })?;
         }
-        Command::Zygotes { dir } => {
+        Command::Zygotes { dir, token } => {
             let config = sprout_worker::config::Config::load(&dir)?;
-            print!("{}", client::zygotes(&format!("http://{}", config.worker.listen))?);
+            let url = format!("http://{}", config.worker.listen);
+            let token = token.or_else(|| sprout_worker::auth::token::read_token(&dir).ok().map(|t| t.as_str().to_string()));
+            print!("{}", client::zygotes(&url, client::find_token(&url, token).as_deref())?);
         }
         Command::Bench(BenchCommand::Sandboxes { out, backends, concurrency, seconds, worker_cpu, client_cpu, work_dir }) => {
             let opts = sprout_bench::sandboxes::Options {

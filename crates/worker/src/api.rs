@@ -11,6 +11,8 @@
 //! | `GET /stats`, `GET /metrics`   | JSON figures; Prometheus text                             |
 //! | `GET /packages`                | the install cache's packages                              |
 //!
+//! Every route but `/run/...` and `GET /status` needs the worker's token ([`crate::auth`]).
+//!
 //! Every failure answers with JSON `{"error": <code>, "message": ...}` and a status that says
 //! whose fault it was; the codes are [`ERROR_CODES`] and never change meaning. The app port
 //! ([`crate::app`]) sends requests to its lambda through the same [`forward`] as `/run`.
@@ -31,13 +33,14 @@ use serde_json::{json, Value};
 use sprout_sandbox::channel::Request;
 
 use crate::calls::LambdaCalls;
+use crate::auth::{require_token, Guard};
 use crate::instances::{Failure, Instances};
 use crate::metrics::Metrics;
 use crate::packages::Packages;
 use crate::registry::{valid_name, Registry};
 
 /// Every error code the API answers with.
-pub const ERROR_CODES: [&str; 28] = [
+pub const ERROR_CODES: [&str; 30] = [
     "not_found",
     "invalid_request",
     "method_not_allowed",
@@ -66,6 +69,8 @@ pub const ERROR_CODES: [&str; 28] = [
     "install_failed",
     "call_depth_exceeded",
     "not_allowed",
+    "unauthorized",
+    "forbidden",
 ];
 
 #[derive(Clone)]
@@ -74,6 +79,8 @@ pub struct Api {
     pub instances: Arc<Instances>,
     pub packages: Arc<Packages>,
     pub metrics: Arc<Metrics>,
+    /// Who may use the API, and the token lambdas must never see.
+    pub auth: Arc<Guard>,
     pub max_body: usize,
     pub max_upload: usize,
     /// How deep handlers' calls to other lambdas may nest.
@@ -113,7 +120,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Build the router. Errors are counted in `metrics` by code.
+/// Build the router: every route, and the fallbacks, behind the token check. Errors are
+/// counted in `metrics` by code.
 pub fn router(api: Api) -> Router {
     Router::new()
         .route("/run/{name}", any(run))
@@ -130,6 +138,7 @@ pub fn router(api: Api) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed here")
         })
+        .layer(axum::middleware::from_fn_with_state(api.auth.clone(), require_token))
         .layer(axum::middleware::map_response_with_state(api.clone(), count_errors))
         .with_state(api)
 }
@@ -244,7 +253,11 @@ pub(crate) async fn forward(
         script_name,
         path,
         query: uri.query().unwrap_or("").to_string(),
-        headers: headers.iter().filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string()))).collect(),
+        headers: headers
+            .iter()
+            .filter(|(k, v)| !api.auth.is_worker_credential(k.as_str(), v))
+            .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
+            .collect(),
         protocol: "HTTP/1.1".into(),
         remote_addr: peer.ip().to_string(),
         depth: 0,

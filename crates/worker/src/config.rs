@@ -40,7 +40,7 @@ pub struct Config {
 
 impl Default for WorkerSection {
     fn default() -> Self {
-        WorkerSection { listen: "127.0.0.1:5000".into(), name: String::new(), log: "info".into() }
+        WorkerSection { listen: "127.0.0.1:5000".into(), auth: true, name: String::new(), log: "info".into() }
     }
 }
 
@@ -153,6 +153,8 @@ impl Default for DockerSection {
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerSection {
     pub listen: String,
+    /// Whether every endpoint but `/run/...` and `GET /status` needs the token ([`crate::auth`]).
+    pub auth: bool,
     pub name: String,
     pub log: String,
 }

@@ -1,5 +1,5 @@
-//! The worker's life cycle: `init` (config and base image), `serve` (the running worker),
-//! `up --detach`, `down`, `status` and `cleanup`.
+//! The worker's life cycle: `init` (config, API token and base image), `serve` (the running
+//! worker), `up --detach`, `down`, `status` and `cleanup`.
 //!
 //! A running worker holds an exclusive lock on `DIR/worker.lock` for its whole life. The lock
 //! dies with the process however it ends, so "is a worker running here?" never trusts a stale
@@ -25,6 +25,7 @@ use sprout_sandbox::{base, cleanup, Backend};
 use crate::api::{router, Api};
 use crate::app::AppPort;
 use crate::archive::Caps;
+use crate::auth::{token, Discovery, Guard};
 use crate::config::{BackendKind, Config, TEMPLATE};
 use crate::handler_cache::HandlerCacheConfig;
 use crate::instances::{InstanceConfig, Instances};
@@ -42,7 +43,8 @@ const LOCK: &str = "worker.lock";
 const PID: &str = "worker.pid";
 pub const LOG: &str = "worker.log";
 
-/// Write `DIR/config.toml` (unless present) and make sure the base image exists.
+/// Write `DIR/config.toml` and `DIR/api-token` (unless present) and make sure the base image
+/// exists.
 pub fn init(dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<InitOutcome> {
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let config_path = dir.join("config.toml");
@@ -53,6 +55,9 @@ pub fn init(dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<InitOutcome> {
         progress(&format!("keeping {}", config_path.display()));
     }
     let config = Config::load(dir)?;
+    if token::ensure_token(dir)?.1 {
+        progress(&format!("wrote {} (the API token)", token::token_path(dir).display()));
+    }
     for sub in ["registry", "packages"] {
         fs::create_dir_all(dir.join(sub))?;
     }
@@ -178,6 +183,9 @@ pub fn cleanup_dir(dir: &Path) -> Result<cleanup::Report> {
         report.processes_killed += rt.block_on(docker.remove_leftovers());
     }
     let _ = fs::remove_file(dir.join(PID));
+    if let (Ok(listen), Ok(token)) = (config.worker.listen.parse(), token::read_token(dir)) {
+        token::withdraw(listen, &token);
+    }
     Ok(report)
 }
 
@@ -198,6 +206,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
     if !base::is_ready(&config.base.path, &config.base.suite) {
         bail!("no base image at {}; run `sprout worker init {}`", config.base.path.display(), dir.display());
     }
+    let (api_token, _) = token::ensure_token(&dir)?;
     let static_tree = match config.import_cache.tree.as_str() {
         "" => None,
         path => Some(crate::packages::tree::load(Path::new(path))?),
@@ -216,6 +225,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
     }
     let listener =
         tokio::net::TcpListener::bind(&config.worker.listen).await.with_context(|| format!("listening on {}", config.worker.listen))?;
+    let listening = listener.local_addr()?;
     let app_port = AppPort::bind(&config.app).await?;
     let install_cache = InstallCache::open(&config.package_cache_dir(&dir))
         .with_context(|| format!("opening the install cache {}", config.package_cache_dir(&dir).display()))?;
@@ -288,16 +298,19 @@ pub async fn serve(dir: &Path) -> Result<()> {
         instances: instances.clone(),
         packages,
         metrics,
+        auth: Arc::new(Guard::new(api_token.clone(), config.worker.auth, listening.to_string())),
         max_body: (config.limits.max_body_mb << 20) as usize,
         max_upload: (config.limits.max_upload_mb << 20) as usize,
         max_invoke_depth: config.limits.max_invoke_depth,
     };
     fs::write(dir.join(PID), format!("{}\n", std::process::id()))?;
+    let discovery = publish_token(config.worker.auth, listening, &api_token);
     tracing::info!(
         listen = %config.worker.listen,
         app = %config.app.listen,
         volumes = volumes.len(),
         backend = backend.name(),
+        auth = config.worker.auth,
         lambdas = registry.list().len(),
         cgroups = format!("v{}", layout.version()),
         "worker ready"
@@ -325,6 +338,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
         }
     };
     let (served, app_served) = tokio::join!(api_served, app_served);
+    drop(discovery);
     tracing::info!("shutting down");
     instances.shutdown().await;
     drop(registry);
@@ -335,6 +349,22 @@ pub async fn serve(dir: &Path) -> Result<()> {
     let _ = fs::remove_file(dir.join(PID));
     app_served.context("serving the app port")?;
     served.context("serving HTTP")
+}
+
+/// Leave the token where this machine's clients look for it (`/run/sprout/api/<listen>`),
+/// when the API needs one; the returned guard removes it again. Without the file, clients
+/// still work given `DIR/api-token`, so a failure here only warns.
+fn publish_token(required: bool, listening: SocketAddr, api_token: &token::Token) -> Option<Discovery> {
+    if !required {
+        return None;
+    }
+    match Discovery::publish(listening, api_token) {
+        Ok(published) => Some(published),
+        Err(e) => {
+            tracing::warn!("{e:#}: clients must be given the token (--token, $SPROUT_TOKEN or DIR/api-token)");
+            None
+        }
+    }
 }
 
 /// The install cache and the installer that fills it.

@@ -3,7 +3,8 @@
 //! It reads the same way as OpenLambda's worker, one module per layer, a request walking
 //! down once and back:
 //!
-//! * [`api`] — how requests arrive: the HTTP routes (`/run`, `/registry`, `/stats`, ...);
+//! * [`api`] — how requests arrive: the HTTP routes (`/run`, `/registry`, `/stats`, ...),
+//!   all but `/run` and `/status` behind the worker's token ([`auth`]);
 //!   [`app`] — the app port, one lambda served as a web site, with [`static_files`] before it.
 //! * [`calls`] — a handler's calls to other lambdas (`sprout.invoke`), over its channel.
 //! * [`registry`] and [`archive`], [`syntax`] — what runs: lambda code, uploaded and checked.
@@ -21,6 +22,7 @@
 pub mod api;
 pub mod app;
 pub mod archive;
+pub mod auth;
 pub mod calls;
 pub mod config;
 pub mod daemon;

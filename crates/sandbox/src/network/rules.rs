@@ -11,6 +11,10 @@
 //!   once: a TCP reset (the caller sees "connection refused") or an ICMP administratively
 //!   prohibited (an error, never a timeout). Nothing reaches the host's own addresses, the
 //!   worker's API, other links, or IPv6.
+//! * **input_snat** makes a connection to a service on the host's loopback come from the
+//!   loopback too, as it did when sandboxes shared the host's network: a service listening
+//!   on 127.0.0.1 trusts its local clients (PostgreSQL's `host ... 127.0.0.1/32` lines)
+//!   and sees a sandbox as one, never as an address from the worker's block.
 //! * **postrouting** masquerades connections to services on other hosts behind the host's
 //!   address.
 
@@ -105,6 +109,10 @@ pub fn ruleset(tag: &str, services: &[Service], max_connections: u32) -> String 
 \tchain postrouting {{
 \t\ttype nat hook postrouting priority srcnat; policy accept;
 \t\tiifname {links} ct status dnat oifname != \"lo\" masquerade
+\t}}
+\tchain input_snat {{
+\t\ttype nat hook input priority 100; policy accept;
+\t\tiifname {links} ct status dnat ip daddr 127.0.0.0/8 snat ip to 127.0.0.1
 \t}}
 \tchain input {{
 \t\ttype filter hook input priority filter; policy accept;
