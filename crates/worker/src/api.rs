@@ -32,8 +32,8 @@ use http_body_util::{BodyExt, Limited};
 use serde_json::{json, Value};
 use sprout_sandbox::channel::Request;
 
-use crate::calls::LambdaCalls;
 use crate::auth::{require_token, Guard};
+use crate::calls::LambdaCalls;
 use crate::instances::{Failure, Instances};
 use crate::metrics::Metrics;
 use crate::packages::Packages;
