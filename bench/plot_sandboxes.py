@@ -1,5 +1,6 @@
 """Plot bench/results/sandboxes.json: cold-start throughput against latency per backend
-(SOCK figures 14-15) and cold against warm latency (figure 16).
+(SOCK figures 14-15), cold against warm latency (figure 16), and what isolating sandboxes
+costs (the isolated lean sandbox against SOCK's, head to head).
 
 usage: python3 bench/plot_sandboxes.py sandboxes.json sandboxes.png
 """
@@ -12,14 +13,17 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ORDER = ["sock", "sock-nozygote", "runc", "docker"]
-COLORS = {"sock": "#2a9d8f", "sock-nozygote": "#8ab17d", "runc": "#e9c46a", "docker": "#e76f51"}
+ORDER = ["sock", "sock-isolated", "sock-nozygote", "runc", "docker"]
+COLORS = {"sock": "#2a9d8f", "sock-isolated": "#264653", "sock-nozygote": "#8ab17d", "runc": "#e9c46a", "docker": "#e76f51"}
 
 
 def main(src, dst):
     results = json.load(open(src))
     backends = {k: v for k, v in results["backends"].items() if "skipped" not in v}
-    fig, (tput, bars) = plt.subplots(1, 2, figsize=(13, 5.2))
+    isolation = results.get("isolation") or {}
+    panels = 3 if "isolated_over_sock" in isolation else 2
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 5.2))
+    tput, bars = axes[0], axes[1]
 
     for name in [b for b in ORDER if b in backends]:
         data = backends[name]
@@ -52,6 +56,23 @@ def main(src, dst):
     bars.set_ylabel("latency p50, ms (log)")
     bars.set_title("Cold start against reuse of a kept sandbox")
     bars.legend()
+
+    if panels == 3:
+        iso = axes[2]
+        ratios = isolation["isolated_over_sock"]
+        labels = ["cold start p50", "warm p50", "service round trip p50", "new connection p50"]
+        keys = ["cold_p50", "warm_p50", "service_rtt_p50", "service_connect_p50"]
+        values = [ratios.get(k) or 0 for k in keys]
+        iso.bar(range(len(keys)), values, color=COLORS["sock-isolated"])
+        for x, v in enumerate(values):
+            iso.annotate(f"{v:.2f}x", (x, v), ha="center", va="bottom", fontsize=8)
+        iso.axhline(1.0, color="#888", linewidth=0.8)
+        iso.axhline(1.1, color="#e76f51", linestyle="--", linewidth=0.8, label="promise: <= 1.1x")
+        iso.set_xticks(range(len(keys)))
+        iso.set_xticklabels(labels, rotation=15, fontsize=8)
+        iso.set_ylabel("isolated / sock (median of alternating rounds)")
+        iso.set_title(f"What isolation costs ({isolation.get('rounds')} alternating rounds)")
+        iso.legend(fontsize=8)
 
     fig.suptitle(results.get("machine", ""), fontsize=8)
     fig.tight_layout()

@@ -2,7 +2,8 @@
 //! writes JSON, a markdown table and a PNG plot under bench/results/.
 //!
 //! * [`sandboxes`]: SOCK figures 14-16 on this machine: cold starts at several concurrency
-//!   levels and warm invocations, for every sandbox backend, through the real worker.
+//!   levels and warm invocations, for every sandbox backend, through the real worker;
+//!   [`isolation`] compares the isolated lean sandbox with SOCK's head to head.
 //! * [`packages`]: SOCK figures 17-21: cold starts with and without the install, import and
 //!   handler caches, with real and synthetic packages, and the memory the import cache saves.
 //! * [`store`]: Mirage figure 3: sprout.store against hand-written sqlite3, SQLAlchemy and
@@ -14,6 +15,7 @@
 
 pub mod cache;
 pub mod cache_load;
+pub mod isolation;
 pub mod packages;
 pub mod primitives;
 pub mod report;

@@ -10,6 +10,8 @@
 //! 3. Figures 3-4, namespaces: fork + unshare(flags) + exit + reap for several flag sets.
 //! 4. Figure 5, cgroups: fresh cgroup per child (create, join, exit, remove) against a pool of
 //!    cgroups made ahead (join, exit).
+//! 5. The same for networks: a lambda's network namespace made as the worker makes one (veth,
+//!    addresses, routes) and deleted, against a child joining one made ahead.
 //!
 //! Forked children run raw system calls only (no allocation, no locks), so forking from the
 //! measuring threads of this multithreaded process is safe. The measurements need root, and
@@ -166,8 +168,20 @@ pub fn run(opts: &Options) -> Result<Value> {
         cgroups["hierarchies"].as_array().map(|a| a.len()).unwrap_or(0)
     ));
 
-    let ratios_max = ratios(&storage, &mount_ns, &namespaces, &cgroups, cmax, conc[0]);
-    let ratios_c1 = ratios(&storage, &mount_ns, &namespaces, &cgroups, conc[0], conc[0]);
+    // What the network pool saves a sandbox: making a lambda's network against joining one.
+    let network = network(&opts.work_dir, &conc, secs)?;
+    notes.push(
+        "network: make = a network namespace as the worker makes one (crates/sandbox/src/network): \
+         unshared by the first process of `ip -batch`, a veth pair with one end inside, addresses, \
+         permanent neighbours and routes on both sides, then deleted (its link, and its descriptor \
+         closed); join = a forked child that setns(2)s into a namespace made ahead and exits, as a \
+         handler does in the fork protocol. Each thread has a namespace (a slot of a block claimed \
+         for the benchmark) of its own."
+            .into(),
+    );
+
+    let ratios_max = ratios(&storage, &mount_ns, &namespaces, &cgroups, &network, cmax, conc[0]);
+    let ratios_c1 = ratios(&storage, &mount_ns, &namespaces, &cgroups, &network, conc[0], conc[0]);
     let total = started.elapsed().as_secs_f64();
     notes.push(format!(
         "ratios are taken at the highest concurrency (c{cmax}), ratios_c1 at c{}; mount_ns \
@@ -185,6 +199,7 @@ pub fn run(opts: &Options) -> Result<Value> {
         "mount_ns": mount_ns,
         "namespaces": namespaces,
         "cgroups": cgroups,
+        "network": network,
         "ratios": ratios_max,
         "ratios_c1": ratios_c1,
         "total_seconds": round(total, 1),
@@ -872,6 +887,46 @@ fn cgroups(bench: &CgroupBench, conc: &[usize], secs: f64) -> Result<Value> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The network pool: making a configured network namespace against joining one.
+
+fn network(work_dir: &Path, conc: &[usize], secs: f64) -> Result<Value> {
+    use sprout_sandbox::network::{host, namespace};
+    let tag = "b0b0b0";
+    let dir = work_dir.join("network");
+    std::fs::create_dir_all(&dir)?;
+    host::release(&dir, tag);
+    let (block, _) = host::claim(&dir, tag, None, std::process::id(), &[], 64).context("claiming a block for the benchmark")?;
+    let result = (|| {
+        let cmax = *conc.last().unwrap();
+        let pooled: Vec<namespace::Namespace> =
+            (0..cmax).map(|t| namespace::create(tag, &block, (cmax + t) as u32, None)).collect::<io::Result<_>>()?;
+        let mut make = Map::new();
+        let mut join = Map::new();
+        for &c in conc {
+            let r = rate(c, secs, |t, _| {
+                namespace::destroy(namespace::create(tag, &block, t as u32, None)?);
+                Ok(())
+            })?;
+            eprintln!("primitives: network make c{c}: {r:>9.0} make+delete/s");
+            make.insert(c_key(c), json!(round(r, 1)));
+            let r = rate(c, secs, |t, _| {
+                let fd = pooled[t].fd();
+                Child::spawn(|| if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } == 0 { 0 } else { errno_code() })?
+                    .wait("joining a pooled network namespace")
+            })?;
+            eprintln!("primitives: network join c{c}: {r:>9.0} join+exit/s");
+            join.insert(c_key(c), json!(round(r, 1)));
+        }
+        for ns in pooled {
+            namespace::destroy(ns);
+        }
+        anyhow::Ok(json!({"block": block.to_string(), "make": make, "join": join}))
+    })();
+    host::release(&dir, tag);
+    result
+}
+
+// ---------------------------------------------------------------------------------------------
 // Summaries.
 
 fn get(v: &Value, path: &[&str]) -> Option<f64> {
@@ -890,7 +945,7 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Value {
 }
 
 /// Ratios of rates at concurrency `c`; the mount-namespace one at `c_low` (the lowest).
-fn ratios(storage: &Value, mount_ns: &Value, ns: &Value, cg: &Value, c: usize, c_low: usize) -> Value {
+fn ratios(storage: &Value, mount_ns: &Value, ns: &Value, cg: &Value, net: &Value, c: usize, c_low: usize) -> Value {
     let k = c_key(c);
     let ns_at = |name: &str| get(ns, &[name, &k]);
     let first_c1 = mount_ns.get(c_key(c_low)).and_then(Value::as_array).cloned().unwrap_or_default();
@@ -898,6 +953,7 @@ fn ratios(storage: &Value, mount_ns: &Value, ns: &Value, cg: &Value, c: usize, c
         "bind_over_overlay": ratio(get(storage, &["bind", &k]), get(storage, &["overlay", &k])),
         "bind_over_overlay_ro": ratio(get(storage, &["bind", &k]), get(storage, &["overlay_ro", &k])),
         "reuse_over_create": ratio(get(cg, &["reuse", &k]), get(cg, &["create", &k])),
+        "netns_join_over_make": ratio(get(net, &["join", &k]), get(net, &["make", &k])),
         "sock_over_all": ratio(ns_at("sock"), ns_at("all")),
         "no_net_over_net": ratio(ns_at("no_net"), ns_at("all")),
         "none_over_net": ratio(ns_at("none"), ns_at("net")),
@@ -953,14 +1009,17 @@ fn markdown(json: &Value, conc: &[usize]) -> String {
     }
     row("cgroup create + join + remove", get(json, &["cgroups", "create", &k1]), get(json, &["cgroups", "create", &kn]));
     row("cgroup reuse (join only)", get(json, &["cgroups", "reuse", &k1]), get(json, &["cgroups", "reuse", &kn]));
+    row("network namespace made (veth, routes) + deleted", get(json, &["network", "make", &k1]), get(json, &["network", "make", &kn]));
+    row("network namespace joined (setns, pooled)", get(json, &["network", "join", &k1]), get(json, &["network", "join", &kn]));
     let r = |k: &str| json["ratios"][k].as_f64().map(|x| format!("{x:.2}×")).unwrap_or_else(|| "–".into());
     let _ = writeln!(
         md,
-        "\nRatios at c={cn}: bind/overlay {} (read-only overlay {}), cgroup reuse/create {}, sock/all namespaces {}, \
-         all-but-net/all {}, fork/net {}; unshare(mnt) with 0 / {} extra mounts (c={c1}) {}.",
+        "\nRatios at c={cn}: bind/overlay {} (read-only overlay {}), cgroup reuse/create {}, network namespace join/make {}, \
+         sock/all namespaces {}, all-but-net/all {}, fork/net {}; unshare(mnt) with 0 / {} extra mounts (c={c1}) {}.",
         r("bind_over_overlay"),
         r("bind_over_overlay_ro"),
         r("reuse_over_create"),
+        r("netns_join_over_make"),
         r("sock_over_all"),
         r("no_net_over_net"),
         r("none_over_net"),
@@ -983,7 +1042,7 @@ mod tests {
 
     #[test]
     fn ratios_handle_missing_points() {
-        let v = ratios(&json!({}), &json!({}), &json!({}), &json!({}), 1, 1);
+        let v = ratios(&json!({}), &json!({}), &json!({}), &json!({}), &json!({}), 1, 1);
         assert!(v["bind_over_overlay"].is_null());
     }
 

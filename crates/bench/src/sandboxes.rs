@@ -11,6 +11,10 @@
 //!   channel (figure 16).
 //!
 //! Every backend runs in the same run, one after another, so ratios compare like with like.
+//! `sock` is the lean sandbox as SOCK made it (the host's network, no seccomp filter);
+//! `sock-isolated` is what a worker runs by default: each lambda in a network namespace of its
+//! own, every process under seccomp. The two are also compared head to head, in alternating
+//! rounds, with a service round trip from inside the sandbox ([`crate::isolation`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -27,7 +31,23 @@ use serde_json::{json, Value};
 
 use crate::report;
 
-pub const BACKENDS: [&str; 4] = ["sock", "sock-nozygote", "runc", "docker"];
+pub const BACKENDS: [&str; 5] = ["sock", "sock-isolated", "sock-nozygote", "runc", "docker"];
+
+/// The worker's backend, and the keys that make `variant` what it is: for `[sandbox]`, and
+/// sections to append.
+fn variant_config(variant: &str) -> (&str, &'static str, String) {
+    let service = |isolate: bool| {
+        let echo = crate::isolation::echo_port();
+        format!("[network]\nisolate = {isolate}\n\n[[network.allow]]\nname = \"echo\"\naddress = \"127.0.0.1:{echo}\"\n")
+    };
+    match variant {
+        // SOCK's lean sandbox, as before network namespaces and seccomp.
+        "sock" => ("sock", "seccomp = false\n", service(false)),
+        "sock-isolated" => ("sock", "seccomp = true\n", service(true)),
+        "sock-nozygote" => ("sock-nozygote", "seccomp = false\n", "[network]\nisolate = false\n".into()),
+        other => (other, "", String::new()),
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -67,23 +87,25 @@ fn pin_to(cpu: usize) -> std::io::Result<()> {
 }
 
 /// A worker started for one phase of the benchmark.
-struct Worker {
+pub(crate) struct Worker {
     child: Child,
     dir: PathBuf,
-    port: u16,
+    pub(crate) port: u16,
     sprout: PathBuf,
 }
 
 impl Worker {
-    fn start(opts: &Options, backend: &str, keep_warm: bool, port: u16) -> Result<Worker> {
-        let dir = opts.work_dir.join(format!("{backend}-{}", if keep_warm { "warm" } else { "cold" }));
+    pub(crate) fn start(opts: &Options, variant: &str, keep_warm: bool, port: u16) -> Result<Worker> {
+        let (backend, sandbox_keys, sections) = variant_config(variant);
+        let dir = opts.work_dir.join(format!("{variant}-{}", if keep_warm { "warm" } else { "cold" }));
         std::fs::create_dir_all(&dir)?;
         let max = opts.concurrency.iter().copied().max().unwrap_or(1).max(1);
         let config = format!(
-            "[worker]\nlisten = \"127.0.0.1:{port}\"\nname = \"bench-{backend}\"\nlog = \"warn\"\n\
-             [sandbox]\nbackend = \"{backend}\"\ncpuset = \"{cpu}\"\nstart_timeout_ms = 120000\ncgroup_pool = {pool}\n\
+            "[worker]\nlisten = \"127.0.0.1:{port}\"\nname = \"bench-{variant}-{phase}\"\nlog = \"warn\"\n\
+             [sandbox]\nbackend = \"{backend}\"\ncpuset = \"{cpu}\"\nstart_timeout_ms = 120000\ncgroup_pool = {pool}\n{sandbox_keys}\
              [limits]\ntimeout_ms = 120000\n\
-             [instances]\nkeep_warm = {keep_warm}\nmax_per_lambda = {max}\nqueue_depth = 1024\nmax_total = {total}\n",
+             [instances]\nkeep_warm = {keep_warm}\nmax_per_lambda = {max}\nqueue_depth = 1024\nmax_total = {total}\n{sections}",
+            phase = if keep_warm { "warm" } else { "cold" },
             cpu = opts.worker_cpu,
             pool = max * 2,
             total = max * 2,
@@ -127,11 +149,11 @@ impl Worker {
         Ok(worker)
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    fn stop(mut self) -> Result<()> {
+    pub(crate) fn stop(mut self) -> Result<()> {
         let out = Command::new(&self.sprout).args(["worker", "down"]).arg(&self.dir).output()?;
         if !out.status.success() {
             let _ = self.child.kill();
@@ -142,7 +164,7 @@ impl Worker {
 }
 
 /// Results of one closed-loop run.
-struct Point {
+pub(crate) struct Point {
     ok: u64,
     errors: u64,
     wrong_start: u64,
@@ -151,18 +173,18 @@ struct Point {
 }
 
 impl Point {
-    fn ms(&self, q: f64) -> f64 {
+    pub(crate) fn ms(&self, q: f64) -> f64 {
         self.latency.value_at_quantile(q) as f64 / 1000.0
     }
 
-    fn per_s(&self) -> f64 {
+    pub(crate) fn per_s(&self) -> f64 {
         self.ok as f64 / self.elapsed.as_secs_f64()
     }
 }
 
 /// `concurrency` clients, each sending requests back to back on its own keep-alive
 /// connection, for `duration` after `warmup`; only requests started after the warm-up count.
-async fn closed_loop(port: u16, concurrency: usize, warmup: Duration, duration: Duration, expect: &'static str) -> Result<Point> {
+pub(crate) async fn closed_loop(port: u16, concurrency: usize, warmup: Duration, duration: Duration, expect: &'static str) -> Result<Point> {
     let started = Instant::now();
     let measure_from = started + warmup;
     let stop_at = measure_from + duration;
@@ -348,11 +370,24 @@ pub fn run(opts: &Options) -> Result<Value> {
             }
         }
     }
+    let isolation = if crate::isolation::VARIANTS.iter().all(|v| opts.backends.iter().any(|b| b == v)) {
+        eprintln!("sock against sock-isolated, alternating rounds:");
+        match runtime.block_on(crate::isolation::compare(opts, 5700, 5)) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("  failed: {e:#}");
+                json!({"skipped": format!("{e:#}")})
+            }
+        }
+    } else {
+        Value::Null
+    };
     if let Some(mut engine) = docker_engine {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(engine.id() as i32), nix::sys::signal::Signal::SIGTERM);
         let _ = engine.wait();
     }
-    let results = summarize(opts, backends, pinned);
+    let mut results = summarize(opts, backends, pinned);
+    add_isolation(&mut results, isolation);
     report::write(&opts.out_dir, "sandboxes", &results, &markdown(&results), "plot_sandboxes.py")?;
     Ok(results)
 }
@@ -423,6 +458,23 @@ fn summarize(opts: &Options, backends: serde_json::Map<String, Value>, pinned: b
     })
 }
 
+/// The head-to-head comparison and its promises: isolation costs at most 10% of a cold or
+/// warm start.
+fn add_isolation(results: &mut Value, isolation: Value) {
+    if isolation.is_null() {
+        return;
+    }
+    let ratio = |key: &str| isolation["isolated_over_sock"][key].as_f64();
+    let targets = results["targets"].as_array_mut().expect("targets");
+    for (name, key) in [
+        ("isolated sandbox cold start p50 <= 1.1x sock's (alternating rounds)", "cold_p50"),
+        ("isolated sandbox warm invocation p50 <= 1.1x sock's (alternating rounds)", "warm_p50"),
+    ] {
+        targets.push(json!({"target": name, "measured": ratio(key), "met": ratio(key).map(|r| r <= 1.1)}));
+    }
+    results["isolation"] = isolation;
+}
+
 fn markdown(r: &Value) -> String {
     let f = |v: Option<f64>, digits: usize| v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "—".into());
     let mut s = format!("Machine: {}. {}\n\n", r["machine"].as_str().unwrap_or(""), r["method"]["pinning"].as_str().unwrap_or(""));
@@ -446,6 +498,34 @@ fn markdown(r: &Value) -> String {
                 f(get(v, &["warm_p50_ms"]), 3),
             );
         }
+    }
+    let iso = &r["isolation"];
+    if iso.get("sock").is_some() {
+        s += &format!(
+            "\nHead to head, {} alternating rounds (medians of the rounds' p50s; the service is a TCP echo on the load generator's CPU, reached from inside a warm sandbox):\n\n",
+            iso["rounds"]
+        );
+        s += "| sandbox | cold p50 (ms) | warm p50 (ms) | service round trip p50 / p99 (µs) | new connection + round trip p50 / p99 (µs) |\n|---|---:|---:|---:|---:|\n";
+        for name in crate::isolation::VARIANTS {
+            let v = &iso[name];
+            s += &format!(
+                "| {name} | {} | {} | {} / {} | {} / {} |\n",
+                f(v["cold_p50_ms"].as_f64(), 2),
+                f(v["warm_p50_ms"].as_f64(), 3),
+                f(v["service_rtt_p50_us"].as_f64(), 1),
+                f(v["service_rtt_p99_us"].as_f64(), 1),
+                f(v["service_connect_p50_us"].as_f64(), 1),
+                f(v["service_connect_p99_us"].as_f64(), 1),
+            );
+        }
+        let ratio = |k: &str| f(iso["isolated_over_sock"][k].as_f64(), 3);
+        s += &format!(
+            "| isolated ÷ sock | {} | {} | {} | {} |\n",
+            ratio("cold_p50"),
+            ratio("warm_p50"),
+            ratio("service_rtt_p50"),
+            ratio("service_connect_p50")
+        );
     }
     s += "\n| target | measured | met |\n|---|---:|---|\n";
     for t in r["targets"].as_array().into_iter().flatten() {
