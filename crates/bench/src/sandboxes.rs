@@ -184,7 +184,13 @@ impl Point {
 
 /// `concurrency` clients, each sending requests back to back on its own keep-alive
 /// connection, for `duration` after `warmup`; only requests started after the warm-up count.
-pub(crate) async fn closed_loop(port: u16, concurrency: usize, warmup: Duration, duration: Duration, expect: &'static str) -> Result<Point> {
+pub(crate) async fn closed_loop(
+    port: u16,
+    concurrency: usize,
+    warmup: Duration,
+    duration: Duration,
+    expect: &'static str,
+) -> Result<Point> {
     let started = Instant::now();
     let measure_from = started + warmup;
     let stop_at = measure_from + duration;
