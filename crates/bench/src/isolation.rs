@@ -12,11 +12,10 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use serde_json::{json, Value};
 
 use crate::sandboxes::{closed_loop, Options, Worker};
@@ -86,11 +85,7 @@ fn deploy_rtt(opts: &Options, worker: &Worker) -> Result<()> {
     let dir = opts.work_dir.join("rtt-lambda");
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("f.py"), RTT_LAMBDA)?;
-    let out = Command::new(&opts.sprout).args(["deploy"]).arg(&dir).args(["--name", "rtt", "--url", &worker.url()]).output()?;
-    if !out.status.success() {
-        bail!("deploying the round-trip lambda: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
+    worker.deploy(opts, &dir, "rtt")
 }
 
 fn round_trips(url: &str) -> Result<Value> {

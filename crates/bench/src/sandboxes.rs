@@ -98,6 +98,10 @@ impl Worker {
     pub(crate) fn start(opts: &Options, variant: &str, keep_warm: bool, port: u16) -> Result<Worker> {
         let (backend, sandbox_keys, sections) = variant_config(variant);
         let dir = opts.work_dir.join(format!("{variant}-{}", if keep_warm { "warm" } else { "cold" }));
+        if dir.join("config.toml").exists() {
+            // A worker of an earlier, interrupted run may still hold it.
+            let _ = Command::new(&opts.sprout).args(["worker", "down"]).arg(&dir).output();
+        }
         std::fs::create_dir_all(&dir)?;
         let max = opts.concurrency.iter().copied().max().unwrap_or(1).max(1);
         let config = format!(
@@ -140,13 +144,29 @@ impl Worker {
             std::thread::sleep(Duration::from_millis(50));
         }
         let noop = worker.dir.join("noop");
-        std::fs::create_dir_all(&noop)?;
-        std::fs::write(noop.join("f.py"), "def f(event):\n    return None\n")?;
-        let deploy = Command::new(&opts.sprout).args(["deploy"]).arg(&noop).args(["--url", &worker.url()]).output()?;
-        if !deploy.status.success() {
-            bail!("deploying the no-op lambda: {}", String::from_utf8_lossy(&deploy.stderr));
+        let deployed = std::fs::create_dir_all(&noop)
+            .and_then(|()| std::fs::write(noop.join("f.py"), "def f(event):\n    return None\n"))
+            .map_err(anyhow::Error::from)
+            .and_then(|()| worker.deploy(opts, &noop, "noop"));
+        if let Err(e) = deployed {
+            let _ = worker.stop();
+            return Err(e);
         }
         Ok(worker)
+    }
+
+    /// Deploy the lambda in `dir` as `name`, with the worker's token.
+    pub(crate) fn deploy(&self, opts: &Options, dir: &std::path::Path, name: &str) -> Result<()> {
+        let token = std::fs::read_to_string(self.dir.join("api-token")).context("reading the worker's API token")?;
+        let deploy = Command::new(&opts.sprout)
+            .args(["deploy"])
+            .arg(dir)
+            .args(["--name", name, "--url", &self.url(), "--token", token.trim()])
+            .output()?;
+        if !deploy.status.success() {
+            bail!("deploying {name}: {}", String::from_utf8_lossy(&deploy.stderr));
+        }
+        Ok(())
     }
 
     pub(crate) fn url(&self) -> String {
@@ -154,12 +174,27 @@ impl Worker {
     }
 
     pub(crate) fn stop(mut self) -> Result<()> {
-        let out = Command::new(&self.sprout).args(["worker", "down"]).arg(&self.dir).output()?;
-        if !out.status.success() {
+        self.shut_down();
+        Ok(())
+    }
+
+    /// `sprout worker down`, or a kill when that fails; nothing when it has exited.
+    fn shut_down(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
+        let down = Command::new(&self.sprout).args(["worker", "down"]).arg(&self.dir).output();
+        if !down.map(|o| o.status.success()).unwrap_or(false) {
             let _ = self.child.kill();
         }
         let _ = self.child.wait();
-        Ok(())
+    }
+}
+
+/// A worker is never left running, whatever error cut its phase short.
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.shut_down();
     }
 }
 

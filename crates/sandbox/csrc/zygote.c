@@ -10,11 +10,13 @@
  * children of package Zygotes the worker moves them itself), joins its lambda's network
  * namespace when given one, mounts its own /proc when asked,
  * joins the package Zygotes' user namespace when given one, takes its user and group ids,
- * installs the handlers' seccomp filters (a handler; see crates/sandbox/src/seccomp.rs),
  * closes every inherited descriptor and connects to /host/sprout.sock. It then *returns* that
  * socket to Python, with `role` saying whether the child is a handler (load a lambda) or a new
  * Zygote (import packages, then serve forks itself). The parent replies with a pidfd of the
  * child and waits for the next request, reaping children that exited.
+ *
+ * Every process here runs under the seccomp filter the root Zygote was started with
+ * (crates/sandbox/src/seccomp.rs), inherited at each fork at no cost.
  *
  * The root Zygote runs as root and imports nothing but Sprout's runtime. A Zygote that
  * imports packages runs as root only inside a user namespace whose root is an unprivileged
@@ -41,9 +43,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <fcntl.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -64,12 +63,9 @@
 #define FLAG_ZYGOTE 2u     /* the child becomes a Zygote (role 1), not a handler (role 0) */
 #define FLAG_USERNS 4u     /* fds[2] is a user namespace to join */
 #define FLAG_NETNS 8u      /* the next descriptor is a network namespace to join */
-#define FLAG_SECCOMP 16u   /* a handler installs the handlers' seccomp filters */
 #define MAX_FDS 16
 #define SOCKET_PATH "/host/sprout.sock"
-#define FILTER_PATH "/opt/sprout/seccomp-handler.bpf" /* written by the worker (seccomp.rs) */
-#define MAX_FILTERS 8
-#define MAX_FILTER_BYTES (64 * 1024)
+
 
 struct fork_request {
     uint32_t magic;
@@ -82,34 +78,6 @@ struct fork_reply {
     int32_t error; /* 0, or an errno value */
     int32_t pid;   /* in the Zygote's PID namespace */
 };
-
-/* The handlers' seccomp filters, read once by the root Zygote and inherited by every fork:
- * each a little-endian u32 count of instructions, then the instructions. */
-static unsigned char filter_bytes[MAX_FILTER_BYTES];
-static struct sock_fprog filters[MAX_FILTERS];
-static int nfilters = -1; /* -1: not read (or unreadable): handlers refuse to start */
-
-static void load_filters(void) {
-    if (nfilters >= 0) return;
-    int fd = open(FILTER_PATH, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    ssize_t len = 0, got;
-    while (len < MAX_FILTER_BYTES && (got = read(fd, filter_bytes + len, MAX_FILTER_BYTES - len)) > 0) len += got;
-    close(fd);
-    int n = 0;
-    ssize_t at = 0;
-    while (at + 4 <= len && n < MAX_FILTERS) {
-        uint32_t count;
-        memcpy(&count, filter_bytes + at, 4);
-        at += 4;
-        if (count == 0 || count > 0xffff || at + (ssize_t)count * 8 > len) return;
-        filters[n].len = (unsigned short)count;
-        filters[n].filter = (struct sock_filter *)(filter_bytes + at);
-        at += (ssize_t)count * 8;
-        n++;
-    }
-    if (at == len && n > 0) nfilters = n;
-}
 
 static void reap_children(void) {
     while (waitpid(-1, NULL, WNOHANG) > 0) {
@@ -197,12 +165,6 @@ static int become_sandbox(const struct fork_request *req, const int *fds, int nf
     if (syscall(SYS_setresgid, req->gid, req->gid, req->gid) || syscall(SYS_setresuid, req->uid, req->uid, req->uid))
         fail("take the sandbox's user and group");
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) fail("set no_new_privs");
-    if ((req->flags & FLAG_SECCOMP) && !(req->flags & FLAG_ZYGOTE)) {
-        errno = ENOENT;
-        if (nfilters <= 0) fail("read the seccomp filters in " FILTER_PATH);
-        for (int i = 0; i < nfilters; i++)
-            if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filters[i])) fail("install the seccomp filters");
-    }
     if (syscall(SYS_close_range, 3u, ~0u, 0) != 0)
         for (int fd = 3; fd < 4096; fd++) close(fd);
     int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -217,7 +179,6 @@ static int become_sandbox(const struct fork_request *req, const int *fds, int nf
  * the connected channel (>= 0) in each new sandbox, with *role set to 0 (a handler) or 1 (a
  * new Zygote). */
 int sprout_zygote_serve(int sock, int *role) {
-    load_filters();
     for (;;) {
         struct pollfd p = {sock, POLLIN, 0};
         int ready = poll(&p, 1, 1000);

@@ -140,7 +140,7 @@ async fn execute(root: &Path, cgroup: &Cgroup, spec: &OneshotSpec) -> io::Result
         // pip must reach the package index: the host's network.
         new_network: false,
         netns: None,
-        seccomp: Some(crate::seccomp::Profile::Handler),
+        seccomp: true,
         mount_proc: true,
         hostname: Some("installer"),
         user: Some((spec.uid, spec.gid)),

@@ -135,8 +135,8 @@ pub struct SpawnSpec<'a> {
     pub new_network: bool,
     /// A network namespace to join (a lambda's) before dropping privileges.
     pub netns: Option<RawFd>,
-    /// The seccomp filters to install last before exec.
-    pub seccomp: Option<crate::seccomp::Profile>,
+    /// Install the sandboxes' seccomp filter last before exec.
+    pub seccomp: bool,
     /// Mount a proc file system of the new PID namespace at /proc.
     pub mount_proc: bool,
     pub hostname: Option<&'a str>,
@@ -166,7 +166,7 @@ const STAGES: [&str; 12] = [
     "set gid",
     "set uid",
     "set no_new_privs",
-    "install the seccomp filters",
+    "install the seccomp filter",
     "exec",
 ];
 
@@ -201,11 +201,8 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
         flags |= libc::CLONE_NEWNET as libc::c_long;
     }
     let netns = spec.netns;
-    let filters = match spec.seccomp {
-        Some(profile) => crate::seccomp::programs(profile)?,
-        None => Vec::new(),
-    };
-    let fprogs = crate::seccomp::fprogs(&filters);
+    let filter = if spec.seccomp { Some(crate::seccomp::program()?) } else { None };
+    let fprog = filter.as_ref().map(crate::seccomp::fprog);
     let mut pidfd: libc::c_int = -1;
     let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, &mut pidfd as *mut libc::c_int, 0usize, 0usize) };
     if pid < 0 {
@@ -263,7 +260,7 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 fail(9);
             }
-            if crate::seccomp::install(&fprogs) != 0 {
+            if fprog.as_ref().map(|f| crate::seccomp::install(f)).unwrap_or(0) != 0 {
                 fail(10);
             }
             let mut empty: libc::sigset_t = std::mem::zeroed();

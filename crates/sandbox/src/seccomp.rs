@@ -1,40 +1,32 @@
-//! The system calls sandboxes may not make: seccomp filters, compiled with seccompiler.
+//! The system calls sandboxes may not make: one seccomp filter, compiled with seccompiler,
+//! that every sandbox process holds.
 //!
-//! A handler runs unprivileged, chrooted, in namespaces of its own, so the kernel already
-//! refuses it most of what could reach beyond its sandbox. The filters close what is left
-//! open to an unprivileged process, and make the rest fail even if a privilege leaked:
+//! A handler runs unprivileged (no capabilities, `no_new_privs`), chrooted, in namespaces of
+//! its own, so the kernel already refuses it every way out that needs a privilege: mounting,
+//! `chroot`, `pivot_root`, joining or making PID, mount, network, IPC or UTS namespaces,
+//! raw sockets, device nodes. The filter closes what the kernel leaves open to an
+//! unprivileged process, for every sandbox process, Zygotes included:
 //!
-//! * **every sandbox process** (Zygotes included): `ptrace` and reading or writing other
-//!   processes' memory, `perf_event_open`, `bpf`, `userfaultfd`, the kernel keyrings (not
-//!   namespaced: every sandbox's user shares one), `io_uring`, loading kernels and modules,
-//!   rebooting, swap, accounting, the kernel log, file handles, `kcmp`, clocks, port I/O.
-//! * **handlers** besides: every way to a new namespace or mount (`unshare`, `setns`,
-//!   `clone` with a namespace flag, `mount` and the new mount API, `pivot_root`, `chroot`);
-//!   `clone3` answers "not implemented", as under Docker, since its flags cannot be
-//!   inspected, and glibc then falls back to `clone`.
+//! * `ptrace` and reading or writing other processes' memory or descriptors (`kcmp`,
+//!   `pidfd_getfd`), `perf_event_open`, `bpf`, `userfaultfd`, `io_uring`, the kernel keyrings
+//!   (not namespaced: every sandbox's user would share one), new user namespaces (`unshare` or
+//!   `clone` with `CLONE_NEWUSER`), loading kernels and modules, rebooting, swap, accounting,
+//!   the kernel log, file handles, clocks, port I/O;
+//! * `clone3` answers "not implemented", as under Docker, since its flags cannot be inspected;
+//!   glibc then falls back to `clone`;
+//! * a call of another architecture's ABI (32-bit x86, x32) kills the process, so no denied
+//!   call is made under another number.
 //!
-//! Denied calls fail with EPERM (the program goes on and can say what it could not do);
-//! a call of another architecture's ABI (32-bit x86, x32) kills the process. Zygotes get
-//! their filter from [`crate::process::spawn`]; each handler installs its own last before
-//! lambda code runs — the Zygote's C loop reads it from the runtime directory
-//! ([`HANDLER_FILE`], written by the stage), `spawn` takes it for `sock-nozygote` and pip.
+//! Denied calls fail with EPERM: the program goes on and can say what it could not do. The
+//! root Zygote gets the filter from [`crate::process::spawn`] and every Zygote and handler
+//! inherits it at fork, so a cold start pays nothing for it (installing a filter costs about
+//! 175 µs here: the kernel compiles it and runs it once for every call number to build its
+//! cache); `spawn` installs it for `sock-nozygote` handlers and pip too.
 
 use std::collections::BTreeMap;
 use std::io;
 
 use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch};
-
-/// The handlers' filters, in the runtime directory (`/opt/sprout/` in every sandbox).
-pub const HANDLER_FILE: &str = "seccomp-handler.bpf";
-
-/// Who a filter is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Profile {
-    /// Zygotes (and what they fork, until a handler installs its own on top).
-    Zygote,
-    /// Handlers, and one-shot programs such as pip.
-    Handler,
-}
 
 const DENIED_TO_ALL: &[i64] = &[
     libc::SYS_ptrace,
@@ -77,33 +69,6 @@ const DENIED_TO_ALL: &[i64] = &[
     libc::SYS_ioperm,
 ];
 
-const DENIED_TO_HANDLERS: &[i64] = &[
-    libc::SYS_unshare,
-    libc::SYS_setns,
-    libc::SYS_mount,
-    libc::SYS_umount2,
-    libc::SYS_pivot_root,
-    libc::SYS_chroot,
-    libc::SYS_open_tree,
-    libc::SYS_move_mount,
-    libc::SYS_fsopen,
-    libc::SYS_fsconfig,
-    libc::SYS_fsmount,
-    libc::SYS_fspick,
-    libc::SYS_mount_setattr,
-];
-
-/// Namespace flags `clone` may not be given by a handler.
-const NAMESPACE_FLAGS: &[i32] = &[
-    libc::CLONE_NEWNS,
-    libc::CLONE_NEWUSER,
-    libc::CLONE_NEWPID,
-    libc::CLONE_NEWNET,
-    libc::CLONE_NEWIPC,
-    libc::CLONE_NEWUTS,
-    libc::CLONE_NEWCGROUP,
-];
-
 fn arch() -> io::Result<TargetArch> {
     std::env::consts::ARCH
         .try_into()
@@ -115,111 +80,81 @@ fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> io::Result<Bpf
     filter.try_into().map_err(io::Error::other)
 }
 
-/// The filters of `profile`, in the order to install them.
-pub fn programs(profile: Profile) -> io::Result<Vec<BpfProgram>> {
+/// The filter, as one program (each filter a process holds is run on every call the
+/// kernel's cache cannot answer).
+pub fn program() -> io::Result<BpfProgram> {
     let mut denied: BTreeMap<i64, Vec<SeccompRule>> = DENIED_TO_ALL.iter().map(|nr| (*nr, Vec::new())).collect();
-    let mut out = Vec::new();
-    if profile == Profile::Handler {
-        denied.extend(DENIED_TO_HANDLERS.iter().map(|nr| (*nr, Vec::new())));
-        let clone_rules = NAMESPACE_FLAGS
-            .iter()
-            .map(|flag| {
-                let flag = *flag as u64;
-                let cond =
-                    SeccompCondition::new(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(flag), flag).map_err(io::Error::other)?;
-                SeccompRule::new(vec![cond]).map_err(io::Error::other)
-            })
-            .collect::<io::Result<Vec<_>>>()?;
-        denied.insert(libc::SYS_clone, clone_rules);
-        out.push(compile(BTreeMap::from([(libc::SYS_clone3, Vec::new())]), libc::ENOSYS)?);
-    }
-    out.insert(0, compile(denied, libc::EPERM)?);
-    #[cfg(target_arch = "x86_64")]
-    out.push(no_x32());
-    Ok(out)
+    let new_user = |arg: u8| -> io::Result<Vec<SeccompRule>> {
+        let flag = libc::CLONE_NEWUSER as u64;
+        let cond = SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(flag), flag).map_err(io::Error::other)?;
+        Ok(vec![SeccompRule::new(vec![cond]).map_err(io::Error::other)?])
+    };
+    denied.insert(libc::SYS_clone, new_user(0)?);
+    denied.insert(libc::SYS_unshare, new_user(0)?);
+    with_guards(compile(denied, libc::EPERM)?)
 }
 
-/// On x86-64, x32 calls share the architecture's audit tag but not its numbers (they have bit
-/// 30 set): refuse them all, so that no denied call is made under another number.
-#[cfg(target_arch = "x86_64")]
-fn no_x32() -> BpfProgram {
+/// Add to seccompiler's program what its rules cannot say, right after it loads the call's
+/// number (its programs begin: load the architecture, check it, kill, load the number; the
+/// jumps after that point only forward, so instructions put there move nothing they reach):
+/// on x86-64 a kill for x32 calls, which share the architecture's audit tag but not its
+/// numbers (bit 30 set), so no denied call is made under another number; and "not
+/// implemented" for `clone3`.
+fn with_guards(mut program: BpfProgram) -> io::Result<BpfProgram> {
     use seccompiler::sock_filter;
     const BPF_LD_W_ABS: u16 = 0x20;
-    const BPF_JGE_K: u16 = 0x35;
+    const BPF_JEQ_K: u16 = 0x15;
     const BPF_RET_K: u16 = 0x06;
-    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
     const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
-    vec![
-        sock_filter { code: BPF_LD_W_ABS, jt: 0, jf: 0, k: 0 }, // seccomp_data.nr
-        sock_filter { code: BPF_JGE_K, jt: 0, jf: 1, k: 0x4000_0000 },
-        sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_KILL_PROCESS },
-        sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ALLOW },
-    ]
-}
-
-/// Programs as the C loop reads them: each a little-endian u32 count of instructions, then
-/// the instructions (8 bytes each, `struct sock_filter`).
-pub fn encode(programs: &[BpfProgram]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for program in programs {
-        out.extend_from_slice(&(program.len() as u32).to_le_bytes());
-        for insn in program {
-            out.extend_from_slice(&insn.code.to_le_bytes());
-            out.push(insn.jt);
-            out.push(insn.jf);
-            out.extend_from_slice(&insn.k.to_le_bytes());
-        }
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    let loads_nr = program.get(3).map(|i| i.code == BPF_LD_W_ABS && i.k == 0).unwrap_or(false);
+    if !loads_nr {
+        return Err(io::Error::other("seccompiler's program does not begin as expected"));
     }
-    out
+    let mut guards = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        const BPF_JGE_K: u16 = 0x35;
+        guards.push(sock_filter { code: BPF_JGE_K, jt: 0, jf: 1, k: 0x4000_0000 });
+        guards.push(sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_KILL_PROCESS });
+    }
+    guards.push(sock_filter { code: BPF_JEQ_K, jt: 0, jf: 1, k: libc::SYS_clone3 as u32 });
+    guards.push(sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ERRNO | libc::ENOSYS as u32 });
+    program.splice(4..4, guards);
+    Ok(program)
 }
 
-/// Install `programs` in the calling thread (after `PR_SET_NO_NEW_PRIVS`). Makes only
-/// system calls: safe in the child of a raw clone.
+/// Install `prog` in the calling thread (after `PR_SET_NO_NEW_PRIVS`). Makes only system
+/// calls: safe in the child of a raw clone.
 ///
 /// # Safety
-/// The programs must be valid BPF (as [`programs`] makes them).
-pub unsafe fn install(programs: &[libc::sock_fprog]) -> i32 {
-    for prog in programs {
-        // SAFETY: `prog` points at a live program of `len` instructions (the caller's promise).
-        if unsafe { libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, prog as *const libc::sock_fprog) } != 0 {
-            return -1;
-        }
-    }
-    0
+/// `prog` must point at a valid program (as [`program`] makes), alive for the call.
+pub unsafe fn install(prog: &libc::sock_fprog) -> i32 {
+    // SAFETY: the caller's promise.
+    unsafe { libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, prog as *const libc::sock_fprog) }
 }
 
-/// `sock_fprog`s pointing into `programs` (which must outlive them).
-pub fn fprogs(programs: &[BpfProgram]) -> Vec<libc::sock_fprog> {
-    programs.iter().map(|p| libc::sock_fprog { len: p.len() as u16, filter: p.as_ptr() as *mut libc::sock_filter }).collect()
+/// A `sock_fprog` pointing into `program` (which must outlive it).
+pub fn fprog(program: &BpfProgram) -> libc::sock_fprog {
+    libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut libc::sock_filter }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn handlers_get_more_filters_than_zygotes() {
-        let zygote = programs(Profile::Zygote).unwrap();
-        let handler = programs(Profile::Handler).unwrap();
-        assert!(handler.len() > zygote.len());
-        assert!(handler[0].len() > zygote[0].len());
-        let bytes = encode(&handler);
-        assert_eq!(bytes.len(), handler.iter().map(|p| 4 + 8 * p.len()).sum::<usize>());
-        assert_eq!(u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize, handler[0].len());
-    }
-
-    /// In a forked child: install the handler's filters and try a denied call, an allowed
-    /// one, clone with and without a namespace flag, and clone3.
+    /// In a forked child: install the filter and try denied calls, allowed ones, clone with
+    /// and without a new user namespace, clone3, and an x32 call.
     #[test]
     fn denied_calls_fail_with_eperm_and_the_rest_work() {
-        let programs = programs(Profile::Handler).unwrap();
-        let fprogs = fprogs(&programs);
+        let program = program().unwrap();
+        let fprog = fprog(&program);
         // SAFETY: the child makes only system calls and exits with a code saying what failed.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             unsafe {
                 libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-                if install(&fprogs) != 0 {
+                if install(&fprog) != 0 {
                     libc::_exit(10);
                 }
                 let errno = || *libc::__errno_location();
@@ -229,7 +164,7 @@ mod tests {
                 if libc::syscall(libc::SYS_unshare, libc::CLONE_NEWUSER) != -1 || errno() != libc::EPERM {
                     libc::_exit(12);
                 }
-                if libc::syscall(libc::SYS_clone, (libc::CLONE_NEWNET | libc::SIGCHLD) as libc::c_long, 0, 0, 0, 0) != -1
+                if libc::syscall(libc::SYS_clone, (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_long, 0, 0, 0, 0) != -1
                     || errno() != libc::EPERM
                 {
                     libc::_exit(13);
@@ -237,15 +172,25 @@ mod tests {
                 if libc::syscall(libc::SYS_clone3, 0, 0) != -1 || errno() != libc::ENOSYS {
                     libc::_exit(14);
                 }
-                if libc::getpid() <= 0 {
+                if libc::syscall(libc::SYS_bpf, 0, 0, 0) != -1 || errno() != libc::EPERM {
                     libc::_exit(15);
                 }
-                let child = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_long, 0, 0, 0, 0);
-                if child == 0 {
+                // A plain fork still works, and an x32 call (getpid's number with bit 30)
+                // kills its caller.
+                let grandchild = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_long, 0, 0, 0, 0);
+                if grandchild == 0 {
+                    #[cfg(target_arch = "x86_64")]
+                    libc::syscall(0x4000_0000 | libc::SYS_getpid);
                     libc::_exit(0);
                 }
-                if child < 0 {
+                if grandchild < 0 {
                     libc::_exit(16);
+                }
+                let mut status = 0;
+                libc::waitpid(grandchild as i32, &mut status, 0);
+                #[cfg(target_arch = "x86_64")]
+                if !libc::WIFSIGNALED(status) || libc::WTERMSIG(status) != libc::SIGSYS {
+                    libc::_exit(17);
                 }
                 libc::_exit(0);
             }

@@ -217,7 +217,7 @@ impl SockBackend {
                     new_namespaces: true,
                     new_network: false,
                     netns: spec.network.as_ref().map(|n| n.fd()),
-                    seccomp: self.cfg.seccomp.then_some(crate::seccomp::Profile::Handler),
+                    seccomp: self.cfg.seccomp,
                     mount_proc: self.cfg.mount_proc,
                     hostname: Some("sandbox"),
                     user: Some((self.cfg.uid, self.cfg.gid)),

@@ -106,8 +106,6 @@ impl Stage {
         }
         write_if_changed(&stage.runtime.join("helper.py"), HELPER_PY.as_bytes())?;
         write_if_changed(&stage.runtime.join("libsprout.so"), LIBSPROUT_SO)?;
-        let filters = crate::seccomp::programs(crate::seccomp::Profile::Handler)?;
-        write_if_changed(&stage.runtime.join(crate::seccomp::HANDLER_FILE), &crate::seccomp::encode(&filters))?;
         let python = stage.runtime.join("python");
         if python.exists() {
             fs::remove_dir_all(&python)?; // no module of an older version lingers

@@ -19,8 +19,6 @@ pub const FLAG_USERNS: u32 = 4;
 /// The descriptors carry a network namespace (after the user namespace, if any) for the
 /// child to join.
 pub const FLAG_NETNS: u32 = 8;
-/// A handler installs the handlers' seccomp filters (`seccomp`).
-pub const FLAG_SECCOMP: u32 = 16;
 
 const FORK_MAGIC: u32 = 0x4652_5053; // "SPRF"
 

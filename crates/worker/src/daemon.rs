@@ -226,6 +226,9 @@ pub async fn serve(dir: &Path) -> Result<()> {
     let listener =
         tokio::net::TcpListener::bind(&config.worker.listen).await.with_context(|| format!("listening on {}", config.worker.listen))?;
     let listening = listener.local_addr()?;
+    // Published as soon as the port takes connections: a client that finds the port open
+    // finds the token too.
+    let discovery = publish_token(config.worker.auth, listening, &api_token);
     let app_port = AppPort::bind(&config.app).await?;
     let install_cache = InstallCache::open(&config.package_cache_dir(&dir))
         .with_context(|| format!("opening the install cache {}", config.package_cache_dir(&dir).display()))?;
@@ -304,7 +307,6 @@ pub async fn serve(dir: &Path) -> Result<()> {
         max_invoke_depth: config.limits.max_invoke_depth,
     };
     fs::write(dir.join(PID), format!("{}\n", std::process::id()))?;
-    let discovery = publish_token(config.worker.auth, listening, &api_token);
     tracing::info!(
         listen = %config.worker.listen,
         app = %config.app.listen,

@@ -44,7 +44,7 @@ use crate::mounts;
 use crate::output::log_pipe;
 use crate::process::{spawn, PidFd, SpawnSpec};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
-use crate::zygote::{ForkError, ForkRequest, ZygoteProcess, FLAG_MOUNT_PROC, FLAG_NETNS, FLAG_SECCOMP, FLAG_USERNS, FLAG_ZYGOTE};
+use crate::zygote::{ForkError, ForkRequest, ZygoteProcess, FLAG_MOUNT_PROC, FLAG_NETNS, FLAG_USERNS, FLAG_ZYGOTE};
 
 /// Times an exact Zygote may be replaced by a fuller one as lambdas reveal what they import.
 pub const MAX_REFRESHES: u32 = 3;
@@ -79,7 +79,8 @@ pub struct ImportCacheConfig {
     pub zygote_limits: Limits,
     /// Start the root Zygote (and so every Zygote) in an empty network namespace of its own.
     pub isolate_network: bool,
-    /// Filter Zygotes' and handlers' system calls (`seccomp`).
+    /// Start the root Zygote under the sandboxes' seccomp filter, which every Zygote and
+    /// handler inherits.
     pub seccomp: bool,
 }
 
@@ -230,14 +231,6 @@ impl ImportCache {
     /// lambdas' network namespaces must belong to it for their handlers to join them.
     pub fn package_userns(&self) -> Option<OwnedFd> {
         self.userns.as_ref().filter(|_| self.cfg.enabled).and_then(|fd| fd.try_clone().ok())
-    }
-
-    fn seccomp_flag(&self) -> u32 {
-        if self.cfg.seccomp {
-            FLAG_SECCOMP
-        } else {
-            0
-        }
     }
 
     fn enabled(&self) -> bool {
@@ -397,7 +390,7 @@ impl ImportCache {
             let mut fds = vec![root_dir.as_raw_fd(), log.as_raw_fd()];
             fds.extend(netns);
             fds.extend(cgroup.procs_fds().iter().map(|f| f.as_raw_fd()));
-            let flags = if mount_proc { FLAG_MOUNT_PROC } else { 0 } | if netns.is_some() { FLAG_NETNS } else { 0 } | self.seccomp_flag();
+            let flags = if mount_proc { FLAG_MOUNT_PROC } else { 0 } | if netns.is_some() { FLAG_NETNS } else { 0 };
             let pidfd = self.fork_from(source, ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags }, &fds).await?;
             return Ok(Forked { process: Some(pidfd), hold, tree: None });
         }
@@ -406,7 +399,7 @@ impl ImportCache {
         let cloned = t0.elapsed();
         let mut fds = vec![tree.as_raw_fd(), log.as_raw_fd()];
         fds.extend(netns);
-        let flags = if netns.is_some() { FLAG_NETNS } else { 0 } | self.seccomp_flag();
+        let flags = if netns.is_some() { FLAG_NETNS } else { 0 };
         let result = self.fork_from(source, ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags }, &fds).await;
         tracing::debug!(
             zygote = source.id,

@@ -24,7 +24,7 @@ impl ImportCache {
                 new_namespaces: true,
                 new_network: self.cfg.isolate_network,
                 netns: None,
-                seccomp: self.cfg.seccomp.then_some(crate::seccomp::Profile::Zygote),
+                seccomp: self.cfg.seccomp,
                 mount_proc: false,
                 hostname: Some("zygote"),
                 user: None,
