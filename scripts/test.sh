@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+echo "==> cargo fmt --check; cargo clippy -D warnings"
+cargo fmt --check
+cargo clippy --release --quiet --workspace --all-targets -- -D warnings
 echo "==> cargo test"
 cargo test --release --quiet --workspace
 echo "==> integration tests"

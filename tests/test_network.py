@@ -265,6 +265,8 @@ def test_a_deleted_lambda_gives_its_namespace_back(make_worker):
     run_probe(w, "probe", [])
     before = w.client.stats()["network"]
     assert before["isolated"] and before["lambdas_holding_namespaces"] == 1
+    metrics = w.client.metrics()
+    assert 'sprout_network_namespaces{state="in_use"}' in metrics and "sprout_network_namespaces_made_total" in metrics
     w.client.delete("probe")
     deadline = time.time() + 30
     while time.time() < deadline:

@@ -106,7 +106,7 @@ pub fn run(addr: SocketAddr, conns: usize, value_bytes: usize, keys: u64, second
     let mut send = |c: &mut Conn, rng: &mut Rng| -> Result<()> {
         request.clear();
         let k = key(rng.next() % keys);
-        c.is_get = rng.next() % 10 != 0;
+        c.is_get = !rng.next().is_multiple_of(10);
         if c.is_get {
             request.extend_from_slice(format!("get {k}\r\n").as_bytes());
         } else {

@@ -445,6 +445,7 @@ impl Store {
     /// at 2^64; decr stops at 0. A shorter result is padded with spaces to the old length, as
     /// memcached rewrites the value in place. `initial`: for a missing item, store this value
     /// with this expiry instead of failing (the binary protocol's increment).
+    #[allow(clippy::too_many_arguments)] // one per field of the protocols' incr/decr
     pub fn delta(
         &self,
         key: &[u8],
@@ -537,7 +538,7 @@ impl Store {
             let shard = self.shards[s].lock();
             if shard.tail != NIL {
                 let touched = shard.entries[shard.tail as usize].touched;
-                if oldest.map_or(true, |(t, _)| touched < t) {
+                if oldest.is_none_or(|(t, _)| touched < t) {
                     oldest = Some((touched, s));
                 }
             }

@@ -12,7 +12,7 @@ use sprout_load::run::{self, RunOptions};
 pub enum LoadCommand {
     /// Drive a site with a workload's Markov mix; judge the run (SLA-1, SLA-2, mix, cycle
     /// time, application checks) and write run.json and report.html into --out.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// One agent (started by `run`): its spec as JSON on stdin, its result as JSON on stdout.
     Agent,
 }

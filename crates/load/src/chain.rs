@@ -91,8 +91,9 @@ impl Chain {
             for row in 0..n {
                 if row != col && a[row][col] != 0.0 {
                     let factor = a[row][col] / p;
-                    for k in col..n {
-                        a[row][k] -= factor * a[col][k];
+                    let pivot_row = a[col].clone();
+                    for (x, pivot) in a[row].iter_mut().zip(pivot_row).skip(col) {
+                        *x -= factor * pivot;
                     }
                     b[row] -= factor * b[col];
                 }
@@ -110,9 +111,9 @@ impl Chain {
             let mut stack = vec![start];
             seen[start] = true;
             while let Some(i) = stack.pop() {
-                for j in 0..n {
-                    if self.probs[i][j] > 0.0 && !seen[j] {
-                        seen[j] = true;
+                for (j, seen_j) in seen.iter_mut().enumerate() {
+                    if self.probs[i][j] > 0.0 && !*seen_j {
+                        *seen_j = true;
                         stack.push(j);
                     }
                 }

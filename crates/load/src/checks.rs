@@ -49,7 +49,7 @@ pub fn sla(workload: &Workload, windows: &Windows, percentile: f64, window_name:
             let within = share_within(s, limit_us);
             let p_ms = if s.hist.is_empty() { f64::INFINITY } else { s.hist.value_at_quantile(need) as f64 / 1000.0 };
             let margin = within - need;
-            if worst.as_ref().map_or(true, |(m, _)| margin < *m) {
+            if worst.as_ref().is_none_or(|(m, _)| margin < *m) {
                 worst = Some((margin, format!("{} {:.1}% within {} s in {}", op.name, within * 100.0, op.max90_s, window_name(w))));
             }
             if within < need {
@@ -94,7 +94,7 @@ pub fn mix(workload: &Workload, total: &[OpStats]) -> Check {
         let off = (share - target).abs();
         let limit = workload.mix_tolerance_points.max(300.0 * (pi[i] * (1.0 - pi[i]) / all as f64).sqrt());
         let over = off - limit;
-        if worst.as_ref().map_or(true, |(w, _)| over > *w) {
+        if worst.as_ref().is_none_or(|(w, _)| over > *w) {
             worst = Some((over, format!("{} {:.2}% against {:.2}% (off {:.2} points, limit {:.2})", op.name, share, target, off, limit)));
         }
     }

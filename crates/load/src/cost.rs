@@ -54,8 +54,8 @@ impl Pricing {
             let ok = |v: f64| v.is_finite() && v >= 0.0;
             if !ok(p.usd_per_instance_hour)
                 || !ok(p.upfront_usd)
-                || !p.usd_per_vcpu_hour.map_or(true, ok)
-                || !p.usd_per_gb_hour.map_or(true, ok)
+                || !p.usd_per_vcpu_hour.is_none_or(ok)
+                || !p.usd_per_gb_hour.is_none_or(ok)
             {
                 bail!("price {}: prices are non-negative numbers of dollars", p.name);
             }

@@ -322,7 +322,7 @@ async fn user_loop<D: Driver>(shared: Rc<Shared<D>>, slot: usize, life: u64) {
 /// The first few failures of each kind are printed; after that they are only counted.
 fn tracing_error(agent: u32, op: &str, f: &Failure) {
     thread_local! {
-        static SEEN: RefCell<BTreeMap<String, u32>> = RefCell::new(BTreeMap::new());
+        static SEEN: RefCell<BTreeMap<String, u32>> = const { RefCell::new(BTreeMap::new()) };
     }
     SEEN.with(|seen| {
         let mut seen = seen.borrow_mut();

@@ -62,6 +62,7 @@ pub const MAX_USERS_PER_OPS: f64 = 5.25;
 /// Olio's attend rule: attends on at least this share of EventDetails.
 pub const MIN_ATTEND_SHARE: f64 = 0.06;
 
+#[allow(clippy::too_many_arguments)] // what a report is made of, each once
 pub fn build(
     workload: &Workload,
     spec: &Spec,

@@ -107,6 +107,9 @@ impl Shared {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TimerId(u64);
 
+/// An idle handler: run whenever the core has nothing else to do.
+type IdleHandler = Box<dyn FnMut()>;
+
 /// An idle handler's handle, for `remove_idle`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IdleId(usize);
@@ -124,7 +127,7 @@ pub(crate) struct Core {
     pub(crate) shared: Arc<Shared>,
     queue: RefCell<VecDeque<LocalEvent>>,
     timers: RefCell<Timers>,
-    idle: RefCell<Slab<Option<Box<dyn FnMut()>>>>,
+    idle: RefCell<Slab<Option<IdleHandler>>>,
     io: RefCell<Slab<Option<Box<dyn IoHandler>>>>,
     /// Handlers notified while they were running (or before their turn): run after this
     /// round of readiness.
@@ -360,10 +363,8 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, spin: Du
             };
             core.dispatch_io(event.token(), ready);
         }
-        if io_events > 0 || busy {
-            if !spin.is_zero() {
-                last_work = Instant::now();
-            }
+        if (io_events > 0 || busy) && !spin.is_zero() {
+            last_work = Instant::now();
         }
         if io_events == 0 && idling && core.queue.borrow().is_empty() {
             core.run_idle();

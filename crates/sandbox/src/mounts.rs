@@ -150,19 +150,6 @@ pub fn cpath(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unescapes_mountinfo_fields() {
-        assert_eq!(unescape("/a\\040b"), "/a b");
-        assert_eq!(unescape("/plain"), "/plain");
-        assert_eq!(unescape("/x\\134y"), "/x\\y");
-        assert_eq!(unescape("/trail\\04"), "/trail\\04");
-    }
-}
-
 /// A detached copy of the mount tree at `path` (open_tree with OPEN_TREE_CLONE | AT_RECURSIVE):
 /// a root that `..` cannot leave, not even with CAP_SYS_CHROOT, since the copy has no parent
 /// mount. Package Zygotes and their handlers live in such roots. The copy disappears with its
@@ -179,4 +166,17 @@ pub fn clone_tree(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
         return Err(io::Error::new(e.kind(), format!("cloning the mount tree at {}: {e}", path.display())));
     }
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescapes_mountinfo_fields() {
+        assert_eq!(unescape("/a\\040b"), "/a b");
+        assert_eq!(unescape("/plain"), "/plain");
+        assert_eq!(unescape("/x\\134y"), "/x\\y");
+        assert_eq!(unescape("/trail\\04"), "/trail\\04");
+    }
 }

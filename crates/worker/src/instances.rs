@@ -607,6 +607,11 @@ impl Instances {
         self.networks.forget(name).await;
     }
 
+    /// The lambdas' network, for `/metrics` (see [`LambdaNetworks::figures`]).
+    pub fn network_figures(&self) -> Option<crate::networks::NetworkFigures> {
+        self.networks.figures()
+    }
+
     /// The lambdas' network, for `/stats`.
     pub fn network_stats(&self) -> Value {
         self.networks.stats()

@@ -99,17 +99,36 @@ impl Collector for BackendCollector {
         if let Some(cache) = self.backend.import_cache() {
             all.extend(cache.counters().into_iter().filter(|(name, _, _)| *name != "sprout_zygote_restarts"));
         }
-        let handler_cache = match self.caches.get() {
+        let (handler_cache, network) = match self.caches.get() {
             Some((instances, packages)) => {
                 all.extend(packages.counters());
-                instances.upgrade().map(|i| i.cache_figures())
+                let instances = instances.upgrade();
+                (instances.as_ref().map(|i| i.cache_figures()), instances.and_then(|i| i.network_figures()))
             }
-            None => None,
+            None => (None, None),
         };
+        let mut namespaces = None;
+        if let Some((counters, in_use, ready)) = network {
+            all.extend(counters);
+            namespaces = Some((in_use, ready));
+        }
         for (name, help, value) in all {
             let counter = ConstCounter::new(value);
             let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
             counter.encode(metric)?;
+        }
+        if let Some((in_use, ready)) = namespaces {
+            let mut family = encoder.encode_descriptor(
+                "sprout_network_namespaces",
+                "Lambdas' network namespaces: held by lambdas or being removed (in_use, which counts the ready ones too), made ahead (ready)",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for (state, n) in [("in_use", in_use), ("ready", ready)] {
+                let labels = [("state", state)];
+                let metric = family.encode_family(&labels)?;
+                prometheus_client::metrics::gauge::ConstGauge::new(n as i64).encode(metric)?;
+            }
         }
         if let Some((paused, pss, evictions)) = handler_cache {
             let gauges = [

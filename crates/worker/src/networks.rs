@@ -12,6 +12,9 @@ use std::sync::Arc;
 
 use sprout_sandbox::network::{service_env, LambdaNetwork, Network, Service};
 
+/// The pool's counters (name, help, value), and its namespaces in use and ready.
+pub type NetworkFigures = ([(&'static str, &'static str, u64); 4], u64, u64);
+
 /// Named entries with a use clock: which to keep, which to let go.
 #[derive(Debug)]
 pub struct Assignments<T> {
@@ -118,6 +121,12 @@ impl LambdaNetworks {
     /// What a sandbox of `lambda` is told about its services.
     pub fn env_for(&self, lambda: &str) -> Vec<(String, String)> {
         service_env(&self.services, lambda)
+    }
+
+    /// The pool's counters and its namespaces in use and ready, for /metrics (None: the host's
+    /// network).
+    pub fn figures(&self) -> Option<NetworkFigures> {
+        self.network.as_ref().map(|n| n.figures())
     }
 
     pub fn stats(&self) -> serde_json::Value {

@@ -60,7 +60,7 @@ pub(super) async fn maintain(cache: Weak<ImportCache>) {
     loop {
         tick.tick().await;
         let Some(cache) = cache.upgrade() else { return };
-        let all = last_full.map_or(true, |at| at.elapsed() >= REMEASURE);
+        let all = last_full.is_none_or(|at| at.elapsed() >= REMEASURE);
         if all {
             last_full = Some(Instant::now());
         }

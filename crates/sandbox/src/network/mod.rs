@@ -264,6 +264,28 @@ impl Network {
         host::release(&self.worker_dir, &self.cfg.tag)
     }
 
+    /// (name, help, value) of the pool's counters, for /metrics, and the namespaces in use
+    /// and ready.
+    pub fn figures(&self) -> ([(&'static str, &'static str, u64); 4], u64, u64) {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let st = self.state.lock().unwrap();
+        (
+            [
+                ("sprout_network_namespaces_made", "Network namespaces made for lambdas", get(&c.made)),
+                (
+                    "sprout_network_namespaces_made_on_request",
+                    "Network namespaces made on a request's path (the pool was empty)",
+                    get(&c.made_inline),
+                ),
+                ("sprout_network_namespaces_destroyed", "Network namespaces removed", get(&c.destroyed)),
+                ("sprout_network_namespace_failures", "Network namespaces that could not be made", get(&c.failures)),
+            ],
+            st.slots.in_use() as u64,
+            st.ready.len() as u64,
+        )
+    }
+
     /// Figures for /stats.
     pub fn stats(&self) -> Value {
         let st = self.state.lock().unwrap();
