@@ -23,22 +23,14 @@ import json
 import os
 import sys
 
+from sprout.client import SproutError
+
 PREFIX = "SPROUT_SERVICE_"
 
 
-class InvokeError(Exception):
-    """A lambda called with :func:`invoke` failed, or could not be called."""
-
-    def __init__(self, status, code, message, body=None):
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.body = body or {}
-
-    @property
-    def traceback(self):
-        return self.body.get("traceback")
+class InvokeError(SproutError):
+    """A lambda called with :func:`invoke` failed, or could not be called: the worker's
+    error as `/run` would have answered it (status, code, message, traceback)."""
 
 
 def services(environ=None):

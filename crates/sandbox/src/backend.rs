@@ -165,16 +165,6 @@ pub trait Calls: Send + Sync {
     async fn call(&self, lambda: &str, event: Bytes, time_left: Duration) -> (serde_json::Value, Bytes);
 }
 
-/// Answers every call with an error: for sandboxes whose requests may not call others.
-pub struct NoCalls;
-
-#[async_trait]
-impl Calls for NoCalls {
-    async fn call(&self, _lambda: &str, _event: Bytes, _time_left: Duration) -> (serde_json::Value, Bytes) {
-        (serde_json::json!({"error": "not_allowed", "message": "this request may not call other lambdas", "status": 403}), Bytes::new())
-    }
-}
-
 impl Sandbox {
     /// Send one request and wait up to `timeout` for the reply, answering the handler's
     /// calls to other lambdas with `calls` meanwhile. On error the sandbox is tainted: the

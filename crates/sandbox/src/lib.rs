@@ -38,5 +38,5 @@ pub mod stage;
 pub mod userns;
 pub mod zygote;
 
-pub use backend::{Backend, BackendStats, Calls, CreateError, HandlerKind, InvokeError, NoCalls, Package, Phase, Sandbox, SandboxSpec};
+pub use backend::{Backend, BackendStats, Calls, CreateError, HandlerKind, InvokeError, Package, Phase, Sandbox, SandboxSpec};
 pub use cgroup::Limits;

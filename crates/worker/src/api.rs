@@ -40,7 +40,7 @@ use crate::packages::Packages;
 use crate::registry::{valid_name, Registry};
 
 /// Every error code the API answers with.
-pub const ERROR_CODES: [&str; 30] = [
+pub const ERROR_CODES: [&str; 29] = [
     "not_found",
     "invalid_request",
     "method_not_allowed",
@@ -68,7 +68,6 @@ pub const ERROR_CODES: [&str; 30] = [
     "invalid_requirements",
     "install_failed",
     "call_depth_exceeded",
-    "not_allowed",
     "unauthorized",
     "forbidden",
 ];

@@ -12,11 +12,11 @@
 use std::io;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
-use super::namespace::{delete_link, ip_binary, links_with_prefix, run_script};
+use super::namespace::{delete_link, ip_binary, links_with_prefix, quietly, run_script};
 use super::plan::{self, Block};
 use super::rules;
 use super::ServiceSpec;
@@ -152,20 +152,17 @@ pub fn release(worker_dir: &Path, tag: &str) -> Vec<String> {
     }
     if let Some(nft) = nft_binary() {
         let table = rules::table(tag);
-        let quiet = |args: &[&str]| Command::new(nft).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().map(|s| s.success());
-        if quiet(&["list", "table", "inet", &table]).unwrap_or(false) && quiet(&["delete", "table", "inet", &table]).unwrap_or(false) {
+        if quietly(nft, &["list", "table", "inet", &table]) && quietly(nft, &["delete", "table", "inet", &table]) {
             removed.push(format!("nftables table {table}"));
         }
     }
     let state_path = state_file(worker_dir);
     if let Some(claim) = std::fs::read(&state_path).ok().and_then(|b| serde_json::from_slice::<Claim>(&b).ok()) {
         if let (Some(ip), Ok(block)) = (ip_binary(), Block::parse(&claim.block)) {
-            let quiet =
-                |args: &[&str]| Command::new(ip).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().map(|s| s.success());
-            if quiet(&["route", "del", "blackhole", &claim.block]).unwrap_or(false) {
+            if quietly(ip, &["route", "del", "blackhole", &claim.block]) {
                 removed.push(format!("route blackhole {}", claim.block));
             }
-            if quiet(&["route", "del", "local", &block.services_net(), "dev", "lo", "table", "local"]).unwrap_or(false) {
+            if quietly(ip, &["route", "del", "local", &block.services_net(), "dev", "lo", "table", "local"]) {
                 removed.push(format!("route local {}", block.services_net()));
             }
         }

@@ -148,8 +148,13 @@ pub fn destroy(ns: Namespace) {
 /// Delete the host interface `name`, if it exists.
 pub fn delete_link(name: &str) {
     if let Some(ip) = ip_binary() {
-        let _ = Command::new(ip).args(["link", "del", name]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        quietly(ip, &["link", "del", name]);
     }
+}
+
+/// Run `program` with its output discarded; whether it succeeded.
+pub(super) fn quietly(program: &str, args: &[&str]) -> bool {
+    Command::new(program).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().map(|s| s.success()).unwrap_or(false)
 }
 
 /// Names of the host's interfaces starting with `prefix`.
