@@ -62,7 +62,7 @@ def run_one(profile, stack, out, a):
         cmd = [str(SPROUT), "load", "run", "--url", f"http://127.0.0.1:{a.port}", "--registered-users", str(registered),
                "--profile", str(profile), "--ramp-up", "0", "--steady", str(duration), "--ramp-down", "0",
                "--window", str(a.window), "--interval", "5", "--agent-cpus", a.agent_cpus, "--sut-cpus", a.cpus,
-               "--sut-cgroup", cgroup, "--stack", stack, "--out", str(out)]
+               "--sut-cgroup", cgroup, "--deployment", str(state), "--stack", stack, "--out", str(out)]
         subprocess.run(cmd, check=True, cwd=REPO)
     finally:
         subprocess.run([str(SPROUT), "olio", "down", "--dir", str(state)], capture_output=True)

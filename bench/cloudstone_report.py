@@ -18,6 +18,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 COLORS = ["#264653", "#2a9d8f", "#e9c46a", "#f4a261", "#e76f51", "#6d597a", "#118ab2"]
 
 
+
+def interpreter_text(rec):
+    """One line for the interpreter build a deployment's Python processes ran (olio_deploy/interpreter.py)."""
+    if not rec:
+        return "not recorded (run without --deployment)"
+    if "error" in rec:
+        return f"unknown: {rec['error']}"
+    where = rec["executable"] + (f" in {rec['root']}" if rec.get("root") else "") + (f" (venv {rec['venv']})" if rec.get("venv") else "")
+    running = ", ".join(f"{n} × {k}" for k, n in rec.get("processes", {}).items()) or "none seen"
+    check = "" if rec.get("processes_match") else " — NOT all this build"
+    return (f"CPython {rec['version']}, {where}, {rec.get('package') or 'no Debian package'}, libpython "
+            f"{'shared' if rec.get('libpython') else 'static'}, {rec['opt']}; build {rec['identity']}; "
+            f"Python processes: {running}{check}")
+
 def plot_response_times(run, path):
     names = list(run["operations"])
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.5), sharex=True)
@@ -135,6 +149,7 @@ def render(run, out_dir):
             ["operations/s (steady)", f"{run['ops_per_s']:.2f}"], ["mean cycle time", f"{run['mean_cycle_ms']:.0f} ms"],
             ["counters", html.escape(json.dumps(run["counters"]))], ["errors by kind", html.escape(json.dumps(errors)) or "none"],
             ["system under test CPUs", run["sut_cpus"]], ["machine", html.escape(run["machine"])],
+            ["interpreter", html.escape(interpreter_text(run.get("interpreter")))],
         ],
     )
     res = run.get("resources") or {}

@@ -17,6 +17,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from cloudstone_report import interpreter_text  # noqa: E402
 
 COLORS = {"sprout": "#2a9d8f", "conventional": "#e76f51"}
 
@@ -67,7 +68,9 @@ RATIO_QUALIFIER = {(False, False): "", (True, False): "at least ", (False, True)
 
 
 def users_text(s, sla):
-    return ("≥ " if lower_bound(s, sla) else "") + str(s[f"{sla}_users"])
+    m = s.get(sla) or {}
+    spread = f" (to {m['high']}: repeats disagreed)" if m and not m.get("agreed", True) and m.get("high", 0) > s[f"{sla}_users"] else ""
+    return ("≥ " if lower_bound(s, sla) else "") + str(s[f"{sla}_users"]) + spread
 
 
 def cost_rows(s):
@@ -93,7 +96,9 @@ def render_search(path):
 <h1>Cloudstone search: Olio on {html.escape(s['stack'])}</h1>
 <p>Most concurrent users within the SLA: <b>{users_text(s, 'sla1')}</b> at SLA-1 (90th percentile), <b>{users_text(s, 'sla2')}</b> at SLA-2 (99th percentile){' (≥: no run above it failed; the search stopped at its --max)' if lower_bound(s, 'sla1') or lower_bound(s, 'sla2') else ''};
 {s['run_seconds']:.0f} s steady state per run; deployment confined to CPUs {html.escape(s['cpus'])}, counted as {s['instances']:g} instance(s);
-{html.escape(s['machine'])}. Extra deployment flags: {html.escape(' '.join(s['up_args']) or 'none')}.</p>
+{html.escape(s['machine'])}. Extra deployment flags: {html.escape(' '.join(s['up_args']) or 'none')}.
+Each end of each final bracket ran {s.get('repeats', 1)} time(s); a maximum is taken when they agree, else shown with its spread.</p>
+<p>Interpreter: {html.escape(interpreter_text(s.get('interpreter')))}</p>
 <h2>Dollars per user per month (Cloudstone Table 1)</h2>{table(['price', 'SLA', 'users', '1 month', '12 months', '36 months'], cost_rows(s))}<ul>{prices}</ul>
 <h2>The search</h2><img src="search_trace.png">{trace}</body></html>"""
     (out / "search.html").write_text(page)
@@ -115,6 +120,7 @@ def compare(out_dir, paths, json_out):
         c = s["usd_per_user_month"][default]
         rows.append([html.escape(s["stack"]), users_text(s, "sla1"), users_text(s, "sla2"), money(c["sla1"]["1"]), money(c["sla2"]["1"])])
         md.append(f"| {s['stack']} | {users_text(s, 'sla1')} | {users_text(s, 'sla2')} | {money(c['sla1']['1'])} | {money(c['sla2']['1'])} |")
+    interpreters = [f"{s['stack']}'s interpreter: {interpreter_text(s.get('interpreter'))}" for s in searches]
     if len(searches) == 2:
         a, b = searches
         for sla in ("sla1", "sla2"):
@@ -133,9 +139,10 @@ def compare(out_dir, paths, json_out):
 <h1>Cloudstone: {' against '.join(html.escape(s['stack']) for s in searches)}</h1>
 {table(['stack', 'SLA-1 users', 'SLA-2 users', f'$/user/month SLA-1 ({default})', f'$/user/month SLA-2 ({default})'], rows)}
 <p>{'<br>'.join(html.escape(l.strip()) for l in md[2 + len(searches):])}</p>
+<p>{'<br>'.join(html.escape(i) for i in interpreters)}</p>
 {table(['price', 'stack', 'SLA', 'users', '$/user/month, 1 month', '12 months', '36 months'], [[c.strip() for c in l.strip('|').split('|')] for l in terms[3:]])}
 <img src="compare_trace.png"></body></html>"""
-    md += terms
+    md += terms + [""] + [f"- {i}" for i in interpreters]
     (out_dir / "compare.html").write_text(page)
     (out_dir / "compare.md").write_text("\n".join(md) + "\n")
     if json_out:
@@ -150,6 +157,11 @@ def compare(out_dir, paths, json_out):
                     # True where no run above the maximum failed (the search stopped at --max).
                     "sla1_lower_bound": lower_bound(s, "sla1"),
                     "sla2_lower_bound": lower_bound(s, "sla2"),
+                    # Each maximum with the highest users any run passed at, and whether the
+                    # repeated runs at its bracket agreed.
+                    "sla1_spread": s.get("sla1"),
+                    "sla2_spread": s.get("sla2"),
+                    "interpreter": s.get("interpreter"),
                     "usd_per_user_month": s["usd_per_user_month"][default],
                     "usd_per_user_month_by_price": s["usd_per_user_month"],
                     "report": str(Path(paths[i]).with_name("search.html")),

@@ -3,7 +3,10 @@ the site answers with Olio's pages from a loaded database, the front server answ
 static files and the file store, every process of the stack runs on the CPU asked for, a
 killed app process is replaced, `up` twice refuses and `down` leaves nothing behind."""
 
+import hashlib
+import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -23,7 +26,7 @@ from conftest import ROOT, SPROUT, free_port, mounts_under
 sys.path.insert(0, str(ROOT / "apps" / "olio"))
 
 import olio_deploy  # noqa: E402
-from olio_deploy import confine, procs  # noqa: E402
+from olio_deploy import confine, procs, sprout_stack  # noqa: E402
 from olio_deploy.deploy import Deployment  # noqa: E402
 from olio_deploy.state import State  # noqa: E402
 
@@ -208,6 +211,41 @@ def test_up_twice_refuses_and_leaves_the_running_one_alone(stack):
     status = cli("status", "--dir", str(stack.state), binary=True)
     assert status.returncode == 0, status.stdout + status.stderr
     assert '"state": "up"' in status.stdout and f'"cpus": "{stack.cpus}"' in status.stdout
+
+
+def _sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def test_every_python_process_runs_the_sandbox_bases_interpreter_build(stack):
+    """The Cloudstone comparison's footing: both stacks run one CPython build. Every Python
+    process of the stack (found from the pid files, hashed here from /proc) runs the very
+    executable of the sandbox base's python3 and maps no other libpython; `status` says so."""
+    for _ in range(3):
+        assert stack.get("/").status_code == 200
+    base = Path(sprout_stack.SANDBOX_BASE)
+    base_python = (base / "usr/bin/python3").resolve()  # -> python3.11, a relative link
+    want = _sha256(base_python)
+    python = {p for p in stack.pids_from_pidfiles() if Path(os.readlink(f"/proc/{p}/exe")).name.startswith("python")}
+    assert len(python) >= (4 if stack.name == "conventional" else 2), {p: _command(p) for p in python}
+    for pid in python:
+        assert _sha256(f"/proc/{pid}/exe") == want, f"{_command(pid)} runs {os.readlink(f'/proc/{pid}/exe')}, not {base_python}"
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert "libpython" not in maps, "Debian's python3.11 links libpython statically"
+    status = cli("status", "--dir", str(stack.state), binary=True)
+    record = json.loads(status.stdout)["interpreter"]
+    assert record["identity"] == want[:16] and record["processes_match"], record
+    assert record["package"].startswith("python3.11-minimal "), record
+    if stack.name == "conventional":
+        # Debian's python3 in the deployment's virtual environment; the workers as www-data.
+        assert record["venv"] and record["executable"] == "/usr/bin/python3.11", record
+        master = procs.read_pid(stack.state / "run" / "gunicorn.pid")
+        assert _command(master).startswith(f"{record['venv']}/bin/python -m gunicorn")
+        owners = {pwd.getpwuid(os.stat(f"/proc/{p}").st_uid).pw_name for p in _gunicorn_workers(stack)}
+        assert owners == {"www-data"}, owners
+    else:
+        assert record["root"] == str(base) and record["venv"] is None, record
 
 
 def _command(pid):

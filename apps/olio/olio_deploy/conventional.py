@@ -1,24 +1,46 @@
 """The conventional deployment: nginx in front of gunicorn running olio.wsgi:app, and memcached.
 
 nginx serves static files and the file store and keeps clients' connections alive; gunicorn
-listens on a Unix socket; Debian's memcached runs when caching is on. All are configured by
-files under STATE/conf and started inside the confinement."""
+runs on Debian's python3 in a virtual environment holding Olio's pinned requirements (made
+once per set of pins, shared by deployments) and listens on a Unix socket; Debian's
+memcached runs when caching is on. All are configured by files under STATE/conf and started
+inside the confinement."""
 
+import fcntl
+import hashlib
 import json
 import os
-import pwd
-import re
+import shutil
 import signal
 import subprocess
-import sys
 import time
+from pathlib import Path
 
-from .procs import (DeployError, UnixHTTPConnection, alive, children, daemon_pid, demote_to, group_id, http_get,
-                    read_pid, run, start_daemon, stop, tail, wait_for_port)
+from . import interpreter
+from .procs import (
+    DeployError,
+    UnixHTTPConnection,
+    alive,
+    children,
+    daemon_pid,
+    demote_to,
+    group_id,
+    http_get,
+    read_pid,
+    run,
+    start_daemon,
+    stop,
+    tail,
+    wait_for_port,
+)
 
 NGINX = "/usr/sbin/nginx"
 MEMCACHED = "/usr/bin/memcached"
-WEB_USER = "www-data"  # Debian's user for web servers: nginx's workers, and gunicorn where possible
+WEB_USER = "www-data"  # Debian's user for web servers: nginx's workers, and gunicorn's
+# Debian's interpreter: the same build as the sandbox base's (scripts/align-python.sh).
+SYSTEM_PYTHON = "/usr/bin/python3"
+GUNICORN = "gunicorn==27.0.1"
+VENV_ROOT = Path("/var/cache/sprout/olio-venv")
 
 
 def nginx_conf(dep):
@@ -116,8 +138,7 @@ preload_app = True
 timeout = 30             # a worker stuck longer is killed and replaced (Sprout's limits.timeout_ms)
 graceful_timeout = 30
 backlog = 2048
-# The socket is rw for {WEB_USER}'s group only (nginx's workers); the workers run with that group.
-group = "{WEB_USER}"
+{_identity_conf(user)}
 umask = 0o007
 daemon = True
 pidfile = "{dep.state.run}/gunicorn.pid"
@@ -128,12 +149,20 @@ forwarded_allow_ips = "*"   # only nginx can reach the socket
 proc_name = "olio-{dep.state.dir.name}"
 # gunicorn 25.1+ opens a control socket (for gunicornc); each deployment keeps its own.
 control_socket = "{dep.state.run}/gunicorn/control.sock"
-# Running as {user}.{" The interpreter is not reachable by " + WEB_USER + " here (it lives under a private home)," if user == "root" else ""}
+# On {dep.venv}/bin/python (Debian's python3 in a virtual environment).
 """
 
 
+def _identity_conf(user):
+    if user is None:
+        return "# Not started as root: the workers run as the starting user."
+    return (f"# The master keeps root (it binds, writes the pid file and forks); the workers run as {user}\n"
+            f"# and the socket is rw for {WEB_USER}'s group only (nginx's workers).\n"
+            f'user = "{user}"\ngroup = "{WEB_USER}"')
+
+
 def _app_env(dep):
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYENV", "VIRTUAL_ENV"))}
     env["PYTHONPATH"] = dep.pythonpath
     env["OLIO_CONFIG"] = str(dep.state.conf / "olio.toml")
     return env
@@ -145,15 +174,60 @@ def gunicorn_user(dep):
         return None
     env = _app_env(dep)
     try:
-        out = subprocess.run([sys.executable, "-c", "import olio.wsgi"], env=env, capture_output=True,
+        out = subprocess.run([str(dep.venv / "bin" / "python"), "-c", "import olio.wsgi"], env=env, capture_output=True,
                              preexec_fn=demote_to(WEB_USER), timeout=120, cwd="/")
         if out.returncode == 0:
             return WEB_USER
-    except (OSError, subprocess.SubprocessError):
-        pass
-    dep.log(f"warning: {WEB_USER} cannot run {sys.executable} and import the app (a private home directory?); "
+        why = out.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {out.returncode}"]
+    except (OSError, subprocess.SubprocessError) as e:
+        why = [str(e)]
+    dep.log(f"warning: {WEB_USER} cannot import the app with {dep.venv}/bin/python ({why[0]}); "
             "gunicorn runs as root, its workers with group " + WEB_USER)
     return "root"
+
+
+def venv_requirements(dep):
+    """What the virtual environment holds: Olio's pins and gunicorn's."""
+    return (dep.app_dir / "requirements.txt").read_text() + f"\n{GUNICORN}\n"
+
+
+def venv_path(dep, root=VENV_ROOT):
+    """VENV_ROOT/<hash of the interpreter build and the requirements>: one per set of pins."""
+    build = interpreter.describe(SYSTEM_PYTHON)["identity"]
+    key = hashlib.sha256((build + "\n" + venv_requirements(dep)).encode()).hexdigest()[:16]
+    return root / key
+
+
+def ensure_venv(dep, root=VENV_ROOT):
+    """The deployment's virtual environment, made on first use: Debian's python3 -m venv, then
+    pip install of the pinned requirements and gunicorn. Complete ones carry a marker; a
+    half-made one (an interrupted `up`) is made again. Deployments share it (read-only)."""
+    if not os.path.exists(SYSTEM_PYTHON):
+        raise DeployError(f"{SYSTEM_PYTHON} is missing (apt-get install python3 python3-venv)")
+    venv = venv_path(dep, root)
+    marker = venv / ".olio-deploy-complete"
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o755)
+    with open(root / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two deployments starting at once make it once
+        if marker.exists():
+            return venv
+        shutil.rmtree(venv, ignore_errors=True)
+        dep.log(f"making the virtual environment {venv} ({SYSTEM_PYTHON}, Olio's pins and {GUNICORN}; once per set of pins)")
+        made = subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(venv)], capture_output=True, text=True)
+        if made.returncode:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise DeployError(f"{SYSTEM_PYTHON} -m venv failed (is python3-venv installed? scripts/setup.sh installs it):\n"
+                              f"{made.stderr.strip()[-1500:]}")
+        reqs = venv / "requirements.txt"
+        reqs.write_text(venv_requirements(dep))
+        pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                              "--no-input", "-r", str(reqs)], capture_output=True, text=True)
+        if pip.returncode:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise DeployError(f"pip install into {venv} failed:\n{(pip.stderr or pip.stdout).strip()[-2000:]}")
+        marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
+        return venv
 
 
 def write_app_config(dep):
@@ -167,61 +241,32 @@ def write_app_config(dep):
     return path
 
 
-def check_pins(dep):
-    """Warn when this interpreter's packages, which gunicorn imports, differ from the pins of
-    requirements.txt (which the Sprout stack installs exactly)."""
-    from importlib import metadata
-
-    differ = []
-    for line in (dep.app_dir / "requirements.txt").read_text().splitlines():
-        name, sep, version = line.split("#", 1)[0].strip().partition("==")
-        if not sep:
-            continue
-        name = re.sub(r"\[.*\]", "", name).strip()
-        try:
-            have = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            have = "missing"
-        if have != version.strip():
-            differ.append(f"{name} {have} (pinned {version.strip()})")
-    if differ:
-        dep.log(f"warning: gunicorn runs {sys.executable}'s packages, which differ from requirements.txt: "
-                f"{', '.join(differ)}; `python3 -m pip install -r {dep.app_dir / 'requirements.txt'}` aligns them")
-    return differ
-
-
 def start(dep):
     state = dep.state
-    check_pins(dep)
     if not os.path.exists(NGINX):
         raise DeployError("nginx is not installed (scripts/setup.sh installs it: apt-get install nginx)")
     if dep.cache and not os.path.exists(MEMCACHED):
         raise DeployError("memcached is not installed (scripts/setup.sh installs it)")
+    dep.venv = ensure_venv(dep)
+    write_app_config(dep)
     user = gunicorn_user(dep)
     sock_dir = dep.gunicorn_socket.parent
     sock_dir.mkdir(exist_ok=True)
     temp = state.run / "nginx"
     temp.mkdir(exist_ok=True)
     if os.geteuid() == 0:
-        os.chown(sock_dir, 0 if user in (None, "root") else pwd.getpwnam(user).pw_uid, group_id(WEB_USER))
+        os.chown(sock_dir, 0, group_id(WEB_USER))
         os.chown(temp, 0, group_id(WEB_USER))
     sock_dir.chmod(0o770)
     temp.chmod(0o770)
-    write_app_config(dep)
-    (state.conf / "gunicorn.conf.py").write_text(gunicorn_conf(dep, user or "this user"))
+    (state.conf / "gunicorn.conf.py").write_text(gunicorn_conf(dep, user))
     (state.conf / "nginx.conf").write_text(nginx_conf(dep))
 
     if dep.cache:
         start_memcached(dep)
     dep.log(f"starting gunicorn: {dep.workers} sync workers as {user or 'this user'}")
-    demote = demote_to(user if user not in (None, "root") else None)
-
-    def preexec():
-        dep.confinement.enter()
-        demote()
-
-    run([sys.executable, "-m", "gunicorn", "-c", str(state.conf / "gunicorn.conf.py"), "olio.wsgi:app"],
-        "starting gunicorn", preexec=preexec, env=_app_env(dep), cwd=str(state.dir))
+    run([str(dep.venv / "bin" / "python"), "-m", "gunicorn", "-c", str(state.conf / "gunicorn.conf.py"), "olio.wsgi:app"],
+        "starting gunicorn", preexec=dep.confinement.enter, env=_app_env(dep), cwd=str(state.dir))
     wait_for_gunicorn(dep)
     nginx = [NGINX, "-p", str(state.run), "-e", str(state.logs / "nginx-error.log"), "-c", str(state.conf / "nginx.conf")]
     run(nginx + ["-t", "-q"], "checking nginx.conf")
@@ -301,6 +346,12 @@ def status(dep):
                      "workers": len(procs.get("gunicorn", [])[1:]), "socket": str(dep.gunicorn_socket)},
         "memcached": {"running": "memcached" in procs, "enabled": dep.cache, "address": dep.cache_servers or None},
     }
+
+
+def interpreter_record(dep):
+    """The venv's interpreter, and what gunicorn's master and workers run."""
+    info = interpreter.describe(str(venv_path(dep) / "bin" / "python"))
+    return interpreter.report(info, processes(dep).get("gunicorn", []))
 
 
 def expected(dep):

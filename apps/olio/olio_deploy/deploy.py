@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import confine, conventional, filestore, procs, sprout_stack
+from . import confine, conventional, filestore, interpreter, procs, sprout_stack
 from .postgres import Postgres, server_log
 from .procs import DeployError
 from .state import State
@@ -179,6 +179,17 @@ def _start(dep, options):
         sprout_stack.wait_for_site(dep, options.wait_s)
     else:
         _wait_for_200(dep, options.wait_s)
+    record = interpreter_record(dep)
+    log(f"interpreter: {interpreter.summary(record)}; its processes run "
+        + (", ".join(f"{n} x build {k}" for k, n in record.get("processes", {}).items()) or "nothing yet"))
+
+
+def interpreter_record(dep):
+    """Which interpreter build the stack's Python processes run (status's `interpreter`)."""
+    try:
+        return dep.module.interpreter_record(dep)
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as e:
+        return {"error": str(e)}
 
 
 def _wait_for_200(dep, seconds):
@@ -269,6 +280,7 @@ def status(state_dir):
         "postgres": {"running": "postgres" in running, "port": dep.ports["postgres"], "data": str(dep.postgres.data),
                      "log": str(server_log(dep.postgres) or "")},
         **dep.module.status(dep),
+        "interpreter": interpreter_record(dep) if running else None,
         "settings": {k: record[k] for k in ("cpus", "port", "bind", "cache", "files", "workers", "cache_mb", "started_at")},
     }
     return report, {"up": 0, "down": EXIT_DOWN, "degraded": EXIT_DEGRADED}[condition]

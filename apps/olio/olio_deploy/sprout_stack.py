@@ -12,12 +12,25 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .procs import DeployError, alive, daemon_pid, descendants, http_get, read_pid, run, start_daemon, stop, tail, \
-    wait_for_port
+from . import interpreter
+from .procs import (
+    DeployError,
+    alive,
+    daemon_pid,
+    descendants,
+    http_get,
+    read_pid,
+    run,
+    start_daemon,
+    stop,
+    tail,
+    wait_for_port,
+)
 
 LAMBDA = "olio"
 DB_SERVICE = "olio-db"  # the worker's names of PostgreSQL and the cache, inside the sandbox
 CACHE_SERVICE = "olio-cache"
+SANDBOX_BASE = "/var/lib/sprout/base-bookworm"  # the machine-wide base image (the worker's default)
 FILES_IN_SANDBOX = "/srv/olio-files"
 SPROUT_MODULES = ("__init__.py", "client.py", "platform.py", "cache.py", "store")  # what `olio` imports of python/sprout
 
@@ -50,6 +63,9 @@ listen = {t(f"{dep.bind}:{dep.port}")}
 lambda = {t(LAMBDA)}
 # Served by the worker from disk, with Last-Modified and 304s, before the lambda.
 static = {{ "/static/" = {t(str(dep.static_dir))}, "/files/" = {t(str(dep.files))} }}
+
+[base]
+path = {t(SANDBOX_BASE)}        # its python3 is the conventional stack's too (scripts/align-python.sh)
 
 [sandbox]
 # The file store, shared with every sandbox (the app writes uploads and thumbnails there).
@@ -286,6 +302,12 @@ def status(dep):
                    "processes": len(worker), "log": str(dep.state.worker / "worker.log")},
         "cache": {"running": "cache" in procs, "enabled": dep.cache, "address": dep.cache_servers or None},
     }
+
+
+def interpreter_record(dep):
+    """The sandbox base's interpreter, and what the worker's Zygotes and handlers run."""
+    info = interpreter.describe("/usr/bin/python3", root=SANDBOX_BASE)
+    return interpreter.report(info, processes(dep).get("worker", []))
 
 
 def expected(dep):

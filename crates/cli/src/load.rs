@@ -67,6 +67,10 @@ pub struct RunArgs {
     /// The deployment's name in the report.
     #[arg(long, default_value = "site")]
     pub stack: String,
+    /// The Olio deployment's state directory (`sprout olio up --dir`): the report records
+    /// which interpreter build its Python processes ran.
+    #[arg(long)]
+    pub deployment: Option<PathBuf>,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Where run.json, report.html and the plots go.
@@ -124,6 +128,7 @@ pub fn main(cmd: LoadCommand) -> Result<()> {
                 pricing: Some(args.pricing.clone()),
                 instances: args.instances,
                 machine: sprout_bench::report::machine(),
+                deployment: args.deployment.clone(),
             };
             let report = run::run(&opts)?;
             print!("{}", report.text());
@@ -208,6 +213,10 @@ pub struct SearchArgs {
     /// them again; the other flags must be the ones it ran with.
     #[arg(long)]
     pub resume: bool,
+    /// Runs at each end of the final brackets (the highest pass and the lowest failure of
+    /// each SLA): a maximum is taken when they agree, else reported with its spread.
+    #[arg(long, default_value_t = 2)]
+    pub repeats: usize,
 }
 
 pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
@@ -224,6 +233,7 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
                 registered_users: 1000,
                 workload: a.workload.clone(),
                 profile: None,
+                deployment: None,
                 ramp_up: a.ramp_up,
                 steady: a.steady,
                 ramp_down: a.ramp_down,
@@ -254,6 +264,7 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
                     pricing: Some(a.pricing.clone()),
                     instances: a.instances,
                     machine: sprout_bench::report::machine(),
+                    deployment: None,
                 },
                 stack: a.stack.clone(),
                 cpus: a.cpus.clone(),
@@ -264,12 +275,28 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
                 resolution: a.resolution,
                 min_step: a.min_step,
                 resume: a.resume,
+                repeats: a.repeats.max(1),
                 accounts_per_user: a.accounts_per_user,
                 pricing: a.pricing.clone(),
                 instances: a.instances,
             };
             let r = sprout_load::search::search(&opts)?;
-            println!("{}: {} users at SLA-1, {} at SLA-2; {}", r.stack, r.sla1_users, r.sla2_users, out.join("search.html").display());
+            let spread = |m: &sprout_load::search::Maximum| {
+                if m.agreed {
+                    String::new()
+                } else {
+                    format!(" (repeats disagreed: up to {})", m.high)
+                }
+            };
+            println!(
+                "{}: {} users at SLA-1{}, {} at SLA-2{}; {}",
+                r.stack,
+                r.sla1_users,
+                spread(&r.sla1),
+                r.sla2_users,
+                spread(&r.sla2),
+                out.join("search.html").display()
+            );
             Ok(())
         }
         CloudstoneCommand::Compare { searches, out, json } => {

@@ -55,6 +55,10 @@ pub struct RunReport {
     /// {"seconds", "cpu_seconds", "gb_seconds", "costs": {price: {"used_usd", "provisioned_usd"}}}
     #[serde(default)]
     pub resources: Value,
+    /// The interpreter build the deployment's Python processes ran (`sprout olio status`'s
+    /// `interpreter`), when the run was told its deployment; null otherwise.
+    #[serde(default)]
+    pub interpreter: Value,
 }
 
 /// Olio's load-level bound (Faban's users / ops-per-second check).
@@ -174,6 +178,7 @@ pub fn build(
         sut_cpus,
         machine,
         resources: Value::Null,
+        interpreter: Value::Null,
     }
 }
 

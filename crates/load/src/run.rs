@@ -35,6 +35,9 @@ pub struct RunOptions {
     pub instances: f64,
     /// What the report says the machine is.
     pub machine: String,
+    /// The Olio deployment's state directory (`sprout olio up --dir`), whose interpreter the
+    /// report records.
+    pub deployment: Option<PathBuf>,
 }
 
 pub fn run(opts: &RunOptions) -> Result<RunReport> {
@@ -60,6 +63,9 @@ pub fn run(opts: &RunOptions) -> Result<RunReport> {
     let merged = merged?;
     let mut report = report::build(&workload, &opts.spec, &opts.stack, &merged, samples, opts.sut_cpus.clone(), opts.machine.clone(), peak);
     report.resources = resources(&report, opts, cpu_by_process)?;
+    if let Some(dir) = &opts.deployment {
+        report.interpreter = deployment_interpreter(&opts.exe, dir);
+    }
     let json_path = opts.out.join("run.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)?;
     render_html(&opts.repo, &json_path)?;
@@ -83,6 +89,20 @@ fn resources(report: &RunReport, opts: &RunOptions, cpu_by_process: std::collect
     Ok(
         serde_json::json!({"seconds": seconds, "cpu_seconds": cpu_seconds, "gb_seconds": gb_seconds, "instances": opts.instances, "costs": costs, "cpu_seconds_by_process": cpu_by_process}),
     )
+}
+
+/// `sprout olio status`'s `interpreter` for the deployment in `dir` (what its Python processes
+/// run, read while they still run), or {"error": ...}.
+pub fn deployment_interpreter(exe: &Path, dir: &Path) -> serde_json::Value {
+    let status = match Command::new(exe).args(["olio", "status", "--dir"]).arg(dir).output() {
+        Ok(out) => serde_json::from_slice::<serde_json::Value>(&out.stdout).map_err(|e| format!("sprout olio status: {e}")),
+        Err(e) => Err(format!("running sprout olio status: {e}")),
+    };
+    match status {
+        Ok(status) if !status["interpreter"].is_null() => status["interpreter"].clone(),
+        Ok(_) => serde_json::json!({"error": format!("{} is not running", dir.display())}),
+        Err(e) => serde_json::json!({ "error": e }),
+    }
 }
 
 /// bench/cloudstone_report.py draws the plots and writes report.html beside the JSON.

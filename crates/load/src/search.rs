@@ -32,6 +32,8 @@ pub struct SearchOptions {
     pub min_step: usize,
     /// Start from the runs in `out/search-trace.json` (an interrupted search's).
     pub resume: bool,
+    /// Runs at each end of the final brackets (1: no repeats).
+    pub repeats: usize,
     /// Registered accounts per concurrent user (Olio: 100), at least 1,000 (U >= 3).
     pub accounts_per_user: u64,
     pub pricing: PathBuf,
@@ -49,6 +51,9 @@ pub struct Step {
     /// The first failed check, if any.
     pub reason: String,
     pub report: String,
+    /// The interpreter build the deployment's Python processes ran (run.json's).
+    #[serde(default)]
+    pub interpreter: serde_json::Value,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -61,6 +66,17 @@ pub struct SearchResult {
     pub trace: Vec<Step>,
     pub sla1_users: usize,
     pub sla2_users: usize,
+    /// The maxima with their spread and whether the repeats at each bracket agreed.
+    #[serde(default)]
+    pub sla1: Maximum,
+    #[serde(default)]
+    pub sla2: Maximum,
+    /// Runs at each end of each final bracket.
+    #[serde(default)]
+    pub repeats: usize,
+    /// The interpreter build the deployment's Python processes ran (the last run's).
+    #[serde(default)]
+    pub interpreter: serde_json::Value,
     pub instances: f64,
     /// price name -> {"sla1"|"sla2" -> {"1"|"12"|"36" -> $/user/month}}
     pub usd_per_user_month: BTreeMap<String, BTreeMap<String, BTreeMap<String, Option<f64>>>>,
@@ -75,22 +91,22 @@ pub fn search(opts: &SearchOptions) -> Result<SearchResult> {
     }
     std::fs::create_dir_all(&opts.run.out)?;
     let mut trace: Vec<Step> = if opts.resume { resumed(&opts.run.out)? } else { Vec::new() };
+    // The verdicts at `users` over all its runs, running it first if it never ran.
     let run_at = |users: usize, trace: &mut Vec<Step>| -> Result<(bool, bool)> {
-        if let Some(s) = trace.iter().find(|s| s.users == users) {
-            return Ok((s.sla1, s.sla2));
+        if !trace.iter().any(|s| s.users == users) {
+            run_once(opts, users, trace)?;
         }
-        let step = one_run(opts, users)?;
-        eprintln!(
-            "==> {} users: SLA-1 {}, SLA-2 {}{}",
-            users,
-            pass(step.sla1),
-            pass(step.sla2),
-            if step.reason.is_empty() { String::new() } else { format!(" ({})", step.reason) }
-        );
-        let verdict = (step.sla1, step.sla2);
-        trace.push(step);
-        write_partial(&opts.run.out, trace)?;
-        Ok(verdict)
+        Ok((verdict(trace, Sla::One, users) == Some(true), verdict(trace, Sla::Two, users) == Some(true)))
+    };
+    // The two runs closest to a maximum (its highest pass, its lowest failure above), run
+    // again until each has `repeats` runs: a verdict counts only when its runs agree.
+    let confirm = |lo: usize, hi: Option<usize>, trace: &mut Vec<Step>| -> Result<()> {
+        for users in [Some(lo).filter(|&u| u > 0), hi].into_iter().flatten() {
+            while trace.iter().filter(|s| s.users == users).count() < opts.repeats {
+                run_once(opts, users, trace)?;
+            }
+        }
+        Ok(())
     };
     // Grow until SLA-1 fails (or the cap).
     let (mut lo1, mut hi1) = (0usize, None::<usize>);
@@ -118,11 +134,14 @@ pub fn search(opts: &SearchOptions) -> Result<SearchResult> {
                 hi = mid;
             }
         }
+        hi1 = Some(hi);
     }
+    confirm(lo1, hi1, &mut trace)?;
+    let sla1 = maximum(&trace, Sla::One, lo1, hi1);
     // SLA-2 below the SLA-1 maximum, from what the runs so far showed.
-    let mut lo2 = trace.iter().filter(|s| s.sla2 && s.users <= lo1).map(|s| s.users).max().unwrap_or(0);
+    let mut lo2 = levels(&trace, Sla::Two).into_iter().filter(|&(u, (p, n))| p == n && u <= sla1.users).map(|(u, _)| u).max().unwrap_or(0);
     // With no failure above it, every run passed SLA-2 and the SLA-1 maximum is SLA-2's too.
-    let hi2 = trace.iter().filter(|s| !s.sla2 && s.users > lo2).map(|s| s.users).min();
+    let mut hi2 = levels(&trace, Sla::Two).into_iter().filter(|&(u, (p, n))| p < n && u > lo2).map(|(u, _)| u).min();
     if let Some(mut hi) = hi2 {
         while !narrow(lo2, hi) {
             let mid = (lo2 + hi) / 2;
@@ -135,17 +154,21 @@ pub fn search(opts: &SearchOptions) -> Result<SearchResult> {
                 hi = mid;
             }
         }
+        hi2 = Some(hi);
     }
+    confirm(lo2, hi2, &mut trace)?;
+    let sla2 = maximum(&trace, Sla::Two, lo2, hi2);
     trace.sort_by_key(|s| s.users);
     let mut usd = BTreeMap::new();
     for price in &pricing.prices {
         let mut by_sla = BTreeMap::new();
-        for (sla, users) in [("sla1", lo1), ("sla2", lo2)] {
+        for (sla, users) in [("sla1", sla1.users), ("sla2", sla2.users)] {
             let terms = price.per_user_month(opts.instances, users as u64).into_iter().map(|(m, v)| (m.to_string(), v)).collect();
             by_sla.insert(sla.to_string(), terms);
         }
         usd.insert(price.name.clone(), by_sla);
     }
+    let interpreter = trace.iter().rev().map(|s| s.interpreter.clone()).find(|i| !i.is_null()).unwrap_or_default();
     let result = SearchResult {
         stack: opts.stack.clone(),
         machine: opts.run.machine.clone(),
@@ -153,8 +176,12 @@ pub fn search(opts: &SearchOptions) -> Result<SearchResult> {
         cpus: opts.cpus.clone(),
         up_args: opts.up_args.clone(),
         trace,
-        sla1_users: lo1,
-        sla2_users: lo2,
+        sla1_users: sla1.users,
+        sla2_users: sla2.users,
+        sla1,
+        sla2,
+        repeats: opts.repeats,
+        interpreter,
         instances: opts.instances,
         usd_per_user_month: usd,
         default_price: pricing.default.clone(),
@@ -166,6 +193,78 @@ pub fn search(opts: &SearchOptions) -> Result<SearchResult> {
     Ok(result)
 }
 
+/// One more run at `users` (the first, or a repeat), added to the trace and saved.
+fn run_once(opts: &SearchOptions, users: usize, trace: &mut Vec<Step>) -> Result<()> {
+    let nth = trace.iter().filter(|s| s.users == users).count() + 1;
+    let step = one_run(opts, users, nth)?;
+    eprintln!(
+        "==> {} users{}: SLA-1 {}, SLA-2 {}{}",
+        users,
+        if nth > 1 { format!(" (run {nth})") } else { String::new() },
+        pass(step.sla1),
+        pass(step.sla2),
+        if step.reason.is_empty() { String::new() } else { format!(" ({})", step.reason) }
+    );
+    trace.push(step);
+    write_partial(&opts.run.out, trace)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sla {
+    One,
+    Two,
+}
+
+impl Step {
+    fn passed(&self, sla: Sla) -> bool {
+        match sla {
+            Sla::One => self.sla1,
+            Sla::Two => self.sla2,
+        }
+    }
+}
+
+/// For each user count tried: (runs that passed `sla`, runs).
+fn levels(trace: &[Step], sla: Sla) -> BTreeMap<usize, (usize, usize)> {
+    let mut by = BTreeMap::new();
+    for s in trace {
+        let e = by.entry(s.users).or_insert((0, 0));
+        e.0 += s.passed(sla) as usize;
+        e.1 += 1;
+    }
+    by
+}
+
+/// Whether every run at `users` passed `sla` (None: it never ran).
+fn verdict(trace: &[Step], sla: Sla, users: usize) -> Option<bool> {
+    levels(trace, sla).get(&users).map(|&(p, n)| p == n)
+}
+
+/// A maximum and how sure it is.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+pub struct Maximum {
+    /// The most users at which every run passed, at or below the search's bracket.
+    pub users: usize,
+    /// The most users at which any run passed: `users`..`high` is the spread.
+    pub high: usize,
+    /// Whether the runs at the bracket's two ends agreed (all passed below, all failed above).
+    pub agreed: bool,
+}
+
+/// The maximum the bracket (lo passes, hi fails) gives once its ends were repeated: lo when
+/// all its runs passed and all of hi's failed; otherwise the highest level below whose runs
+/// all passed, with the spread up to the highest level any run passed at.
+fn maximum(trace: &[Step], sla: Sla, lo: usize, hi: Option<usize>) -> Maximum {
+    let by = levels(trace, sla);
+    let all_pass = |u: usize| by.get(&u).is_some_and(|&(p, n)| p == n);
+    let all_fail = |u: usize| by.get(&u).is_some_and(|&(p, _)| p == 0);
+    let agreed = (lo == 0 || all_pass(lo)) && hi.is_none_or(all_fail);
+    let users =
+        if lo == 0 || all_pass(lo) { lo } else { by.iter().filter(|&(&u, &(p, n))| u < lo && p == n).map(|(&u, _)| u).max().unwrap_or(0) };
+    let high = by.iter().filter(|&(_, &(p, _))| p > 0).map(|(&u, _)| u).max().unwrap_or(0).max(users);
+    Maximum { users, high, agreed }
+}
+
 fn pass(ok: bool) -> &'static str {
     if ok {
         "pass"
@@ -174,9 +273,9 @@ fn pass(ok: bool) -> &'static str {
     }
 }
 
-/// Where the run with `users` keeps its run.json and report.
-fn run_dir(out: &Path, users: usize) -> PathBuf {
-    out.join(format!("run-{users:05}"))
+/// Where the `nth` run with `users` keeps its run.json and report (repeats: run-00850-2, ...).
+fn run_dir(out: &Path, users: usize, nth: usize) -> PathBuf {
+    out.join(if nth > 1 { format!("run-{users:05}-{nth}") } else { format!("run-{users:05}") })
 }
 
 /// The runs an interrupted search recorded whose results are still there; none if it recorded none.
@@ -188,7 +287,8 @@ fn resumed(out: &Path) -> Result<Vec<Step>> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     let steps: Vec<Step> = serde_json::from_slice(&text).with_context(|| format!("{} is not a search trace", path.display()))?;
-    let kept: Vec<Step> = steps.into_iter().filter(|s| run_dir(out, s.users).join("run.json").exists()).collect();
+    let kept: Vec<Step> =
+        steps.into_iter().filter(|s| Path::new(&s.report).parent().is_some_and(|d| out.join(d).join("run.json").exists())).collect();
     for s in &kept {
         eprintln!("==> {} users: SLA-1 {}, SLA-2 {} (kept from {})", s.users, pass(s.sla1), pass(s.sla2), path.display());
     }
@@ -201,7 +301,7 @@ fn write_partial(out: &Path, trace: &[Step]) -> Result<()> {
 }
 
 /// Deploy the stack fresh with a database at the scale of `users`, run, and take it down.
-fn one_run(opts: &SearchOptions, users: usize) -> Result<Step> {
+fn one_run(opts: &SearchOptions, users: usize, nth: usize) -> Result<Step> {
     let registered = (users as u64 * opts.accounts_per_user).max(1000);
     let state = opts.run.out.join("state");
     let exe = &opts.run.exe;
@@ -229,8 +329,9 @@ fn one_run(opts: &SearchOptions, users: usize) -> Result<Step> {
     run.spec.registered_users = registered;
     run.spec.url = format!("http://127.0.0.1:{}", opts.port);
     run.stack = opts.stack.clone();
-    run.out = run_dir(&opts.run.out, users);
+    run.out = run_dir(&opts.run.out, users, nth);
     run.sut_cgroup = confinement_cgroup(exe, &state);
+    run.deployment = Some(state.clone());
     let report = run::run(&run);
     let down = olio(exe, &["down", "--dir"], &state);
     let report: RunReport = report?;
@@ -244,6 +345,7 @@ fn one_run(opts: &SearchOptions, users: usize) -> Result<Step> {
         ops_per_s: report.ops_per_s,
         reason,
         report: run.out.join("report.html").display().to_string(),
+        interpreter: report.interpreter.clone(),
     })
 }
 
@@ -284,7 +386,38 @@ mod tests {
             ops_per_s: 1.0,
             reason: String::new(),
             report: report.into(),
+            interpreter: serde_json::Value::Null,
         }
+    }
+
+    fn verdicts(runs: &[(usize, bool)]) -> Vec<Step> {
+        runs.iter().map(|&(users, ok)| Step { sla1: ok, ..step(users, "") }).collect()
+    }
+
+    #[test]
+    fn a_maximum_is_taken_when_the_repeats_at_both_ends_agree() {
+        let trace = verdicts(&[(400, true), (800, false), (600, true), (700, false), (600, true), (700, false)]);
+        assert_eq!(maximum(&trace, Sla::One, 600, Some(700)), Maximum { users: 600, high: 600, agreed: true });
+    }
+
+    #[test]
+    fn a_failed_repeat_of_the_highest_pass_lowers_the_maximum_and_reports_the_spread() {
+        // 650 passed once and failed once: the maximum is 600 (every run passed), up to 650.
+        let trace = verdicts(&[(400, true), (800, false), (600, true), (700, false), (650, true), (650, false), (700, false)]);
+        assert_eq!(maximum(&trace, Sla::One, 650, Some(700)), Maximum { users: 600, high: 650, agreed: false });
+    }
+
+    #[test]
+    fn a_passed_repeat_above_the_maximum_widens_the_spread_only() {
+        // The non-monotonic case: 750 failed, then passed on its repeat.
+        let trace = verdicts(&[(700, true), (750, false), (700, true), (750, true)]);
+        assert_eq!(maximum(&trace, Sla::One, 700, Some(750)), Maximum { users: 700, high: 750, agreed: false });
+        // Failing at the first run: no maximum.
+        let trace = verdicts(&[(100, false), (100, false)]);
+        assert_eq!(maximum(&trace, Sla::One, 0, Some(100)), Maximum { users: 0, high: 0, agreed: true });
+        // Passing at the cap: the maximum is only a lower bound, but agreed.
+        let trace = verdicts(&[(100, true), (200, true), (200, true)]);
+        assert_eq!(maximum(&trace, Sla::One, 200, None), Maximum { users: 200, high: 200, agreed: true });
     }
 
     #[test]
@@ -292,9 +425,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert!(resumed(dir.path()).unwrap().is_empty(), "no trace: a fresh search");
         for users in [100, 200] {
-            std::fs::create_dir_all(run_dir(dir.path(), users)).unwrap();
-            std::fs::write(run_dir(dir.path(), users).join("run.json"), "{}").unwrap();
+            std::fs::create_dir_all(run_dir(dir.path(), users, 1)).unwrap();
+            std::fs::write(run_dir(dir.path(), users, 1).join("run.json"), "{}").unwrap();
         }
+        assert_eq!(run_dir(dir.path(), 200, 2), dir.path().join("run-00200-2"), "a repeat has its own directory");
         // 400's results are gone (its directory removed): it runs again.
         write_partial(
             dir.path(),
