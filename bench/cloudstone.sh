@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 sprout=target/release/sprout
 results=bench/results/cloudstone
-search=(--start "${START:-700}" --max "${MAX:-1000}" --min-step 25 --repeats 2 --cpus 0 --agent-cpus 1)
+search=(--start "${START:-1000}" --max "${MAX:-1600}" --min-step 25 --repeats 2 --cpus 0 --agent-cpus 1)
 resume=()
 if [ "${1:-}" = --resume ]; then
     resume=(--resume)

@@ -287,8 +287,9 @@ fn resumed(out: &Path) -> Result<Vec<Step>> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     let steps: Vec<Step> = serde_json::from_slice(&text).with_context(|| format!("{} is not a search trace", path.display()))?;
-    let kept: Vec<Step> =
-        steps.into_iter().filter(|s| Path::new(&s.report).parent().is_some_and(|d| out.join(d).join("run.json").exists())).collect();
+    // A run's directory is directly under `out` (its report path may be relative to where the search ran).
+    let run_json = |s: &Step| Path::new(&s.report).parent().and_then(|d| d.file_name()).map(|name| out.join(name).join("run.json"));
+    let kept: Vec<Step> = steps.into_iter().filter(|s| run_json(s).is_some_and(|p| p.exists())).collect();
     for s in &kept {
         eprintln!("==> {} users: SLA-1 {}, SLA-2 {} (kept from {})", s.users, pass(s.sla1), pass(s.sla2), path.display());
     }
@@ -430,9 +431,10 @@ mod tests {
         }
         assert_eq!(run_dir(dir.path(), 200, 2), dir.path().join("run-00200-2"), "a repeat has its own directory");
         // 400's results are gone (its directory removed): it runs again.
+        // Report paths as a search run from elsewhere wrote them (relative to its own directory).
         write_partial(
             dir.path(),
-            &[step(100, "run-00100/report.html"), step(200, "run-00200/report.html"), step(400, "run-00400/report.html")],
+            &[step(100, "results/x/run-00100/report.html"), step(200, "run-00200/report.html"), step(400, "run-00400/report.html")],
         )
         .unwrap();
         let kept = resumed(dir.path()).unwrap();
