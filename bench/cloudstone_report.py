@@ -29,7 +29,7 @@ def interpreter_text(rec):
     running = ", ".join(f"{n} × {k}" for k, n in rec.get("processes", {}).items()) or "none seen"
     check = "" if rec.get("processes_match") else " — NOT all this build"
     return (f"CPython {rec['version']}, {where}, {rec.get('package') or 'no Debian package'}, libpython "
-            f"{'shared' if rec.get('libpython') else 'static'}, {rec['opt']}; build {rec['identity']}; "
+            f"{'shared' if rec.get('libpython') else 'static'}; build {rec['identity']}; "
             f"Python processes: {running}{check}")
 
 def plot_response_times(run, path):
