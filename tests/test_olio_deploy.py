@@ -357,6 +357,10 @@ def test_bad_requests_are_refused_with_a_clear_message_and_start_nothing(tmp_pat
             assert out.returncode == 1 and f"127.0.0.1:{port} is in use" in out.stderr
         out = cli("up", "--stack", "heroku", "--dir", str(state))
         assert out.returncode == 2 and "invalid choice: 'heroku'" in out.stderr
+        out = cli("up", "--stack", "sprout", "--network", "open", "--dir", str(state))
+        assert out.returncode == 2 and "invalid choice: 'open'" in out.stderr
+        with pytest.raises(olio_deploy.DeployError, match="--network 'open': choose isolated or shared"):
+            olio_deploy.up(olio_deploy.Options(stack="sprout", state=str(state), port=free_port(), network="open"))
         assert not (state / "deploy.json").exists()
         # pytest's tmp_path sits below a 0700 directory: PostgreSQL could not reach its data.
         out = cli("up", "--stack", "conventional", "--dir", str(tmp_path / "state"), "--port", str(free_port()))

@@ -33,6 +33,9 @@ def parser():
     up.add_argument("--app-dir", help="the directory holding the olio package (default: the repository's apps/olio)")
     up.add_argument("--package-cache", default="/var/cache/sprout/packages",
                     help="the Sprout worker's install cache, shared by deployments (default %(default)s)")
+    up.add_argument("--network", choices=["isolated", "shared"], default="isolated",
+                    help="Sprout: the Olio lambda in a network of its own reaching only its services (default), "
+                    "or the host's network as SOCK's sandboxes had (to measure what isolation costs)")
     up.add_argument("--wait", type=float, default=900, help="seconds to wait for the site's first 200 (default 900)")
 
     for name, text in (("down", "stop everything of a deployment"), ("status", "report on a deployment as JSON "
@@ -50,6 +53,7 @@ def main(argv=None):
                 stack=args.stack, state=args.dir, cpus=args.cpus, port=args.port, bind=args.bind, cache=args.cache == "on",
                 users=args.users, concurrent=args.concurrent, seed=args.seed, allow_small=args.allow_small, files=args.files,
                 workers=args.workers, cache_mb=args.cache_mb, app_dir=args.app_dir, package_cache=args.package_cache,
+                network=args.network,
                 wait_s=args.wait)
             site = deploy.up(options)
             print(site.url)

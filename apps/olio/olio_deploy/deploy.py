@@ -39,6 +39,7 @@ class Options:
     max_body_mb: int = 16
     app_dir: str = None  # the directory holding the `olio` package; default apps/olio
     package_cache: str = "/var/cache/sprout/packages"
+    network: str = "isolated"  # Sprout: the lambda's own network (the default) or the host's ("shared")
     wait_s: float = 900.0
 
 
@@ -71,6 +72,7 @@ class Deployment:
         self.cache_mb, self.max_body_mb = record["cache_mb"], record["max_body_mb"]
         self.app_dir = Path(record["app_dir"])
         self.package_cache = Path(record["package_cache"])
+        self.network = record.get("network", "isolated")
         self.confinement = confine.Confinement.existing(record["confinement"], self.cpus)
         self.python_dir = REPO / "python"
         self.static_dir = self.app_dir / "olio" / "static"
@@ -117,6 +119,8 @@ def _record(options, state):
     app_dir = Path(options.app_dir or REPO / "apps" / "olio").resolve()
     if not (app_dir / "olio" / "__init__.py").exists():
         raise DeployError(f"--app-dir {app_dir}: no olio package there")
+    if options.network not in ("isolated", "shared"):
+        raise DeployError(f"--network {options.network!r}: choose isolated or shared")
     workers = options.workers or 2 * len(cpus) + 1
     if workers < 1:
         raise DeployError("--workers must be at least 1")
@@ -124,7 +128,7 @@ def _record(options, state):
         "stack": options.stack, "cpus": cpus, "port": options.port, "bind": options.bind, "cache": options.cache,
         "files": str(Path(options.files).resolve() if options.files else state.files), "workers": workers,
         "cache_mb": options.cache_mb, "max_body_mb": options.max_body_mb, "app_dir": str(app_dir),
-        "package_cache": options.package_cache, "confinement": confine.group_name(state.dir),
+        "package_cache": options.package_cache, "network": options.network, "confinement": confine.group_name(state.dir),
         "ports": {"postgres": procs.free_port(), "cache": procs.free_port(), "api": procs.free_port()},
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

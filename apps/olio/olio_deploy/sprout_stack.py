@@ -44,6 +44,15 @@ def cgroup_names(dep):
     return [f"sprout-{worker_name(dep)}", f"sprout-{worker_name(dep)}-runc"]
 
 
+# `up --network shared`: the host's network, as SOCK's sandboxes had; services at their real
+# addresses (sprout.store and sprout.cache find them by name in $SPROUT_SERVICE_*).
+SHARED_NETWORK = """
+# --network shared: no namespace; the sandboxes share the host's network.
+[network]
+isolate = false
+"""
+
+
 def worker_config(dep):
     t = json.dumps  # TOML basic strings read JSON's escapes
     v2_root = dep.confinement.worker_v2_root
@@ -98,7 +107,7 @@ pause = false
 cache_dir = {t(str(dep.package_cache))}
 
 # The Olio lambda has a network of its own: PostgreSQL (and the cache) are all it can reach,
-# by name (olio.toml says postgresql://...@{DB_SERVICE}/...).
+# by name (olio.toml says postgresql://...@{DB_SERVICE}/...).{SHARED_NETWORK if dep.network == "shared" else ""}
 [[network.allow]]
 name = {t(DB_SERVICE)}
 address = {t(f"127.0.0.1:{dep.ports['postgres']}")}
