@@ -66,7 +66,7 @@ def candidates(venv):
              ("conventional venv", str(venv / "bin" / "python"), interpreter.describe(str(venv / "bin" / "python")))]
     others = {shutil.which("python3") or "", "/usr/bin/python3", *glob.glob("/usr/local/bin/python3.11"),
               *glob.glob(os.path.expanduser("~/.pyenv/versions/3.11*/bin/python3.11"))}
-    seen = {(found[1][2]["executable"])}
+    seen = {found[1][2]["executable"]}
     for path in sorted(p for p in others if p and os.path.exists(p)):
         info = interpreter.describe(path)
         if info["executable"] in seen or not info["version"].startswith("3.11"):
@@ -188,7 +188,6 @@ def write(a, found, ms):
 
 def machine():
     try:
-        sys.path.insert(0, str(REPO / "bench"))
         model = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
         return f"{os.cpu_count()} cores ({model}), Linux {os.uname().release}"
     except OSError:

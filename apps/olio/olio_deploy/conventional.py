@@ -17,22 +17,8 @@ import time
 from pathlib import Path
 
 from . import interpreter
-from .procs import (
-    DeployError,
-    UnixHTTPConnection,
-    alive,
-    children,
-    daemon_pid,
-    demote_to,
-    group_id,
-    http_get,
-    read_pid,
-    run,
-    start_daemon,
-    stop,
-    tail,
-    wait_for_port,
-)
+from .procs import (DeployError, UnixHTTPConnection, alive, children, daemon_pid, demote_to, group_id, http_get,
+                    read_pid, run, start_daemon, stop, tail, wait_for_port)
 
 NGINX = "/usr/sbin/nginx"
 MEMCACHED = "/usr/bin/memcached"
@@ -193,7 +179,7 @@ def venv_requirements(dep):
 
 def venv_path(dep, root=VENV_ROOT):
     """VENV_ROOT/<hash of the interpreter build and the requirements>: one per set of pins."""
-    build = interpreter.describe(SYSTEM_PYTHON)["identity"]
+    build = interpreter.identity(interpreter.sha256_file(os.path.realpath(SYSTEM_PYTHON)), None)  # Debian's: static libpython
     key = hashlib.sha256((build + "\n" + venv_requirements(dep)).encode()).hexdigest()[:16]
     return root / key
 

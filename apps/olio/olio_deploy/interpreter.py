@@ -41,7 +41,7 @@ print(json.dumps({
 """
 
 
-def _sha256(path, cache={}):  # noqa: B006 (a per-process cache, on purpose)
+def sha256_file(path, cache={}):  # noqa: B006 (a per-process cache, keyed by the file's identity)
     st = os.stat(path)
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     if key not in cache:
@@ -89,8 +89,8 @@ def describe(python, root=None):
     info["root"] = str(root) if root else None
     if info["libpython"] == "?":
         info["libpython"] = _needed_libpython(outside(info["executable"]), info["libdir"])
-    info["sha256"] = _sha256(outside(info["executable"]))
-    info["libpython_sha256"] = _sha256(outside(info["libpython"])) if info["libpython"] else None
+    info["sha256"] = sha256_file(outside(info["executable"]))
+    info["libpython_sha256"] = sha256_file(outside(info["libpython"])) if info["libpython"] else None
     info["package"] = _package(info["executable"]) if not root else _base_package(root, info["executable"])
     info["identity"] = identity(info["sha256"], info["libpython_sha256"])
     return info
@@ -124,13 +124,13 @@ def of_processes(pids):
             exe = os.readlink(f"/proc/{pid}/exe")
             if not Path(exe.removesuffix(" (deleted)")).name.startswith("python"):
                 continue
-            exe_sha = _sha256(f"/proc/{pid}/exe")
+            exe_sha = sha256_file(f"/proc/{pid}/exe")
             lib_sha = None
             with open(f"/proc/{pid}/maps") as f:
                 for line in f:
                     fields = line.split(None, 5)
                     if len(fields) == 6 and "/libpython" in fields[5]:
-                        lib_sha = _sha256(f"/proc/{pid}/map_files/{fields[0]}")
+                        lib_sha = sha256_file(f"/proc/{pid}/map_files/{fields[0]}")
                         break
         except OSError:
             continue
