@@ -52,7 +52,9 @@ def main():
     if not common:
         raise SystemExit(f"no user count was run by both searches under {root}")
     md = ["CPU milliseconds per operation at equal load (every process of the deployment; "
-          "`python3 bench/cloudstone_breakdown.py`):", ""]
+          "`python3 bench/cloudstone_breakdown.py`). Each count is one run of each search, taken minutes or hours "
+          "apart: on this shared host an operation's CPU drifts by up to 15% between runs, so single levels "
+          "disagree; `python3 bench/cloudstone_equal_load.py` measures the difference in alternating rounds.", ""]
     result = {"levels": []}
     for users in common:
         level = {"users": users, "runs": {}}
