@@ -101,7 +101,8 @@ def summarize(a, profiles):
             provisioned = instances * hourly * res["seconds"] / 3600
             row = {
                 "profile": profile.stem, "stack": stack, "peak_users": peak, "seconds": round(res["seconds"], 1),
-                "cpu_seconds": round(res["cpu_seconds"], 1), "gb_seconds": None if res["gb_seconds"] is None else round(res["gb_seconds"], 1),
+                "cpu_seconds": round(res["cpu_seconds"], 1),
+                "gb_seconds": None if res["gb_seconds"] is None else round(res["gb_seconds"], 1),
                 "used_usd": cost["used_usd"], "sla1": r["sla1_passed"], "sla2": r["sla2_passed"], "ops_per_s": round(r["ops_per_s"], 2),
                 "errors": sum(o["errors"] for o in r["operations"].values()),
                 "conventional_peak_instances": instances, "provisioned_for_peak_usd": provisioned,
@@ -114,8 +115,10 @@ def summarize(a, profiles):
     (out / "profiles.json").write_text(json.dumps({"price": price, "conventional_users_per_instance_sla2": cap, "cpus": a.cpus,
                                                    "agent_cpus": a.agent_cpus, "runs": rows}, indent=2))
     lines = [f"Prices: `{price}` (per-second rates for what was used; per instance-hour for the provisioned stack). "
-             f"The conventional stack serves {cap} users per 1-CPU instance at SLA-2; deployment on CPU {a.cpus}, generator on CPU {a.agent_cpus}.", "",
-             "| profile | stack | peak users | CPU-s | GB-s | used, per-second billing | conventional for peak (instances) | SLA-1 | SLA-2 | ops/s |",
+             f"The conventional stack serves {cap} users per 1-CPU instance at SLA-2; "
+             f"deployment on CPU {a.cpus}, generator on CPU {a.agent_cpus}.", "",
+             "| profile | stack | peak users | CPU-s | GB-s | used, per-second billing | "
+             "conventional for peak (instances) | SLA-1 | SLA-2 | ops/s |",
              "|---|---|---:|---:|---:|---:|---:|:-:|:-:|---:|"]
     for w in rows:
         used = "n/a" if w["used_usd"] is None else f"${w['used_usd']:.5f}"
@@ -144,7 +147,8 @@ def where_the_time_goes(runs):
         if not by or not ops:
             continue
         if not lines:
-            lines = ["", "Where the deployment's CPU time went, in CPU milliseconds per operation (steady-state operations; every process of the deployment):", "",
+            lines = ["", "Where the deployment's CPU time went, in CPU milliseconds per operation "
+                         "(steady-state operations; every process of the deployment):", "",
                      "| profile | stack | process | CPU-ms per operation | share |", "|---|---|---|---:|---:|"]
         total = sum(by.values())
         for kind, sec in sorted(by.items(), key=lambda kv: -kv[1]):
@@ -173,7 +177,8 @@ def plot(runs, path):
             axes[0][col].step(t, u, where="post", color=color, label=stack)
             cpus = r["sut_cpus"]
             ts = [s["t"] for s in r["utilization"]]
-            axes[1][col].plot(ts, [100 * sum(s["cpu_busy"][c] for c in cpus) / len(cpus) for s in r["utilization"]], color=color, linewidth=0.8, label=stack)
+            busy = [100 * sum(s["cpu_busy"][c] for c in cpus) / len(cpus) for s in r["utilization"]]
+            axes[1][col].plot(ts, busy, color=color, linewidth=0.8, label=stack)
             axes[2][col].plot(ts, [(s.get("sut_pss_bytes") or 0) / 2**20 for s in r["utilization"]], color=color, label=stack)
         axes[0][col].set_title(f"{name}")
         axes[0][col].set_ylabel("active users")

@@ -64,7 +64,8 @@ def plot_load(run, path):
     ax.plot(t, [s["ops_per_s"] for s in run["series"]], color="#264653", label="operations/s")
     errors = [s["errors"] for s in run["series"]]
     if any(errors):
-        ax.bar(t, errors, width=(t[1] - t[0]) * 0.8 if len(t) > 1 else 1, color="#e76f51", alpha=0.6, label="errors per interval", align="edge")
+        ax.bar(t, errors, width=(t[1] - t[0]) * 0.8 if len(t) > 1 else 1, color="#e76f51", alpha=0.6,
+               label="errors per interval", align="edge")
     ax.set_xlabel("seconds into the run")
     ax.set_ylabel("operations/s")
     shade_steady(ax, run)
@@ -102,7 +103,8 @@ def plot_utilization(run, path):
     axes[1].set_ylabel("GiB")
     axes[1].legend(fontsize=8)
     axes[2].plot(t, [s["net_rx_bytes_per_s"] / 2**20 for s in u], label="network in (netstat)", color="#2a9d8f")
-    axes[2].plot(t, [(s["disk_read_bytes_per_s"] + s["disk_write_bytes_per_s"]) / 2**20 for s in u], label="disk read+write (iostat)", color="#f4a261")
+    axes[2].plot(t, [(s["disk_read_bytes_per_s"] + s["disk_write_bytes_per_s"]) / 2**20 for s in u],
+                 label="disk read+write (iostat)", color="#f4a261")
     axes[2].set_title("I/O")
     axes[2].set_ylabel("MiB/s")
     axes[2].legend(fontsize=8)
@@ -136,7 +138,8 @@ def render(run, out_dir):
     )
     checks = table(
         ["check", "verdict", "detail"],
-        [[html.escape(c["name"]), "<b class=ok>PASS</b>" if c["passed"] else "<b class=bad>FAIL</b>", html.escape(c["detail"])] for c in run["checks"]],
+        [[html.escape(c["name"]), "<b class=ok>PASS</b>" if c["passed"] else "<b class=bad>FAIL</b>", html.escape(c["detail"])]
+         for c in run["checks"]],
     )
     errors = {k: v for o in run["operations"].values() for k, v in o["errors_by_kind"].items()}
     spec = run["spec"]
@@ -144,8 +147,10 @@ def render(run, out_dir):
         ["setting", "value"],
         [
             ["stack", html.escape(run["stack"])], ["site", html.escape(run["url"])], ["concurrent users (peak)", run["peak_users"]],
-            ["user accounts", f"{run['registered_users']:,} (U = {run['u']:.2f})"], ["ramp-up / steady / ramp-down s", f"{spec['ramp_up_s']:.0f} / {spec['steady_s']:.0f} / {spec['ramp_down_s']:.0f}"],
-            ["SLA window s", f"{spec['window_s']:.0f}"], ["agents", spec["agents"]], ["load profile", html.escape(str(spec.get("profile") or "constant"))],
+            ["user accounts", f"{run['registered_users']:,} (U = {run['u']:.2f})"],
+            ["ramp-up / steady / ramp-down s", f"{spec['ramp_up_s']:.0f} / {spec['steady_s']:.0f} / {spec['ramp_down_s']:.0f}"],
+            ["SLA window s", f"{spec['window_s']:.0f}"], ["agents", spec["agents"]],
+            ["load profile", html.escape(str(spec.get("profile") or "constant"))],
             ["operations/s (steady)", f"{run['ops_per_s']:.2f}"], ["mean cycle time", f"{run['mean_cycle_ms']:.0f} ms"],
             ["counters", html.escape(json.dumps(run["counters"]))], ["errors by kind", html.escape(json.dumps(errors)) or "none"],
             ["system under test CPUs", run["sut_cpus"]], ["machine", html.escape(run["machine"])],
@@ -160,7 +165,8 @@ def render(run, out_dir):
                 ["memory GB-seconds (deployment PSS)", "not known" if gb is None else f"{gb:.1f}"]]
         for name, c in res.get("costs", {}).items():
             used = "n/a" if c["used_usd"] is None else f"${c['used_usd']:.6f}"
-            rows.append([f"{html.escape(name)}: billed per second for what was used / {res['instances']:g} instance(s) always on", f"{used} / ${c['provisioned_usd']:.6f}"])
+            rows.append([f"{html.escape(name)}: billed per second for what was used / {res['instances']:g} instance(s) always on",
+                         f"{used} / ${c['provisioned_usd']:.6f}"])
         resources = "<h2>Resources used and their cost</h2>" + table(["", "value"], rows)
         by_process = res.get("cpu_seconds_by_process") or {}
         if by_process:
@@ -169,9 +175,11 @@ def render(run, out_dir):
             resources += "<h3>Where the deployment's CPU time went (its processes, by kind)</h3>" + table(
                 ["process", "CPU-seconds", "share"], [[html.escape(k), f"{v:.1f}", f"{100 * v / total:.1f}%"] for k, v in ranked])
     verdict = lambda ok: "<b class=ok>PASS</b>" if ok else "<b class=bad>FAIL</b>"  # noqa: E731
-    page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>Cloudstone run: {html.escape(run['stack'])}, {run['peak_users']} users</title>
+    page = f"""<!DOCTYPE html><html><head><meta charset="utf-8">\
+<title>Cloudstone run: {html.escape(run['stack'])}, {run['peak_users']} users</title>
 <style>body{{font-family:sans-serif;max-width:1400px;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child,th:first-child{{text-align:left}}.ok{{color:#2a9d8f}}.bad{{color:#e76f51}}img{{max-width:100%}}</style></head>
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child,th:first-child{{text-align:left}}\
+.ok{{color:#2a9d8f}}.bad{{color:#e76f51}}img{{max-width:100%}}</style></head>
 <body><h1>Cloudstone run: {html.escape(run['workload'])} on {html.escape(run['stack'])}, {run['peak_users']} users</h1>
 <p>SLA-1 (90th percentile): {verdict(run['sla1_passed'])} &nbsp; SLA-2 (99th percentile): {verdict(run['sla2_passed'])}</p>
 <h2>Operations (steady state)</h2>{ops}<h2>Checks</h2>{checks}

@@ -17,6 +17,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
 from cloudstone_report import interpreter_text  # noqa: E402
 
 COLORS = {"sprout": "#2a9d8f", "conventional": "#e76f51"}
@@ -77,9 +78,15 @@ def cost_rows(s):
     rows = []
     for price in s["prices"]:
         by = s["usd_per_user_month"][price["name"]]
-        for sla, users in (("sla1", s["sla1_users"]), ("sla2", s["sla2_users"])):
-            rows.append([html.escape(price["name"]), sla.upper().replace("SLA", "SLA-"), users_text(s, sla)] + [money(by[sla][m]) for m in ("1", "12", "36")])
+        for sla in ("sla1", "sla2"):
+            rows.append([html.escape(price["name"]), sla.upper().replace("SLA", "SLA-"), users_text(s, sla)]
+                        + [money(by[sla][m]) for m in ("1", "12", "36")])
     return rows
+
+
+def report_link(report, out):
+    """A run's report path, relative to the search's directory when it lies inside it."""
+    return str(Path(report).relative_to(out)) if Path(report).is_relative_to(out) else report
 
 
 def render_search(path):
@@ -88,18 +95,23 @@ def render_search(path):
     plot_trace([s], out / "search_trace.png")
     trace = table(
         ["users", "accounts", "SLA-1", "SLA-2", "ops/s", "first failed check", "report"],
-        [[st["users"], f"{st['registered_users']:,}", verdict(st["sla1"]), verdict(st["sla2"]), f"{st['ops_per_s']:.1f}", html.escape(st["reason"]),
-          f"<a href=\"{html.escape(str(Path(st['report']).relative_to(out)) if Path(st['report']).is_relative_to(out) else st['report'])}\">run</a>"] for st in s["trace"]],
+        [[st["users"], f"{st['registered_users']:,}", verdict(st["sla1"]), verdict(st["sla2"]), f"{st['ops_per_s']:.1f}",
+          html.escape(st["reason"]), f"<a href=\"{html.escape(report_link(st['report'], out))}\">run</a>"] for st in s["trace"]],
     )
     prices = "".join(f"<li><b>{html.escape(p['name'])}</b>: {html.escape(p['description'])}</li>" for p in s["prices"])
-    page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>Cloudstone search: {html.escape(s['stack'])}</title>{STYLE}</head><body>
+    bound_note = " (≥: no run above it failed; the search stopped at its --max)" if lower_bound(s, "sla1") or lower_bound(s, "sla2") else ""
+    cost_table = table(["price", "SLA", "users", "1 month", "12 months", "36 months"], cost_rows(s))
+    page = f"""<!DOCTYPE html><html><head><meta charset="utf-8">\
+<title>Cloudstone search: {html.escape(s['stack'])}</title>{STYLE}</head><body>
 <h1>Cloudstone search: Olio on {html.escape(s['stack'])}</h1>
-<p>Most concurrent users within the SLA: <b>{users_text(s, 'sla1')}</b> at SLA-1 (90th percentile), <b>{users_text(s, 'sla2')}</b> at SLA-2 (99th percentile){' (≥: no run above it failed; the search stopped at its --max)' if lower_bound(s, 'sla1') or lower_bound(s, 'sla2') else ''};
-{s['run_seconds']:.0f} s steady state per run; deployment confined to CPUs {html.escape(s['cpus'])}, counted as {s['instances']:g} instance(s);
+<p>Most concurrent users within the SLA: <b>{users_text(s, 'sla1')}</b> at SLA-1 (90th percentile), \
+<b>{users_text(s, 'sla2')}</b> at SLA-2 (99th percentile){bound_note};
+{s['run_seconds']:.0f} s steady state per run; \
+deployment confined to CPUs {html.escape(s['cpus'])}, counted as {s['instances']:g} instance(s);
 {html.escape(s['machine'])}. Extra deployment flags: {html.escape(' '.join(s['up_args']) or 'none')}.
 Each end of each final bracket ran {s.get('repeats', 1)} time(s); a maximum is taken when they agree, else shown with its spread.</p>
 <p>Interpreter: {html.escape(interpreter_text(s.get('interpreter')))}</p>
-<h2>Dollars per user per month (Cloudstone Table 1)</h2>{table(['price', 'SLA', 'users', '1 month', '12 months', '36 months'], cost_rows(s))}<ul>{prices}</ul>
+<h2>Dollars per user per month (Cloudstone Table 1)</h2>{cost_table}<ul>{prices}</ul>
 <h2>The search</h2><img src="search_trace.png">{trace}</body></html>"""
     (out / "search.html").write_text(page)
     print(f"wrote {out / 'search.html'}")
@@ -119,14 +131,16 @@ def compare(out_dir, paths, json_out):
     for s in searches:
         c = s["usd_per_user_month"][default]
         rows.append([html.escape(s["stack"]), users_text(s, "sla1"), users_text(s, "sla2"), money(c["sla1"]["1"]), money(c["sla2"]["1"])])
-        md.append(f"| {s['stack']} | {users_text(s, 'sla1')} | {users_text(s, 'sla2')} | {money(c['sla1']['1'])} | {money(c['sla2']['1'])} |")
+        md.append(f"| {s['stack']} | {users_text(s, 'sla1')} | {users_text(s, 'sla2')} | "
+                  f"{money(c['sla1']['1'])} | {money(c['sla2']['1'])} |")
     interpreters = [f"{s['stack']}'s interpreter: {interpreter_text(s.get('interpreter'))}" for s in searches]
     if len(searches) == 2:
         a, b = searches
         for sla in ("sla1", "sla2"):
             ratio = a[f"{sla}_users"] / b[f"{sla}_users"] if b[f"{sla}_users"] else float("inf")
             qualifier = RATIO_QUALIFIER[lower_bound(a, sla), lower_bound(b, sla)]
-            md.append(f"\n{a['stack']} ÷ {b['stack']}, users per dollar at {sla.upper().replace('SLA', 'SLA-')}: **{qualifier}{ratio:.2f}×**")
+            md.append(f"\n{a['stack']} ÷ {b['stack']}, users per dollar at {sla.upper().replace('SLA', 'SLA-')}: "
+                      f"**{qualifier}{ratio:.2f}×**")
     terms = ["", "| price | stack | SLA | users | $/user/month over 1 month | over 12 | over 36 |", "|---|---|---|---:|---:|---:|---:|"]
     for price in searches[0]["prices"]:
         for s in searches:
@@ -135,12 +149,13 @@ def compare(out_dir, paths, json_out):
                 c = by.get(sla, {})
                 terms.append(f"| {price['name']} | {s['stack']} | {sla.upper().replace('SLA', 'SLA-')} | {users_text(s, sla)} | "
                              + " | ".join(money(c.get(m)) for m in ("1", "12", "36")) + " |")
+    term_rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in terms[3:]]
     page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>Cloudstone comparison</title>{STYLE}</head><body>
 <h1>Cloudstone: {' against '.join(html.escape(s['stack']) for s in searches)}</h1>
 {table(['stack', 'SLA-1 users', 'SLA-2 users', f'$/user/month SLA-1 ({default})', f'$/user/month SLA-2 ({default})'], rows)}
-<p>{'<br>'.join(html.escape(l.strip()) for l in md[2 + len(searches):])}</p>
+<p>{'<br>'.join(html.escape(line.strip()) for line in md[2 + len(searches):])}</p>
 <p>{'<br>'.join(html.escape(i) for i in interpreters)}</p>
-{table(['price', 'stack', 'SLA', 'users', '$/user/month, 1 month', '12 months', '36 months'], [[c.strip() for c in l.strip('|').split('|')] for l in terms[3:]])}
+{table(['price', 'stack', 'SLA', 'users', '$/user/month, 1 month', '12 months', '36 months'], term_rows)}
 <img src="compare_trace.png"></body></html>"""
     md += terms + [""] + [f"- {i}" for i in interpreters]
     (out_dir / "compare.html").write_text(page)

@@ -39,13 +39,15 @@ def main(src, dst):
         top.set_ylabel("thousand ops/s")
         bottom.set_ylabel("p99 latency (µs, memaslap's log2 buckets)")
         bottom.set_yscale("log")
-        top.set_title(f"throughput by {xlabel}" + (" (EbbRT fig. 4)" if col == 0 else f" at {r['method']['value_sweep_connections']} conns (fig. 6)"))
+        top.set_title(f"throughput by {xlabel}"
+                      + (" (EbbRT fig. 4)" if col == 0 else f" at {r['method']['value_sweep_connections']} conns (fig. 6)"))
         top.legend(fontsize=8)
     ratio = axes[0][2]
     for budget, c in sorted(r["cores"].items()):
         for sweep, marker in (("connections", "o"), ("value_bytes", "s")):
             keys = sorted(c[sweep], key=int)
-            ratio.plot(range(len(keys)), [c[sweep][k]["sprout_over_memcached"] for k in keys], marker + DASH.get(budget, "-"), label=f"{budget} core(s), by {sweep.replace('_', ' ')}")
+            ratio.plot(range(len(keys)), [c[sweep][k]["sprout_over_memcached"] for k in keys], marker + DASH.get(budget, "-"),
+                       label=f"{budget} core(s), by {sweep.replace('_', ' ')}")
     ratio.axhline(1.0, color="grey", lw=0.8)
     ratio.axhline(1.3, color="#264653", lw=0.8, ls=":")
     ratio.set_xlabel("point (left to right: the sweep's order)")
@@ -53,7 +55,8 @@ def main(src, dst):
     ratio.set_title("throughput ratio (1.3× target dotted)")
     ratio.legend(fontsize=8)
     axes[1][2].axis("off")
-    axes[1][2].text(0, 0.9, "\n".join([r["machine"], r["generator"], r["method"]["pinning"], r["memcached_version"]]), fontsize=8, va="top", wrap=True)
+    axes[1][2].text(0, 0.9, "\n".join([r["machine"], r["generator"], r["method"]["pinning"], r["memcached_version"]]),
+                    fontsize=8, va="top", wrap=True)
     fig.suptitle("Sprout cache against memcached under memaslap", fontsize=11)
     fig.tight_layout()
     fig.savefig(dst, dpi=110)

@@ -33,7 +33,8 @@ def main(src, dst):
     left.set_title("insert / update / delete, checked each iteration (Mirage fig. 3)")
     left.legend(fontsize=8)
     labels = {"sprout_over_sqlalchemy": "× SQLAlchemy ORM", "sprout_over_peewee": "× Peewee",
-              "sprout_over_sqlite3_default": "× stock sqlite3 (defaults)", "sqlite3_tuned_over_sprout": "hand-written sqlite3 (same settings) ÷ sprout"}
+              "sprout_over_sqlite3_default": "× stock sqlite3 (defaults)",
+              "sqlite3_tuned_over_sprout": "hand-written sqlite3 (same settings) ÷ sprout"}
     for key, label in labels.items():
         values = r["ratios"].get(key, {})
         sizes = sorted(int(s) for s, v in values.items() if v)

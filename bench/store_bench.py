@@ -263,9 +263,9 @@ def measure(system, size, args, work_dir, pg, repeat):
 
 
 def versions():
-    import sqlalchemy
     import peewee
     import psycopg
+    import sqlalchemy
 
     return {"python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version, "sqlalchemy": sqlalchemy.__version__,
             "peewee": peewee.__version__, "psycopg": psycopg.__version__}
@@ -289,14 +289,16 @@ def summarize(args, results, sizes, pinned):
     big = [ratios["sprout_over_sqlite3_default"][str(s)] for s in sizes if s >= 4096]
     targets = [
         target(">= 2x SQLAlchemy ORM at every size", list(ratios["sprout_over_sqlalchemy"].values()), lambda v: v >= 2),
-        target("within 1.3x of hand-written sqlite3 on the same settings, every size", list(ratios["sqlite3_tuned_over_sprout"].values()), lambda v: v <= 1.3),
+        target("within 1.3x of hand-written sqlite3 on the same settings, every size",
+               list(ratios["sqlite3_tuned_over_sprout"].values()), lambda v: v <= 1.3),
         target("faster than stock default-settings sqlite3 at 4 KiB and above", big, lambda v: v > 1),
     ]
     import platform
     out = {
         "machine": f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), Linux {platform.release()}",
         "method": {
-            "workload": f"{args.iterations} iterations per size: insert, update a random live record, delete the oldest of {LIVE} live; then read back and compare every live record; each write its own transaction",
+            "workload": f"{args.iterations} iterations per size: insert, update a random live record, delete the oldest of {LIVE} live; "
+                        "then read back and compare every live record; each write its own transaction",
             "metric": f"writes per second, checks included; the median of {args.repeats} interleaved runs",
             "pinning": f"benchmark process on CPU {args.client_cpu}, PostgreSQL server on CPU {args.server_cpu}" if pinned else "none",
             "storage": "/var/tmp (a disk-backed file system)",

@@ -24,8 +24,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     fi
 fi
 
-echo "==> python packages (pytest, matplotlib; psycopg for sprout.store on PostgreSQL; the store benchmark's peers; memcached clients for sprout.cache and its tests; Olio's pinned requirements, gunicorn and the test clients)"
-python3 -m pip install -q --disable-pip-version-check "pytest>=7" "matplotlib>=3.6" "psycopg[binary]>=3.1" "sqlalchemy>=2,<3" "peewee>=3.17" "pymemcache>=4" "python-binary-memcached>=0.31" "flask>=3.1" "pillow>=10.1" "gunicorn>=25.1" "requests>=2.31" "pypdf>=4" "selenium>=4.15"
+echo "==> python packages (pytest, matplotlib; psycopg for sprout.store on PostgreSQL; the store benchmark's peers; memcached clients for sprout.cache and its tests; Olio's pinned requirements, gunicorn and the test clients; ruff, pinned, for the lint)"
+python3 -m pip install -q --disable-pip-version-check "pytest>=7" "matplotlib>=3.6" "psycopg[binary]>=3.1" "sqlalchemy>=2,<3" "peewee>=3.17" "pymemcache>=4" "python-binary-memcached>=0.31" "flask>=3.1" "pillow>=10.1" "gunicorn>=25.1" "requests>=2.31" "pypdf>=4" "selenium>=4.15" "ruff==0.17.6"
 # The tests import Olio in this interpreter (the conventional deployment makes its own virtual
 # environment on Debian's python3, olio_deploy/conventional.py): the same pins as its lambda.
 python3 -m pip install -q --disable-pip-version-check -r apps/olio/requirements.txt

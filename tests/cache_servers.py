@@ -1,8 +1,8 @@
 """Test helpers for the cache: start and stop real cache servers — Debian's stock memcached and
 the Sprout cache (`sprout cache serve`) — each on a free port, and talk raw bytes to them.
 
-Test modules take the fixtures with ``from cache_servers import ...`` (tests/ is on sys.path,
-as for conftest's ``wheels``). ``SPROUT_CACHE_IMPL=memcached`` makes the "sprout" servers stock
+Its fixtures reach every test module through conftest's ``pytest_plugins``; its helpers are
+imported (tests/ is on sys.path, as for conftest's ``wheels``). ``SPROUT_CACHE_IMPL=memcached`` makes the "sprout" servers stock
 memcached too: the suite then checks itself against memcached's real behaviour, and tests
 marked ``sprout_only`` (things only the Sprout cache promises) are skipped.
 """
@@ -124,10 +124,10 @@ class CacheServer:
             self.process.send_signal(sig)
             try:
                 self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired as e:
                 self.process.kill()
                 self.process.wait()
-                raise AssertionError(f"{self.impl} on port {self.port} ignored signal {sig}")
+                raise AssertionError(f"{self.impl} on port {self.port} ignored signal {sig}") from e
         self.log = self.read_log()
         RUNNING.discard(self.process)
         code, self.process = self.process.returncode, None
@@ -180,7 +180,7 @@ def exchange(address, data, sentinel=True, quiet=0.3, sock=None, until=None):
                 return out[: out.rindex(b"VERSION ")]
             try:
                 chunk = s.recv(1 << 20)
-            except socket.timeout:
+            except TimeoutError:
                 return out
             except ConnectionResetError:
                 return out + b"<closed>"

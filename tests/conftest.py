@@ -12,7 +12,6 @@ import ipaddress
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -25,18 +24,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
 import sprout  # noqa: E402
+from sprout.net import free_port  # noqa: E402,F401  (imported by the tests from here)
 from toml_sections import to_toml  # noqa: E402,F401  (worker settings, inline tables included)
 from wheels import make_wheel, module  # noqa: E402
+
+# The fixtures of the cache servers and of Olio's sites, for every test module.
+pytest_plugins = ["cache_servers", "olio_fixtures"]
 
 SPROUT = Path(os.environ.get("SPROUT_BIN", ROOT / "target" / "release" / "sprout"))
 EXAMPLES = ROOT / "examples" / "lambdas"
 LAMBDAS = Path(__file__).resolve().parent / "lambdas"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def mounts_under(path):

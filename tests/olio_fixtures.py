@@ -2,8 +2,8 @@
 SQLite or a real PostgreSQL, with or without a real cache server) and a browser-like client.
 
 `olio_site` is parametrized over STACKS; a deployment is added by naming it there and
-teaching `start_site` to start it. Test modules take the fixtures with
-``from olio_fixtures import ...`` (tests/ is on sys.path).
+teaching `start_site` to start it. The fixtures reach every test module through conftest's
+``pytest_plugins``; the helpers are imported (``from olio_fixtures import ...``).
 """
 
 import io

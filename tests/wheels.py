@@ -21,7 +21,7 @@ def make_wheel(directory, name, version, files, requires=(), top_level=None):
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
     contents = {path: (data.encode() if isinstance(data, str) else data) for path, data in files.items()}
-    metadata = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     metadata += [f"Requires-Dist: {r}" for r in requires]
     contents[f"{info}/METADATA"] = ("\n".join(metadata) + "\n").encode()
     contents[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: sprout-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"

@@ -30,11 +30,12 @@ the item size limit) raises. Any keyword argument of ``HashClient`` overrides th
 
 import os
 
-from sprout.platform import services as _services
 from pymemcache.client.base import normalize_server_spec
 from pymemcache.client.hash import HashClient
 from pymemcache.client.rendezvous import RendezvousHash
 from pymemcache.serde import pickle_serde
+
+from sprout.platform import services as _services
 
 __all__ = ["client", "parse_servers", "servers_from_env", "DEFAULT_SERVERS", "DEFAULTS"]
 

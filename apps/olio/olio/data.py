@@ -18,7 +18,7 @@ import dataclasses
 import os
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import sprout.store as store
@@ -87,7 +87,7 @@ def _open(url, attempts=5):
 
 
 def now():
-    return datetime.now(timezone.utc).replace(tzinfo=None)
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def row(obj, table=None):

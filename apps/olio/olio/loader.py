@@ -28,7 +28,7 @@ import math
 import os
 import sys
 import time
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import sprout.store as store
 
@@ -222,7 +222,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python3 -m olio.loader", description=__doc__.split("\n")[0])
     scale = parser.add_mutually_exclusive_group(required=True)
     scale.add_argument("--users", type=int, metavar="N", help="registered users (Cloudstone: at least 1,000)")
-    scale.add_argument("--concurrent", type=int, metavar="C", help=f"concurrent users; loads 100 x C users (Olio: C >= {OLIO_MIN_CONCURRENT})")
+    scale.add_argument("--concurrent", type=int, metavar="C",
+                       help=f"concurrent users; loads 100 x C users (Olio: C >= {OLIO_MIN_CONCURRENT})")
     parser.add_argument("--seed", type=int, default=1, metavar="S", help="the random seed (default 1)")
     parser.add_argument("--db", default=defaults.db, metavar="URL", help=f"sprout.store URL (default: Olio's config, {defaults.db})")
     parser.add_argument("--files", default=defaults.files, metavar="DIR", help=f"the file store (default: Olio's config, {defaults.files})")
@@ -248,7 +249,7 @@ def main(argv=None):
         users = 100 * args.concurrent
     else:
         users = args.users
-    today = args.today or datetime.now(timezone.utc).date()  # the app's clock is UTC
+    today = args.today or datetime.now(UTC).date()  # the app's clock is UTC
     try:
         check_scale(users, args.allow_small)
         summary = load(args.db, args.files, users, args.seed, today, args.recreate,

@@ -12,7 +12,6 @@ counts the tag's events for the tag cloud (Olio kept the same counter).
 
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Optional
 
 import sprout.store as store
 
@@ -58,10 +57,10 @@ class User:
     telephone: str = ""
     summary: str = ""
     timezone: str = "UTC"
-    created_at: Optional[datetime] = None
-    updated_at: Optional[datetime] = None
-    address: Optional[Address] = None
-    image: Optional[Image] = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    address: Address | None = None
+    image: Image | None = None
 
 
 @dataclass
@@ -71,13 +70,13 @@ class Event:
     description: str
     telephone: str
     user_id: int = store.field(index=True)  # the creator
-    address: Optional[Address] = None
+    address: Address | None = None
     zip: str = store.field(index=True, default="")  # = address.zip
-    image: Optional[Image] = None
-    document: Optional[Document] = None
-    event_timestamp: Optional[datetime] = store.field(index=True, default=None)
-    event_date: Optional[date] = store.field(index=True, default=None)
-    created_at: Optional[datetime] = store.field(index=True, default=None)
+    image: Image | None = None
+    document: Document | None = None
+    event_timestamp: datetime | None = store.field(index=True, default=None)
+    event_date: date | None = store.field(index=True, default=None)
+    created_at: datetime | None = store.field(index=True, default=None)
     total_score: int = 0
     num_votes: int = 0
     disabled: bool = False
@@ -89,8 +88,8 @@ class Comment:
     event_id: int = store.field(index=True)
     rating: int = 3
     comment: str = ""
-    created_at: Optional[datetime] = None
-    updated_at: Optional[datetime] = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
 
 
 @dataclass

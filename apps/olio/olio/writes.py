@@ -8,7 +8,7 @@ else's comment) raises `Refused` with a message for the user, and nothing is wri
 
 import sqlite3
 
-from .data import NotFound, table, db, invite_between, now, user_exists
+from .data import NotFound, db, invite_between, now, table, user_exists
 from .models import Attendance, Comment, Event, Invite, Tag, Tagging, User
 
 try:

@@ -17,8 +17,22 @@ import time
 from pathlib import Path
 
 from . import interpreter
-from .procs import (DeployError, UnixHTTPConnection, alive, children, daemon_pid, demote_to, group_id, http_get,
-                    read_pid, run, start_daemon, stop, tail, wait_for_port)
+from .procs import (
+    DeployError,
+    UnixHTTPConnection,
+    alive,
+    children,
+    daemon_pid,
+    demote_to,
+    group_id,
+    http_get,
+    read_pid,
+    run,
+    start_daemon,
+    stop,
+    tail,
+    wait_for_port,
+)
 
 NGINX = "/usr/sbin/nginx"
 MEMCACHED = "/usr/bin/memcached"

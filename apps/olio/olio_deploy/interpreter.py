@@ -32,7 +32,8 @@ print(json.dumps({
     "implementation": platform.python_implementation(),
     "build": " ".join(platform.python_build()),
     "compiler": platform.python_compiler(),
-    "config_args": [a.strip("'") for a in args.split() if a.strip("'").startswith(("--enable", "--with-lto", "--with-pgo", "--with-computed"))],
+    "config_args": [a.strip("'") for a in args.split()
+                    if a.strip("'").startswith(("--enable", "--with-lto", "--with-pgo", "--with-computed"))],
     "opt": v("OPT"),
     "libpython": lib,
     "libdir": v("LIBDIR"),

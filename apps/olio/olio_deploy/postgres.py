@@ -8,7 +8,7 @@ import pwd
 from pathlib import Path
 from urllib.parse import quote
 
-from sprout.store.pgserver import _bin
+from sprout.store.pgserver import server_binary
 
 from .procs import DeployError, alive, demote_to, descendants, read_pid, run, tail
 
@@ -119,7 +119,7 @@ class Postgres:
         if (self.data / "PG_VERSION").exists():
             return False
         self.log(f"creating the PostgreSQL cluster in {self.data}")
-        self._as_postgres([_bin("initdb"), "-D", str(self.data), "-U", USER, "-E", "UTF8", "--locale=C", "--auth=trust"],
+        self._as_postgres([server_binary("initdb"), "-D", str(self.data), "-U", USER, "-E", "UTF8", "--locale=C", "--auth=trust"],
                           "initdb")
         return True
 
@@ -142,7 +142,7 @@ class Postgres:
 
     def start(self, confinement):
         try:
-            run([_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.start_log), "-w", "-t", "120", "start"],
+            run([server_binary("pg_ctl"), "-D", str(self.data), "-l", str(self.start_log), "-w", "-t", "120", "start"],
                 "starting PostgreSQL", preexec=self._as_postgres_confined(confinement), cwd=self.dir, timeout=150)
         except DeployError as e:
             logs = sorted(self.log_dir.glob("postgresql-*.log"), key=lambda p: p.stat().st_mtime)
@@ -160,7 +160,7 @@ class Postgres:
     def stop(self):
         if self.pid() is None:
             return False
-        run([_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop"], "stopping PostgreSQL",
+        run([server_binary("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop"], "stopping PostgreSQL",
             preexec=demote_to(USER) if os.geteuid() == 0 else None, cwd=self.dir, timeout=90)
         return True
 

@@ -10,25 +10,11 @@ import subprocess
 import time
 from pathlib import Path
 
+from sprout.net import free_port, port_is_free  # noqa: F401 (the deployment's ports)
+
 
 class DeployError(RuntimeError):
     """Something the operator must fix; the message says what (no traceback is shown)."""
-
-
-def free_port(host="127.0.0.1"):
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_is_free(host, port):
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 # ---------------------------------------------------------------- users

@@ -13,8 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from . import interpreter
-from .procs import DeployError, alive, daemon_pid, descendants, http_get, read_pid, run, start_daemon, stop, tail, \
-    wait_for_port
+from .procs import DeployError, alive, daemon_pid, descendants, http_get, read_pid, run, start_daemon, stop, tail, wait_for_port
 
 LAMBDA = "olio"
 DB_SERVICE = "olio-db"  # the worker's names of PostgreSQL and the cache, inside the sandbox

@@ -90,6 +90,7 @@ const NAMESPACE_SETS: [(&str, libc::c_int); 9] = [
 /// Run every measurement, write primitives.{json,md,png} under `opts.out_dir` and return the
 /// JSON.
 pub fn run(opts: &Options) -> Result<Value> {
+    // SAFETY: geteuid takes no arguments and always succeeds.
     if unsafe { libc::geteuid() } != 0 {
         bail!("the primitives benchmark mounts, unshares and makes cgroups: run it as root");
     }
@@ -318,10 +319,14 @@ impl Child {
     /// Fork a child that runs `body` (raw system calls only: no allocation, no locks) and
     /// exits with its return value.
     fn spawn(body: impl FnOnce() -> libc::c_int) -> io::Result<Child> {
+        // SAFETY: the child runs only `body`, which callers keep to raw system calls on data made before
+        // the fork (no allocation, locks or panics), then _exit; the parent only keeps the pid.
         match unsafe { libc::fork() } {
             -1 => Err(errno()),
             0 => {
                 let code = body();
+                // SAFETY: _exit takes an integer and never returns; it ends the forked child without running
+                // the destructors or atexit handlers copied from the parent.
                 unsafe { libc::_exit(code) }
             }
             pid => Ok(Child { pid, reaped: false }),
@@ -331,6 +336,7 @@ impl Child {
     fn reap(&mut self) -> io::Result<libc::c_int> {
         let mut status = 0;
         loop {
+            // SAFETY: `status` is a live c_int that waitpid may write.
             let r = unsafe { libc::waitpid(self.pid, &mut status, 0) };
             if r == self.pid {
                 self.reaped = true;
@@ -365,6 +371,8 @@ impl Child {
 impl Drop for Child {
     fn drop(&mut self) {
         if !self.reaped {
+            // SAFETY: kill takes two integers and touches no memory of ours; `self.pid` is our child,
+            // which we have not reaped.
             unsafe { libc::kill(self.pid, libc::SIGKILL) };
             let _ = self.reap();
         }
@@ -373,6 +381,8 @@ impl Drop for Child {
 
 /// The current errno as an exit code (never 0).
 fn errno_code() -> libc::c_int {
+    // SAFETY: __errno_location returns a valid, aligned pointer to this thread's errno, which
+    // lives as long as the thread.
     match unsafe { *libc::__errno_location() } {
         0 => 255,
         e => e.min(254),
@@ -384,6 +394,7 @@ fn unshare_body(flags: libc::c_int) -> libc::c_int {
     if flags == 0 {
         return 0;
     }
+    // SAFETY: unshare takes an integer flag set and touches no memory of ours.
     if unsafe { libc::syscall(libc::SYS_unshare, flags as libc::c_long) } == 0 {
         0
     } else {
@@ -492,10 +503,13 @@ impl MountTree {
 
     fn bind_cycle(&self, t: usize) -> Result<()> {
         let target = &self.bind_targets[t];
+        // SAFETY: `self.lower` and `target` are NUL-terminated CStrings owned by `self`, alive for the
+        // call; a null type and data are allowed with MS_BIND.
         let r = unsafe { libc::mount(self.lower.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
         if r != 0 {
             bail!("bind mount: {}", errno());
         }
+        // SAFETY: `target` is a NUL-terminated CString owned by `self`, alive for the call.
         if unsafe { libc::umount2(target.as_ptr(), 0) } != 0 {
             bail!("unmounting a bind mount: {}", errno());
         }
@@ -507,10 +521,13 @@ impl MountTree {
     fn overlay_cycle(&self, t: usize, writable: bool) -> Result<()> {
         let (target, opts) =
             if writable { (&self.overlay_targets[t], &self.overlay_opts[t]) } else { (&self.overlay_ro_targets[t], &self.overlay_ro_opts) };
+        // SAFETY: source and type are C string literals; `target` and `opts` (which overlay reads as a
+        // NUL-terminated string) are CStrings owned by `self`, alive for the call.
         let r = unsafe { libc::mount(c"overlay".as_ptr(), target.as_ptr(), c"overlay".as_ptr(), 0, opts.as_ptr().cast()) };
         if r != 0 {
             bail!("overlay mount: {}", errno());
         }
+        // SAFETY: `target` is a NUL-terminated CString owned by `self`, alive for the call.
         if unsafe { libc::umount2(target.as_ptr(), 0) } != 0 {
             bail!("unmounting an overlay: {}", errno());
         }
@@ -523,6 +540,8 @@ impl MountTree {
             let dir = self.extra.join(format!("m{}", self.extra_count));
             std::fs::create_dir_all(&dir)?;
             let target = cstr(&dir)?;
+            // SAFETY: `self.lower` and the local `target` are NUL-terminated CStrings alive for the call;
+            // a null type and data are allowed with MS_BIND.
             let r = unsafe { libc::mount(self.lower.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
             if r != 0 {
                 bail!("extra bind mount {}: {}", dir.display(), errno());
@@ -611,7 +630,10 @@ fn fs_type(path: &Path) -> String {
     let Ok(c) = cstr(path) else {
         return "unknown".into();
     };
+    // SAFETY: statfs is plain integer fields, for which all zeros is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated CString alive for the call, and `st` is a live statfs for
+    // the kernel to fill.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         return "unknown".into();
     }
@@ -626,7 +648,7 @@ fn fs_type(path: &Path) -> String {
 }
 
 fn count_mounts() -> usize {
-    std::fs::read_to_string("/proc/self/mountinfo").map(|s| s.lines().count()).unwrap_or(0)
+    sprout_sandbox::mountinfo::read().map(|m| m.len()).unwrap_or(0)
 }
 
 fn mount_ns(tree: &mut MountTree, counts: &[usize], conc: &[usize], secs: f64) -> Result<Value> {
@@ -712,16 +734,20 @@ struct CgroupBench {
 
 fn open_procs(dir: &Path) -> io::Result<OwnedFd> {
     let path = cstr(&dir.join("cgroup.procs"))?;
+    // SAFETY: `path` is a NUL-terminated CString alive for the call.
     let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
     if fd < 0 {
         return Err(errno());
     }
+    // SAFETY: open succeeded, so `fd` is a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Child body: join the group of every hierarchy by writing "0" to its cgroup.procs.
 fn join_body(fds: &[libc::c_int]) -> libc::c_int {
     for &fd in fds {
+        // SAFETY: the buffer is a static 1-byte literal, matching the length; `fd` is a cgroup.procs
+        // descriptor inherited from the parent, whose owner keeps it open until the child is reaped.
         if unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } != 1 {
             return errno_code();
         }
@@ -787,6 +813,7 @@ impl CgroupBench {
         for p in &self.parents {
             let dir = p.join(&name);
             let c = cstr(&dir)?;
+            // SAFETY: `c` is a NUL-terminated CString alive for the call.
             if unsafe { libc::mkdir(c.as_ptr(), 0o755) } != 0 {
                 bail!("mkdir {}: {}", dir.display(), errno());
             }
@@ -856,6 +883,7 @@ impl Drop for FreshGroup {
 fn rmdir_retry(dir: &CString) -> io::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
+        // SAFETY: `dir` is a borrowed NUL-terminated CString, alive for the call.
         if unsafe { libc::rmdir(dir.as_ptr()) } == 0 {
             return Ok(());
         }
@@ -911,6 +939,8 @@ fn network(work_dir: &Path, conc: &[usize], secs: f64) -> Result<Value> {
             make.insert(c_key(c), json!(round(r, 1)));
             let r = rate(c, secs, |t, _| {
                 let fd = pooled[t].fd();
+                // SAFETY: the child body makes only setns (integers, no memory of ours) and reads errno, as
+                // Child::spawn requires; `fd` is inherited from `pooled[t]`, which stays open until after `rate`.
                 Child::spawn(|| if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } == 0 { 0 } else { errno_code() })?
                     .wait("joining a pooled network namespace")
             })?;
@@ -1051,6 +1081,7 @@ mod tests {
     #[test]
     #[ignore]
     fn quick_run_leaves_nothing_behind() {
+        // SAFETY: geteuid takes no arguments and always succeeds.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("skipped: needs root");
             return;

@@ -14,6 +14,7 @@ pub fn machine() -> String {
         .find_map(|l| l.strip_prefix("model name").and_then(|v| v.split_once(':')).map(|(_, v)| v.trim().to_string()))
         .unwrap_or_else(|| "unknown CPU".into());
     // Online CPUs of the machine, not the affinity of this (possibly pinned) process.
+    // SAFETY: sysconf takes an integer name and touches no memory of ours.
     let cores = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1);
     let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
         .unwrap_or_default()

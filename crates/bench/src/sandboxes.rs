@@ -123,6 +123,8 @@ impl Worker {
         let cpu = opts.worker_cpu;
         let mut cmd = Command::new(&opts.sprout);
         cmd.args(["worker", "up"]).arg(&dir).stdout(log.try_clone()?).stderr(log);
+        // SAFETY: the closure runs in the forked child before exec; pin_to only fills a CpuSet on the
+        // stack and calls sched_setaffinity, which is async-signal-safe, and allocates nothing.
         unsafe {
             use std::os::unix::process::CommandExt;
             cmd.pre_exec(move || pin_to(cpu));
@@ -304,6 +306,8 @@ fn ensure_docker(opts: &Options) -> Result<Option<Child>> {
     let cpu = opts.worker_cpu;
     let mut cmd = Command::new("dockerd");
     cmd.args(["--iptables=false", "--bridge=none"]).stdout(log.try_clone()?).stderr(log).stdin(Stdio::null());
+    // SAFETY: the closure runs in the forked child before exec; pin_to only fills a CpuSet on the
+    // stack and calls sched_setaffinity, which is async-signal-safe, and allocates nothing.
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(move || pin_to(cpu));

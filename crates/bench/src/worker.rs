@@ -69,6 +69,8 @@ impl BenchWorker {
         let mut cmd = Command::new(sprout);
         cmd.args(["worker", "up"]).arg(dir).stdout(log.try_clone()?).stderr(log);
         if let Some(cpu) = cpu {
+            // SAFETY: the closure runs in the forked child before exec; pin_to only fills a CpuSet on the
+            // stack and calls sched_setaffinity, which is async-signal-safe, and allocates nothing.
             unsafe {
                 use std::os::unix::process::CommandExt;
                 cmd.pre_exec(move || pin_to(cpu));

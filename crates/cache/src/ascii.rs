@@ -3,11 +3,12 @@
 
 use bytes::{Buf, BytesMut};
 
+use crate::exec::{self, Read};
 use crate::meta;
 use crate::output::Output;
 use crate::session::{Env, Next, Reply, StatsRequest, StoreOp, MAX_GET_LINE, MAX_LINE};
 use crate::stats::{CoreStats, Counters};
-use crate::store::{item_size, Deleted, DeltaError, Lookup, Mode};
+use crate::store::{Deleted, DeltaError, Mode};
 use crate::text::{self, Command, Reject, StoreKind};
 
 /// Handle the next command line in `input`, if it has a whole one. `scanned`: how much of
@@ -83,16 +84,9 @@ pub fn step(input: &mut BytesMut, scanned: &mut usize, env: &Env, out: &mut Outp
 /// A store command's line is read: refuse a value that can never fit (discarding it as it
 /// arrives, never buffering it), else wait for it.
 fn begin_store(op: StoreOp, kind: StoreKind, noreply: bool, env: &Env, out: &mut Output) -> Next {
-    let item_max = env.shared.settings.item_max;
-    if item_size(op.key.len(), op.len, op.flags) > item_max {
-        CoreStats::bump(&env.stats.store_too_large);
+    if exec::refuse_too_large(env, &op.key, op.len, op.flags, kind == StoreKind::Set) {
         if !noreply {
             out.put(b"SERVER_ERROR object too large for cache\r\n");
-        }
-        // memcached drops the old value of a set it could not store, so no stale value
-        // outlives a failed overwrite.
-        if kind == StoreKind::Set {
-            env.shared.store.delete(&op.key, 0, env.shared.clock.now());
         }
         return Next::Swallow(op.len + 2);
     }
@@ -100,104 +94,68 @@ fn begin_store(op: StoreOp, kind: StoreKind, noreply: bool, env: &Env, out: &mut
 }
 
 fn execute(command: Command<'_>, env: &Env, out: &mut Output) -> Next {
-    let store = &env.shared.store;
-    let stats = env.stats;
-    let now = env.shared.clock.now();
     match command {
         Command::Get { cas, touch, keys } => {
-            let exptime = touch.map(|t| env.shared.clock.expiry(t));
+            let how = match touch {
+                Some(t) => Read::Touch(env.shared.clock.expiry(t)),
+                None => Read::Get,
+            };
             // A key too long fails the whole command, before any value is sent.
             if text::keys(keys).any(|k| k.len() > text::KEY_MAX) {
                 out.put(b"CLIENT_ERROR bad command line format\r\n");
                 return Next::Continue;
             }
             for key in text::keys(keys) {
-                CoreStats::bump(&stats.cmd_get);
-                if exptime.is_some() {
-                    CoreStats::bump(&stats.cmd_touch);
-                }
-                let found = store.lookup(key, exptime, now);
-                match &found {
-                    Lookup::Expired => CoreStats::bump(&stats.get_expired),
-                    Lookup::Flushed => CoreStats::bump(&stats.get_flushed),
-                    _ => {}
-                }
-                match found.hit() {
-                    Some(item) => {
-                        CoreStats::bump(&stats.get_hits);
-                        if exptime.is_some() {
-                            CoreStats::bump(&stats.touch_hits);
-                        }
-                        out.put(b"VALUE ");
-                        out.put(key);
+                if let Some(item) = exec::read(env, key, how) {
+                    out.put(b"VALUE ");
+                    out.put(key);
+                    out.put(b" ");
+                    out.put_u64(item.flags as u64);
+                    out.put(b" ");
+                    out.put_u64(item.value.len() as u64);
+                    if cas {
                         out.put(b" ");
-                        out.put_u64(item.flags as u64);
-                        out.put(b" ");
-                        out.put_u64(item.value.len() as u64);
-                        if cas {
-                            out.put(b" ");
-                            out.put_u64(item.cas);
-                        }
-                        out.put(b"\r\n");
-                        out.put_value(&item.value);
-                        out.put(b"\r\n");
+                        out.put_u64(item.cas);
                     }
-                    None => {
-                        CoreStats::bump(&stats.get_misses);
-                        if exptime.is_some() {
-                            CoreStats::bump(&stats.touch_misses);
-                        }
-                    }
+                    out.put(b"\r\n");
+                    out.put_value(&item.value);
+                    out.put(b"\r\n");
                 }
             }
             out.put(b"END\r\n");
         }
         Command::Delete { key, noreply } => {
-            let deleted = store.delete(key, 0, now) == Deleted::Deleted;
-            CoreStats::bump(if deleted { &stats.delete_hits } else { &stats.delete_misses });
+            let deleted = exec::delete(env, key, 0) == Deleted::Deleted;
             if !noreply {
                 out.put(if deleted { b"DELETED\r\n" } else { b"NOT_FOUND\r\n" });
             }
         }
-        Command::Delta { incr, key, delta, noreply } => {
-            let result = store.delta(key, incr, delta, 0, stats.next_cas(), None, now);
-            let (hits, misses) = if incr { (&stats.incr_hits, &stats.incr_misses) } else { (&stats.decr_hits, &stats.decr_misses) };
-            match result {
-                Ok((value, _)) => {
-                    CoreStats::bump(hits);
-                    if !noreply {
-                        out.put_u64(value);
-                        out.put(b"\r\n");
-                    }
-                }
-                Err(DeltaError::NonNumeric) => {
-                    if !noreply {
-                        out.put(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n");
-                    }
-                }
-                Err(_) => {
-                    CoreStats::bump(misses);
-                    if !noreply {
-                        out.put(b"NOT_FOUND\r\n");
-                    }
+        Command::Delta { incr, key, delta, noreply } => match exec::delta(env, key, incr, delta, 0, None) {
+            Ok((value, _)) => {
+                if !noreply {
+                    out.put_u64(value);
+                    out.put(b"\r\n");
                 }
             }
-        }
+            Err(DeltaError::NonNumeric) => {
+                if !noreply {
+                    out.put(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n");
+                }
+            }
+            Err(_) => {
+                if !noreply {
+                    out.put(b"NOT_FOUND\r\n");
+                }
+            }
+        },
         Command::Touch { key, exptime, noreply } => {
-            CoreStats::bump(&stats.cmd_touch);
-            let touched = store.touch(key, env.shared.clock.expiry(exptime), now).is_some();
-            CoreStats::bump(if touched { &stats.touch_hits } else { &stats.touch_misses });
+            let touched = exec::read(env, key, Read::Touch(env.shared.clock.expiry(exptime))).is_some();
             if !noreply {
                 out.put(if touched { b"TOUCHED\r\n" } else { b"NOT_FOUND\r\n" });
             }
         }
         Command::FlushAll { delay, noreply } => {
-            CoreStats::bump(&stats.cmd_flush);
-            if delay > 0 {
-                store.flush(Some(env.shared.clock.expiry(delay)));
-            } else {
-                store.flush(None);
-            }
+            exec::flush(env, delay);
             if !noreply {
                 out.put(b"OK\r\n");
             }

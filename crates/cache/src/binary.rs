@@ -5,10 +5,11 @@
 
 use bytes::{Buf, BufMut, BytesMut};
 
+use crate::exec::{self, Read};
 use crate::output::Output;
 use crate::session::{Env, Next, Reply, StatsRequest, StoreOp};
 use crate::stats::{CoreStats, Counters};
-use crate::store::{item_size, Deleted, DeltaError, Mode, Stored};
+use crate::store::{Deleted, DeltaError, Mode, Stored};
 use crate::text::KEY_MAX;
 
 pub const REQUEST_MAGIC: u8 = 0x80;
@@ -211,12 +212,8 @@ pub fn step(input: &mut BytesMut, env: &Env, out: &mut Output) -> Next {
         let key = input[HEADER + extlen..fixed].to_vec();
         CoreStats::add(&env.stats.bytes_read, (HEADER + bodylen) as u64);
         input.advance(fixed);
-        if item_size(key.len(), vlen, flags) > env.shared.settings.item_max {
-            CoreStats::bump(&env.stats.store_too_large);
+        if exec::refuse_too_large(env, &key, vlen, flags, opcode == op::SET) {
             error(out, h.opcode, status::E2BIG, h.opaque);
-            if opcode == op::SET {
-                env.shared.store.delete(&key, 0, env.shared.clock.now());
-            }
             return Next::Swallow(vlen);
         }
         let mode = match opcode {
@@ -267,27 +264,15 @@ pub fn step(input: &mut BytesMut, env: &Env, out: &mut Output) -> Next {
 }
 
 fn execute(h: Header, opcode: u8, quiet: bool, ext: &[u8], key: &[u8], env: &Env, out: &mut Output) -> Next {
-    let store = &env.shared.store;
-    let stats = env.stats;
-    let now = env.shared.clock.now();
     let u32_at = |i: usize| u32::from_be_bytes(ext[i..i + 4].try_into().unwrap());
     let u64_at = |i: usize| u64::from_be_bytes(ext[i..i + 8].try_into().unwrap());
     match opcode {
         op::GET | op::GETK | op::TOUCH | op::GAT | op::GATK => {
             let touch = matches!(opcode, op::TOUCH | op::GAT | op::GATK);
             let with_key = matches!(opcode, op::GETK | op::GATK);
-            let item = if touch {
-                CoreStats::bump(&stats.cmd_touch);
-                store.touch(key, env.shared.clock.expiry(u32_at(0) as i64), now)
-            } else {
-                store.get(key, now)
-            };
-            if opcode != op::TOUCH {
-                CoreStats::bump(&stats.cmd_get);
-            }
-            match item {
+            let how = if touch { Read::Touch(env.shared.clock.expiry(u32_at(0) as i64)) } else { Read::Get };
+            match exec::read(env, key, how) {
                 Some(item) => {
-                    CoreStats::bump(if touch { &stats.touch_hits } else { &stats.get_hits });
                     let keylen = if with_key { key.len() } else { 0 };
                     let vlen = if opcode == op::TOUCH { 0 } else { item.value.len() };
                     header(out, h.opcode, status::SUCCESS, 4, keylen as u16, (4 + keylen + vlen) as u32, h.opaque, item.cas);
@@ -300,7 +285,6 @@ fn execute(h: Header, opcode: u8, quiet: bool, ext: &[u8], key: &[u8], env: &Env
                     }
                 }
                 None => {
-                    CoreStats::bump(if touch { &stats.touch_misses } else { &stats.get_misses });
                     if !quiet {
                         if with_key {
                             header(out, h.opcode, status::KEY_ENOENT, 0, key.len() as u16, key.len() as u32, h.opaque, 0);
@@ -312,44 +296,33 @@ fn execute(h: Header, opcode: u8, quiet: bool, ext: &[u8], key: &[u8], env: &Env
                 }
             }
         }
-        op::DELETE => match store.delete(key, h.cas, now) {
+        op::DELETE => match exec::delete(env, key, h.cas) {
             Deleted::Deleted => {
-                CoreStats::bump(&stats.delete_hits);
                 if !quiet {
                     header(out, h.opcode, status::SUCCESS, 0, 0, 0, h.opaque, 0);
                 }
             }
-            Deleted::NotFound => {
-                CoreStats::bump(&stats.delete_misses);
-                error(out, h.opcode, status::KEY_ENOENT, h.opaque);
-            }
+            Deleted::NotFound => error(out, h.opcode, status::KEY_ENOENT, h.opaque),
             Deleted::Exists => error(out, h.opcode, status::KEY_EEXISTS, h.opaque),
         },
         op::INCREMENT | op::DECREMENT => {
             let incr = opcode == op::INCREMENT;
             let (delta, initial, exptime) = (u64_at(0), u64_at(8), u32_at(16));
             let create = (exptime != u32::MAX).then(|| (initial, env.shared.clock.expiry(exptime as i64)));
-            let (hits, misses) = if incr { (&stats.incr_hits, &stats.incr_misses) } else { (&stats.decr_hits, &stats.decr_misses) };
-            match store.delta(key, incr, delta, h.cas, stats.next_cas(), create, now) {
+            match exec::delta(env, key, incr, delta, h.cas, create) {
                 Ok((value, cas)) => {
-                    CoreStats::bump(hits);
                     if !quiet {
                         header(out, h.opcode, status::SUCCESS, 0, 0, 8, h.opaque, cas);
                         out.buf_mut().put_u64(value);
                     }
                 }
-                Err(DeltaError::NotFound) => {
-                    CoreStats::bump(misses);
-                    error(out, h.opcode, status::KEY_ENOENT, h.opaque);
-                }
+                Err(DeltaError::NotFound) => error(out, h.opcode, status::KEY_ENOENT, h.opaque),
                 Err(DeltaError::NonNumeric) => error(out, h.opcode, status::DELTA_BADVAL, h.opaque),
                 Err(DeltaError::Exists) => error(out, h.opcode, status::KEY_EEXISTS, h.opaque),
             }
         }
         op::FLUSH => {
-            CoreStats::bump(&stats.cmd_flush);
-            let delay = if ext.len() == 4 { u32_at(0) } else { 0 };
-            store.flush(if delay > 0 { Some(env.shared.clock.expiry(delay as i64)) } else { None });
+            exec::flush(env, if ext.len() == 4 { u32_at(0) as i64 } else { 0 });
             if !quiet {
                 header(out, h.opcode, status::SUCCESS, 0, 0, 0, h.opaque, 0);
             }

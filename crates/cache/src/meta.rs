@@ -4,6 +4,7 @@
 //! Supported: mg `c f k O q s t T u v`; ms `c C F k O q T M`; md `C k O q`; ma `c C D J k M
 //! N O q t T v`; `b` (base64 keys) on all; `h l I x` are accepted and ignored.
 
+use crate::exec::{self, Read};
 use crate::output::Output;
 use crate::session::{Env, Next, Reply, StoreOp};
 use crate::stats::CoreStats;
@@ -189,22 +190,18 @@ pub fn execute(name: u8, tokens: &[&[u8]], env: &Env, out: &mut Output) -> Next 
 }
 
 fn get(key: &[u8], f: &Flags, env: &Env, out: &mut Output) {
-    let store = &env.shared.store;
     let now = env.shared.clock.now();
-    CoreStats::bump(&env.stats.cmd_get);
-    let item = match f.ttl {
-        Some(ttl) => store.touch(key, env.shared.clock.expiry(ttl), now),
-        None if f.no_bump => store.peek(key, now),
-        None => store.get(key, now),
+    let how = match f.ttl {
+        Some(ttl) => Read::Touch(env.shared.clock.expiry(ttl)),
+        None if f.no_bump => Read::Peek,
+        None => Read::Get,
     };
-    let Some(item) = item else {
-        CoreStats::bump(&env.stats.get_misses);
+    let Some(item) = exec::read(env, key, how) else {
         if !f.quiet {
             out.put(b"EN\r\n");
         }
         return;
     };
-    CoreStats::bump(&env.stats.get_hits);
     if f.value {
         out.put(b"VA ");
         out.put_u64(item.value.len() as u64);
@@ -232,8 +229,7 @@ fn set(key: &[u8], datalen: usize, f: &Flags, env: &Env, out: &mut Output) -> Ne
             return Next::Swallow(datalen + 2);
         }
     };
-    if crate::store::item_size(key.len(), datalen, f.client_flags.unwrap_or(0)) > env.shared.settings.item_max {
-        CoreStats::bump(&env.stats.store_too_large);
+    if exec::refuse_too_large(env, key, datalen, f.client_flags.unwrap_or(0), false) {
         out.put(b"SERVER_ERROR object too large for cache\r\n");
         return Next::Swallow(datalen + 2);
     }
@@ -249,19 +245,10 @@ fn set(key: &[u8], datalen: usize, f: &Flags, env: &Env, out: &mut Output) -> Ne
 }
 
 fn delete(key: &[u8], f: &Flags, env: &Env, out: &mut Output) {
-    let result = env.shared.store.delete(key, f.compare_cas.unwrap_or(0), env.shared.clock.now());
-    let code: &[u8] = match result {
-        Deleted::Deleted => {
-            CoreStats::bump(&env.stats.delete_hits);
-            if f.quiet {
-                return;
-            }
-            b"HD"
-        }
-        Deleted::NotFound => {
-            CoreStats::bump(&env.stats.delete_misses);
-            b"NF"
-        }
+    let code: &[u8] = match exec::delete(env, key, f.compare_cas.unwrap_or(0)) {
+        Deleted::Deleted if f.quiet => return,
+        Deleted::Deleted => b"HD",
+        Deleted::NotFound => b"NF",
         Deleted::Exists => b"EX",
     };
     out.put(code);
@@ -271,13 +258,9 @@ fn delete(key: &[u8], f: &Flags, env: &Env, out: &mut Output) {
 
 fn arithmetic(key: &[u8], f: &Flags, env: &Env, out: &mut Output) {
     let incr = !matches!(f.mode, Some(b'D' | b'd' | b'-'));
-    let now = env.shared.clock.now();
     let create = f.vivify.map(|ttl| (f.initial.unwrap_or(0), env.shared.clock.expiry(ttl)));
-    let result = env.shared.store.delta(key, incr, f.delta.unwrap_or(1), f.compare_cas.unwrap_or(0), env.stats.next_cas(), create, now);
-    let (hits, misses) = if incr { (&env.stats.incr_hits, &env.stats.incr_misses) } else { (&env.stats.decr_hits, &env.stats.decr_misses) };
-    match result {
+    match exec::delta(env, key, incr, f.delta.unwrap_or(1), f.compare_cas.unwrap_or(0), create) {
         Ok((value, cas)) => {
-            CoreStats::bump(hits);
             let text = value.to_string();
             if f.value {
                 out.put(b"VA ");
@@ -295,7 +278,6 @@ fn arithmetic(key: &[u8], f: &Flags, env: &Env, out: &mut Output) {
             }
         }
         Err(DeltaError::NotFound) => {
-            CoreStats::bump(misses);
             out.put(b"NF");
             put_flags(out, f, key, None, None, None, None);
             out.put(b"\r\n");

@@ -147,8 +147,10 @@ impl IoHandler for Acceptor {
 pub fn serve_until_signal(settings: Settings, on_ready: impl FnOnce(&Server)) -> Result<()> {
     // Block the signals before any core starts (threads inherit the mask), and wait for
     // them on this thread.
-    // SAFETY: plain signal-mask manipulation with initialized sets.
+    // SAFETY: sigset_t is plain data, for which all-zero bytes are a valid value.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: plain signal-mask manipulation on `set`, a live local the calls only write and
+    // read; a null old-mask pointer is allowed.
     unsafe {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);

@@ -261,7 +261,6 @@ pub enum Next {
 
 /// Store a value that has fully arrived (`block` holds it and its trailer), and reply.
 pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Output) {
-    let stats = env.stats;
     if op.trailer == 2 && &block[op.len..] != b"\r\n" {
         // noreply silences even this (memcached does); a meta set always hears it.
         if matches!(op.reply, Reply::Text { noreply: false } | Reply::Meta { .. }) {
@@ -271,20 +270,7 @@ pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Out
     }
     block.truncate(op.len);
     let value: Bytes = block.freeze();
-    CoreStats::bump(&stats.cmd_set);
-    let now = env.shared.clock.now();
-    let result = env.shared.store.store(op.mode, &op.key, value, op.flags, op.exptime, stats.next_cas(), now);
-    if let Mode::Cas(_) = op.mode {
-        match result {
-            Stored::Stored(_) => CoreStats::bump(&stats.cas_hits),
-            Stored::Exists => CoreStats::bump(&stats.cas_badval),
-            Stored::NotFound => CoreStats::bump(&stats.cas_misses),
-            _ => {}
-        }
-    }
-    if result == Stored::TooLarge {
-        CoreStats::bump(&stats.store_too_large);
-    }
+    let result = crate::exec::store(env, op.mode, &op.key, value, op.flags, op.exptime);
     match op.reply {
         Reply::Text { noreply } => {
             if !noreply {

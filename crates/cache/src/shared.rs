@@ -130,8 +130,9 @@ impl Shared {
 
 /// CPU time of the process, as memcached prints it (seconds.microseconds).
 fn rusage() -> (String, String) {
-    // SAFETY: getrusage fills the struct.
+    // SAFETY: rusage is plain data, for which all-zero bytes are a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into `usage`, a live local of the right type.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let fmt = |t: libc::timeval| format!("{}.{:06}", t.tv_sec, t.tv_usec);
     (fmt(usage.ru_utime), fmt(usage.ru_stime))

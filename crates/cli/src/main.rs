@@ -363,7 +363,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Packages(PackagesCommand::List { dir }) => {
             let config = sprout_worker::config::Config::load(&dir)?;
-            let cache = sprout_worker::packages::cache::InstallCache::open(&config.package_cache_dir(&dir))?;
+            let cache = sprout_worker::packages::install_cache::InstallCache::open(&config.package_cache_dir(&dir))?;
             for p in cache.list() {
                 println!("{:<40} {:>8.1} MiB  {}", p.key, p.size_bytes as f64 / (1 << 20) as f64, p.top_level.join(" "));
             }

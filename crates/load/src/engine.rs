@@ -230,7 +230,8 @@ fn report<D: Driver>(shared: &Shared<D>, t: Duration, active: usize, last_count:
     let count: u64 = series.windows.iter().flatten().map(|s| s.hist.len()).sum();
     let errors: u64 = series.windows.iter().flatten().map(|s| s.error_count()).sum();
     let rate = (count - last_count) as f64 / plan.interval.as_secs_f64();
-    let p90 = series.windows.last().map(|w| {
+    // The last interval that has ended: the one just opened holds only its first moments.
+    let p90 = last_complete(t, plan.interval).and_then(|i| series.windows.get(i)).map(|w| {
         w.iter()
             .zip(&shared.workload.operations)
             .filter(|(s, _)| !s.hist.is_empty())
@@ -249,6 +250,12 @@ fn report<D: Driver>(shared: &Shared<D>, t: Duration, active: usize, last_count:
         p90.unwrap_or_default()
     );
     count
+}
+
+/// The index of the last interval of length `interval` that had ended by `t` (None before
+/// the first has).
+fn last_complete(t: Duration, interval: Duration) -> Option<usize> {
+    ((t.as_micros() / interval.as_micros().max(1)) as usize).checked_sub(1)
 }
 
 /// The random stream of the `life`-th session in user slot `id`: distinct for every slot and
@@ -339,6 +346,14 @@ mod tests {
     use super::*;
     use crate::checks;
     use crate::stats::Windows;
+
+    #[test]
+    fn progress_shows_the_interval_that_has_ended() {
+        let ten = Duration::from_secs(10);
+        assert_eq!(last_complete(Duration::from_millis(9_999), ten), None);
+        assert_eq!(last_complete(Duration::from_millis(10_002), ten), Some(0), "not window 1, a few ms old");
+        assert_eq!(last_complete(Duration::from_secs(35), ten), Some(2));
+    }
 
     /// A driver whose operations take a fixed time and never touch a network: it exercises
     /// the engine's arithmetic (the HTTP drivers are tested against the real application).

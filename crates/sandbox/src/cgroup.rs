@@ -17,7 +17,14 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::CgroupView;
+/// What a sandbox's session reads of its cgroup: its processes, and its OOM kills (the count
+/// when the sandbox was made, and the file that counts them).
+#[derive(Debug, Clone)]
+pub(crate) struct CgroupView {
+    pub procs: PathBuf,
+    pub oom_before: u64,
+    pub oom_source: Option<PathBuf>,
+}
 
 /// Which cgroup hierarchy to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -61,28 +68,18 @@ impl Layout {
     /// Find the hierarchies from /proc/self/mountinfo. `v2_root` overrides where the unified
     /// hierarchy is looked for (it may be mounted elsewhere, e.g. /sys/fs/cgroup/unified).
     pub fn detect(version: Version, v2_root: Option<&Path>) -> io::Result<Layout> {
-        let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
         let mut v1: Vec<(PathBuf, Vec<String>)> = Vec::new();
         let mut v2: Vec<PathBuf> = Vec::new();
-        for line in mountinfo.lines() {
-            let Some((left, right)) = line.split_once(" - ") else {
-                continue;
-            };
-            let fields: Vec<&str> = left.split(' ').collect();
-            let rfields: Vec<&str> = right.split(' ').collect();
-            if fields.len() < 5 || rfields.len() < 3 {
-                continue;
-            }
-            let mount_point = PathBuf::from(crate::mounts::unescape(fields[4]));
-            match rfields[0] {
+        for mount in crate::mountinfo::read()? {
+            match mount.fs_type.as_str() {
                 "cgroup" => {
                     let controllers: Vec<String> =
-                        rfields[2].split(',').filter(|o| V1_CONTROLLERS.contains(o)).map(str::to_string).collect();
-                    if !controllers.is_empty() && !v1.iter().any(|(p, _)| p == &mount_point) {
-                        v1.push((mount_point, controllers));
+                        mount.super_options.split(',').filter(|o| V1_CONTROLLERS.contains(o)).map(str::to_string).collect();
+                    if !controllers.is_empty() && !v1.iter().any(|(p, _)| p == &mount.mount_point) {
+                        v1.push((mount.mount_point, controllers));
                     }
                 }
-                "cgroup2" => v2.push(mount_point),
+                "cgroup2" => v2.push(mount.mount_point),
                 _ => {}
             }
         }
@@ -157,10 +154,8 @@ impl Layout {
         use nix::mount::{mount, MsFlags};
         match self {
             Layout::V2 { root, .. } => {
-                let current = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-                let already = current.lines().any(|l| {
-                    let f: Vec<&str> = l.split(' ').collect();
-                    f.get(4).map(|m| Path::new(m) == root.as_path()).unwrap_or(false) && l.contains("favordynmods")
+                let already = crate::mountinfo::read().unwrap_or_default().iter().any(|m| {
+                    m.mount_point == *root && m.super_options.split(',').chain(m.mount_options.split(',')).any(|o| o == "favordynmods")
                 });
                 if already {
                     return Ok("the cgroup2 hierarchy already favors dynamic modifications");
@@ -262,6 +257,8 @@ fn remove_group_tree(dir: &Path) -> io::Result<()> {
         let _ = write_file(&dir.join("cgroup.freeze"), "0");
         let pids = read_pids(&dir.join("cgroup.procs"));
         for pid in &pids {
+            // SAFETY: kill takes two integers and touches no memory of ours; the pids were just
+            // read from this group's cgroup.procs.
             unsafe { libc::kill(*pid, libc::SIGKILL) };
         }
         match fs::remove_dir(dir) {
@@ -275,14 +272,18 @@ fn remove_group_tree(dir: &Path) -> io::Result<()> {
     }
 }
 
+/// The pids in a cgroup.procs file. A task outside the reader's PID namespace is listed as 0,
+/// which is left out: `kill(0, ...)` would signal the caller's own process group.
 pub(crate) fn read_pids(path: &Path) -> Vec<i32> {
-    fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
+    fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).filter(|p: &i32| *p > 0).collect()
 }
 
 /// Write `pid` to each of the cgroup.procs descriptors `fds`: move it into those groups.
 pub(crate) fn write_pid(fds: &[OwnedFd], pid: i32) -> io::Result<()> {
     let text = pid.to_string();
     for fd in fds {
+        // SAFETY: `fd` is borrowed from a live OwnedFd for the call, and the pointer and length
+        // describe `text`, which outlives it.
         let n = unsafe { libc::write(fd.as_raw_fd(), text.as_ptr() as *const libc::c_void, text.len()) };
         if n < 0 {
             return Err(io::Error::last_os_error());
@@ -487,6 +488,8 @@ impl Cgroup {
                 break;
             }
             for pid in pids {
+                // SAFETY: kill takes two integers and touches no memory of ours; the pids were
+                // just read from the group's cgroup.procs (frozen first, when that worked).
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
             if frozen {

@@ -85,7 +85,7 @@ pub struct ZygoteOrder<'a> {
 /// A helper's answer: an HTTP status with headers, or an error the handler caused — or,
 /// while the handler runs, a call to another lambda (`op` = "invoke", `lambda` its name,
 /// the body its event), which the worker answers with one frame before the handler goes on.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 pub struct Reply {
     #[serde(default)]
     pub op: Option<String>,
@@ -166,6 +166,8 @@ impl Channel {
                 let mut fds = Vec::new();
                 for cmsg in msg.cmsgs().map_err(io::Error::from)? {
                     if let ControlMessageOwned::ScmRights(received) = cmsg {
+                        // SAFETY: SCM_RIGHTS installed each of these as a new descriptor in our
+                        // table (close-on-exec); nothing else holds them, and each is wrapped once.
                         fds.extend(received.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
                     }
                 }
@@ -264,17 +266,25 @@ fn peer_pidfd(sock: RawFd) -> Option<PidFd> {
     const SO_PEERPIDFD: libc::c_int = 77;
     let mut fd: libc::c_int = -1;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `sock` (the accepted stream's) is open for the call; the kernel writes at most
+    // `len` (the size of a c_int) bytes into `fd` and updates `len`, both live locals.
     let rc = unsafe { libc::getsockopt(sock, libc::SOL_SOCKET, SO_PEERPIDFD, &mut fd as *mut _ as *mut libc::c_void, &mut len) };
+    // SAFETY: ucred is three plain integers, for which all-zero bytes are a valid value.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut clen = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: as above; `cred` and `clen` are live locals and `clen` is the size of ucred.
     let crc = unsafe { libc::getsockopt(sock, libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut libc::c_void, &mut clen) };
     if crc != 0 || cred.pid <= 0 {
         if rc == 0 && fd >= 0 {
+            // SAFETY: SO_PEERPIDFD gave us this new descriptor; nothing else owns it, and it is
+            // closed once here and not used again.
             unsafe { libc::close(fd) };
         }
         return None;
     }
     if rc == 0 && fd >= 0 {
+        // SAFETY: SO_PEERPIDFD gave us this new descriptor and nothing else owns it; it was not
+        // closed above (that branch returned).
         return Some(PidFd::from_parts(unsafe { OwnedFd::from_raw_fd(fd) }, cred.pid));
     }
     PidFd::open(cred.pid).ok()

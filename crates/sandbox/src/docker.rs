@@ -29,12 +29,12 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::backend::{handler_kind, sandbox_env_strings, Counters};
-use crate::backend::{Backend, BackendStats, CreateError, Resources, Sandbox, SandboxSpec};
-use crate::cgroup::view_of;
-use crate::cgroup::{Layout, Version};
-use crate::channel::Endpoint;
-use crate::runc::{make_scratch, remove_dir};
+use crate::backend::{Backend, Counters, Sandbox};
+use crate::cgroup::{view_of, Layout, Version};
+use crate::channel::{Endpoint, Reply, Request};
+use crate::scratch::{make_scratch, remove_dir};
+use crate::session::{handler_kind, session_methods, Calls, Session};
+use crate::spec::{sandbox_env_strings, BackendStats, CreateError, InvokeError, SandboxSpec};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
 
 /// The Engine API version spoken (Docker 20.10 and later).
@@ -66,12 +66,26 @@ pub struct DockerConfig {
     pub cpuset: Option<String>,
 }
 
+/// The `docker` back-end.
 pub struct DockerBackend {
+    docker: Arc<Docker>,
+}
+
+/// What the back-end and its sandboxes share: a sandbox removes its container through it.
+struct Docker {
     cfg: DockerConfig,
     stage: Arc<Stage>,
     layout: Option<Layout>,
     next_id: AtomicU64,
     counters: Counters,
+}
+
+/// One container of the engine and its helper.
+struct DockerSandbox {
+    session: Session,
+    container: String,
+    scratch: PathBuf,
+    docker: Arc<Docker>,
 }
 
 /// A request body fed from a channel: the tar stream of the base image, built on a
@@ -133,9 +147,21 @@ impl DockerBackend {
         let layout = Layout::detect(Version::Auto, None)
             .map_err(|e| tracing::warn!("no cgroup hierarchy found; docker sandboxes go unwatched: {e}"))
             .ok();
-        DockerBackend { cfg, stage, layout, next_id: AtomicU64::new(1), counters: Counters::default() }
+        DockerBackend { docker: Arc::new(Docker { cfg, stage, layout, next_id: AtomicU64::new(1), counters: Counters::default() }) }
     }
 
+    /// Import the base image unless the engine has it already.
+    pub async fn prepare(&self) -> Result<(), CreateError> {
+        self.docker.prepare().await
+    }
+
+    /// Remove the containers an earlier worker with this label left behind; how many.
+    pub async fn remove_leftovers(&self) -> usize {
+        self.docker.remove_leftovers().await
+    }
+}
+
+impl Docker {
     /// One API call on a fresh connection; returns the status and the whole response body.
     async fn call<B>(&self, method: Method, path: &str, content_type: &str, body: B) -> Result<(StatusCode, Bytes), CreateError>
     where
@@ -239,7 +265,7 @@ impl DockerBackend {
     }
 
     /// Remove every container labelled as this worker's; returns how many were removed.
-    pub async fn remove_leftovers(&self) -> usize {
+    async fn remove_leftovers(&self) -> usize {
         let filters = json!({"label": [format!("sprout.worker={}", self.cfg.worker_label)]}).to_string();
         let path = format!("/containers/json?all=1&filters={}", encode(&filters));
         let listed = self.api(Method::GET, &path, None, "listing leftover containers").await;
@@ -324,7 +350,13 @@ impl DockerBackend {
 
     /// Create and start the container (its id goes into `container` as soon as it exists)
     /// and wait for its helper to connect and load the lambda.
-    async fn provision(&self, id: u64, spec: &SandboxSpec, scratch: &Path, container: &mut Option<String>) -> Result<Sandbox, CreateError> {
+    async fn provision(
+        self: &Arc<Self>,
+        id: u64,
+        spec: &SandboxSpec,
+        scratch: &Path,
+        container: &mut Option<String>,
+    ) -> Result<DockerSandbox, CreateError> {
         let started = Instant::now();
         make_scratch(scratch, self.cfg.uid, self.cfg.gid).map_err(CreateError::platform)?;
         let endpoint = Endpoint::listen_in(scratch).map_err(CreateError::platform)?;
@@ -344,21 +376,18 @@ impl DockerBackend {
         let layout = self.layout.as_ref();
         let cgroup_path =
             view_of(layout, &format!("docker/{full_id}")).or_else(|| view_of(layout, &format!("system.slice/docker-{full_id}.scope")));
-        Ok(Sandbox {
+        let session = Session {
             id,
-            lambda: spec.lambda.clone(),
             kind,
-            created: Instant::now(),
             startup: started.elapsed(),
             channel,
             process,
-            cgroup_path,
+            cgroup: cgroup_path,
             limits: spec.limits,
-            resources: Resources::Docker { container: full_id.to_string(), scratch: scratch.to_path_buf() },
             tainted: false,
-            attached: crate::backend::attachments(spec),
-            learner: None,
-        })
+            attached: spec.attachments(),
+        };
+        Ok(DockerSandbox { session, container: full_id.to_string(), scratch: scratch.to_path_buf(), docker: self.clone() })
     }
 }
 
@@ -368,37 +397,51 @@ impl Backend for DockerBackend {
         "docker"
     }
 
-    async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, CreateError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let scratch = self.stage.run.join("docker").join(id.to_string());
+    async fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, CreateError> {
+        let docker = &self.docker;
+        let id = docker.next_id.fetch_add(1, Ordering::Relaxed);
+        let scratch = docker.stage.run.join("docker").join(id.to_string());
         let mut container = None;
-        let result = self.provision(id, spec, &scratch, &mut container).await;
-        self.counters.record(&result);
+        let result = docker.provision(id, spec, &scratch, &mut container).await;
+        docker.counters.record(&result);
         if result.is_err() {
             if let Some(container) = container {
-                self.remove_container(&container).await;
+                docker.remove_container(&container).await;
             }
             remove_dir(&scratch).await;
         }
-        result
-    }
-
-    async fn destroy(&self, sandbox: Sandbox) {
-        let Sandbox { resources, channel, .. } = sandbox;
-        drop(channel);
-        if let Resources::Docker { container, scratch } = resources {
-            self.remove_container(&container).await;
-            remove_dir(&scratch).await;
-            self.counters.destroyed();
-        }
+        Ok(Box::new(result?))
     }
 
     fn stats(&self) -> BackendStats {
-        self.counters.stats()
+        self.docker.counters.stats()
     }
 
     async fn shutdown(&self) {
-        self.remove_leftovers().await;
-        remove_dir(&self.stage.run.join("docker")).await;
+        self.docker.remove_leftovers().await;
+        remove_dir(&self.docker.stage.run.join("docker")).await;
+    }
+}
+
+#[async_trait]
+impl Sandbox for DockerSandbox {
+    session_methods!();
+
+    async fn invoke(
+        &mut self,
+        request: &Request,
+        body: &[u8],
+        timeout: Duration,
+        calls: &dyn Calls,
+    ) -> Result<(Reply, Bytes), InvokeError> {
+        self.session.invoke(request, body, timeout, calls).await
+    }
+
+    async fn destroy(self: Box<Self>) {
+        let DockerSandbox { session, container, scratch, docker } = *self;
+        drop(session);
+        docker.remove_container(&container).await;
+        remove_dir(&scratch).await;
+        docker.counters.destroyed();
     }
 }

@@ -1,11 +1,15 @@
 //! Sprout's sandbox engine: lean sandboxes in the manner of SOCK (Oakes et al., ATC '18), and
 //! the general-purpose containers they are measured against, behind one [`Backend`] trait.
 //!
-//! * [`stage`] builds the worker's private mount tree; a sandbox root is stitched from bind
-//!   mounts and entered with chroot — no mount or network namespace.
+//! * [`stage`] builds the worker's private mount tree ([`mounts`], read back through
+//!   [`mountinfo`]); a sandbox root is stitched from bind mounts and entered with chroot —
+//!   no mount or network namespace.
 //! * [`cgroup`] keeps a pool of cgroups (v1 or v2) made ahead and reused.
 //! * [`process`] clones processes straight into new PID, IPC and UTS namespaces.
-//! * [`channel`] is the Unix-socket protocol between the worker and each sandbox's helper.
+//! * [`backend`] is the seam the worker uses: a [`Backend`] makes [`Sandbox`]es, each of which
+//!   keeps its back-end's state and destroys itself; [`spec`] holds the types both sides share.
+//! * [`channel`] is the Unix-socket protocol between the worker and each sandbox's helper;
+//!   [`session`] is one request over it, and the health of the sandbox after it.
 //! * [`sock`] provisions sandboxes by forking a Zygote (`sock`) or not (`sock-nozygote`);
 //!   [`runc`] and [`docker`] are the baselines.
 //! * [`import_cache`] keeps the tree of Zygotes with packages pre-imported; [`zygote`] is one
@@ -26,17 +30,23 @@ pub mod cleanup;
 pub mod docker;
 pub mod import_cache;
 pub mod memory;
+pub mod mountinfo;
 pub mod mounts;
 pub mod network;
 pub mod oneshot;
 pub mod output;
 pub mod process;
 pub mod runc;
+mod scratch;
 pub mod seccomp;
+pub mod session;
 pub mod sock;
+pub mod spec;
 pub mod stage;
 pub mod userns;
 pub mod zygote;
 
-pub use backend::{Backend, BackendStats, Calls, CreateError, HandlerKind, InvokeError, Package, Phase, Sandbox, SandboxSpec};
+pub use backend::{Backend, Sandbox};
 pub use cgroup::Limits;
+pub use session::Calls;
+pub use spec::{BackendStats, CreateError, HandlerKind, InvokeError, Package, Phase, SandboxSpec};

@@ -5,7 +5,7 @@
 //! single lazy unmount of that directory removes every mount the worker ever made.
 
 use std::ffi::CString;
-use std::fs;
+
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -94,31 +94,9 @@ pub fn detach(path: &Path) -> io::Result<()> {
     }
 }
 
-/// Undo the escaping of /proc/self/mountinfo (space, tab, newline, backslash as \ooo).
-pub fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            let digits = std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("");
-            if let Ok(v) = u8::from_str_radix(digits, 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Mount points at or below `prefix`, deepest first (the order to unmount them in).
 pub fn mounts_under(prefix: &Path) -> io::Result<Vec<PathBuf>> {
-    let info = fs::read_to_string("/proc/self/mountinfo")?;
-    let mut found: Vec<PathBuf> =
-        info.lines().filter_map(|l| l.split(' ').nth(4)).map(|f| PathBuf::from(unescape(f))).filter(|p| p.starts_with(prefix)).collect();
+    let mut found: Vec<PathBuf> = crate::mountinfo::read()?.into_iter().map(|m| m.mount_point).filter(|p| p.starts_with(prefix)).collect();
     found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     found.dedup();
     Ok(found)
@@ -160,23 +138,13 @@ pub fn clone_tree(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
     const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
     const AT_RECURSIVE: libc::c_uint = 0x8000;
     let c = cpath(path)?;
+    // SAFETY: `c` is a NUL-terminated path that lives until after the call; the other
+    // arguments are plain integers.
     let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE) };
     if fd < 0 {
         let e = io::Error::last_os_error();
         return Err(io::Error::new(e.kind(), format!("cloning the mount tree at {}: {e}", path.display())));
     }
+    // SAFETY: open_tree succeeded, so `fd` is a new descriptor that nothing else owns.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unescapes_mountinfo_fields() {
-        assert_eq!(unescape("/a\\040b"), "/a b");
-        assert_eq!(unescape("/plain"), "/plain");
-        assert_eq!(unescape("/x\\134y"), "/x\\y");
-        assert_eq!(unescape("/trail\\04"), "/trail\\04");
-    }
 }

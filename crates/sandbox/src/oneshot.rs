@@ -132,7 +132,7 @@ async fn execute(root: &Path, cgroup: &Cgroup, spec: &OneshotSpec) -> io::Result
     let (reader, writer) = pipe()?;
     let oom_before = cgroup.oom_kills();
     let argv = spec.argv.clone();
-    let env = crate::backend::sandbox_env(&spec.env);
+    let env = crate::spec::sandbox_env(&spec.env);
     let process = spawn(&SpawnSpec {
         root,
         cgroup_procs: cgroup.procs_fds(),
@@ -174,14 +174,18 @@ async fn execute(root: &Path, cgroup: &Cgroup, spec: &OneshotSpec) -> io::Result
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` is a live array of two c_ints, exactly what pipe2 writes.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: pipe2 succeeded, so both are fresh descriptors that nothing else owns; each is
+    // wrapped exactly once.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// Read a pipe to its end, keeping the last [`OUTPUT_TAIL`] bytes.
 async fn read_tail(reader: OwnedFd) -> String {
+    // SAFETY: `reader` owns the descriptor and outlives the call; F_SETFL takes an int, no pointer.
     unsafe { libc::fcntl(reader.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
     let Ok(mut receiver) = tokio::net::unix::pipe::Receiver::from_owned_fd(reader) else {
         return String::new();

@@ -13,11 +13,15 @@ const MAX_LINE: usize = 4096;
 /// Make a pipe whose read end is logged; returns the write end for the sandbox.
 pub fn log_pipe(lambda: &str, sandbox: u64) -> io::Result<OwnedFd> {
     let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` is a live array of two c_ints, exactly what pipe2 writes.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: pipe2 succeeded, so both are fresh descriptors that nothing else owns; each is
+    // wrapped exactly once.
     let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     // The sandbox's end must block like an ordinary stdout.
+    // SAFETY: fds[1] is owned by `write`, which is alive here; F_SETFL takes an int, no pointer.
     unsafe { libc::fcntl(fds[1], libc::F_SETFL, 0) };
     let receiver = pipe::Receiver::from_owned_fd(read)?;
     let lambda = lambda.to_string();

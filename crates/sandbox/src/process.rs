@@ -31,10 +31,12 @@ pub struct PidFd {
 
 impl PidFd {
     pub fn open(pid: i32) -> io::Result<PidFd> {
+        // SAFETY: pidfd_open takes two integers and touches no memory of ours.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
+        // SAFETY: pidfd_open succeeded, so `fd` is a new descriptor that nothing else owns.
         Ok(PidFd { fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) }, pid })
     }
 
@@ -65,6 +67,8 @@ impl PidFd {
     }
 
     pub fn signal(&self, sig: i32) -> io::Result<()> {
+        // SAFETY: `self.fd` is owned by `self` and open for the call; a null siginfo is allowed
+        // (the kernel fills in a default one).
         let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.fd.as_raw_fd(), sig, std::ptr::null::<u8>(), 0) };
         if rc < 0 {
             let e = io::Error::last_os_error();
@@ -83,6 +87,7 @@ impl PidFd {
     /// Whether the process has exited (a pidfd polls readable once it has).
     pub fn has_exited(&self) -> bool {
         let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: `pfd` is one live pollfd, matching nfds = 1; its fd is `self.fd`, open for the call.
         unsafe { libc::poll(&mut pfd, 1, 0) == 1 }
     }
 
@@ -101,8 +106,18 @@ impl PidFd {
         tokio::time::timeout(timeout, afd.readable()).await.is_ok()
     }
 
+    /// Whether the process was sent SIGKILL that it has not yet acted on, as a frozen
+    /// process cannot (it dies only when thawed); a process already gone counts as killed.
+    pub fn sigkill_pending(&self) -> bool {
+        match std::fs::read_to_string(format!("/proc/{}/status", self.pid)) {
+            Ok(status) => sigkill_in_status(&status),
+            Err(_) => true,
+        }
+    }
+
     /// Reap the process if it is our child and has exited (no-op otherwise).
     pub fn reap(&self) {
+        // SAFETY: waitpid takes a pid and an optional status pointer; null means "don't store".
         unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), libc::WNOHANG) };
     }
 
@@ -110,6 +125,7 @@ impl PidFd {
     pub async fn wait_status(&self) -> i32 {
         loop {
             let mut status = 0;
+            // SAFETY: `status` is a live c_int that waitpid may write.
             let rc = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
             if rc == self.pid {
                 return status;
@@ -188,9 +204,12 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
     let host = spec.hostname.map(cstr).transpose()?;
     let cg_fds: Vec<RawFd> = spec.cgroup_procs.iter().map(|f| f.as_raw_fd()).collect();
     let mut pipe = [0 as RawFd; 2];
+    // SAFETY: `pipe` is a live array of two c_ints, exactly what pipe2 writes.
     if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: pipe2 succeeded, so both are fresh descriptors that nothing else owns; each is
+    // wrapped exactly once.
     let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1])) };
 
     let mut flags = libc::CLONE_PIDFD as libc::c_long | libc::SIGCHLD as libc::c_long;
@@ -204,12 +223,18 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
     let filter = if spec.seccomp { Some(crate::seccomp::program()?) } else { None };
     let fprog = filter.as_ref().map(crate::seccomp::fprog);
     let mut pidfd: libc::c_int = -1;
+    // SAFETY: a fork-like clone (no CLONE_VM, no new stack); with CLONE_PIDFD the kernel writes
+    // the child's pidfd through the parent_tid argument (third on x86-64 and arm64) into the live
+    // local `pidfd`. The child runs only the block below, which never returns.
     let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, &mut pidfd as *mut libc::c_int, 0usize, 0usize) };
     if pid < 0 {
         return Err(io::Error::last_os_error());
     }
     if pid == 0 {
         // Child: plain system calls only.
+        // SAFETY: the child of a clone in a threaded program must stay async-signal-safe: it only makes system calls on
+        // descriptors, C strings, pointer arrays and a seccomp program built before the clone (its copy of memory holds
+        // them), `fail` writes the 8 bytes of `report`, nothing allocates or unwinds, and every path ends in execve or _exit.
         unsafe {
             let fail = |stage: i32| -> ! {
                 let report = [stage, *libc::__errno_location()];
@@ -272,14 +297,42 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
         }
     }
     drop(wr);
+    // SAFETY: the clone succeeded, so CLONE_PIDFD stored a new descriptor in `pidfd`; nothing
+    // else owns it.
     let pidfd = PidFd { fd: unsafe { OwnedFd::from_raw_fd(pidfd) }, pid: pid as i32 };
     let mut report = [0i32; 2];
+    // SAFETY: `rd` is owned here and open for the call, and `report` is 8 writable bytes.
     let n = unsafe { libc::read(rd.as_raw_fd(), report.as_mut_ptr() as *mut libc::c_void, 8) };
     if n == 8 {
+        // SAFETY: `pid` is our child, not yet reaped (it failed before exec and exits at once);
+        // a null status pointer is allowed.
         unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), 0) };
         let stage = STAGES.get(report[0] as usize).copied().unwrap_or("start");
         let e = io::Error::from_raw_os_error(report[1]);
         return Err(io::Error::new(e.kind(), format!("sandbox process failed to {stage}: {e}")));
     }
     Ok(pidfd)
+}
+
+/// Whether `/proc/<pid>/status` text shows SIGKILL pending, for the thread or the process.
+fn sigkill_in_status(status: &str) -> bool {
+    let bit = 1u64 << (libc::SIGKILL - 1);
+    status
+        .lines()
+        .filter_map(|line| line.strip_prefix("SigPnd:").or_else(|| line.strip_prefix("ShdPnd:")))
+        .filter_map(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .any(|mask| mask & bit != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_pending_sigkill_is_seen_in_either_mask() {
+        let status = |sig: &str, shd: &str| format!("Name:\tpython3\nState:\tD (disk sleep)\nSigPnd:\t{sig}\nShdPnd:\t{shd}\n");
+        assert!(super::sigkill_in_status(&status("0000000000000100", "0000000000000100")));
+        assert!(super::sigkill_in_status(&status("0000000000000000", "0000000000000100")));
+        assert!(!super::sigkill_in_status(&status("0000000000000000", "0000000000000000")));
+        // SIGINT and SIGTERM pending are not SIGKILL.
+        assert!(!super::sigkill_in_status(&status("0000000000004002", "0000000000000000")));
+    }
 }

@@ -10,9 +10,7 @@
 //! before runc starts. runc creates a fresh cgroup per container (`<cgroup_parent>/<id>`): no
 //! pooling, no Zygote, which is the point of the baseline. `runc run --detach` hands its
 //! stdout and stderr down to the container, so they are the sandbox's log pipe; runc's own
-//! complaints go to a log file in the bundle, read back when it fails. The pieces both
-//! baselines share (the sandbox's environment and scratch directory, its cgroup as `invoke`
-//! sees it, the counters) live here.
+//! complaints go to a log file in the bundle, read back when it fails.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -22,14 +20,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::process::Command;
 
-use crate::backend::{handler_kind, sandbox_env_strings, Backend, BackendStats, Counters, CreateError, Resources, Sandbox, SandboxSpec};
+use crate::backend::{Backend, Counters, Sandbox};
 use crate::cgroup::{view_of, Layout, Version};
 use crate::channel::Endpoint;
+use crate::channel::{Reply, Request};
 use crate::output::log_pipe;
 use crate::process::PidFd;
+use crate::scratch::{make_scratch, remove_dir};
+use crate::session::{handler_kind, session_methods, Calls, Session};
+use crate::spec::{sandbox_env_strings, BackendStats, CreateError, InvokeError, SandboxSpec};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
 
 /// Settings of the runc backend.
@@ -51,7 +54,13 @@ pub struct RuncConfig {
     pub cpuset: Option<String>,
 }
 
+/// The `runc` back-end.
 pub struct RuncBackend {
+    runc: Arc<Runc>,
+}
+
+/// What the back-end and its sandboxes share: a sandbox deletes its container through it.
+struct Runc {
     cfg: RuncConfig,
     stage: Arc<Stage>,
     layout: Option<Layout>,
@@ -59,25 +68,12 @@ pub struct RuncBackend {
     counters: Counters,
 }
 
-/// Remove a directory tree, saying so only when that fails for another reason than absence.
-pub(crate) async fn remove_dir(dir: &Path) {
-    match tokio::fs::remove_dir_all(dir).await {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            tracing::warn!("removing {}: {e}", dir.display())
-        }
-        _ => {}
-    }
-}
-
-/// Make a sandbox's scratch directory (bound at /host) with its `tmp`, owned by the sandbox
-/// user: the base's /tmp is a symlink to host/tmp.
-pub(crate) fn make_scratch(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir.join("tmp"))?;
-    [dir.to_path_buf(), dir.join("tmp")].iter().try_for_each(|d| {
-        std::os::unix::fs::chown(d, Some(uid), Some(gid))?;
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
-    })
+/// One container and its helper.
+struct RuncSandbox {
+    session: Session,
+    container: String,
+    bundle: PathBuf,
+    runc: Arc<Runc>,
 }
 
 impl RuncBackend {
@@ -85,9 +81,11 @@ impl RuncBackend {
         let layout = Layout::detect(Version::Auto, None)
             .map_err(|e| tracing::warn!("no cgroup hierarchy found; runc sandboxes go unwatched: {e}"))
             .ok();
-        RuncBackend { cfg, stage, layout, next_id: AtomicU64::new(1), counters: Counters::default() }
+        RuncBackend { runc: Arc::new(Runc { cfg, stage, layout, next_id: AtomicU64::new(1), counters: Counters::default() }) }
     }
+}
 
+impl Runc {
     /// Where runc keeps its state of this worker's containers.
     fn state_root(&self) -> PathBuf {
         self.stage.run.join("runc-state")
@@ -191,13 +189,13 @@ impl RuncBackend {
     /// Start the container and wait for its helper to connect and load the lambda.
     /// The container's init goes into `init` as soon as it runs.
     async fn provision(
-        &self,
+        self: &Arc<Self>,
         id: u64,
         name: &str,
         bundle: &Path,
         spec: &SandboxSpec,
         init: &mut Option<PidFd>,
-    ) -> Result<Sandbox, CreateError> {
+    ) -> Result<RuncSandbox, CreateError> {
         let started = Instant::now();
         let scratch = bundle.join("scratch");
         make_scratch(&scratch, self.cfg.uid, self.cfg.gid).map_err(CreateError::platform)?;
@@ -222,21 +220,18 @@ impl RuncBackend {
         let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
         let kind = handler_kind(hello)?;
         let cgroup_path = view_of(self.layout.as_ref(), &format!("{}/{id}", self.cfg.cgroup_parent));
-        Ok(Sandbox {
+        let session = Session {
             id,
-            lambda: spec.lambda.clone(),
             kind,
-            created: Instant::now(),
             startup: started.elapsed(),
             channel,
             process: init.take().or(peer),
-            cgroup_path,
+            cgroup: cgroup_path,
             limits: spec.limits,
-            resources: Resources::Runc { container: name.to_string(), bundle: bundle.to_path_buf() },
             tainted: false,
-            attached: crate::backend::attachments(spec),
-            learner: None,
-        })
+            attached: spec.attachments(),
+        };
+        Ok(RuncSandbox { session, container: name.to_string(), bundle: bundle.to_path_buf(), runc: self.clone() })
     }
 
     /// A pidfd of a running container's init process, from runc's state file.
@@ -272,59 +267,76 @@ impl Backend for RuncBackend {
         "runc"
     }
 
-    async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, CreateError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+    async fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, CreateError> {
+        let runc = &self.runc;
+        let id = runc.next_id.fetch_add(1, Ordering::Relaxed);
         let name = format!("sprout-{id}");
-        let bundle = self.stage.run.join("runc").join(id.to_string());
+        let bundle = runc.stage.run.join("runc").join(id.to_string());
         let mut init = None;
-        let result = self.provision(id, &name, &bundle, spec, &mut init).await;
-        self.counters.record(&result);
+        let result = runc.provision(id, &name, &bundle, spec, &mut init).await;
+        runc.counters.record(&result);
         if result.is_err() {
-            self.remove(&name, &bundle, init.as_ref()).await;
+            runc.remove(&name, &bundle, init.as_ref()).await;
         }
-        result
-    }
-
-    async fn destroy(&self, sandbox: Sandbox) {
-        let Sandbox { resources, channel, process, .. } = sandbox;
-        drop(channel);
-        if let Resources::Runc { container, bundle } = resources {
-            self.remove(&container, &bundle, process.as_ref()).await;
-            self.counters.destroyed();
-        }
+        Ok(Box::new(result?))
     }
 
     fn stats(&self) -> BackendStats {
-        self.counters.stats()
+        self.runc.counters.stats()
     }
 
     async fn shutdown(&self) {
-        let mut cmd = self.runc(None);
+        let runc = &self.runc;
+        let mut cmd = runc.runc(None);
         cmd.args(["list", "-q"]);
         match cmd.stderr(Stdio::null()).output().await {
             Ok(out) => {
                 for container in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                     if let Some(id) = container.strip_prefix("sprout-") {
-                        let init = self.init_process(container);
-                        self.remove(container, &self.stage.run.join("runc").join(id), init.as_ref()).await;
+                        let init = runc.init_process(container);
+                        runc.remove(container, &runc.stage.run.join("runc").join(id), init.as_ref()).await;
                     }
                 }
             }
-            Err(e) => tracing::warn!("listing runc containers: {}", self.spawn_error(e)),
+            Err(e) => tracing::warn!("listing runc containers: {}", runc.spawn_error(e)),
         }
-        remove_dir(&self.stage.run.join("runc")).await;
-        if let Some(layout) = &self.layout {
-            if let Err(e) = layout.remove_tree(&self.cfg.cgroup_parent) {
-                tracing::warn!("removing cgroup {}: {e}", self.cfg.cgroup_parent);
+        remove_dir(&runc.stage.run.join("runc")).await;
+        if let Some(layout) = &runc.layout {
+            if let Err(e) = layout.remove_tree(&runc.cfg.cgroup_parent) {
+                tracing::warn!("removing cgroup {}: {e}", runc.cfg.cgroup_parent);
             }
             // On v1 runc also made the parent in hierarchies Sprout does not use; empty now.
             if let Layout::V1 { hierarchies } = layout {
                 if let Some(root) = hierarchies.first().and_then(|(mount, _)| mount.parent()) {
                     for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
-                        let _ = std::fs::remove_dir(entry.path().join(&self.cfg.cgroup_parent));
+                        let _ = std::fs::remove_dir(entry.path().join(&runc.cfg.cgroup_parent));
                     }
                 }
             }
         }
+    }
+}
+
+#[async_trait]
+impl Sandbox for RuncSandbox {
+    session_methods!();
+
+    async fn invoke(
+        &mut self,
+        request: &Request,
+        body: &[u8],
+        timeout: Duration,
+        calls: &dyn Calls,
+    ) -> Result<(Reply, Bytes), InvokeError> {
+        self.session.invoke(request, body, timeout, calls).await
+    }
+
+    async fn destroy(self: Box<Self>) {
+        let RuncSandbox { session, container, bundle, runc } = *self;
+        let Session { channel, process, attached, .. } = session;
+        drop(channel);
+        runc.remove(&container, &bundle, process.as_ref()).await;
+        runc.counters.destroyed();
+        drop(attached);
     }
 }

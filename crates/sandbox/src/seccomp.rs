@@ -152,6 +152,8 @@ mod tests {
         // SAFETY: the child makes only system calls and exits with a code saying what failed.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
+            // SAFETY: the forked child of the threaded test harness makes only system calls (and
+            // reads errno); `fprog` points into `program`, alive in its copy of memory; it ends in _exit.
             unsafe {
                 libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
                 if install(&fprog) != 0 {
@@ -196,6 +198,7 @@ mod tests {
             }
         }
         let mut status = 0;
+        // SAFETY: `status` is a live c_int that waitpid may write; `pid` is our forked child.
         unsafe { libc::waitpid(pid, &mut status, 0) };
         assert!(libc::WIFEXITED(status), "status {status}");
         assert_eq!(libc::WEXITSTATUS(status), 0);

@@ -16,16 +16,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
-use crate::backend::{
-    attachments, handler_kind, sandbox_env, Backend, BackendStats, Counters, CreateError, Resources, Sandbox, SandboxSpec,
-};
+use crate::backend::{Backend, Counters, Sandbox};
 use crate::cgroup::{Cgroup, CgroupPool, Limits};
-use crate::channel::{Channel, Endpoint, Hello};
+use crate::channel::{Channel, Endpoint, Hello, Reply, Request};
 use crate::import_cache::{accept_and_place, ImportCache, NodeUse};
 use crate::mounts;
 use crate::output::log_pipe;
 use crate::process::{spawn, PidFd, SpawnSpec};
+use crate::session::{handler_kind, session_methods, Calls, Session};
+use crate::spec::{sandbox_env, BackendStats, CreateError, InvokeError, SandboxSpec};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
 
 /// Settings shared by the lean backends.
@@ -55,7 +56,13 @@ struct Provisioned {
     hold: Option<NodeUse>,
 }
 
+/// The `sock` and `sock-nozygote` back-ends.
 pub struct SockBackend {
+    lean: Arc<Lean>,
+}
+
+/// What the back-end and its sandboxes share: a sandbox gives its slot and cgroup back here.
+struct Lean {
     cfg: LeanConfig,
     stage: Arc<Stage>,
     pool: Arc<CgroupPool>,
@@ -67,9 +74,17 @@ pub struct SockBackend {
     counters: Counters,
 }
 
+/// A lean sandbox: its session, its slot (root directory) and its cgroup.
+struct LeanSandbox {
+    session: Session,
+    slot: usize,
+    cgroup: Cgroup,
+    lean: Arc<Lean>,
+}
+
 impl SockBackend {
     pub fn new(cfg: LeanConfig, stage: Arc<Stage>, pool: Arc<CgroupPool>, zygotes: Option<Arc<ImportCache>>) -> SockBackend {
-        SockBackend {
+        let lean = Lean {
             cfg,
             stage,
             pool,
@@ -78,17 +93,20 @@ impl SockBackend {
             next_slot: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
-        }
+        };
+        SockBackend { lean: Arc::new(lean) }
     }
 
     /// Start the root Zygote now rather than on the first request.
     pub async fn start(&self) -> Result<(), CreateError> {
-        if let Some(zygotes) = &self.zygotes {
+        if let Some(zygotes) = &self.lean.zygotes {
             zygotes.root().await?;
         }
         Ok(())
     }
+}
 
+impl Lean {
     fn take_slot(&self) -> usize {
         self.free_slots.lock().unwrap().pop().unwrap_or_else(|| self.next_slot.fetch_add(1, Ordering::Relaxed))
     }
@@ -121,7 +139,7 @@ impl SockBackend {
     }
 
     /// Stitch a root, take a cgroup, provision the helper and wait for its hello.
-    async fn make(&self, spec: &SandboxSpec) -> Result<Sandbox, CreateError> {
+    async fn make(self: &Arc<Self>, spec: &SandboxSpec) -> Result<LeanSandbox, CreateError> {
         let started = Instant::now();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let slot = self.take_slot();
@@ -158,28 +176,22 @@ impl SockBackend {
         }
         match handler_kind(hello) {
             Ok(kind) => {
-                let mut attached = attachments(spec);
+                let mut attached = spec.attachments();
                 if let Some(hold) = hold {
                     attached.push(Box::new(hold));
                 }
-                if let Some(network) = &spec.network {
-                    attached.push(Box::new(network.clone()));
-                }
-                Ok(Sandbox {
+                let session = Session {
                     id,
-                    lambda: spec.lambda.clone(),
                     kind,
-                    created: Instant::now(),
                     startup: started.elapsed(),
                     channel,
                     process,
-                    cgroup_path: Some(view),
+                    cgroup: Some(view),
                     limits: spec.limits,
-                    resources: Resources::Lean { slot, cgroup },
                     tainted: false,
                     attached,
-                    learner: self.zygotes.as_ref().map(Arc::downgrade),
-                })
+                };
+                Ok(LeanSandbox { session, slot, cgroup, lean: self.clone() })
             }
             Err(load_error) => {
                 self.release(slot, root, cgroup, process).await;
@@ -269,51 +281,83 @@ impl SockBackend {
 #[async_trait]
 impl Backend for SockBackend {
     fn name(&self) -> &'static str {
-        if self.zygotes.is_some() {
+        if self.lean.zygotes.is_some() {
             "sock"
         } else {
             "sock-nozygote"
         }
     }
 
-    async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, CreateError> {
-        let result = self.make(spec).await;
-        self.counters.record(&result);
-        result
-    }
-
-    async fn destroy(&self, sandbox: Sandbox) {
-        let Sandbox { resources, process, channel, attached, .. } = sandbox;
-        drop(channel);
-        if let Resources::Lean { slot, cgroup } = resources {
-            let root = self.stage.run.join("sb").join(slot.to_string()).join("root");
-            self.release(slot, root, cgroup, process).await;
-            self.counters.destroyed();
-        }
-        drop(attached);
+    async fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, CreateError> {
+        let result = self.lean.make(spec).await;
+        self.lean.counters.record(&result);
+        Ok(Box::new(result?))
     }
 
     fn stats(&self) -> BackendStats {
-        let pool = self.pool.stats();
+        let pool = self.lean.pool.stats();
         BackendStats {
             cgroups_created: pool.created,
             cgroups_reused: pool.reused,
             zygote_restarts: self
+                .lean
                 .zygotes
                 .as_ref()
                 .and_then(|z| z.counters().into_iter().find(|c| c.0 == "sprout_zygote_restarts").map(|c| c.2))
                 .unwrap_or(0),
-            ..self.counters.stats()
+            ..self.lean.counters.stats()
         }
     }
 
     async fn shutdown(&self) {
-        if let Some(zygotes) = &self.zygotes {
+        if let Some(zygotes) = &self.lean.zygotes {
             zygotes.shutdown().await;
         }
     }
 
     fn import_cache(&self) -> Option<Arc<ImportCache>> {
-        self.zygotes.clone()
+        self.lean.zygotes.clone()
+    }
+}
+
+#[async_trait]
+impl Sandbox for LeanSandbox {
+    session_methods!();
+
+    async fn invoke(
+        &mut self,
+        request: &Request,
+        body: &[u8],
+        timeout: Duration,
+        calls: &dyn Calls,
+    ) -> Result<(Reply, Bytes), InvokeError> {
+        let reply = self.session.invoke(request, body, timeout, calls).await?;
+        // The package modules its handler imported on first use: what a Zygote could import ahead.
+        if let (Some(report), Some(zygotes)) = (&reply.0.package_modules, &self.lean.zygotes) {
+            zygotes.learn(report);
+        }
+        Ok(reply)
+    }
+
+    fn pause(&self) -> std::io::Result<bool> {
+        self.cgroup.set_frozen(true).map(|_| true)
+    }
+
+    fn resume(&self) -> std::io::Result<()> {
+        self.cgroup.set_frozen(false)
+    }
+
+    fn killed_while_paused(&self) -> bool {
+        self.session.process.as_ref().is_some_and(|p| p.sigkill_pending())
+    }
+
+    async fn destroy(self: Box<Self>) {
+        let LeanSandbox { session, slot, cgroup, lean } = *self;
+        let Session { channel, process, attached, .. } = session;
+        drop(channel);
+        let root = lean.stage.run.join("sb").join(slot.to_string()).join("root");
+        lean.release(slot, root, cgroup, process).await;
+        lean.counters.destroyed();
+        drop(attached); // its Zygote's use count, its packages: only now that nothing runs
     }
 }

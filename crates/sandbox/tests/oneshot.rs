@@ -28,8 +28,7 @@ fn spec(code: &str, limits: Limits, timeout: Duration, binds: Vec<Bind>) -> Ones
 }
 
 fn mounts_under(dir: &Path) -> usize {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    info.lines().filter(|l| l.split(' ').nth(4).map(|m| m.starts_with(dir.to_str().unwrap())).unwrap_or(false)).count()
+    sprout_sandbox::mountinfo::read().unwrap().iter().filter(|m| m.mount_point.starts_with(dir)).count()
 }
 
 #[tokio::test(flavor = "multi_thread")]

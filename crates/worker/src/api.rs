@@ -14,7 +14,7 @@
 //! Every route but `/run/...` and `GET /status` needs the worker's token ([`crate::auth`]).
 //!
 //! Every failure answers with JSON `{"error": <code>, "message": ...}` and a status that says
-//! whose fault it was; the codes are [`ERROR_CODES`] and never change meaning. The app port
+//! whose fault it was; the codes are [`ErrorCode`]'s and never change meaning. The app port
 //! ([`crate::app`]) sends requests to its lambda through the same [`forward`] as `/run`.
 
 use std::net::SocketAddr;
@@ -34,49 +34,20 @@ use sprout_sandbox::channel::Request;
 
 use crate::auth::{require_token, Guard};
 use crate::calls::LambdaCalls;
+pub use crate::errors::ErrorCode;
 use crate::instances::{Failure, Instances};
 use crate::metrics::Metrics;
+use crate::networks::LambdaNetworks;
 use crate::packages::Packages;
 use crate::registry::{valid_name, Registry};
-
-/// Every error code the API answers with.
-pub const ERROR_CODES: [&str; 29] = [
-    "not_found",
-    "invalid_request",
-    "method_not_allowed",
-    "lambda_not_found",
-    "invalid_name",
-    "invalid_archive",
-    "unsafe_path",
-    "archive_too_large",
-    "missing_handler",
-    "syntax_error",
-    "payload_too_large",
-    "queue_full",
-    "queue_timeout",
-    "shutting_down",
-    "load_error",
-    "sandbox_start_failed",
-    "handler_exception",
-    "invalid_json",
-    "invalid_result",
-    "timeout",
-    "out_of_memory",
-    "sandbox_crashed",
-    "internal",
-    "unpinned_requirements",
-    "invalid_requirements",
-    "install_failed",
-    "call_depth_exceeded",
-    "unauthorized",
-    "forbidden",
-];
 
 #[derive(Clone)]
 pub struct Api {
     pub registry: Arc<Registry>,
     pub instances: Arc<Instances>,
     pub packages: Arc<Packages>,
+    /// The lambdas' network namespaces (a deleted lambda's goes with its last sandbox).
+    pub networks: Arc<LambdaNetworks>,
     pub metrics: Arc<Metrics>,
     /// Who may use the API, and the token lambdas must never see.
     pub auth: Arc<Guard>,
@@ -87,13 +58,13 @@ pub struct Api {
 }
 
 pub(crate) struct ApiError {
-    status: StatusCode,
+    code: ErrorCode,
     body: Value,
 }
 
 impl ApiError {
-    pub(crate) fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
-        ApiError { status, body: json!({"error": code, "message": message.into()}) }
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        ApiError { code, body: json!({"error": code.as_str(), "message": message.into()}) }
     }
 
     pub(crate) fn with(mut self, key: &str, value: impl Into<Value>) -> ApiError {
@@ -101,21 +72,19 @@ impl ApiError {
         self
     }
 
-    fn code(&self) -> &str {
-        self.body["error"].as_str().unwrap_or("internal")
-    }
-
     /// The JSON body, with the status in it (how a handler's call learns of the error).
     pub(crate) fn into_call_reply(self) -> Value {
         let mut body = self.body;
-        body["status"] = self.status.as_u16().into();
+        body["status"] = self.code.status().as_u16().into();
         body
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, [(header::CONTENT_TYPE, "application/json")], self.body.to_string()).into_response()
+        let mut response = (self.code.status(), [(header::CONTENT_TYPE, "application/json")], self.body.to_string()).into_response();
+        response.extensions_mut().insert(self.code);
+        response
     }
 }
 
@@ -133,60 +102,34 @@ pub fn router(api: Api) -> Router {
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
         .route("/packages", get(list_packages))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed here")
-        })
+        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
+        .method_not_allowed_fallback(|| async { ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed here") })
         .layer(axum::middleware::from_fn_with_state(api.auth.clone(), require_token))
         .layer(axum::middleware::map_response_with_state(api.clone(), count_errors))
         .with_state(api)
 }
 
+/// Count every error response by its code (each carries its [`ErrorCode`]).
 pub(crate) async fn count_errors(State(api): State<Api>, response: Response) -> Response {
     if let Some(code) = response.extensions().get::<ErrorCode>() {
-        api.metrics.error(code.0);
+        api.metrics.error(*code);
     }
     response
 }
 
-/// Marks a response as an error of a code, for counting.
-#[derive(Clone, Copy)]
-struct ErrorCode(&'static str);
-
+/// An error as the response it is.
 pub(crate) fn fail(e: ApiError) -> Response {
-    let code = ERROR_CODES.iter().find(|c| **c == e.code()).copied().unwrap_or("internal");
-    let mut response = e.into_response();
-    response.extensions_mut().insert(ErrorCode(code));
-    response
+    e.into_response()
 }
 
 async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("the request body exceeds the limit of {} bytes", limit),
-        )),
-        Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", format!("reading the body: {e}"))),
-    }
-}
-
-fn decode_segment(raw: &str) -> Option<String> {
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+            Err(ApiError::new(ErrorCode::PayloadTooLarge, format!("the request body exceeds the limit of {} bytes", limit)))
         }
+        Err(e) => Err(ApiError::new(ErrorCode::InvalidRequest, format!("reading the body: {e}"))),
     }
-    String::from_utf8(out).ok()
 }
 
 const HOP_BY_HOP: [&str; 8] =
@@ -210,7 +153,12 @@ async fn run_lambda(api: &Api, peer: SocketAddr, method: Method, uri: Uri, heade
     let after = uri.path().strip_prefix("/run/").unwrap_or("");
     let (raw_name, rest) = after.split_at(after.find('/').unwrap_or(after.len()));
     let target = Target {
-        name: decode_segment(raw_name).filter(|n| valid_name(n)).unwrap_or_default(),
+        name: percent_encoding::percent_decode_str(raw_name)
+            .decode_utf8()
+            .ok()
+            .filter(|n| valid_name(n))
+            .map(String::from)
+            .unwrap_or_default(),
         shown: raw_name.to_string(),
         script_name: format!("/run/{raw_name}"),
         path: if rest.is_empty() { "/".to_string() } else { rest.to_string() },
@@ -243,7 +191,7 @@ pub(crate) async fn forward(
     let started = Instant::now();
     let Target { name, shown, script_name, path } = target;
     let Some(lambda) = api.registry.get(&name) else {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {shown:?}")));
+        return Err(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {shown:?}")));
     };
     let body = read_body(body, api.max_body).await?;
     let is_head = method == Method::HEAD;
@@ -285,12 +233,9 @@ pub(crate) async fn forward(
             match (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
                 (Ok(k), Ok(v)) => out = out.header(k, v),
                 _ => {
-                    return Err(ApiError::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "invalid_result",
-                        format!("the handler sent an invalid header {k:?}"),
+                    return Err(
+                        ApiError::new(ErrorCode::InvalidResult, format!("the handler sent an invalid header {k:?}")).with("lambda", name)
                     )
-                    .with("lambda", name))
                 }
             }
         }
@@ -304,10 +249,8 @@ pub(crate) async fn forward(
 
 /// The error a handler's reply reports, if it reports one.
 pub(crate) fn handler_error(reply: &sprout_sandbox::channel::Reply) -> Option<ApiError> {
-    let code = reply.error.as_deref()?;
-    let status = if code == "invalid_json" { StatusCode::BAD_REQUEST } else { StatusCode::INTERNAL_SERVER_ERROR };
-    let code = ERROR_CODES.iter().find(|c| **c == code).copied().unwrap_or("handler_exception");
-    let mut e = ApiError::new(status, code, reply.message.clone().unwrap_or_default());
+    let code = ErrorCode::from_handler(reply.error.as_deref()?);
+    let mut e = ApiError::new(code, reply.message.clone().unwrap_or_default());
     if let Some(tb) = &reply.traceback {
         e = e.with("traceback", tb.clone());
     }
@@ -317,28 +260,28 @@ pub(crate) fn handler_error(reply: &sprout_sandbox::channel::Reply) -> Option<Ap
 pub(crate) fn failure_response(failure: Failure) -> ApiError {
     let message = failure.to_string();
     match failure {
-        Failure::QueueFull(_) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", message),
-        Failure::QueueTimeout(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_timeout", message),
-        Failure::ShuttingDown => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message),
+        Failure::QueueFull(_) => ApiError::new(ErrorCode::QueueFull, message),
+        Failure::QueueTimeout(_) => ApiError::new(ErrorCode::QueueTimeout, message),
+        Failure::ShuttingDown => ApiError::new(ErrorCode::ShuttingDown, message),
         Failure::Load { traceback, .. } => {
-            let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "load_error", message);
+            let e = ApiError::new(ErrorCode::LoadError, message);
             match traceback {
                 Some(tb) => e.with("traceback", tb),
                 None => e,
             }
         }
-        Failure::Platform(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "sandbox_start_failed", message),
+        Failure::Platform(_) => ApiError::new(ErrorCode::SandboxStartFailed, message),
         Failure::Install(e) => {
-            let mut err = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "install_failed", message).with("pip_output", e.output);
+            let mut err = ApiError::new(ErrorCode::InstallFailed, message).with("pip_output", e.output);
             if let Some(package) = e.package {
                 err = err.with("package", package);
             }
             err
         }
         Failure::Sandbox(e) => match e {
-            sprout_sandbox::InvokeError::Timeout(_) => ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message),
-            sprout_sandbox::InvokeError::OutOfMemory { .. } => ApiError::new(StatusCode::BAD_GATEWAY, "out_of_memory", message),
-            sprout_sandbox::InvokeError::Crashed { .. } => ApiError::new(StatusCode::BAD_GATEWAY, "sandbox_crashed", message),
+            sprout_sandbox::InvokeError::Timeout(_) => ApiError::new(ErrorCode::Timeout, message),
+            sprout_sandbox::InvokeError::OutOfMemory { .. } => ApiError::new(ErrorCode::OutOfMemory, message),
+            sprout_sandbox::InvokeError::Crashed { .. } => ApiError::new(ErrorCode::SandboxCrashed, message),
         },
     }
 }
@@ -365,18 +308,13 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) ->
             (StatusCode::CREATED, axum::Json(json!(*lambda))).into_response()
         }
         Ok(Err(e)) => {
-            let status = match e.code() {
-                "archive_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
-                "internal" => StatusCode::INTERNAL_SERVER_ERROR,
-                _ => StatusCode::BAD_REQUEST,
-            };
-            let mut err = ApiError::new(status, e.code(), e.to_string());
+            let mut err = ApiError::new(e.code(), e.to_string());
             if let crate::registry::UploadError::Syntax(s) = &e {
                 err = err.with("line", s.line).with("offset", s.offset);
             }
             fail(err)
         }
-        Err(e) => fail(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())),
+        Err(e) => fail(ApiError::new(ErrorCode::Internal, e.to_string())),
     }
 }
 
@@ -388,17 +326,17 @@ async fn list_lambdas(State(api): State<Api>) -> Response {
 async fn show_lambda(State(api): State<Api>, Path(name): Path<String>) -> Response {
     match api.registry.get(&name) {
         Some(l) => axum::Json(json!(*l)).into_response(),
-        None => fail(ApiError::new(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {name:?}"))),
+        None => fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}"))),
     }
 }
 
 async fn delete_lambda(State(api): State<Api>, Path(name): Path<String>) -> Response {
     if api.registry.delete(&name) {
-        api.instances.lambda_deleted(&name).await;
+        api.networks.forget(&name).await;
         tracing::info!(lambda = %name, "lambda deleted");
         axum::Json(json!({"deleted": name})).into_response()
     } else {
-        fail(ApiError::new(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {name:?}")))
+        fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}")))
     }
 }
 
@@ -409,7 +347,7 @@ async fn stats(State(api): State<Api>) -> Response {
     out["handler_cache"] = handler_cache;
     out["install_cache"] = api.packages.stats();
     out["import_cache"] = api.metrics.import_cache_stats();
-    out["network"] = api.instances.network_stats();
+    out["network"] = api.networks.stats();
     axum::Json(out).into_response()
 }
 

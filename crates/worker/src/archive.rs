@@ -13,6 +13,8 @@ use std::path::{Component, Path, PathBuf};
 
 use flate2::read::GzDecoder;
 
+use crate::errors::ErrorCode;
+
 /// What an archive may unpack to.
 #[derive(Debug, Clone, Copy)]
 pub struct Caps {
@@ -40,13 +42,13 @@ pub enum ArchiveError {
 }
 
 impl ArchiveError {
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            ArchiveError::NotGzip | ArchiveError::Corrupt(_) => "invalid_archive",
-            ArchiveError::UnsafePath(_) | ArchiveError::Unsupported(_) => "unsafe_path",
-            ArchiveError::TooLarge(_) => "archive_too_large",
-            ArchiveError::MissingHandler => "missing_handler",
-            ArchiveError::Io(_) => "internal",
+            ArchiveError::NotGzip | ArchiveError::Corrupt(_) => ErrorCode::InvalidArchive,
+            ArchiveError::UnsafePath(_) | ArchiveError::Unsupported(_) => ErrorCode::UnsafePath,
+            ArchiveError::TooLarge(_) => ErrorCode::ArchiveTooLarge,
+            ArchiveError::MissingHandler => ErrorCode::MissingHandler,
+            ArchiveError::Io(_) => ErrorCode::Internal,
         }
     }
 }
@@ -242,27 +244,27 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_targz() {
-        assert_eq!(unpack_new(b"plain text").1.unwrap_err().code(), "invalid_archive");
+        assert_eq!(unpack_new(b"plain text").1.unwrap_err().code().as_str(), "invalid_archive");
         let mut bad = targz(|b| file(b, "f.py", b"x"));
         bad.truncate(bad.len() / 2);
-        assert_eq!(unpack_new(&bad).1.unwrap_err().code(), "invalid_archive");
+        assert_eq!(unpack_new(&bad).1.unwrap_err().code().as_str(), "invalid_archive");
     }
 
     #[test]
     fn refuses_escaping_paths_and_links() {
         let up = targz(|b| file(b, "../evil.py", b"x"));
-        assert_eq!(unpack_new(&up).1.unwrap_err().code(), "unsafe_path");
+        assert_eq!(unpack_new(&up).1.unwrap_err().code().as_str(), "unsafe_path");
         let abs = targz(|b| file(b, "/etc/evil", b"x"));
-        assert_eq!(unpack_new(&abs).1.unwrap_err().code(), "unsafe_path");
+        assert_eq!(unpack_new(&abs).1.unwrap_err().code().as_str(), "unsafe_path");
         let out = targz(|b| {
             file(b, "f.py", b"x");
             link(b, "data", "../../etc", tar::EntryType::Symlink);
         });
-        assert_eq!(unpack_new(&out).1.unwrap_err().code(), "unsafe_path");
+        assert_eq!(unpack_new(&out).1.unwrap_err().code().as_str(), "unsafe_path");
         let abs_link = targz(|b| link(b, "passwd", "/etc/passwd", tar::EntryType::Symlink));
-        assert_eq!(unpack_new(&abs_link).1.unwrap_err().code(), "unsafe_path");
+        assert_eq!(unpack_new(&abs_link).1.unwrap_err().code().as_str(), "unsafe_path");
         let hard = targz(|b| link(b, "shadow", "/etc/shadow", tar::EntryType::Link));
-        assert_eq!(unpack_new(&hard).1.unwrap_err().code(), "unsafe_path");
+        assert_eq!(unpack_new(&hard).1.unwrap_err().code().as_str(), "unsafe_path");
     }
 
     #[test]
@@ -278,7 +280,7 @@ mod tests {
     #[test]
     fn requires_f_py() {
         let data = targz(|b| file(b, "main.py", b"x"));
-        assert_eq!(unpack_new(&data).1.unwrap_err().code(), "missing_handler");
+        assert_eq!(unpack_new(&data).1.unwrap_err().code().as_str(), "missing_handler");
     }
 
     #[test]
@@ -286,12 +288,12 @@ mod tests {
         let big = vec![b'a'; (2 << 20) as usize];
         let data = targz(|b| file(b, "f.py", &big));
         assert!(data.len() < 100_000, "compresses well, as a zip bomb would");
-        assert_eq!(unpack_new(&data).1.unwrap_err().code(), "archive_too_large");
+        assert_eq!(unpack_new(&data).1.unwrap_err().code().as_str(), "archive_too_large");
         let many = targz(|b| {
             for i in 0..150 {
                 file(b, &format!("m{i}.py"), b"x");
             }
         });
-        assert_eq!(unpack_new(&many).1.unwrap_err().code(), "archive_too_large");
+        assert_eq!(unpack_new(&many).1.unwrap_err().code().as_str(), "archive_too_large");
     }
 }

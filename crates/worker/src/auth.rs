@@ -13,11 +13,11 @@ pub mod token;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use crate::api::{fail, ApiError};
+use crate::api::{fail, ApiError, ErrorCode};
 pub use token::{Discovery, Token};
 
 /// Whether a request may reach `path` without a token.
@@ -118,11 +118,11 @@ pub(crate) async fn require_token(State(guard): State<Arc<Guard>>, request: Requ
     match guard.decide(request.method(), request.uri().path(), request.headers()) {
         Verdict::Allow => next.run(request).await,
         Verdict::Unauthorized => {
-            let mut response = fail(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", guard.unauthorized_message()));
+            let mut response = fail(ApiError::new(ErrorCode::Unauthorized, guard.unauthorized_message()));
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"sprout\""));
             response
         }
-        Verdict::Forbidden(why) => fail(ApiError::new(StatusCode::FORBIDDEN, "forbidden", why)),
+        Verdict::Forbidden(why) => fail(ApiError::new(ErrorCode::Forbidden, why)),
     }
 }
 

@@ -7,13 +7,13 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use axum::http::StatusCode;
+
 use bytes::Bytes;
 use serde_json::{json, Value};
 use sprout_sandbox::channel::Request;
 use sprout_sandbox::Calls;
 
-use crate::api::{failure_response, handler_error, Api, ApiError};
+use crate::api::{failure_response, handler_error, Api, ApiError, ErrorCode};
 use crate::registry::valid_name;
 
 /// Answers the calls of a handler serving a request `depth` calls deep.
@@ -36,36 +36,32 @@ impl Calls for LambdaCalls {
         // the caller's request is cut off meanwhile; it ends within `time_left` anyway.
         match tokio::spawn(run_call(api, name, event, time_left, depth)).await {
             Ok(reply) => reply,
-            Err(e) => (ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()).into_call_reply(), Bytes::new()),
+            Err(e) => (ApiError::new(ErrorCode::Internal, e.to_string()).into_call_reply(), Bytes::new()),
         }
     }
 }
 
-fn refuse(status: StatusCode, code: &str, message: String) -> (Value, Bytes) {
-    (ApiError::new(status, code, message).into_call_reply(), Bytes::new())
+fn refuse(code: ErrorCode, message: String) -> (Value, Bytes) {
+    (ApiError::new(code, message).into_call_reply(), Bytes::new())
 }
 
 async fn run_call(api: Api, name: String, event: Bytes, time_left: Duration, depth: u32) -> (Value, Bytes) {
     let started = Instant::now();
     if depth > api.max_invoke_depth {
         let message = format!("calls nest at most {} deep (limits.max_invoke_depth)", api.max_invoke_depth);
-        return refuse(StatusCode::LOOP_DETECTED, "call_depth_exceeded", message);
+        return refuse(ErrorCode::CallDepthExceeded, message);
     }
     if !valid_name(&name) {
-        return refuse(StatusCode::BAD_REQUEST, "invalid_name", format!("{name:?} is not a lambda name"));
+        return refuse(ErrorCode::InvalidName, format!("{name:?} is not a lambda name"));
     }
     let Some(lambda) = api.registry.get(&name) else {
-        return refuse(StatusCode::NOT_FOUND, "lambda_not_found", format!("no lambda named {name:?}"));
+        return refuse(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}"));
     };
     if event.len() > api.max_body {
-        return refuse(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("the event exceeds the limit of {} bytes", api.max_body),
-        );
+        return refuse(ErrorCode::PayloadTooLarge, format!("the event exceeds the limit of {} bytes", api.max_body));
     }
     if time_left.is_zero() {
-        return refuse(StatusCode::GATEWAY_TIMEOUT, "timeout", "the caller's time limit has passed".into());
+        return refuse(ErrorCode::Timeout, "the caller's time limit has passed".into());
     }
     let request = Request {
         method: "POST".into(),

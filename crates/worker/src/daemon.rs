@@ -28,10 +28,10 @@ use crate::archive::Caps;
 use crate::auth::{token, Discovery, Guard};
 use crate::config::{BackendKind, Config, TEMPLATE};
 use crate::handler_cache::HandlerCacheConfig;
-use crate::instances::{InstanceConfig, Instances};
+use crate::instances::{InstanceConfig, Instances, Provisioning};
 use crate::metrics::Metrics;
 use crate::networks::LambdaNetworks;
-use crate::packages::cache::InstallCache;
+use crate::packages::install_cache::InstallCache;
 use crate::packages::pip::{Installer, InstallerConfig};
 use crate::packages::Packages;
 use crate::registry::Registry;
@@ -118,6 +118,8 @@ pub fn up_detached(dir: &Path, exe: &Path) -> Result<u32> {
     let log = fs::OpenOptions::new().create(true).append(true).open(dir.join(LOG))?;
     let mut cmd = std::process::Command::new(exe);
     cmd.args(["worker", "up"]).arg(dir).stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    // SAFETY: the pre_exec closure runs in the forked child before exec and only calls setsid,
+    // which is async-signal-safe; it captures nothing and allocates nothing.
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(|| {
@@ -150,15 +152,18 @@ pub fn down(dir: &Path, grace: Duration) -> Result<bool> {
     let Some(pid) = running_pid(dir) else {
         return Ok(false);
     };
-    if pid == 0 {
-        bail!("a worker holds {} but its pid file is missing", dir.join(LOCK).display());
-    }
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let Some(pid) = i32::try_from(pid).ok().filter(|p| *p > 0) else {
+        bail!("a worker holds {} but its pid file holds no process id ({pid})", dir.join(LOCK).display());
+    };
+    // SAFETY: kill takes two integers and touches no memory of ours; `pid` is the locked
+    // worker's, read from its pid file and checked positive above (never a process group).
+    unsafe { libc::kill(pid, libc::SIGTERM) };
     let deadline = Instant::now() + grace;
     while running_pid(dir).is_some() {
         if Instant::now() > deadline {
             tracing::warn!("the worker did not stop within {grace:?}; killing it");
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            // SAFETY: as above, kill takes only integers; `pid` is the same non-zero worker pid.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
             std::thread::sleep(Duration::from_millis(200));
             cleanup_dir(dir)?;
             break;
@@ -203,6 +208,8 @@ pub async fn serve(dir: &Path) -> Result<()> {
         let pid = fs::read_to_string(dir.join(PID)).unwrap_or_default();
         anyhow::anyhow!("a worker is already running in {} (pid {})", dir.display(), pid.trim())
     })?;
+    // At once, so `down` never reads a pid file an earlier, killed worker left behind.
+    fs::write(dir.join(PID), format!("{}\n", std::process::id()))?;
     if !base::is_ready(&config.base.path, &config.base.suite) {
         bail!("no base image at {}; run `sprout worker init {}`", config.base.path.display(), dir.display());
     }
@@ -274,10 +281,10 @@ pub async fn serve(dir: &Path) -> Result<()> {
     let caps = Caps { max_bytes: config.limits.max_unpacked_mb << 20, max_files: config.limits.max_files };
     let checker = Checker::new(&config.base.path, &config.sandbox.python, config.sandbox.uid, config.sandbox.gid);
     let registry = Arc::new(Registry::open(&stage.registry, caps, checker, config.packages.allow_unpinned)?);
-    let metrics = Arc::new(Metrics::new(backend.clone()));
+    let provisioning = Provisioning { packages: packages.clone(), networks: networks.clone() };
     let instances = Instances::new(
         backend.clone(),
-        packages.clone(),
+        Arc::new(provisioning),
         InstanceConfig {
             keep_warm: config.instances.keep_warm,
             idle_timeout: Duration::from_secs(config.instances.idle_timeout_s),
@@ -292,21 +299,19 @@ pub async fn serve(dir: &Path) -> Result<()> {
                 memory_limit: config.handler_cache.memory_mb << 20,
             },
         },
-        metrics.clone(),
-        networks.clone(),
     );
-    metrics.watch_caches(Arc::downgrade(&instances), packages.clone());
+    let metrics = Arc::new(Metrics::new(backend.clone(), instances.clone(), packages.clone(), networks.clone()));
     let api = Api {
         registry: registry.clone(),
         instances: instances.clone(),
         packages,
+        networks: networks.clone(),
         metrics,
         auth: Arc::new(Guard::new(api_token.clone(), config.worker.auth, listening.to_string())),
         max_body: (config.limits.max_body_mb << 20) as usize,
         max_upload: (config.limits.max_upload_mb << 20) as usize,
         max_invoke_depth: config.limits.max_invoke_depth,
     };
-    fs::write(dir.join(PID), format!("{}\n", std::process::id()))?;
     tracing::info!(
         listen = %config.worker.listen,
         app = %config.app.listen,

@@ -2,8 +2,7 @@
 //! cgroup freezer, their memory is measured as PSS (so handlers sharing a Zygote's pages are
 //! charged their share, not every page they map), and when paused sandboxes together pass
 //! the limit the least recently used are evicted. [`crate::instances`] keeps the sandboxes;
-//! this module decides which go and counts why, and tells a paused sandbox killed while
-//! frozen (it dies only when resumed) from a live one.
+//! this module decides which go and counts why.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -92,30 +91,6 @@ impl Counters {
     }
 }
 
-/// Whether a paused sandbox was killed while frozen. Its SIGKILL waits for the thaw (a
-/// frozen process cannot die), so resumed it would die under the request it was resumed for:
-/// asked before resuming, this lets the request go to another sandbox instead. A helper that
-/// is already gone counts as killed.
-pub fn killed_while_paused(sandbox: &sprout_sandbox::Sandbox) -> bool {
-    let Some(pid) = sandbox.pid() else {
-        return false;
-    };
-    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
-        Ok(status) => sigkill_pending(&status),
-        Err(_) => true,
-    }
-}
-
-/// Whether `/proc/<pid>/status` text shows SIGKILL pending, for the thread or the process.
-fn sigkill_pending(status: &str) -> bool {
-    let bit = 1u64 << (libc::SIGKILL - 1);
-    status
-        .lines()
-        .filter_map(|line| line.strip_prefix("SigPnd:").or_else(|| line.strip_prefix("ShdPnd:")))
-        .filter_map(|mask| u64::from_str_radix(mask.trim(), 16).ok())
-        .any(|mask| mask & bit != 0)
-}
-
 /// Which of the paused sandboxes to evict so that the rest fit in `limit`: least recently
 /// used first. `entries` are (last use, PSS, key); returns the keys to evict.
 pub fn over_limit<K: Clone>(mut entries: Vec<(Instant, u64, K)>, limit: u64) -> Vec<K> {
@@ -136,16 +111,6 @@ pub fn over_limit<K: Clone>(mut entries: Vec<(Instant, u64, K)>, limit: u64) -> 
 mod tests {
     use super::*;
     use std::time::Duration;
-
-    #[test]
-    fn a_pending_sigkill_is_seen_in_either_mask() {
-        let status = |sig: &str, shd: &str| format!("Name:\tpython3\nState:\tD (disk sleep)\nSigPnd:\t{sig}\nShdPnd:\t{shd}\n");
-        assert!(sigkill_pending(&status("0000000000000100", "0000000000000100")));
-        assert!(sigkill_pending(&status("0000000000000000", "0000000000000100")));
-        assert!(!sigkill_pending(&status("0000000000000000", "0000000000000000")));
-        assert!(!sigkill_pending(&status("0000000000004002", "0000000000000000")));
-        // SIGINT, SIGTERM
-    }
 
     #[test]
     fn the_least_recently_used_go_until_the_rest_fit() {

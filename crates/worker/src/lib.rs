@@ -10,14 +10,17 @@
 //! * [`registry`] and [`archive`], [`syntax`] — what runs: lambda code, uploaded and checked.
 //! * [`instances`] — which sandbox serves a request: warm reuse, cold starts, queues; idle
 //!   sandboxes paused as the handler cache ([`handler_cache`]); a request whose sandbox died
-//!   before answering sent to another when that is safe ([`retry`]).
+//!   before answering sent to another when that is safe ([`retry`]). Its decisions are a pure
+//!   state machine ([`instances::pools`]), tested against a fake back-end.
 //! * [`networks`] — the network namespace each lambda holds, and the services it may reach.
 //! * [`packages`] — a lambda's requirements, resolved and installed once into the install
 //!   cache (the import cache of Zygotes lives with the sandboxes).
-//! * the sandboxes themselves live in the `sprout-sandbox` crate, behind one `Backend` trait.
+//! * the sandboxes themselves live in the `sprout-sandbox` crate, behind its `Backend` and
+//!   `Sandbox` traits.
 //!
 //! [`config`] is `DIR/config.toml`; [`daemon`] starts, stops and cleans up a worker;
-//! [`metrics`] counts for `/stats` and `/metrics`.
+//! [`metrics`] counts for `/stats` and `/metrics`; [`errors`] is every error code the API
+//! answers with, and its status.
 
 pub mod api;
 pub mod app;
@@ -26,6 +29,7 @@ pub mod auth;
 pub mod calls;
 pub mod config;
 pub mod daemon;
+pub mod errors;
 pub mod handler_cache;
 pub mod instances;
 pub mod metrics;

@@ -4,7 +4,7 @@
 //! (HdrHistogram) for the JSON of `/stats`.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram as Hdr;
@@ -12,11 +12,15 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
 use sprout_sandbox::Backend;
+
+use crate::errors::ErrorCode;
+use crate::instances::{Instances, SandboxState};
+use crate::networks::LambdaNetworks;
+use crate::packages::Packages;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct InvocationLabels {
@@ -32,12 +36,7 @@ struct StartLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
-    kind: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabels {
-    reason: &'static str,
+    kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -46,36 +45,12 @@ struct StaticLabels {
     status: u16,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StateLabels {
-    state: &'static str,
-}
-
-/// Sandbox states for the `sprout_sandboxes` gauge.
-#[derive(Clone, Copy, Debug)]
-pub enum SandboxState {
-    Starting,
-    Busy,
-    Idle,
-}
-
-impl SandboxState {
-    fn label(self) -> &'static str {
-        match self {
-            SandboxState::Starting => "starting",
-            SandboxState::Busy => "busy",
-            SandboxState::Idle => "idle",
-        }
-    }
-}
-
-/// Where the caches' figures come from, set once the worker has made them.
-type CacheSources = Arc<OnceLock<(Weak<crate::instances::Instances>, Arc<crate::packages::Packages>)>>;
-
-/// Exposes the backend's own counters and the caches' figures at scrape time.
+/// Exposes the backend's own counters and the caches' and network's figures at scrape time.
 struct BackendCollector {
     backend: Arc<dyn Backend>,
-    caches: CacheSources,
+    instances: Arc<Instances>,
+    packages: Arc<Packages>,
+    networks: Arc<LambdaNetworks>,
 }
 
 impl std::fmt::Debug for BackendCollector {
@@ -99,14 +74,9 @@ impl Collector for BackendCollector {
         if let Some(cache) = self.backend.import_cache() {
             all.extend(cache.counters().into_iter().filter(|(name, _, _)| *name != "sprout_zygote_restarts"));
         }
-        let (handler_cache, network) = match self.caches.get() {
-            Some((instances, packages)) => {
-                all.extend(packages.counters());
-                let instances = instances.upgrade();
-                (instances.as_ref().map(|i| i.cache_figures()), instances.and_then(|i| i.network_figures()))
-            }
-            None => (None, None),
-        };
+        all.extend(self.packages.counters());
+        let handler_cache = Some(self.instances.cache_figures());
+        let network = self.networks.figures();
         let mut namespaces = None;
         if let Some((counters, in_use, ready)) = network {
             all.extend(counters);
@@ -159,7 +129,6 @@ impl Collector for BackendCollector {
 struct Percentiles {
     cold: Hdr<u64>,
     warm: Hdr<u64>,
-    sandbox_start: Hdr<u64>,
 }
 
 pub struct Metrics {
@@ -167,34 +136,50 @@ pub struct Metrics {
     invocations: Family<InvocationLabels, Counter>,
     cold_starts: Counter,
     latency: Family<StartLabels, Histogram>,
-    sandbox_start: Histogram,
-    sandboxes: Family<StateLabels, Gauge>,
     errors: Family<KindLabels, Counter>,
-    retries: Family<ReasonLabels, Counter>,
     statics: Family<StaticLabels, Counter>,
     /// The same counts by prefix and status, for `/stats` (families cannot be listed).
     static_counts: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
     percentiles: Mutex<Percentiles>,
     started: Instant,
     backend: Arc<dyn Backend>,
-    caches: CacheSources,
+    instances: Arc<Instances>,
 }
 
-fn latency_histogram() -> Histogram {
+/// Request and start times' Prometheus buckets: 0.2 ms to 26 s, doubling.
+pub(crate) fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0002, 2.0, 18))
 }
 
+/// An HdrHistogram of microseconds up to an hour, for the percentiles of `/stats`.
+pub(crate) fn microsecond_hdr() -> Hdr<u64> {
+    Hdr::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds")
+}
+
+/// A histogram of microseconds as `/stats` shows it, in milliseconds.
+pub(crate) fn summary(h: &Hdr<u64>) -> Value {
+    let ms = |v: u64| (v as f64) / 1000.0;
+    json!({
+        "count": h.len(),
+        "p50_ms": ms(h.value_at_quantile(0.5)),
+        "p90_ms": ms(h.value_at_quantile(0.9)),
+        "p99_ms": ms(h.value_at_quantile(0.99)),
+        "max_ms": ms(h.max()),
+        "mean_ms": h.mean() / 1000.0,
+    })
+}
+
 impl Metrics {
-    pub fn new(backend: Arc<dyn Backend>) -> Metrics {
+    /// The worker's metrics: its own, and those `instances`, `packages` and `networks` keep,
+    /// read at scrape time.
+    pub fn new(backend: Arc<dyn Backend>, instances: Arc<Instances>, packages: Arc<Packages>, networks: Arc<LambdaNetworks>) -> Metrics {
         let mut registry = Registry::default();
         let invocations = Family::<InvocationLabels, Counter>::default();
         let cold_starts = Counter::default();
         let latency = Family::<StartLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
-        let sandbox_start = latency_histogram();
-        let sandboxes = Family::<StateLabels, Gauge>::default();
         let errors = Family::<KindLabels, Counter>::default();
         let statics = Family::<StaticLabels, Counter>::default();
-        let retries = Family::<ReasonLabels, Counter>::default();
+        let figures = instances.figures();
         registry.register("sprout_invocations", "Requests to lambdas, by lambda, start and outcome", invocations.clone());
         registry.register("sprout_cold_starts", "Requests that needed a new sandbox", cold_starts.clone());
         registry.register(
@@ -205,50 +190,35 @@ impl Metrics {
         registry.register(
             "sprout_sandbox_start_duration_seconds",
             "Time to provision a sandbox and load its lambda",
-            sandbox_start.clone(),
+            figures.sandbox_start.clone(),
         );
-        registry.register("sprout_sandboxes", "Sandboxes by state", sandboxes.clone());
+        registry.register("sprout_sandboxes", "Sandboxes by state", figures.sandboxes.clone());
         registry.register("sprout_errors", "Failed requests, by error code", errors.clone());
         registry.register(
             "sprout_retries",
             "Requests run again on another sandbox after theirs died before answering, by reason",
-            retries.clone(),
+            figures.retries.clone(),
         );
         registry.register(
             "sprout_static_requests",
             "Requests the app port answered from a static directory, by prefix and status",
             statics.clone(),
         );
-        let caches: CacheSources = Arc::default();
-        registry.register_collector(Box::new(BackendCollector { backend: backend.clone(), caches: caches.clone() }));
-        for state in [SandboxState::Starting, SandboxState::Busy, SandboxState::Idle] {
-            sandboxes.get_or_create(&StateLabels { state: state.label() }).set(0);
-        }
-        for reason in crate::retry::Reason::ALL {
-            let _shown_at_zero = retries.get_or_create(&ReasonLabels { reason: reason.label() });
-        }
-        let hdr = || Hdr::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds");
+        let collector = BackendCollector { backend: backend.clone(), instances: instances.clone(), packages, networks };
+        registry.register_collector(Box::new(collector));
         Metrics {
             registry,
             invocations,
             cold_starts,
             latency,
-            sandbox_start,
-            sandboxes,
             errors,
-            retries,
             statics,
             static_counts: Mutex::default(),
-            percentiles: Mutex::new(Percentiles { cold: hdr(), warm: hdr(), sandbox_start: hdr() }),
+            percentiles: Mutex::new(Percentiles { cold: microsecond_hdr(), warm: microsecond_hdr() }),
             started: Instant::now(),
             backend,
-            caches,
+            instances,
         }
-    }
-
-    /// Report the handler and install caches' figures too.
-    pub fn watch_caches(&self, instances: Weak<crate::instances::Instances>, packages: Arc<crate::packages::Packages>) {
-        let _ = self.caches.set((instances, packages));
     }
 
     /// The import cache's figures and tree (null for backends without Zygotes).
@@ -276,22 +246,8 @@ impl Metrics {
         *self.static_counts.lock().unwrap().entry(prefix.to_string()).or_default().entry(status).or_default() += 1;
     }
 
-    pub fn error(&self, code: &str) {
-        self.errors.get_or_create(&KindLabels { kind: code.to_string() }).inc();
-    }
-
-    /// A request sent to a second sandbox because its first died before answering.
-    pub fn retry(&self, reason: crate::retry::Reason) {
-        self.retries.get_or_create(&ReasonLabels { reason: reason.label() }).inc();
-    }
-
-    pub fn sandbox_started(&self, elapsed: Duration) {
-        self.sandbox_start.observe(elapsed.as_secs_f64());
-        let _ = self.percentiles.lock().unwrap().sandbox_start.record((elapsed.as_micros() as u64).max(1));
-    }
-
-    pub fn sandbox_state(&self, state: SandboxState, delta: i64) {
-        self.sandboxes.get_or_create(&StateLabels { state: state.label() }).inc_by(delta);
+    pub fn error(&self, code: ErrorCode) {
+        self.errors.get_or_create(&KindLabels { kind: code.as_str() }).inc();
     }
 
     pub fn prometheus(&self) -> String {
@@ -302,34 +258,22 @@ impl Metrics {
 
     /// The JSON of `/stats`.
     pub fn stats(&self, lambdas: Value) -> Value {
-        let summary = |h: &Hdr<u64>| {
-            let ms = |v: u64| (v as f64) / 1000.0;
-            json!({
-                "count": h.len(),
-                "p50_ms": ms(h.value_at_quantile(0.5)),
-                "p90_ms": ms(h.value_at_quantile(0.9)),
-                "p99_ms": ms(h.value_at_quantile(0.99)),
-                "max_ms": ms(h.max()),
-                "mean_ms": h.mean() / 1000.0,
-            })
-        };
         let p = self.percentiles.lock().unwrap();
-        let gauge = |s: SandboxState| self.sandboxes.get_or_create(&StateLabels { state: s.label() }).get();
+        let figures = self.instances.figures();
+        let gauge = |s: SandboxState| figures.in_state(s);
         let errors: serde_json::Map<String, Value> = {
             let mut out = serde_json::Map::new();
             // Families are not iterable; the error codes are a closed set.
-            for code in crate::api::ERROR_CODES {
-                let n = self.errors.get_or_create(&KindLabels { kind: code.to_string() }).get();
+            for code in ErrorCode::ALL {
+                let n = self.errors.get_or_create(&KindLabels { kind: code.as_str() }).get();
                 if n > 0 {
                     out.insert(code.to_string(), json!(n));
                 }
             }
             out
         };
-        let retries: serde_json::Map<String, Value> = crate::retry::Reason::ALL
-            .iter()
-            .map(|r| (r.label().to_string(), json!(self.retries.get_or_create(&ReasonLabels { reason: r.label() }).get())))
-            .collect();
+        let retries: serde_json::Map<String, Value> =
+            crate::retry::Reason::ALL.iter().map(|r| (r.label().to_string(), json!(figures.retries(*r)))).collect();
         json!({
             "uptime_s": self.started.elapsed().as_secs_f64(),
             "backend": self.backend.name(),
@@ -337,7 +281,7 @@ impl Metrics {
             "cold_starts": p.cold.len(),
             "warm_starts": p.warm.len(),
             "latency": {"cold": summary(&p.cold), "warm": summary(&p.warm)},
-            "sandbox_start": summary(&p.sandbox_start),
+            "sandbox_start": figures.start_summary(),
             "sandboxes": {
                 "starting": gauge(SandboxState::Starting),
                 "busy": gauge(SandboxState::Busy),

@@ -11,7 +11,7 @@ use sprout_sandbox::cgroup::Layout;
 use sprout_sandbox::stage::Stage;
 
 use crate::config::Config;
-use crate::packages::cache::{InstallCache, InstalledPackage};
+use crate::packages::install_cache::{InstallCache, InstalledPackage};
 use crate::packages::requirements;
 
 /// Install every package `file` names (and their dependencies) into the cache of the worker

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::archive::{self, ArchiveError, Caps};
+use crate::errors::ErrorCode;
 use crate::packages::requirements::{self, Requirement, RequirementsError};
 use crate::syntax::Checker;
 
@@ -44,6 +45,31 @@ pub struct Lambda {
     pub dir: PathBuf,
     #[serde(skip)]
     retired: AtomicBool,
+}
+
+#[cfg(test)]
+impl Lambda {
+    /// A lambda that was never uploaded, for the tests of what serves it.
+    pub fn fake(name: &str, version: u64) -> Arc<Lambda> {
+        Arc::new(Lambda {
+            name: name.to_string(),
+            version,
+            sha256: String::new(),
+            archive_bytes: 0,
+            files: 0,
+            unpacked_bytes: 0,
+            uploaded: 0,
+            requirements: Vec::new(),
+            parsed_requirements: Vec::new(),
+            dir: PathBuf::from("/nonexistent"),
+            retired: AtomicBool::new(false),
+        })
+    }
+
+    /// Mark it replaced, as an upload of a new version does.
+    pub fn replaced(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
 }
 
 impl Lambda {
@@ -84,13 +110,13 @@ pub enum UploadError {
 }
 
 impl UploadError {
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            UploadError::InvalidName(_) => "invalid_name",
+            UploadError::InvalidName(_) => ErrorCode::InvalidName,
             UploadError::Archive(e) => e.code(),
-            UploadError::Syntax(_) => "syntax_error",
+            UploadError::Syntax(_) => ErrorCode::SyntaxError,
             UploadError::Requirements(e) => e.code(),
-            UploadError::Internal(_) => "internal",
+            UploadError::Internal(_) => ErrorCode::Internal,
         }
     }
 }

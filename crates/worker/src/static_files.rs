@@ -37,7 +37,7 @@ use hyper_staticfile::util::FileResponseBuilder;
 use hyper_staticfile::vfs::{FileOpener, FileWithMetadata};
 use hyper_staticfile::{AcceptEncoding, ResolveResult, Resolver};
 
-use crate::api::ApiError;
+use crate::api::{ApiError, ErrorCode};
 
 /// One directory's files.
 #[derive(Clone)]
@@ -68,8 +68,7 @@ impl StaticDir {
     /// Answer a request for `path` (below the prefix, starting with '/', percent-encoded).
     pub async fn serve(&self, method: &Method, headers: &HeaderMap, path: &str) -> Response {
         if method != Method::GET && method != Method::HEAD {
-            let mut response = ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "static files answer GET and HEAD only")
-                .into_response();
+            let mut response = ApiError::new(ErrorCode::MethodNotAllowed, "static files answer GET and HEAD only").into_response();
             response.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
             return response;
         }
@@ -87,15 +86,13 @@ impl StaticDir {
             Ok(ResolveResult::Found(file)) => file,
             // Unreadable files and directories (which never list) are as good as absent.
             Ok(_) => return not_found(),
-            Err(e) => {
-                return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("reading the file: {e}")).into_response()
-            }
+            Err(e) => return ApiError::new(ErrorCode::Internal, format!("reading the file: {e}")).into_response(),
         };
         let content_type = file.content_type.clone();
         let built = FileResponseBuilder::new().request_parts(method, headers).build(file);
         let mut response = match built {
             Ok(r) => r.map(Body::new),
-            Err(e) => return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()).into_response(),
+            Err(e) => return ApiError::new(ErrorCode::Internal, e.to_string()).into_response(),
         };
         // hyper-staticfile leaves the type out of its answers to HEAD.
         if let (true, Some(t)) = (method == Method::HEAD && response.status() == StatusCode::OK, content_type) {
@@ -208,7 +205,7 @@ fn response_for(file: SmallFile, method: &Method) -> Response {
 }
 
 fn not_found() -> Response {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such file").into_response()
+    ApiError::new(ErrorCode::NotFound, "no such file").into_response()
 }
 
 /// Opens paths (already cleaned of `..` by hyper-staticfile) beneath one directory.

@@ -70,6 +70,9 @@ impl Checker {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         // Enter the base, then drop root and cap resources; only raw system calls here.
+        // SAFETY: the closure runs in the forked child before exec and makes only async-signal-safe
+        // system calls (raw setgroups/setgid/setuid, not libc's thread-signalling wrappers) on `base`, a
+        // NUL-terminated CString it owns, made before the fork, and on the live local `lim`; nothing allocates.
         unsafe {
             cmd.pre_exec(move || {
                 let limit = |res, value: u64| {

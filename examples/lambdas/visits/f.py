@@ -2,8 +2,9 @@
 memcached works), through pymemcache (listed in requirements.txt). The cache is the worker's
 service named "cache" ([[network.allow]] in its config): the only thing on the network this
 lambda's sandbox can reach."""
-import sprout
 from pymemcache.client.base import Client
+
+import sprout
 
 # Made once per sandbox: warm invocations reuse the connection.
 cache = Client(sprout.service("cache"), connect_timeout=1, timeout=1)

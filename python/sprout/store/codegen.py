@@ -11,7 +11,7 @@ import json
 
 from .errors import ValidationError
 
-_UTC = _dt.timezone.utc
+_UTC = _dt.UTC
 
 
 def _encode_datetime(v):
@@ -79,13 +79,15 @@ def _encode_lines(f, i, type_name):
     if k == "int":
         lines += ["if v.__class__ is not int and (not isinstance(v, int) or isinstance(v, bool)):", f"    {bad('an int')}", f"c{i} = v"]
     elif k == "float":
-        lines += ["if v.__class__ is not float:", "    if isinstance(v, bool) or not isinstance(v, (int, float)):", f"        {bad('a float')}", "    v = _float(v)", f"c{i} = v"]
+        lines += ["if v.__class__ is not float:", "    if isinstance(v, bool) or not isinstance(v, (int, float)):",
+                  f"        {bad('a float')}", "    v = _float(v)", f"c{i} = v"]
     elif k == "bool":
         lines += ["if v.__class__ is not bool:", f"    {bad('a bool')}", f"c{i} = v"]
     elif k == "str":
         lines += ["if v.__class__ is not str and not isinstance(v, str):", f"    {bad('a str')}", f"c{i} = v"]
     elif k == "bytes":
-        lines += ["if v.__class__ is not bytes:", "    if not isinstance(v, (bytearray, memoryview)):", f"        {bad('bytes')}", "    v = _bytes(v)", f"c{i} = v"]
+        lines += ["if v.__class__ is not bytes:", "    if not isinstance(v, (bytearray, memoryview)):",
+                  f"        {bad('bytes')}", "    v = _bytes(v)", f"c{i} = v"]
     elif k == "datetime":
         lines += ["if not isinstance(v, _datetime):", f"    {bad('a datetime')}", f"c{i} = _encode_datetime(v)"]
     elif k == "date":
@@ -119,7 +121,8 @@ def make_encoder(model):
         body.append(f"v = obj.{f.name}")
         body += _encode_lines(f, i, type_name)
     values = ", ".join(f"c{i}" for i in range(len(model.columns)))
-    source = "def encode(obj, save_ref):\n" + "".join(f"    {line}\n" for line in body) + f"    return ({values}{',' if len(model.columns) == 1 else ''})\n"
+    source = ("def encode(obj, save_ref):\n" + "".join(f"    {line}\n" for line in body)
+              + f"    return ({values}{',' if len(model.columns) == 1 else ''})\n")
     exec(compile(source, f"<sprout.store encoder of {type_name}>", "exec"), env)
     encode = env["encode"]
     encode.source = source

@@ -31,7 +31,7 @@ import enum
 import re
 import types
 import typing
-from typing import Any, Optional
+from typing import Any
 
 from .errors import SchemaError
 
@@ -99,7 +99,7 @@ class Model:
     declared: list  # every field's name, in the order the dataclass declares them
     columns: list  # fields with a column of their own (all but reflists), storage order
     reflists: list
-    version: Optional[Field]
+    version: Field | None
     slots: bool
 
     def by_name(self, name):

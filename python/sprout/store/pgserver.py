@@ -10,23 +10,19 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 
+from sprout.net import free_port
 
-def _bin(name):
+
+def server_binary(name):
+    """The newest installed PostgreSQL's `name` (initdb, pg_ctl, ...)."""
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
     if not found:
         raise RuntimeError(f"PostgreSQL's {name} is not installed (apt-get install postgresql)")
     return found[-1]
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class TempPostgres:
@@ -51,12 +47,14 @@ class TempPostgres:
             user = pwd.getpwnam("postgres")
             os.chown(self.dir, user.pw_uid, user.pw_gid)
         data = os.path.join(self.dir, "data")
-        out = self._run(_bin("initdb"), "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C")
+        out = self._run(server_binary("initdb"), "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C")
         if out.returncode:
             raise RuntimeError(f"initdb failed: {out.stderr or out.stdout}")
-        self.port = _free_port()
-        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync={'on' if self.fsync else 'off'} -c max_connections=200"
-        out = self._run(_bin("pg_ctl"), "-D", data, "-o", options, "-l", os.path.join(self.dir, "server.log"), "-w", "-t", "60", "start")
+        self.port = free_port()
+        options = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
+                   f"-c fsync={'on' if self.fsync else 'off'} -c max_connections=200")
+        out = self._run(server_binary("pg_ctl"), "-D", data, "-o", options, "-l", os.path.join(self.dir, "server.log"),
+                        "-w", "-t", "60", "start")
         if out.returncode:
             log = open(os.path.join(self.dir, "server.log")).read() if os.path.exists(os.path.join(self.dir, "server.log")) else ""
             raise RuntimeError(f"PostgreSQL did not start: {out.stderr or out.stdout}\n{log[-2000:]}")
@@ -77,7 +75,7 @@ class TempPostgres:
     def stop(self):
         if self.dir is None:
             return
-        self._run(_bin("pg_ctl"), "-D", os.path.join(self.dir, "data"), "-m", "fast", "-w", "stop")
+        self._run(server_binary("pg_ctl"), "-D", os.path.join(self.dir, "data"), "-m", "fast", "-w", "stop")
         for _ in range(50):
             if not os.path.exists(os.path.join(self.dir, "data", "postmaster.pid")):
                 break

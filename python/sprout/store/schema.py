@@ -56,7 +56,8 @@ def ensure(backend, model):
         row = backend.rows(f'SELECT fields FROM "{SCHEMA_TABLE}" WHERE name = {p}', (model.table,))
         if not row:
             if _table_exists(backend, model.table):
-                raise SchemaError(f"a table {model.table!r} exists but was not made by sprout.store; name the type otherwise (__sprout_table__)")
+                raise SchemaError(f"a table {model.table!r} exists but was not made by sprout.store; "
+                                  "name the type otherwise (__sprout_table__)")
             for statement in d.create_table(model):
                 backend.execute(statement)
             backend.execute(f'INSERT INTO "{SCHEMA_TABLE}" (name, fields) VALUES ({p}, {p})', (model.table, json.dumps(current)))
@@ -80,7 +81,8 @@ def ensure(backend, model):
                 )
                 continue
             if not f.nullable and not f.has_default:
-                raise SchemaError(f"{qualname}.{f.name} is new and has no default for the rows already stored; give it one; nothing was changed")
+                raise SchemaError(f"{qualname}.{f.name} is new and has no default for the rows already stored; "
+                                  "give it one; nothing was changed")
             default = _encode_default(f, f.default_value() if f.has_default else None)
             backend.execute(d.add_column(model, f, d.literal(f, default)))
         for statement in d.indexes(model):

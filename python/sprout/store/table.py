@@ -115,7 +115,8 @@ class Table:
         if id(obj) in saving:
             rowid = self.id_of(obj)
             if rowid is None:
-                raise ValidationError(self.model.cls.__qualname__, "(a reference)", "not a cycle of new objects: save one of them first", obj)
+                raise ValidationError(self.model.cls.__qualname__, "(a reference)",
+                                      "not a cycle of new objects: save one of them first", obj)
             return rowid
         saving.add(id(obj))
 

@@ -1,5 +1,4 @@
 """Leaves a background process behind after answering."""
-import os
 import subprocess
 
 

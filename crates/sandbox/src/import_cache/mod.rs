@@ -37,12 +37,12 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::sync::OnceCell;
 
-use crate::backend::{sandbox_env, CreateError, Package};
 use crate::cgroup::{Cgroup, Layout, Limits};
 use crate::channel::{Endpoint, Hello, ZygoteOrder};
 use crate::mounts;
 use crate::output::log_pipe;
 use crate::process::{spawn, PidFd, SpawnSpec};
+use crate::spec::{sandbox_env, CreateError, Package};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
 use crate::zygote::{ForkError, ForkRequest, ZygoteProcess, FLAG_MOUNT_PROC, FLAG_NETNS, FLAG_USERNS, FLAG_ZYGOTE};
 

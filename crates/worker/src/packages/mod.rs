@@ -3,7 +3,7 @@
 //! packages its lambda asked for, and their dependencies, on its `sys.path` (SOCK section 4.3).
 //!
 //! * [`requirements`] parses and checks the file (pinned versions unless configured otherwise);
-//! * [`cache`] is the install cache on disk; [`pip`] runs pip in one-shot sandboxes.
+//! * [`install_cache`] is the install cache on disk; [`pip`] runs pip in one-shot sandboxes.
 //!
 //! [`Packages::for_sandbox`] is what a cold start awaits: the resolved, installed set, shared
 //! by every request that needs it while it is being made. A failure is remembered for
@@ -11,7 +11,7 @@
 //! cache off, each call installs the whole set afresh into a directory of its own, removed
 //! with the sandbox: the baseline the cache is measured against.
 
-pub mod cache;
+pub mod install_cache;
 pub mod pip;
 pub mod requirements;
 pub mod tree;
@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 use sprout_sandbox::Package;
 use tokio::sync::OnceCell;
 
-use cache::{InstallCache, InstalledPackage, Pin};
+use install_cache::{InstallCache, InstalledPackage, Pin};
 use pip::{Installer, PipError};
 use requirements::Requirement;
 
@@ -246,7 +246,7 @@ impl Packages {
             if r.marker.is_some() || !r.extras.is_empty() {
                 return None;
             }
-            held.push((r.normalized.clone(), self.cache.get(&cache::key(&r.normalized, r.pinned_version()?))?));
+            held.push((r.normalized.clone(), self.cache.get(&install_cache::key(&r.normalized, r.pinned_version()?))?));
         }
         let mut pins = Vec::new();
         for (name, package) in &held {
@@ -294,7 +294,7 @@ impl Packages {
                     InstallError::from_pip(Some(key.clone()), e)
                 })?;
                 self.counters.install_ms.fetch_add(took.as_millis() as u64, Ordering::Relaxed);
-                let meta = cache::describe(&staging.files(), took.as_millis() as u64).map_err(|e| InstallError {
+                let meta = install_cache::describe(&staging.files(), took.as_millis() as u64).map_err(|e| InstallError {
                     package: Some(key.clone()),
                     message: format!("reading what pip installed: {e}"),
                     output: String::new(),

@@ -17,7 +17,7 @@ use sprout_sandbox::oneshot::{self, Bind, Ending, OneshotSpec};
 use sprout_sandbox::stage::Stage;
 use sprout_sandbox::Limits;
 
-use super::cache::{Pin, Staging};
+use super::install_cache::{Pin, Staging};
 use super::requirements::normalize;
 
 /// Environment variables passed from the worker's environment to pip.

@@ -73,10 +73,10 @@ fn describe(lines: &[(usize, String)]) -> String {
 }
 
 impl RequirementsError {
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> crate::errors::ErrorCode {
         match self {
-            RequirementsError::Unpinned(_) => "unpinned_requirements",
-            _ => "invalid_requirements",
+            RequirementsError::Unpinned(_) => crate::errors::ErrorCode::UnpinnedRequirements,
+            _ => crate::errors::ErrorCode::InvalidRequirements,
         }
     }
 }
@@ -255,7 +255,7 @@ mod tests {
     #[test]
     fn unpinned_lines_are_named_with_their_numbers() {
         let err = parse("flask==3.0.0\nnumpy>=1.26\nrequests\npillow==10.*\n", false).unwrap_err();
-        assert_eq!(err.code(), "unpinned_requirements");
+        assert_eq!(err.code().as_str(), "unpinned_requirements");
         let message = err.to_string();
         for part in ["line 2", "numpy>=1.26", "line 3", "requests", "line 4", "pillow==10.*"] {
             assert!(message.contains(part), "{message}");
@@ -278,7 +278,7 @@ mod tests {
             "pkg 1.0",
         ] {
             let err = parse(bad, true).unwrap_err();
-            assert_eq!(err.code(), "invalid_requirements", "{bad}: {err}");
+            assert_eq!(err.code().as_str(), "invalid_requirements", "{bad}: {err}");
             assert!(err.to_string().contains("line 1"), "{bad}: {err}");
         }
         assert!(matches!(parse("a==1\nA==2\n", false), Err(RequirementsError::Duplicate(_))));

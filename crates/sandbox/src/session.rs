@@ -1,0 +1,171 @@
+//! The part of a sandbox every back-end shares once its helper has said hello: the channel to
+//! the helper, one request at a time over it (answering the handler's calls to other lambdas
+//! meanwhile), and the judgement of its health afterwards (a crash, the OOM killer, processes
+//! left behind). A back-end's sandbox holds a [`Session`] and adds how it pauses, resumes and
+//! goes away.
+
+use std::any::Any;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::cgroup::{CgroupView, Limits};
+use crate::channel::{Channel, Hello, Reply, Request};
+use crate::process::PidFd;
+use crate::spec::{CreateError, HandlerKind, InvokeError, Phase};
+
+/// What answers a handler's calls to other lambdas (`sprout.invoke`) during a request.
+#[async_trait]
+pub trait Calls: Send + Sync {
+    /// Run `lambda` on `event` within `time_left`; the header and body of the frame sent back
+    /// to the handler: `{"status": 200}` and the result, or `{"error": code, "message": ...,
+    /// "status": ...}`.
+    async fn call(&self, lambda: &str, event: Bytes, time_left: Duration) -> (serde_json::Value, Bytes);
+}
+
+/// A live handler: its channel, its helper process, and what tells its health.
+pub(crate) struct Session {
+    pub id: u64,
+    pub kind: HandlerKind,
+    /// How long provisioning took (for the cold-start metrics).
+    pub startup: Duration,
+    pub channel: Channel,
+    /// The helper (PID 1 of the sandbox), when known.
+    pub process: Option<PidFd>,
+    /// The sandbox's cgroup as the session reads it (its processes, its OOM kills).
+    pub cgroup: Option<CgroupView>,
+    pub limits: Limits,
+    /// Set when the sandbox must not be reused (it failed, or left processes behind).
+    pub tainted: bool,
+    /// Dropped with the sandbox: what it was made with (its Zygote's use count, a
+    /// per-sandbox package install, its network namespace).
+    pub attached: Vec<Box<dyn Any + Send + Sync>>,
+}
+
+impl Session {
+    /// Send one request and wait up to `timeout` for the reply, answering the handler's
+    /// calls to other lambdas with `calls` meanwhile. On error the session is tainted; a crash
+    /// says how far the request had got (once the handler has made a call, never a phase in
+    /// which running it again would be safe).
+    pub async fn invoke(
+        &mut self,
+        request: &Request,
+        body: &[u8],
+        timeout: Duration,
+        calls: &dyn Calls,
+    ) -> Result<(Reply, Bytes), InvokeError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let exchange = async {
+            self.channel.send(request, body).await.map_err(|e| (e, Phase::Sending))?;
+            let mut called = false;
+            loop {
+                let waiting = if called { Phase::Replying } else { Phase::AwaitingReply };
+                self.channel.await_frame().await.map_err(|e| (e, waiting))?;
+                let (mut reply, body) = self.channel.recv::<Reply>().await.map_err(|e| (e, Phase::Replying))?;
+                match reply.op.as_deref() {
+                    None => return Ok((reply, body)),
+                    Some("invoke") => {}
+                    Some(other) => {
+                        // Nothing else may be asked of the worker over a sandbox's channel.
+                        self.tainted = true;
+                        reply.error = Some("invalid_result".into());
+                        reply.message = Some(format!("the sandbox asked for {other:?}, which a sandbox cannot ask for"));
+                        return Ok((reply, Bytes::new()));
+                    }
+                }
+                called = true;
+                let lambda = reply.lambda.unwrap_or_default();
+                // The call must end a little before this request does, so the handler hears
+                // how it ended (a timeout, say) in time to answer.
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let budget = left.saturating_sub((left / 10).min(Duration::from_millis(100)));
+                let (header, result) = calls.call(&lambda, body, budget).await;
+                self.channel.send(&header, &result).await.map_err(|e| (e, Phase::Replying))?;
+            }
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok(reply)) => {
+                if !self.only_helper_left() {
+                    self.tainted = true;
+                }
+                Ok(reply)
+            }
+            Ok(Err((e, phase))) => {
+                self.tainted = true;
+                Err(self.diagnose(e, phase))
+            }
+            Err(_) => {
+                self.tainted = true;
+                Err(InvokeError::Timeout(timeout))
+            }
+        }
+    }
+
+    /// After a request the helper (PID 1 of the sandbox) kills what the handler left running;
+    /// the worker checks rather than trusts it, since the helper runs the handler's code.
+    fn only_helper_left(&self) -> bool {
+        match &self.cgroup {
+            Some(view) => crate::cgroup::read_pids(&view.procs).len() <= 1,
+            None => true,
+        }
+    }
+
+    /// Why the channel broke: the OOM killer, or some other death.
+    fn diagnose(&self, e: std::io::Error, phase: Phase) -> InvokeError {
+        if let Some(view) = &self.cgroup {
+            let oom_now = view.oom_source.as_deref().map(crate::cgroup::read_oom_kills).unwrap_or(0);
+            if oom_now > view.oom_before {
+                return InvokeError::OutOfMemory { limit_mb: self.limits.memory_bytes >> 20 };
+            }
+        }
+        InvokeError::Crashed { message: e.to_string(), phase }
+    }
+
+    /// Whether the sandbox may serve another request.
+    pub fn reusable(&self) -> bool {
+        !self.tainted && !self.process.as_ref().map(|p| p.has_exited()).unwrap_or(false)
+    }
+
+    /// Host pids of the sandbox's processes.
+    pub fn pids(&self) -> Vec<i32> {
+        match &self.cgroup {
+            Some(view) => crate::cgroup::read_pids(&view.procs),
+            None => self.process.iter().map(|p| p.pid()).collect(),
+        }
+    }
+}
+
+/// The hello's handler kind, or the load failure it reports.
+pub(crate) fn handler_kind(hello: Hello) -> Result<HandlerKind, CreateError> {
+    match hello.kind.as_deref() {
+        Some("wsgi") => Ok(HandlerKind::Wsgi),
+        Some("function") => Ok(HandlerKind::Function),
+        _ => Err(CreateError::Load {
+            message: hello.message.unwrap_or_else(|| "the handler failed to load".into()),
+            traceback: hello.traceback,
+        }),
+    }
+}
+
+/// The [`crate::Sandbox`] methods every back-end answers from its `session` field.
+macro_rules! session_methods {
+    () => {
+        fn id(&self) -> u64 {
+            self.session.id
+        }
+        fn kind(&self) -> $crate::spec::HandlerKind {
+            self.session.kind
+        }
+        fn startup(&self) -> std::time::Duration {
+            self.session.startup
+        }
+        fn reusable(&self) -> bool {
+            self.session.reusable()
+        }
+        fn pids(&self) -> Vec<i32> {
+            self.session.pids()
+        }
+    };
+}
+pub(crate) use session_methods;

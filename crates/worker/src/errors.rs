@@ -1,0 +1,112 @@
+//! Every error the worker's API answers with: a code (the `error` of the JSON body, stable in
+//! meaning), the HTTP status that says whose fault it was, and the text of `/stats`' and
+//! `/metrics`' error counts. One table, so a status is decided in one place.
+
+use axum::http::StatusCode;
+
+macro_rules! error_codes {
+    ($($variant:ident = $code:literal, $status:ident;)*) => {
+        /// An error the API answers with.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum ErrorCode {
+            $($variant,)*
+        }
+
+        impl ErrorCode {
+            /// Every code, in the order of the table.
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)*];
+
+            /// The code as the JSON body and the metrics spell it.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$variant => $code,)*
+                }
+            }
+
+            /// The HTTP status of a response with this error.
+            pub fn status(self) -> StatusCode {
+                match self {
+                    $(ErrorCode::$variant => StatusCode::$status,)*
+                }
+            }
+        }
+    };
+}
+
+error_codes! {
+    // The request itself (4xx).
+    NotFound = "not_found", NOT_FOUND;
+    InvalidRequest = "invalid_request", BAD_REQUEST;
+    MethodNotAllowed = "method_not_allowed", METHOD_NOT_ALLOWED;
+    LambdaNotFound = "lambda_not_found", NOT_FOUND;
+    InvalidName = "invalid_name", BAD_REQUEST;
+    PayloadTooLarge = "payload_too_large", PAYLOAD_TOO_LARGE;
+    Unauthorized = "unauthorized", UNAUTHORIZED;
+    Forbidden = "forbidden", FORBIDDEN;
+    // An upload (4xx).
+    InvalidArchive = "invalid_archive", BAD_REQUEST;
+    UnsafePath = "unsafe_path", BAD_REQUEST;
+    ArchiveTooLarge = "archive_too_large", PAYLOAD_TOO_LARGE;
+    MissingHandler = "missing_handler", BAD_REQUEST;
+    SyntaxError = "syntax_error", BAD_REQUEST;
+    UnpinnedRequirements = "unpinned_requirements", BAD_REQUEST;
+    InvalidRequirements = "invalid_requirements", BAD_REQUEST;
+    // The worker is busy or stopping (429, 503).
+    QueueFull = "queue_full", TOO_MANY_REQUESTS;
+    QueueTimeout = "queue_timeout", SERVICE_UNAVAILABLE;
+    ShuttingDown = "shutting_down", SERVICE_UNAVAILABLE;
+    SandboxStartFailed = "sandbox_start_failed", SERVICE_UNAVAILABLE;
+    // The lambda (5xx, but a bad event is the caller's: 400).
+    LoadError = "load_error", INTERNAL_SERVER_ERROR;
+    InstallFailed = "install_failed", INTERNAL_SERVER_ERROR;
+    HandlerException = "handler_exception", INTERNAL_SERVER_ERROR;
+    InvalidJson = "invalid_json", BAD_REQUEST;
+    InvalidResult = "invalid_result", INTERNAL_SERVER_ERROR;
+    Timeout = "timeout", GATEWAY_TIMEOUT;
+    OutOfMemory = "out_of_memory", BAD_GATEWAY;
+    SandboxCrashed = "sandbox_crashed", BAD_GATEWAY;
+    CallDepthExceeded = "call_depth_exceeded", LOOP_DETECTED;
+    // The worker's own fault.
+    Internal = "internal", INTERNAL_SERVER_ERROR;
+}
+
+impl ErrorCode {
+    /// The error a handler's reply reports: the helper says `invalid_json`, `invalid_result`
+    /// or `handler_exception`; anything else it might say is a handler exception.
+    pub fn from_handler(code: &str) -> ErrorCode {
+        match code {
+            "invalid_json" => ErrorCode::InvalidJson,
+            "invalid_result" => ErrorCode::InvalidResult,
+            _ => ErrorCode::HandlerException,
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorCode;
+
+    #[test]
+    fn codes_are_distinct_snake_case_and_say_whose_fault() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ErrorCode::ALL {
+            assert!(seen.insert(code.as_str()), "{code} twice");
+            assert!(code.as_str().chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{code}");
+            let status = code.status();
+            assert!(status.is_client_error() || status.is_server_error(), "{code}: {status}");
+        }
+        assert_eq!(ErrorCode::ALL.len(), 29);
+    }
+
+    #[test]
+    fn a_handlers_unknown_error_is_a_handler_exception() {
+        assert_eq!(ErrorCode::from_handler("invalid_json").status(), 400);
+        assert_eq!(ErrorCode::from_handler("out_of_memory"), ErrorCode::HandlerException);
+    }
+}

@@ -1,0 +1,487 @@
+//! Sandboxes per lambda: who serves a request, and what happens to a sandbox afterwards.
+//!
+//! A request takes an idle sandbox of its lambda's current version (a warm start) or, while
+//! the lambda has fewer than `max_per_lambda` sandboxes and the worker fewer than
+//! `max_total`, provisions a new one (a cold start); otherwise it waits in the lambda's
+//! bounded queue (429 when full) until a sandbox or room for one is handed to it. After a
+//! request a healthy sandbox goes to the next waiter or becomes idle (with `keep_warm`); a
+//! failed one, one of a replaced version, or any with `keep_warm = false` is destroyed in the
+//! background; a request whose sandbox died before answering runs once more on another when
+//! that is safe ([`crate::retry`]). Idle sandboxes are destroyed after `idle_timeout`, and
+//! evicted least recently used first when the worker needs room for another lambda.
+//!
+//! Idle sandboxes are SOCK's handler cache: each is paused as it goes idle and resumed for
+//! the next request; when paused sandboxes together pass their memory limit (PSS, measured
+//! when they pause and every few seconds after) the least recently used are evicted
+//! ([`crate::handler_cache`]).
+//!
+//! Every decision is made by [`pools::Pools`], a pure state machine behind one mutex; this
+//! module carries its decisions out against a [`Backend`], never holding the mutex across a
+//! sandbox operation other than pausing.
+
+#[cfg(test)]
+mod fake;
+mod figures;
+pub mod pools;
+mod prepare;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use sprout_sandbox::channel::{Reply, Request};
+use sprout_sandbox::{Backend, Calls, CreateError, InvokeError, Limits, Sandbox};
+use tokio::sync::oneshot;
+
+pub use figures::{InstanceFigures, SandboxState};
+pub use prepare::{Prepare, Provisioning};
+
+use crate::handler_cache::{self, Eviction, HandlerCacheConfig};
+use crate::packages::InstallError;
+use crate::registry::Lambda;
+use crate::retry;
+use pools::{Acquired, Bounds, Grant, Idle, Occupant, Pools, Released, Waiter};
+
+/// How often every paused sandbox's PSS is measured again.
+const REMEASURE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+pub struct InstanceConfig {
+    pub keep_warm: bool,
+    pub idle_timeout: Duration,
+    pub max_per_lambda: usize,
+    pub queue_depth: usize,
+    pub max_total: usize,
+    /// Time limit of one request in its sandbox; also the longest a request may queue.
+    pub timeout: Duration,
+    pub limits: Limits,
+    pub handler_cache: HandlerCacheConfig,
+}
+
+/// Why a request got no reply from its handler.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    #[error("{0} requests are already waiting for this lambda")]
+    QueueFull(usize),
+    #[error("no sandbox became free within {0:?}")]
+    QueueTimeout(Duration),
+    #[error("the worker is shutting down")]
+    ShuttingDown,
+    #[error("the lambda failed to load: {message}")]
+    Load { message: String, traceback: Option<String> },
+    #[error("no sandbox could be provisioned: {0}")]
+    Platform(String),
+    #[error("the lambda's packages could not be installed: {0}")]
+    Install(InstallError),
+    #[error(transparent)]
+    Sandbox(#[from] InvokeError),
+}
+
+/// A reply from a handler.
+pub struct Invocation {
+    pub reply: Reply,
+    pub body: Bytes,
+    pub cold: bool,
+    pub sandbox: u64,
+}
+
+/// A sandbox and the version of the lambda it serves: what the pools keep.
+struct Kept {
+    sandbox: Box<dyn Sandbox>,
+    lambda: Arc<Lambda>,
+}
+
+impl Occupant for Kept {
+    fn id(&self) -> u64 {
+        self.sandbox.id()
+    }
+    fn version(&self) -> u64 {
+        self.lambda.version
+    }
+    fn is_current(&self) -> bool {
+        self.lambda.is_current()
+    }
+}
+
+/// A queued request's end of its hand-off.
+type Handoff = oneshot::Sender<Grant<Kept>>;
+
+impl Waiter<Kept> for Handoff {
+    fn grant(self, grant: Grant<Kept>) -> Result<(), Grant<Kept>> {
+        self.send(grant)
+    }
+    fn is_gone(&self) -> bool {
+        self.is_closed()
+    }
+}
+
+/// A sandbox lent to one request.
+struct Lease {
+    kept: Kept,
+    cold: bool,
+}
+
+pub struct Instances {
+    backend: Arc<dyn Backend>,
+    prepare: Arc<dyn Prepare>,
+    cfg: InstanceConfig,
+    pools: Mutex<Pools<Kept, Handoff>>,
+    cache: handler_cache::Counters,
+    figures: InstanceFigures,
+    destroying: Arc<AtomicUsize>,
+    closed: AtomicBool,
+    /// Wakes the background task to measure a newly paused sandbox.
+    measure: tokio::sync::Notify,
+    me: std::sync::Weak<Instances>,
+}
+
+impl Instances {
+    pub fn new(backend: Arc<dyn Backend>, prepare: Arc<dyn Prepare>, cfg: InstanceConfig) -> Arc<Instances> {
+        let bounds = Bounds { max_per_lambda: cfg.max_per_lambda, max_total: cfg.max_total, queue_depth: cfg.queue_depth };
+        let instances = Arc::new_cyclic(|me| Instances {
+            me: me.clone(),
+            backend,
+            prepare,
+            cfg,
+            pools: Mutex::new(Pools::new(bounds)),
+            cache: handler_cache::Counters::default(),
+            figures: InstanceFigures::default(),
+            destroying: Arc::new(AtomicUsize::new(0)),
+            closed: AtomicBool::new(false),
+            measure: tokio::sync::Notify::new(),
+        });
+        tokio::spawn(Self::housekeeping(Arc::downgrade(&instances)));
+        instances
+    }
+
+    /// Every second: reap idle sandboxes; measure newly paused ones at once and all of them
+    /// every few seconds (their shares of pages change as sharers come and go; each measure
+    /// walks page tables). Ends with the instances.
+    async fn housekeeping(weak: std::sync::Weak<Instances>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut last_full = Instant::now();
+        loop {
+            let Some(me) = weak.upgrade() else { return };
+            let ticked = tokio::select! {
+                _ = tick.tick() => true,
+                _ = me.measure.notified() => false,
+            };
+            if ticked {
+                let doomed = me.pools.lock().unwrap().reap(Instant::now(), me.cfg.idle_timeout);
+                me.evict(doomed);
+            }
+            let all = ticked && last_full.elapsed() >= REMEASURE;
+            if all {
+                last_full = Instant::now();
+            }
+            me.measure_paused(all).await;
+        }
+    }
+
+    /// What the instances count, for `/metrics` and `/stats`.
+    pub fn figures(&self) -> &InstanceFigures {
+        &self.figures
+    }
+
+    /// The time limit of a request from outside.
+    pub fn timeout(&self) -> Duration {
+        self.cfg.timeout
+    }
+
+    /// Run one request on a sandbox of `lambda`, answering its handler's calls to other
+    /// lambdas with `calls`: it may queue for up to `limit` and run for up to the time limit
+    /// ([`Instances::timeout`]), or, when `limit` is shorter (a call from a handler, which
+    /// must end before its caller's limit does), for what is left of `limit` after queueing.
+    /// When the sandbox dies before answering and the request is safe to run twice
+    /// ([`retry::reason`]), it runs once more on another, within what is left of its run time.
+    pub async fn invoke(
+        &self,
+        lambda: &Arc<Lambda>,
+        request: &Request,
+        body: &[u8],
+        limit: Duration,
+        calls: &dyn Calls,
+    ) -> Result<Invocation, Failure> {
+        let queued = Instant::now();
+        let lease = self.acquire(lambda, limit).await?;
+        let run_limit = if limit >= self.cfg.timeout { self.cfg.timeout } else { limit.saturating_sub(queued.elapsed()) };
+        let began = Instant::now();
+        let kind = lease.kept.sandbox.kind();
+        let error = match self.run(lease, request, body, run_limit, calls).await {
+            Ok(done) => return Ok(done),
+            Err(e) => e,
+        };
+        let Some(reason) = retry::reason(kind, &request.method, &error) else {
+            return Err(error.into());
+        };
+        tracing::info!(lambda = %lambda.name, reason = reason.label(), "sandbox died before answering ({error}); retrying on another");
+        let left = || run_limit.saturating_sub(began.elapsed());
+        if left().is_zero() {
+            return Err(error.into());
+        }
+        let lease = match self.acquire(lambda, left()).await {
+            Ok(lease) => lease,
+            Err(e) => {
+                // No sandbox could take it in time: the request's own failure stands.
+                tracing::warn!(lambda = %lambda.name, "no sandbox for the retry: {e}");
+                return Err(error.into());
+            }
+        };
+        let remaining = left();
+        if remaining.is_zero() {
+            let reusable = lease.kept.sandbox.reusable();
+            self.release(lease, reusable);
+            return Err(error.into());
+        }
+        self.figures.retried(reason);
+        match self.run(lease, request, body, remaining, calls).await {
+            // The request as a whole ran out of its time limit.
+            Err(InvokeError::Timeout(_)) => Err(InvokeError::Timeout(run_limit).into()),
+            other => other.map_err(Failure::from),
+        }
+    }
+
+    /// Send the request to the leased sandbox, waiting up to `limit`, and give the sandbox back.
+    async fn run(
+        &self,
+        mut lease: Lease,
+        request: &Request,
+        body: &[u8],
+        limit: Duration,
+        calls: &dyn Calls,
+    ) -> Result<Invocation, InvokeError> {
+        let result = lease.kept.sandbox.invoke(request, body, limit, calls).await;
+        let reusable = result.is_ok() && lease.kept.sandbox.reusable();
+        let (cold, sandbox) = (lease.cold, lease.kept.sandbox.id());
+        self.release(lease, reusable);
+        let (reply, body) = result?;
+        Ok(Invocation { reply, body, cold, sandbox })
+    }
+
+    /// A sandbox for `lambda`: an idle one, a new one, or one handed over within `wait`.
+    async fn acquire(&self, lambda: &Arc<Lambda>, wait: Duration) -> Result<Lease, Failure> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Failure::ShuttingDown);
+        }
+        let mut doomed = Vec::new();
+        let mut handoff = None;
+        let acquired = self.pools.lock().unwrap().acquire(
+            &lambda.name,
+            lambda.version,
+            || {
+                let (tx, rx) = oneshot::channel();
+                handoff = Some(rx);
+                tx
+            },
+            &mut doomed,
+        );
+        self.evict(doomed);
+        match acquired {
+            Acquired::Warm(idle) => {
+                self.figures.state(SandboxState::Idle, -1);
+                self.figures.state(SandboxState::Busy, 1);
+                self.warm(idle, lambda).await
+            }
+            Acquired::Create => self.create(lambda).await,
+            Acquired::Full => Err(Failure::QueueFull(self.cfg.queue_depth)),
+            Acquired::Queued => self.wait(handoff.expect("queued with a hand-off"), lambda, wait).await,
+        }
+    }
+
+    /// Resume an idle sandbox for a request; one that died while idle is replaced by a new one.
+    async fn warm(&self, idle: Idle<Kept>, lambda: &Arc<Lambda>) -> Result<Lease, Failure> {
+        let Idle { occupant: kept, paused, .. } = idle;
+        let killed = paused && kept.sandbox.killed_while_paused();
+        if paused {
+            let started = Instant::now();
+            let resumed = kept.sandbox.resume();
+            self.cache.resumed(started.elapsed());
+            if let Err(e) = resumed {
+                tracing::warn!(sandbox = kept.sandbox.id(), "resuming a paused sandbox: {e}");
+            }
+        }
+        if killed || !kept.sandbox.reusable() {
+            // It died while idle (e.g. with its Zygote): make a new one in its place.
+            self.cache.evicted(Eviction::Dead, 1);
+            self.figures.state(SandboxState::Busy, -1);
+            self.destroy(kept.sandbox);
+            return self.create(lambda).await;
+        }
+        Ok(Lease { kept, cold: false })
+    }
+
+    /// Wait up to `wait` for a sandbox or room to be handed over.
+    async fn wait(&self, mut rx: oneshot::Receiver<Grant<Kept>>, lambda: &Arc<Lambda>, wait: Duration) -> Result<Lease, Failure> {
+        let granted = tokio::select! {
+            grant = &mut rx => grant,
+            _ = tokio::time::sleep(wait) => {
+                // A grant may have arrived just now: never lose it.
+                rx.close();
+                match rx.try_recv() {
+                    Ok(Grant::Room) => self.pools.lock().unwrap().give_back_room(&lambda.name),
+                    Ok(Grant::Sandbox(kept)) => self.release(Lease { kept, cold: false }, true),
+                    Err(_) => {}
+                }
+                return Err(Failure::QueueTimeout(wait));
+            }
+        };
+        match granted {
+            Ok(Grant::Sandbox(kept)) if kept.lambda.version == lambda.version => Ok(Lease { kept, cold: false }),
+            Ok(Grant::Sandbox(kept)) => {
+                // A sandbox of another version: swap it for room to make a current one.
+                self.figures.state(SandboxState::Busy, -1);
+                self.destroy(kept.sandbox);
+                self.create(lambda).await
+            }
+            Ok(Grant::Room) => self.create(lambda).await,
+            Err(_) => Err(Failure::ShuttingDown),
+        }
+    }
+
+    /// Provision a sandbox for `lambda`; room for it is already counted.
+    async fn create(&self, lambda: &Arc<Lambda>) -> Result<Lease, Failure> {
+        self.figures.state(SandboxState::Starting, 1);
+        let created = match self.prepare.spec(lambda, self.cfg.limits).await {
+            Ok(spec) => self.backend.create(&spec).await.map_err(|e| match e {
+                CreateError::Load { message, traceback } => Failure::Load { message, traceback },
+                CreateError::Platform(m) => Failure::Platform(m),
+            }),
+            Err(failure) => Err(failure),
+        };
+        self.figures.state(SandboxState::Starting, -1);
+        match created {
+            Ok(sandbox) => {
+                self.figures.started(sandbox.startup());
+                self.figures.state(SandboxState::Busy, 1);
+                Ok(Lease { kept: Kept { sandbox, lambda: lambda.clone() }, cold: true })
+            }
+            Err(failure) => {
+                self.pools.lock().unwrap().give_back_room(&lambda.name);
+                Err(failure)
+            }
+        }
+    }
+
+    /// Return a sandbox after its request: to a waiter, to the idle set, or to be destroyed.
+    fn release(&self, lease: Lease, reusable: bool) {
+        let name = lease.kept.lambda.name.clone();
+        let keep = reusable && self.cfg.keep_warm && !self.closed.load(Ordering::Acquire) && lease.kept.lambda.is_current();
+        let id = lease.kept.sandbox.id();
+        let released = self.pools.lock().unwrap().release(&name, lease.kept, keep, Instant::now());
+        match released {
+            Released::Handed => {}
+            Released::Idle => {
+                self.figures.state(SandboxState::Busy, -1);
+                self.figures.state(SandboxState::Idle, 1);
+                if self.cfg.handler_cache.pause {
+                    self.schedule_pause(name, id);
+                }
+            }
+            Released::Destroy(kept) => {
+                self.figures.state(SandboxState::Busy, -1);
+                self.destroy(kept.sandbox);
+            }
+        }
+    }
+
+    /// Pause sandbox `id` of lambda `name` once it has been idle for `pause_after`: off the
+    /// path of the request that just used it, and never for a sandbox reused at once.
+    fn schedule_pause(&self, name: String, id: u64) {
+        let (me, after) = (self.me.clone(), self.cfg.handler_cache.pause_after);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let Some(me) = me.upgrade() else { return };
+            let mut pools = me.pools.lock().unwrap();
+            let Some(idle) = pools.due_for_pause(&name, id, Instant::now(), after) else {
+                return; // taken, gone, paused already, or idle again only since later
+            };
+            match idle.occupant.sandbox.pause() {
+                Ok(true) => {
+                    idle.paused = true;
+                    me.cache.paused();
+                    me.measure.notify_one();
+                }
+                Ok(false) => {} // this back-end's sandboxes idle runnable
+                Err(e) => tracing::warn!(sandbox = id, "pausing an idle sandbox: {e}"),
+            }
+        });
+    }
+
+    /// Destroy evicted idle sandboxes, counting why they went.
+    fn evict(&self, doomed: Vec<(Kept, Eviction)>) {
+        self.figures.state(SandboxState::Idle, -(doomed.len() as i64));
+        for (kept, why) in doomed {
+            self.cache.evicted(why, 1);
+            self.destroy(kept.sandbox);
+        }
+    }
+
+    /// Destroy a sandbox in the background.
+    fn destroy(&self, sandbox: Box<dyn Sandbox>) {
+        let destroying = self.destroying.clone();
+        destroying.fetch_add(1, Ordering::AcqRel);
+        tokio::spawn(async move {
+            sandbox.destroy().await;
+            destroying.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+
+    /// Measure the PSS of paused sandboxes (`all`, or only those not measured yet) and evict
+    /// the least recently used while they pass the handler cache's memory limit. Measuring
+    /// reads /proc, so it happens outside the lock.
+    async fn measure_paused(&self, all: bool) {
+        let probes: Vec<(u64, Vec<i32>)> =
+            self.pools.lock().unwrap().paused(!all).map(|kept| (kept.sandbox.id(), kept.sandbox.pids())).collect();
+        if probes.is_empty() {
+            return;
+        }
+        let measured: Vec<(u64, u64)> = tokio::task::spawn_blocking(move || {
+            probes.into_iter().map(|(id, pids)| (id, sprout_sandbox::memory::pss_of_pids(&pids))).collect()
+        })
+        .await
+        .unwrap_or_default();
+        let doomed = self.pools.lock().unwrap().measured(&measured, self.cfg.handler_cache.memory_limit);
+        self.evict(doomed);
+    }
+
+    /// Per-lambda figures and the handler cache's, for `/stats`.
+    pub fn stats(&self) -> Value {
+        let pools = self.pools.lock().unwrap();
+        let per_lambda: serde_json::Map<String, Value> = pools
+            .figures()
+            .map(|(name, f)| (name.to_string(), json!({"sandboxes": f.sandboxes, "idle": f.idle, "queued": f.queued, "served": f.served})))
+            .collect();
+        let (paused, paused_pss) = pools.paused_figures();
+        json!({
+            "total_sandboxes": pools.total(),
+            "per_lambda": per_lambda,
+            "handler_cache": self.cache.json(&self.cfg.handler_cache, paused, paused_pss),
+        })
+    }
+
+    /// Handler cache figures for /metrics: (paused sandboxes, their PSS, evictions by reason).
+    pub fn cache_figures(&self) -> (usize, u64, Vec<(&'static str, u64)>) {
+        let (paused, pss) = self.pools.lock().unwrap().paused_figures();
+        let evictions = Eviction::ALL.iter().map(|e| (e.label(), self.cache.evictions(*e))).collect();
+        (paused, pss, evictions)
+    }
+
+    /// Stop taking requests, destroy every idle sandbox and wait for destruction to finish.
+    pub async fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
+        let idle = self.pools.lock().unwrap().shutdown();
+        self.figures.state(SandboxState::Idle, -(idle.len() as i64));
+        for kept in idle {
+            self.destroy(kept.sandbox);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.destroying.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.backend.shutdown().await;
+    }
+}

@@ -1,0 +1,45 @@
+//! What a lambda's new sandbox is made with: its packages (resolved and installed once, or
+//! afresh with the install cache off) and its network namespace and service environment. The
+//! instance manager asks a [`Prepare`] for a [`SandboxSpec`] before every cold start; the
+//! worker's is [`Provisioning`], its tests' a plain spec.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sprout_sandbox::{Limits, SandboxSpec};
+
+use super::Failure;
+use crate::networks::LambdaNetworks;
+use crate::packages::Packages;
+use crate::registry::Lambda;
+
+#[async_trait]
+pub trait Prepare: Send + Sync {
+    /// The spec of a new sandbox for `lambda` with `limits`.
+    async fn spec(&self, lambda: &Lambda, limits: Limits) -> Result<SandboxSpec, Failure>;
+}
+
+/// The worker's: packages from the install cache, a network namespace from the pool.
+pub struct Provisioning {
+    pub packages: Arc<Packages>,
+    pub networks: Arc<LambdaNetworks>,
+}
+
+#[async_trait]
+impl Prepare for Provisioning {
+    async fn spec(&self, lambda: &Lambda, limits: Limits) -> Result<SandboxSpec, Failure> {
+        let packages = self.packages.for_sandbox(&lambda.parsed_requirements).await.map_err(Failure::Install)?;
+        let network = (self.networks.for_lambda(&lambda.name).await)
+            .map_err(|e| Failure::Platform(format!("no network namespace for the lambda: {e}")))?;
+        Ok(SandboxSpec {
+            lambda: lambda.name.clone(),
+            code_dir: lambda.dir.clone(),
+            limits,
+            env: self.networks.env_for(&lambda.name),
+            network,
+            packages: packages.packages.clone(),
+            paths: packages.paths.clone(),
+            attached: Some(packages),
+        })
+    }
+}

@@ -1,0 +1,123 @@
+"""The Sprout cache on several cores: connections spread over the cores' listeners, counters
+gathered from every core's Ebb representative, cas values unique across cores, large values
+arriving in pieces, and a client that pipelines without reading (backpressure)."""
+
+import socket
+import time
+
+from cache_servers import exchange, sprout_only, stats
+
+pytestmark = sprout_only
+
+
+def connect(address):
+    s = socket.create_connection(address)
+    s.settimeout(10)
+    return s
+
+
+def read_until(sock, end):
+    data = b""
+    while not data.endswith(end):
+        chunk = sock.recv(1 << 20)
+        assert chunk, f"connection closed; got {data[-200:]!r}"
+        data += chunk
+    return data
+
+
+def test_counters_are_gathered_from_every_core(make_cache_server):
+    server = make_cache_server("sprout", "-t", "2")
+    address = server.address
+    # Many connections: SO_REUSEPORT spreads them over both cores' listeners.
+    socks = [connect(address) for _ in range(24)]
+    for i, s in enumerate(socks):
+        s.sendall(b"set k%d 0 0 1\r\nx\r\n" % i)
+        assert read_until(s, b"\r\n") == b"STORED\r\n"
+    for s in socks:
+        for i in range(5):
+            s.sendall(b"get k%d\r\n" % i)
+            assert read_until(s, b"END\r\n").startswith(b"VALUE")
+        s.sendall(b"get missing\r\n")
+        assert read_until(s, b"END\r\n") == b"END\r\n"
+    st = stats(address)
+    assert int(st["threads"]) == 2
+    assert int(st["cmd_set"]) == 24
+    assert int(st["get_hits"]) == 24 * 5
+    assert int(st["get_misses"]) == 24
+    assert int(st["cmd_get"]) == 24 * 6
+    # The 24 clients, plus the one asking for stats.
+    assert int(st["curr_connections"]) == 25
+    for s in socks:
+        s.close()
+    deadline = time.time() + 5
+    while int(stats(address)["curr_connections"]) != 1 and time.time() < deadline:
+        time.sleep(0.05)
+    assert int(stats(address)["curr_connections"]) == 1
+    # stats reset zeroes every core's counters.
+    assert exchange(address, b"stats reset\r\n").startswith(b"RESET")
+    st = stats(address)
+    assert int(st["cmd_get"]) == 0 and int(st["get_hits"]) == 0
+    assert int(st["curr_items"]) == 24, "reset leaves the items alone"
+
+
+def test_cas_values_are_unique_across_cores(make_cache_server):
+    server = make_cache_server("sprout", "-t", "2")
+    socks = [connect(server.address) for _ in range(16)]
+    for i, s in enumerate(socks):
+        for j in range(20):
+            s.sendall(b"set c%d_%d 0 0 1\r\nx\r\n" % (i, j))
+            assert read_until(s, b"\r\n") == b"STORED\r\n"
+    reader = connect(server.address)
+    keys = b" ".join(b"c%d_%d" % (i, j) for i in range(16) for j in range(20))
+    reader.sendall(b"gets " + keys + b"\r\n")
+    reply = read_until(reader, b"END\r\n")
+    cas = [line.split()[4] for line in reply.split(b"\r\n") if line.startswith(b"VALUE")]
+    assert len(cas) == 320
+    assert len(set(cas)) == 320, "two items share a cas value"
+
+
+def test_a_large_value_arriving_in_pieces(make_cache_server):
+    server = make_cache_server("sprout", "-t", "1", "-I", "2m")
+    value = bytes(range(256)) * 4000  # 1,024,000 bytes
+    s = connect(server.address)
+    s.sendall(b"set big 3 0 %d\r\n" % len(value))
+    for start in range(0, len(value), 100_000):
+        s.sendall(value[start:start + 100_000])
+        time.sleep(0.01)
+    s.sendall(b"\r\n")
+    assert read_until(s, b"\r\n") == b"STORED\r\n"
+    s.sendall(b"get big\r\n")
+    reply = read_until(s, b"END\r\n")
+    assert reply == b"VALUE big 3 %d\r\n" % len(value) + value + b"\r\nEND\r\n"
+
+
+def test_a_client_that_pipelines_without_reading_is_held_back(make_cache_server):
+    server = make_cache_server("sprout", "-t", "1")
+    value = b"v" * 100_000
+    s = connect(server.address)
+    s.sendall(b"set big 0 0 %d\r\n" % len(value) + value + b"\r\n")
+    assert read_until(s, b"\r\n") == b"STORED\r\n"
+    # 500 gets of 100 KB (50 MB of replies) sent before reading a byte: the server stops
+    # reading while replies back up, and the client's sends block rather than fail.
+    s.setblocking(False)
+    request = b"get big\r\n" * 500
+    sent = 0
+    deadline = time.time() + 5
+    while sent < len(request) and time.time() < deadline:
+        try:
+            sent += s.send(request[sent:])
+        except BlockingIOError:
+            time.sleep(0.01)
+    s.setblocking(True)
+    s.settimeout(20)
+    expected = (b"VALUE big 0 %d\r\n" % len(value) + value + b"\r\nEND\r\n") * 500
+    received = bytearray()
+    while len(received) < len(expected):
+        if sent < len(request):
+            sent += s.send(request[sent:])
+        chunk = s.recv(1 << 20)
+        assert chunk, "the server closed the connection"
+        received += chunk
+    assert bytes(received) == expected
+    # Another client was served all along.
+    assert exchange(server.address, b"get big\r\n").startswith(b"VALUE big 0 100000")

@@ -1,0 +1,82 @@
+"""Cgroups: pooled and reused on v1 (this machine's hierarchy), and the same worker on the
+unified v2 hierarchy, which here is mounted at /sys/fs/cgroup/unified without controllers."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import EXAMPLES, Worker
+
+V2_ROOT = "/sys/fs/cgroup/unified"
+
+
+def test_cgroups_are_reused_from_the_pool(make_worker):
+    w = make_worker(instances={"keep_warm": False}, sandbox={"cgroup_pool": 4})
+    w.client.deploy(str(EXAMPLES / "echo"))
+    for i in range(20):
+        assert w.client.run("echo", i) == i
+    counters = w.client.stats()["backend_counters"]
+    assert counters["cgroups_created"] <= 8  # the pool of 4, plus a few while others drain
+    assert counters["cgroups_reused"] >= 12
+
+
+def test_limits_are_written_to_the_v1_groups(make_worker):
+    w = make_worker(limits={"memory_mb": 96, "pids": 40, "cpus": 0.5})
+    parent = w.cgroup_names[0]
+    group = sorted(p for p in os.listdir(f"/sys/fs/cgroup/memory/{parent}") if p.startswith("sb-"))[0]
+    read = lambda path: open(path).read().strip()
+    assert read(f"/sys/fs/cgroup/memory/{parent}/{group}/memory.limit_in_bytes") == str(96 << 20)
+    assert read(f"/sys/fs/cgroup/pids/{parent}/{group}/pids.max") == "40"
+    assert read(f"/sys/fs/cgroup/cpu/{parent}/{group}/cpu.cfs_quota_us") == "50000"
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(V2_ROOT, "cgroup.procs")), reason="no cgroup2 mount here")
+def test_worker_runs_on_cgroup_v2(make_worker):
+    w = make_worker(cgroups={"version": "v2", "v2_root": V2_ROOT})
+    assert "cgroup v2 here lacks these controllers" in w.log() or os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+    w.client.deploy(str(EXAMPLES / "echo"))
+    w.deploy_test_lambda("spawner")
+    assert w.client.run("echo", "v2") == "v2"
+    parent = os.path.join(V2_ROOT, w.cgroup_names[0])
+    groups = [g for g in os.listdir(parent) if g.startswith("sb-")]
+    members = [int(p) for g in groups for p in open(os.path.join(parent, g, "cgroup.procs")).read().split()]
+    assert members, "the sandbox joined a v2 group"
+    assert f"0::/{w.cgroup_names[0]}/sb-" in open(f"/proc/{members[0]}/cgroup").read()
+    # leftovers are still found and killed through the v2 group
+    assert w.client.run("spawner")["marker"] == "sleep 3600"
+    time.sleep(0.3)
+    procs = [int(p) for g in groups for p in open(os.path.join(parent, g, "cgroup.procs")).read().split()]
+    assert len(procs) <= len(groups)
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(V2_ROOT, "cgroup.procs")), reason="no cgroup2 mount here")
+def test_v2_cleanup_after_kill_9(tmp_path, sprout_bin):
+    w = Worker(tmp_path / "w", {"cgroups": {"version": "v2", "v2_root": V2_ROOT}, "sandbox": {"backend": "sock-nozygote"}})
+    w.start()
+    w.client.deploy(str(EXAMPLES / "echo"))
+    w.client.run("echo", 1)
+    w.process.send_signal(signal.SIGKILL)
+    w.process.wait()
+    assert os.path.isdir(os.path.join(V2_ROOT, w.cgroup_names[0]))
+    w.sprout("worker", "cleanup", w.dir)
+    assert not os.path.isdir(os.path.join(V2_ROOT, w.cgroup_names[0]))
+    assert w.leftovers() == []
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(V2_ROOT, "cgroup.procs")), reason="no cgroup2 mount here")
+def test_package_zygotes_and_the_handler_cache_on_cgroup_v2(make_worker, wheel_dir):
+    from conftest import deploy_with, offline, probe
+    w = make_worker(**offline(wheel_dir, cgroups={"version": "v2", "v2_root": V2_ROOT}))
+    deploy_with(w, "ab", probe(["alpha"]), "alpha==1.0\nbeta==1.0\n")
+    assert w.client.run("ab")["preloaded"] == ["alpha", "beta"]  # forked from a package Zygote
+    parent = os.path.join(V2_ROOT, w.cgroup_names[0])
+    holding = [g for g in os.listdir(parent) if g.startswith("sb-") and open(os.path.join(parent, g, "cgroup.procs")).read().split()]
+    assert len(holding) == 1, "the worker moved the handler into its own v2 group"
+    frozen = os.path.join(parent, holding[0], "cgroup.freeze")
+    deadline = time.time() + 5
+    while open(frozen).read().strip() != "1" and time.time() < deadline:
+        time.sleep(0.05)
+    assert open(frozen).read().strip() == "1", "the idle handler was paused with the v2 freezer"
+    assert w.client.run("ab")["preloaded"] == ["alpha", "beta"]
