@@ -18,16 +18,20 @@ pub enum Read {
     Peek,
     /// gat and touch: give it this expiry (absolute, from `Clock::expiry`) and mark it used.
     Touch(u32),
+    /// meta get with `T`: like `Touch`, but counted as a get when there is no item (memcached
+    /// decides by whether the expiry was set).
+    GetOrTouch(u32),
 }
 
 /// Read `key`. A touching read counts as a touch (cmd_touch; touch_hits or touch_misses), any
 /// other as a get (cmd_get; get_hits or get_misses); expired and flushed items found on the
-/// way count too (get_expired, get_flushed).
+/// way count too (get_expired, get_flushed). `tests/cache/test_cache_compat.py` checks the
+/// counts against memcached's in every protocol.
 pub fn read(env: &Env, key: &[u8], how: Read) -> Option<Item> {
     let (store, stats, now) = (&env.shared.store, env.stats, env.shared.clock.now());
     let found = match how {
         Read::Get => store.lookup(key, None, now),
-        Read::Touch(exptime) => store.lookup(key, Some(exptime), now),
+        Read::Touch(exptime) | Read::GetOrTouch(exptime) => store.lookup(key, Some(exptime), now),
         Read::Peek => store.peek(key, now).map_or(Lookup::Miss, Lookup::Hit),
     };
     match &found {
@@ -36,9 +40,15 @@ pub fn read(env: &Env, key: &[u8], how: Read) -> Option<Item> {
         Lookup::Hit(_) | Lookup::Miss => {}
     }
     let item = found.hit();
-    let (command, hits, misses) = match how {
-        Read::Touch(_) => (&stats.cmd_touch, &stats.touch_hits, &stats.touch_misses),
-        Read::Get | Read::Peek => (&stats.cmd_get, &stats.get_hits, &stats.get_misses),
+    let touched = match how {
+        Read::Touch(_) => true,
+        Read::GetOrTouch(_) => item.is_some(),
+        Read::Get | Read::Peek => false,
+    };
+    let (command, hits, misses) = if touched {
+        (&stats.cmd_touch, &stats.touch_hits, &stats.touch_misses)
+    } else {
+        (&stats.cmd_get, &stats.get_hits, &stats.get_misses)
     };
     CoreStats::bump(command);
     CoreStats::bump(if item.is_some() { hits } else { misses });

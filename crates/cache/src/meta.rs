@@ -192,7 +192,7 @@ pub fn execute(name: u8, tokens: &[&[u8]], env: &Env, out: &mut Output) -> Next 
 fn get(key: &[u8], f: &Flags, env: &Env, out: &mut Output) {
     let now = env.shared.clock.now();
     let how = match f.ttl {
-        Some(ttl) => Read::Touch(env.shared.clock.expiry(ttl)),
+        Some(ttl) => Read::GetOrTouch(env.shared.clock.expiry(ttl)),
         None if f.no_bump => Read::Peek,
         None => Read::Get,
     };
