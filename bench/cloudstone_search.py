@@ -1,5 +1,5 @@
 """Render a Cloudstone search (search.json from `sprout cloudstone search`) as an HTML page:
-the search's trace (users tried, SLA-1 and SLA-2 verdicts, throughput), the maxima, and
+the search's trace (users tried, SLA-1 and SLA-2 verdicts, throughput, CPU per operation), the maxima, and
 dollars per user per month for each price, 1, 12 and 36 months (Cloudstone's Table 1).
 With two or more search.json files, `compare` mode writes a side-by-side page and the
 summary JSON.
@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from cloudstone_breakdown import per_operation  # noqa: E402
 from cloudstone_report import interpreter_text  # noqa: E402
 
 COLORS = {"sprout": "#2a9d8f", "conventional": "#e76f51"}
@@ -89,14 +90,27 @@ def report_link(report, out):
     return str(Path(report).relative_to(out)) if Path(report).is_relative_to(out) else report
 
 
+def cpu_per_operation(report):
+    """The deployment's CPU milliseconds per operation in a run (from the run.json beside its
+    report), as text; empty when the run has none. Runs whose figure departs from their
+    neighbours' ran on a contended host."""
+    for candidate in (Path(report), Path(__file__).resolve().parent.parent / report):
+        run = candidate.with_name("run.json")
+        if run.exists():
+            parts, _ = per_operation(json.loads(run.read_text()))
+            return f"{sum(parts.values()):.2f}"
+    return ""
+
+
 def render_search(path):
     s = json.loads(path.read_text())
     out = path.parent
     plot_trace([s], out / "search_trace.png")
     trace = table(
-        ["users", "accounts", "SLA-1", "SLA-2", "ops/s", "first failed check", "report"],
+        ["users", "accounts", "SLA-1", "SLA-2", "ops/s", "CPU-ms per operation", "first failed check", "report"],
         [[st["users"], f"{st['registered_users']:,}", verdict(st["sla1"]), verdict(st["sla2"]), f"{st['ops_per_s']:.1f}",
-          html.escape(st["reason"]), f"<a href=\"{html.escape(report_link(st['report'], out))}\">run</a>"] for st in s["trace"]],
+          cpu_per_operation(st["report"]), html.escape(st["reason"]),
+          f"<a href=\"{html.escape(report_link(st['report'], out))}\">run</a>"] for st in s["trace"]],
     )
     prices = "".join(f"<li><b>{html.escape(p['name'])}</b>: {html.escape(p['description'])}</li>" for p in s["prices"])
     bound_note = " (≥: no run above it failed; the search stopped at its --max)" if lower_bound(s, "sla1") or lower_bound(s, "sla2") else ""

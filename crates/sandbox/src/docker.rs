@@ -439,9 +439,11 @@ impl Sandbox for DockerSandbox {
 
     async fn destroy(self: Box<Self>) {
         let DockerSandbox { session, container, scratch, docker } = *self;
-        drop(session);
+        let Session { channel, attached, .. } = session;
+        drop(channel);
         docker.remove_container(&container).await;
         remove_dir(&scratch).await;
         docker.counters.destroyed();
+        drop(attached); // a per-sandbox package install: only once nothing runs
     }
 }
