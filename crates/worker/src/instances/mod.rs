@@ -368,17 +368,17 @@ impl Instances {
 
     /// Return a sandbox after its request: to a waiter, to the idle set, or to be destroyed.
     fn release(&self, lease: Lease, reusable: bool) {
-        let name = lease.kept.lambda.name.clone();
-        let keep = reusable && self.cfg.keep_warm && !self.closed.load(Ordering::Acquire) && lease.kept.lambda.is_current();
+        let lambda = lease.kept.lambda.clone();
+        let keep = reusable && self.cfg.keep_warm && !self.closed.load(Ordering::Acquire) && lambda.is_current();
         let id = lease.kept.sandbox.id();
-        let released = self.pools.lock().unwrap().release(&name, lease.kept, keep, Instant::now());
+        let released = self.pools.lock().unwrap().release(&lambda.name, lease.kept, keep, Instant::now());
         match released {
             Released::Handed => {}
             Released::Idle => {
                 self.figures.state(SandboxState::Busy, -1);
                 self.figures.state(SandboxState::Idle, 1);
                 if self.cfg.handler_cache.pause {
-                    self.schedule_pause(name, id);
+                    self.schedule_pause(lambda.name.clone(), id);
                 }
             }
             Released::Destroy(kept) => {

@@ -124,7 +124,7 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
     /// sandbox when the worker is full), else a place in the queue for `waiter()`. Idle
     /// sandboxes of other versions are evicted on the way; the caller destroys `doomed`.
     pub fn acquire(&mut self, name: &str, version: u64, waiter: impl FnOnce() -> W, doomed: &mut Vec<(O, Eviction)>) -> Acquired<O> {
-        let pool = self.pools.entry(name.to_string()).or_default();
+        let pool = pool_of(&mut self.pools, name);
         let (current, stale): (Vec<Idle<O>>, Vec<Idle<O>>) = pool.idle.drain(..).partition(|i| i.occupant.version() == version);
         pool.idle = current;
         pool.live -= stale.len();
@@ -153,7 +153,7 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
     /// request of its lambda or into the idle set; otherwise the caller destroys it and its
     /// room goes to a waiting request.
     pub fn release(&mut self, name: &str, occupant: O, keep: bool, now: Instant) -> Released<O> {
-        let pool = self.pools.entry(name.to_string()).or_default();
+        let pool = pool_of(&mut self.pools, name);
         pool.served += 1;
         if !keep {
             self.give_back_room(name);
@@ -294,6 +294,15 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
     fn forget_empty(&mut self) {
         self.pools.retain(|_, p| p.live > 0 || !p.waiters.is_empty());
     }
+}
+
+/// The pool of `name`, made if it has none (its name is copied only then: this is on every
+/// request's path).
+fn pool_of<'a, O, W>(pools: &'a mut HashMap<String, Pool<O, W>>, name: &str) -> &'a mut Pool<O, W> {
+    if !pools.contains_key(name) {
+        pools.insert(name.to_string(), Pool::default());
+    }
+    pools.get_mut(name).expect("inserted above")
 }
 
 #[cfg(test)]

@@ -43,6 +43,14 @@ fn start(cfg: InstanceConfig) -> (Arc<FakeBackend>, Arc<Instances>) {
     (backend, instances)
 }
 
+/// Instances that pause idle sandboxes, over a back-end whose sandboxes can be paused.
+fn start_pausing(mut cfg: InstanceConfig) -> (Arc<FakeBackend>, Arc<Instances>) {
+    cfg.handler_cache.pause = true;
+    let (backend, instances) = start(cfg);
+    backend.script.lock().unwrap().pausable = true;
+    (backend, instances)
+}
+
 fn request(method: &str) -> Request {
     Request {
         method: method.into(),
@@ -179,10 +187,7 @@ async fn a_full_worker_evicts_the_least_recently_used_idle_sandbox() {
 
 #[tokio::test]
 async fn an_idle_sandbox_is_paused_then_resumed_for_the_next_request() {
-    let mut cfg = config();
-    cfg.handler_cache.pause = true;
-    let (backend, instances) = start(cfg);
-    backend.script.lock().unwrap().pausable = true;
+    let (backend, instances) = start_pausing(config());
     let f = Lambda::fake("f", 1);
     let id = call(&instances, &f, "GET").await.unwrap().sandbox;
     until("the idle sandbox is paused", || instances.cache_figures().0 == 1).await;
@@ -196,10 +201,8 @@ async fn an_idle_sandbox_is_paused_then_resumed_for_the_next_request() {
 #[tokio::test]
 async fn a_sandbox_reused_before_its_pause_is_due_is_paused_only_after_its_last_request() {
     let mut cfg = config();
-    cfg.handler_cache.pause = true;
     cfg.handler_cache.pause_after = Duration::from_millis(300);
-    let (backend, instances) = start(cfg);
-    backend.script.lock().unwrap().pausable = true;
+    let (backend, instances) = start_pausing(cfg);
     let f = Lambda::fake("f", 1);
     call(&instances, &f, "GET").await.unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -211,10 +214,7 @@ async fn a_sandbox_reused_before_its_pause_is_due_is_paused_only_after_its_last_
 
 #[tokio::test]
 async fn a_sandbox_killed_while_paused_is_replaced_not_resumed_into_a_request() {
-    let mut cfg = config();
-    cfg.handler_cache.pause = true;
-    let (backend, instances) = start(cfg);
-    backend.script.lock().unwrap().pausable = true;
+    let (backend, instances) = start_pausing(config());
     let f = Lambda::fake("f", 1);
     let id = call(&instances, &f, "GET").await.unwrap().sandbox;
     until("the idle sandbox is paused", || instances.cache_figures().0 == 1).await;
