@@ -3,6 +3,7 @@ worker keeps serving other requests throughout."""
 
 import concurrent.futures
 import os
+import re
 import subprocess
 import time
 
@@ -141,3 +142,45 @@ def test_worker_serves_others_while_a_handler_misbehaves(strict):
             assert strict.client.run("echo", i) == i
         assert slow.result().value.code == "timeout"
         assert hog.result().value.code == "out_of_memory"
+
+
+
+def test_a_sandbox_that_cannot_start_in_time_is_503_saying_which_process_and_how_long(tmp_path):
+    """A platform failure is the platform's, not the lambda's: 503 `sandbox_start_failed`,
+    naming the process that was late and the limit; its room is given back (the second call
+    fails the same way, it is not left queued) and the worker keeps serving."""
+    from conftest import Worker
+
+    w = Worker(tmp_path / "w", {"sandbox": {"backend": "sock-nozygote", "start_timeout_ms": 1}})
+    w.start()
+    try:
+        w.client.deploy(str(LAMBDAS.parent.parent / "examples" / "lambdas" / "echo"))
+        for _ in range(2):
+            with pytest.raises(sprout.SproutError) as failed:
+                w.client.run("echo", {"x": 1})
+            assert failed.value.status == 503 and failed.value.code == "sandbox_start_failed"
+            assert re.search(r"the sandbox's helper did not (start|connect) within 1ms", str(failed.value)), failed.value
+        assert w.client.status() == "ready\n"
+    finally:
+        w.stop()
+    assert w.leftovers() == []
+
+
+def test_a_worker_whose_python_cannot_run_says_what_it_ran(tmp_path):
+    """With Zygotes the worker refuses to start; without, it refuses uploads (it cannot check
+    their syntax) and keeps nothing."""
+    from conftest import Worker
+
+    with pytest.raises(RuntimeError, match="starting the root Zygote: running /usr/bin/no-such-python: "
+                                           "the sandbox process could not exec: No such file or directory"):
+        Worker(tmp_path / "zygote", {"sandbox": {"python": "/usr/bin/no-such-python"}}).start()
+    w = Worker(tmp_path / "w", {"sandbox": {"backend": "sock-nozygote", "python": "/usr/bin/no-such-python"}})
+    w.start()
+    try:
+        with pytest.raises(sprout.SproutError) as failed:
+            w.client.deploy(str(LAMBDAS.parent.parent / "examples" / "lambdas" / "echo"))
+        assert failed.value.status == 500 and failed.value.code == "internal"
+        assert "running /usr/bin/no-such-python in the sandbox base: No such file or directory" in str(failed.value)
+        assert w.client.list() == []
+    finally:
+        w.stop()

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::PlatformError;
+
 /// What a sandbox's session reads of its cgroup: its processes, and its OOM kills (the count
 /// when the sandbox was made, and the file that counts them).
 #[derive(Debug, Clone)]
@@ -265,7 +267,7 @@ fn remove_group_tree(dir: &Path) -> io::Result<()> {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) if Instant::now() > deadline => {
-                return Err(io::Error::new(e.kind(), format!("cannot remove cgroup {}: {e}", dir.display())))
+                return Err(PlatformError::Path { doing: "removing the cgroup".into(), path: dir.to_path_buf(), error: e }.into())
             }
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }

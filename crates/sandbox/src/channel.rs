@@ -19,6 +19,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interest};
 use tokio::net::{UnixListener, UnixStream};
 
+use crate::error::{Doing, PlatformError};
 use crate::process::PidFd;
 
 /// The socket's name in the scratch directory (`/host/sprout.sock` inside the sandbox).
@@ -220,13 +221,13 @@ impl Channel {
 impl Channel {
     /// Send the handler the environment variables of its lambda (beyond the sandbox's own)
     /// and its packages' directories, and wait for its hello: its lambda loaded, or not.
-    pub async fn handshake(&mut self, env: &[(String, String)], paths: &[String], timeout: Duration) -> io::Result<Hello> {
+    pub async fn handshake(&mut self, env: &[(String, String)], paths: &[String], timeout: Duration) -> Result<Hello, PlatformError> {
         let init = Init { op: "init", env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(), paths };
-        self.send(&init, &[]).await?;
+        self.send(&init, &[]).await.doing("sending the handler its lambda's environment")?;
         match tokio::time::timeout(timeout, self.recv::<Hello>()).await {
             Ok(Ok((hello, _))) => Ok(hello),
-            Ok(Err(e)) => Err(io::Error::new(e.kind(), format!("the handler died while loading: {e}"))),
-            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the handler did not finish loading in time")),
+            Ok(Err(e)) => Err(e).doing("the handler died while loading"),
+            Err(_) => Err(PlatformError::timed_out("the handler", "finish loading", timeout)),
         }
     }
 }
@@ -240,21 +241,25 @@ impl Endpoint {
     /// Listen at `dir/sprout.sock` (`dir` is the sandbox's scratch directory). The path is
     /// reached through /proc/self/fd so its length never hits the 108-byte limit of a socket
     /// address. The socket is connectable by any user: only that sandbox can reach it.
-    pub fn listen_in(dir: &Path) -> io::Result<Endpoint> {
-        let dir_fd = std::fs::File::open(dir)?;
-        let path = PathBuf::from(format!("/proc/self/fd/{}/{SOCKET_NAME}", dir_fd.as_raw_fd()));
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
-        Ok(Endpoint { listener })
+    pub fn listen_in(dir: &Path) -> Result<Endpoint, PlatformError> {
+        let listen = || {
+            let dir_fd = std::fs::File::open(dir)?;
+            let path = PathBuf::from(format!("/proc/self/fd/{}/{SOCKET_NAME}", dir_fd.as_raw_fd()));
+            let _ = std::fs::remove_file(&path);
+            let listener = UnixListener::bind(&path)?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+            Ok::<_, io::Error>(Endpoint { listener })
+        };
+        listen().at("listening for the sandbox's helper in", dir)
     }
 
     /// Wait up to `timeout` for the helper; returns its channel and a pidfd of the process
     /// that connected.
-    pub async fn accept(self, timeout: Duration, max_body: u32) -> io::Result<(Channel, Option<PidFd>)> {
+    pub async fn accept(self, timeout: Duration, max_body: u32) -> Result<(Channel, Option<PidFd>), PlatformError> {
         let (stream, _) = tokio::time::timeout(timeout, self.listener.accept())
             .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the sandbox's helper never connected"))??;
+            .map_err(|_| PlatformError::timed_out("the sandbox's helper", "connect", timeout))?
+            .doing("accepting the sandbox's helper")?;
         let pidfd = peer_pidfd(stream.as_raw_fd());
         Ok((Channel::new(stream, max_body), pidfd))
     }

@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 use crate::backend::{Backend, Counters, Sandbox};
 use crate::cgroup::{view_of, Layout, Version};
 use crate::channel::{Endpoint, Reply, Request};
+use crate::error::{Doing, PlatformError};
 use crate::scratch::{make_scratch, remove_dir};
 use crate::session::{handler_kind, session_methods, Calls, Session};
 use crate::spec::{sandbox_env_strings, BackendStats, CreateError, InvokeError, SandboxSpec};
@@ -133,13 +134,13 @@ fn encode(value: &str) -> String {
     value.bytes().map(|b| if plain(b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
 }
 
-/// The engine's message in an error response (`{"message": "..."}`).
-fn api_error(what: &str, status: StatusCode, body: &[u8]) -> CreateError {
+/// The engine's message in an error response (`{"message": "..."}`); `doing` is a verb phrase.
+fn api_error(doing: &'static str, status: StatusCode, body: &[u8]) -> PlatformError {
     let message = serde_json::from_slice::<Value>(body)
         .ok()
         .and_then(|v| v["message"].as_str().map(str::to_string))
         .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_string());
-    CreateError::Platform(format!("{what}: the Docker engine said {message} ({status})"))
+    PlatformError::Engine { engine: "the Docker engine", doing: doing.into(), message: format!("{message} ({status})") }
 }
 
 impl DockerBackend {
@@ -151,7 +152,7 @@ impl DockerBackend {
     }
 
     /// Import the base image unless the engine has it already.
-    pub async fn prepare(&self) -> Result<(), CreateError> {
+    pub async fn prepare(&self) -> Result<(), PlatformError> {
         self.docker.prepare().await
     }
 
@@ -163,18 +164,19 @@ impl DockerBackend {
 
 impl Docker {
     /// One API call on a fresh connection; returns the status and the whole response body.
-    async fn call<B>(&self, method: Method, path: &str, content_type: &str, body: B) -> Result<(StatusCode, Bytes), CreateError>
+    async fn call<B>(&self, method: Method, path: &str, content_type: &str, body: B) -> Result<(StatusCode, Bytes), PlatformError>
     where
         B: hyper::body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let failed = |e: &dyn std::fmt::Display| CreateError::Platform(format!("Docker API {method} {path}: {e}"));
-        let stream = tokio::net::UnixStream::connect(&self.cfg.socket).await.map_err(|e| {
-            CreateError::Platform(format!(
-                "the Docker engine is not reachable at {}: start it with `dockerd --iptables=false --bridge=none` ({e})",
-                self.cfg.socket.display()
-            ))
-        })?;
+        let failed = |e: &dyn std::fmt::Display| PlatformError::Engine {
+            engine: "the Docker engine",
+            doing: format!("answer {method} {path}").into(),
+            message: e.to_string(),
+        };
+        let stream = tokio::net::UnixStream::connect(&self.cfg.socket)
+            .await
+            .at("reaching the Docker engine (start it with `dockerd --iptables=false --bridge=none`) at", &self.cfg.socket)?;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| failed(&e))?;
         tokio::spawn(connection);
         let request = hyper::Request::builder()
@@ -191,41 +193,42 @@ impl Docker {
     }
 
     /// An API call with an optional JSON body.
-    async fn call_json(&self, method: Method, path: &str, body: Option<Value>) -> Result<(StatusCode, Bytes), CreateError> {
+    async fn call_json(&self, method: Method, path: &str, body: Option<Value>) -> Result<(StatusCode, Bytes), PlatformError> {
         let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
         self.call(method, path, "application/json", Full::new(bytes)).await
     }
 
     /// A JSON API call that must succeed: its decoded body, or the engine's message as error.
-    async fn api(&self, method: Method, path: &str, body: Option<Value>, what: &str) -> Result<Value, CreateError> {
+    async fn api(&self, method: Method, path: &str, body: Option<Value>, doing: &'static str) -> Result<Value, PlatformError> {
         let (status, body) = self.call_json(method, path, body).await?;
         if !status.is_success() {
-            return Err(api_error(what, status, &body));
+            return Err(api_error(doing, status, &body));
         }
         Ok(serde_json::from_slice(&body).unwrap_or(Value::Null))
     }
 
     /// Check that the engine answers, remove containers an earlier worker left behind, and
     /// import the base image unless the engine already has it.
-    pub async fn prepare(&self) -> Result<(), CreateError> {
-        self.api(Method::GET, "/_ping", None, "ping").await?;
+    pub async fn prepare(&self) -> Result<(), PlatformError> {
+        self.api(Method::GET, "/_ping", None, "answer a ping").await?;
         self.remove_leftovers().await;
         let inspect = format!("/images/{}/json", encode(&self.cfg.image));
         match self.call_json(Method::GET, &inspect, None).await? {
             (StatusCode::NOT_FOUND, _) => self.import_image().await?,
-            (status, body) if !status.is_success() => return Err(api_error("inspecting the image", status, &body)),
+            (status, body) if !status.is_success() => return Err(api_error("inspect the image", status, &body)),
             _ => return Ok(()),
         }
-        self.api(Method::GET, &inspect, None, "the imported image").await.map(drop)
+        self.api(Method::GET, &inspect, None, "inspect the imported image").await.map(drop)
     }
 
     /// Import `base_image` as `image`: a tar stream of the directory, written on a blocking
     /// thread and sent as it is made (the base is a few hundred MB).
-    async fn import_image(&self) -> Result<(), CreateError> {
+    async fn import_image(&self) -> Result<(), PlatformError> {
         let started = Instant::now();
         let base = self.cfg.base_image.clone();
         if !base.join("opt/sprout").is_dir() {
-            return Err(CreateError::Platform(format!("{} is not a Sprout base image", base.display())));
+            let error = io::Error::new(io::ErrorKind::InvalidInput, "no opt/sprout: not a Sprout base image");
+            return Err(PlatformError::Path { doing: "importing the base image".into(), path: base, error });
         }
         tracing::info!(image = %self.cfg.image, base = %base.display(), "importing the base image into Docker");
         let (repo, tag) = match self.cfg.image.rsplit_once(':') {
@@ -246,18 +249,21 @@ impl Docker {
         let path = format!("/images/create?fromSrc=-&repo={}&tag={}", encode(repo), encode(tag));
         let response = self.call(Method::POST, &path, "application/x-tar", ChannelBody(rx)).await;
         // A broken pipe only echoes the engine's own failure, which the response tells better.
-        match writer.await.map_err(CreateError::platform)? {
-            Err(e) if e.kind() != io::ErrorKind::BrokenPipe => return Err(CreateError::Platform(format!("archiving the base image: {e}"))),
+        match writer.await.doing("archiving the base image")? {
+            Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+                return Err(PlatformError::Io { doing: "archiving the base image".into(), error: e })
+            }
             _ => {}
         }
         let (status, body) = response?;
         if !status.is_success() {
-            return Err(api_error("importing the base image", status, &body));
+            return Err(api_error("import the base image", status, &body));
         }
         // Progress messages are a stream of JSON objects; a failure is one with "error".
         for message in serde_json::Deserializer::from_slice(&body).into_iter::<Value>().flatten() {
             if let Some(error) = message["error"].as_str() {
-                return Err(CreateError::Platform(format!("importing the base image: {error}")));
+                let message = error.to_string();
+                return Err(PlatformError::Engine { engine: "the Docker engine", doing: "import the base image".into(), message });
             }
         }
         tracing::info!(image = %self.cfg.image, seconds = started.elapsed().as_secs_f64(), "base image imported");
@@ -268,7 +274,7 @@ impl Docker {
     async fn remove_leftovers(&self) -> usize {
         let filters = json!({"label": [format!("sprout.worker={}", self.cfg.worker_label)]}).to_string();
         let path = format!("/containers/json?all=1&filters={}", encode(&filters));
-        let listed = self.api(Method::GET, &path, None, "listing leftover containers").await;
+        let listed = self.api(Method::GET, &path, None, "list leftover containers").await;
         let containers = listed.map_err(|e| tracing::warn!("{e}")).unwrap_or_default();
         let mut removed = 0;
         for id in containers.as_array().into_iter().flatten().filter_map(|c| c["Id"].as_str()) {
@@ -286,7 +292,7 @@ impl Docker {
     async fn remove_container(&self, id: &str) -> bool {
         let e = match self.call_json(Method::DELETE, &format!("/containers/{id}?force=1&v=1"), None).await {
             Ok((status, _)) if status.is_success() || status == StatusCode::NOT_FOUND => return true,
-            Ok((status, body)) => api_error("removing a container", status, &body),
+            Ok((status, body)) => api_error("remove a container", status, &body),
             Err(e) => e,
         };
         tracing::warn!(container = id, "{e}");
@@ -294,18 +300,18 @@ impl Docker {
     }
 
     /// Why a started container's helper never spoke: how the container ended, if it did.
-    async fn why_silent(&self, container: &str, e: io::Error) -> CreateError {
-        if let Ok(inspected) = self.api(Method::GET, &format!("/containers/{container}/json"), None, "inspect").await {
+    async fn why_silent(&self, container: &str, e: PlatformError) -> PlatformError {
+        if let Ok(inspected) = self.api(Method::GET, &format!("/containers/{container}/json"), None, "inspect the container").await {
             let state = &inspected["State"];
             if state["Running"] == false {
-                let mut why = format!("the sandbox's container exited during setup with status {}", state["ExitCode"]);
+                let mut during = format!("during setup with status {}", state["ExitCode"]);
                 if let Some(error) = state["Error"].as_str().filter(|e| !e.is_empty()) {
-                    why = format!("{why}: {error}");
+                    during = format!("{during}: {error}");
                 }
-                return CreateError::Platform(why);
+                return PlatformError::exited("the sandbox's container", during);
             }
         }
-        CreateError::platform(e)
+        e
     }
 
     /// The container's create request.
@@ -358,20 +364,20 @@ impl Docker {
         container: &mut Option<String>,
     ) -> Result<DockerSandbox, CreateError> {
         let started = Instant::now();
-        make_scratch(scratch, self.cfg.uid, self.cfg.gid).map_err(CreateError::platform)?;
-        let endpoint = Endpoint::listen_in(scratch).map_err(CreateError::platform)?;
+        make_scratch(scratch, self.cfg.uid, self.cfg.gid).at("making the scratch directory", scratch)?;
+        let endpoint = Endpoint::listen_in(scratch)?;
         let name = format!("sprout-{}-{id}", self.cfg.worker_label);
         let config = self.container_config(spec, scratch);
         let path = format!("/containers/create?name={}", encode(&name));
-        let created = self.api(Method::POST, &path, Some(config), "creating the container").await?;
-        let full_id = created["Id"].as_str().ok_or_else(|| CreateError::platform("the engine returned no container id"))?;
+        let created = self.api(Method::POST, &path, Some(config), "create the container").await?;
+        let full_id = created["Id"].as_str().ok_or_else(|| PlatformError::protocol("the Docker engine", &created))?;
         *container = Some(full_id.to_string());
-        self.api(Method::POST, &format!("/containers/{full_id}/start"), None, "starting the container").await?;
+        self.api(Method::POST, &format!("/containers/{full_id}/start"), None, "start the container").await?;
         let (mut channel, process) = match endpoint.accept(self.cfg.start_timeout, self.cfg.max_response).await {
             Ok(accepted) => accepted,
-            Err(e) => return Err(self.why_silent(full_id, e).await),
+            Err(e) => return Err(self.why_silent(full_id, e).await.into()),
         };
-        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
+        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await?;
         let kind = handler_kind(hello)?;
         let layout = self.layout.as_ref();
         let cgroup_path =

@@ -7,7 +7,8 @@
 //! * [`cgroup`] keeps a pool of cgroups (v1 or v2) made ahead and reused.
 //! * [`process`] clones processes straight into new PID, IPC and UTS namespaces.
 //! * [`backend`] is the seam the worker uses: a [`Backend`] makes [`Sandbox`]es, each of which
-//!   keeps its back-end's state and destroys itself; [`spec`] holds the types both sides share.
+//!   keeps its back-end's state and destroys itself; [`spec`] holds the types both sides share,
+//!   [`error`] why the platform could not make a sandbox (typed, with its cause).
 //! * [`channel`] is the Unix-socket protocol between the worker and each sandbox's helper;
 //!   [`session`] is one request over it, and the health of the sandbox after it.
 //! * [`sock`] provisions sandboxes by forking a Zygote (`sock`) or not (`sock-nozygote`);
@@ -28,6 +29,7 @@ pub mod cgroup;
 pub mod channel;
 pub mod cleanup;
 pub mod docker;
+pub mod error;
 pub mod import_cache;
 pub mod memory;
 pub mod mountinfo;
@@ -48,5 +50,6 @@ pub mod zygote;
 
 pub use backend::{Backend, Sandbox};
 pub use cgroup::Limits;
+pub use error::PlatformError;
 pub use session::Calls;
 pub use spec::{BackendStats, CreateError, HandlerKind, InvokeError, Package, Phase, SandboxSpec};

@@ -12,8 +12,11 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
-fn err(e: nix::Error, what: &str, path: &Path) -> io::Error {
-    io::Error::other(format!("{what} {}: {e}", path.display()))
+use crate::error::{Doing, PlatformError};
+
+/// A failed mount call as an `io::Error` that keeps its errno's kind and the typed error.
+fn err(e: nix::Error, what: &'static str, path: &Path) -> io::Error {
+    PlatformError::Path { doing: what.into(), path: path.to_path_buf(), error: e.into() }.into()
 }
 
 /// Bind `src` onto `dst`. With `recursive`, submounts of `src` come along.
@@ -132,18 +135,18 @@ pub fn cpath(path: &Path) -> io::Result<CString> {
 /// a root that `..` cannot leave, not even with CAP_SYS_CHROOT, since the copy has no parent
 /// mount. Package Zygotes and their handlers live in such roots. The copy disappears with its
 /// last user (this descriptor, or a process whose root or working directory is in it).
-pub fn clone_tree(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
+pub fn clone_tree(path: &Path) -> Result<std::os::fd::OwnedFd, PlatformError> {
     use std::os::fd::FromRawFd;
     const OPEN_TREE_CLONE: libc::c_uint = 1;
     const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
     const AT_RECURSIVE: libc::c_uint = 0x8000;
-    let c = cpath(path)?;
+    let c = cpath(path).at("cloning the mount tree at", path)?;
     // SAFETY: `c` is a NUL-terminated path that lives until after the call; the other
     // arguments are plain integers.
     let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE) };
     if fd < 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("cloning the mount tree at {}: {e}", path.display())));
+        let error = io::Error::last_os_error();
+        return Err(PlatformError::Path { doing: "cloning the mount tree at".into(), path: path.to_path_buf(), error });
     }
     // SAFETY: open_tree succeeded, so `fd` is a new descriptor that nothing else owns.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })

@@ -19,6 +19,7 @@ use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+use crate::error::PlatformError;
 use crate::mounts::cpath;
 
 /// A pidfd: a handle on one process that cannot be confused with a later process reusing
@@ -309,7 +310,7 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<PidFd> {
         unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), 0) };
         let stage = STAGES.get(report[0] as usize).copied().unwrap_or("start");
         let e = io::Error::from_raw_os_error(report[1]);
-        return Err(io::Error::new(e.kind(), format!("sandbox process failed to {stage}: {e}")));
+        return Err(PlatformError::Io { doing: format!("the sandbox process could not {stage}").into(), error: e }.into());
     }
     Ok(pidfd)
 }

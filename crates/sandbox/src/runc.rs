@@ -28,6 +28,7 @@ use crate::backend::{Backend, Counters, Sandbox};
 use crate::cgroup::{view_of, Layout, Version};
 use crate::channel::Endpoint;
 use crate::channel::{Reply, Request};
+use crate::error::{helper_failed, Doing, PlatformError};
 use crate::output::log_pipe;
 use crate::process::PidFd;
 use crate::scratch::{make_scratch, remove_dir};
@@ -103,12 +104,9 @@ impl Runc {
     }
 
     /// What to say when runc cannot be run at all.
-    fn spawn_error(&self, e: std::io::Error) -> String {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            "runc is not installed (apt-get install runc)".to_string()
-        } else {
-            format!("cannot run {}: {e}", self.cfg.binary)
-        }
+    fn spawn_error(&self, error: std::io::Error) -> PlatformError {
+        let doing = if error.kind() == std::io::ErrorKind::NotFound { "running runc (apt-get install runc)" } else { "running runc" };
+        PlatformError::Path { doing: doing.into(), path: self.cfg.binary.clone().into(), error }
     }
 
     /// The OCI runtime spec of one sandbox.
@@ -166,14 +164,15 @@ impl Runc {
     /// Write the bundle and `runc run --detach` the container; the helper's stdout and
     /// stderr are `log`.
     async fn start_container(&self, name: &str, bundle: &Path, config: &Value, log: OwnedFd) -> Result<(), CreateError> {
-        let body = serde_json::to_vec(config).map_err(CreateError::platform)?;
-        tokio::fs::write(bundle.join("config.json"), body).await.map_err(CreateError::platform)?;
+        let body = serde_json::to_vec(config).doing("encoding the runtime spec")?;
+        let file = bundle.join("config.json");
+        tokio::fs::write(&file, body).await.at("writing", &file)?;
         let runc_log = bundle.join("runc.log");
         let mut cmd = self.runc(Some(&runc_log));
         cmd.args(["run", "--detach", "--bundle"]).arg(bundle).arg(name);
-        let out_fd = log.try_clone().map_err(CreateError::platform)?;
+        let out_fd = log.try_clone().doing("duplicating the log pipe")?;
         cmd.stdout(Stdio::from(out_fd)).stderr(Stdio::from(log));
-        let status = cmd.status().await.map_err(|e| CreateError::Platform(self.spawn_error(e)))?;
+        let status = cmd.status().await.map_err(|e| self.spawn_error(e))?;
         if status.success() {
             return Ok(());
         }
@@ -183,7 +182,7 @@ impl Runc {
             .filter_map(|v| v["msg"].as_str().map(str::to_string))
             .collect();
         let why = if errors.is_empty() { status.to_string() } else { errors.join("; ") };
-        Err(CreateError::Platform(format!("runc could not start the container: {why}")))
+        Err(PlatformError::Engine { engine: "runc", doing: "start the container".into(), message: why }.into())
     }
 
     /// Start the container and wait for its helper to connect and load the lambda.
@@ -198,26 +197,22 @@ impl Runc {
     ) -> Result<RuncSandbox, CreateError> {
         let started = Instant::now();
         let scratch = bundle.join("scratch");
-        make_scratch(&scratch, self.cfg.uid, self.cfg.gid).map_err(CreateError::platform)?;
-        let endpoint = Endpoint::listen_in(&scratch).map_err(CreateError::platform)?;
+        make_scratch(&scratch, self.cfg.uid, self.cfg.gid).at("making the scratch directory", &scratch)?;
+        let endpoint = Endpoint::listen_in(&scratch)?;
         let config = self.runtime_spec(id, spec, &scratch);
-        let log = log_pipe(&spec.lambda, id).map_err(CreateError::platform)?;
+        let log = log_pipe(&spec.lambda, id).doing("making the sandbox's log pipe")?;
         self.start_container(name, bundle, &config, log).await?;
         // The container's init is the helper itself (runc's init execs it).
         *init = self.init_process(name);
         let accepted = match init.as_ref() {
             Some(init) => tokio::select! {
                 accepted = endpoint.accept(self.cfg.start_timeout, self.cfg.max_response) => accepted,
-                dead = init.exited(self.cfg.start_timeout) => return Err(CreateError::platform(if dead {
-                    "the sandbox's helper exited during setup (its output is in the worker log)"
-                } else {
-                    "the sandbox's helper did not start in time"
-                })),
+                dead = init.exited(self.cfg.start_timeout) => return Err(helper_failed(dead, self.cfg.start_timeout).into()),
             },
             None => endpoint.accept(self.cfg.start_timeout, self.cfg.max_response).await,
         };
-        let (mut channel, peer) = accepted.map_err(CreateError::platform)?;
-        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
+        let (mut channel, peer) = accepted?;
+        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await?;
         let kind = handler_kind(hello)?;
         let cgroup_path = view_of(self.layout.as_ref(), &format!("{}/{id}", self.cfg.cgroup_parent));
         let session = Session {

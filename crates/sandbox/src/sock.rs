@@ -21,6 +21,7 @@ use bytes::Bytes;
 use crate::backend::{Backend, Counters, Sandbox};
 use crate::cgroup::{Cgroup, CgroupPool, Limits};
 use crate::channel::{Channel, Endpoint, Hello, Reply, Request};
+use crate::error::{helper_failed, Doing, PlatformError};
 use crate::import_cache::{accept_and_place, ImportCache, NodeUse};
 use crate::mounts;
 use crate::output::log_pipe;
@@ -147,19 +148,19 @@ impl Lean {
             Ok(r) => r,
             Err(e) => {
                 self.free_slots.lock().unwrap().push(slot);
-                return Err(CreateError::platform(e));
+                return Err(PlatformError::io(format!("making the root of slot {slot}"), e).into());
             }
         };
         if let Err(e) = self.stage.stitch(&root, Some(&spec.code_dir), self.cfg.scratch_mb, self.cfg.uid, self.cfg.gid) {
             self.free_slots.lock().unwrap().push(slot);
-            return Err(CreateError::platform(e));
+            return Err(PlatformError::Path { doing: "stitching the sandbox's root".into(), path: root, error: e }.into());
         }
         let cgroup = match self.pool.acquire(&spec.limits) {
             Ok(c) => c,
             Err(e) => {
                 let _ = mounts::detach(&root);
                 self.free_slots.lock().unwrap().push(slot);
-                return Err(CreateError::platform(e));
+                return Err(PlatformError::io("taking a cgroup from the pool", e).into());
             }
         };
         let view = cgroup.view();
@@ -202,8 +203,8 @@ impl Lean {
 
     async fn provision(&self, id: u64, spec: &SandboxSpec, root: &Path, cgroup: &Cgroup) -> Result<Provisioned, CreateError> {
         let t0 = Instant::now();
-        let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
-        let log = log_pipe(&spec.lambda, id).map_err(CreateError::platform)?;
+        let endpoint = Endpoint::listen_in(&root.join("host"))?;
+        let log = log_pipe(&spec.lambda, id).doing("making the sandbox's log pipe")?;
         let netns = spec.network.as_ref().map(|n| n.fd());
         let (forked, hold, tree) = match &self.zygotes {
             Some(zygotes) => {
@@ -238,7 +239,7 @@ impl Lean {
                     output: Some(log.as_raw_fd()),
                     workdir: None,
                 })
-                .map_err(CreateError::platform)?;
+                .doing(format!("running {} for the sandbox's helper", self.cfg.python))?;
                 (Some(process), None, None)
             }
         };
@@ -246,18 +247,9 @@ impl Lean {
         let forked_at = t0.elapsed();
         let (mut channel, process) = match forked {
             Some(process) => {
-                let died = |dead: bool| {
-                    CreateError::platform(if dead {
-                        "the sandbox's helper exited during setup (its output is in the worker log)"
-                    } else {
-                        "the sandbox's helper did not start in time"
-                    })
-                };
                 let channel = tokio::select! {
-                    accepted = endpoint.accept(self.cfg.start_timeout, self.cfg.max_response) => {
-                        accepted.map_err(CreateError::platform)?.0
-                    }
-                    dead = process.exited(self.cfg.start_timeout) => return Err(died(dead)),
+                    accepted = endpoint.accept(self.cfg.start_timeout, self.cfg.max_response) => accepted?.0,
+                    dead = process.exited(self.cfg.start_timeout) => return Err(helper_failed(dead, self.cfg.start_timeout).into()),
                 };
                 (channel, process)
             }
@@ -266,7 +258,7 @@ impl Lean {
         };
         drop(tree); // the handler holds its root now: closing ours is not the last reference
         let connected_at = t0.elapsed();
-        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await.map_err(CreateError::platform)?;
+        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await?;
         tracing::debug!(
             sandbox = id,
             fork_us = forked_at.as_micros() as u64,

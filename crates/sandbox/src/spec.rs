@@ -1,7 +1,7 @@
 //! What the worker and every sandbox back-end share: what to run in a sandbox ([`SandboxSpec`],
 //! [`Package`]), how its handler serves ([`HandlerKind`]), why making or using one failed
 //! ([`CreateError`], [`InvokeError`]), what back-ends count ([`BackendStats`]) and the
-//! environment sandbox processes start with. Types only: this module depends on no other.
+//! environment sandbox processes start with. Types only, no behaviour.
 
 use std::any::Any;
 use std::path::PathBuf;
@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::cgroup::Limits;
+use crate::error::PlatformError;
 use crate::network::LambdaNetwork;
 
 /// A package a handler may import: installed in the install cache, on its `sys.path`.
@@ -85,14 +86,8 @@ pub enum CreateError {
     #[error("{message}")]
     Load { message: String, traceback: Option<String> },
     /// The platform failed to provision the sandbox.
-    #[error("{0}")]
-    Platform(String),
-}
-
-impl CreateError {
-    pub fn platform(e: impl std::fmt::Display) -> CreateError {
-        CreateError::Platform(e.to_string())
-    }
+    #[error(transparent)]
+    Platform(#[from] PlatformError),
 }
 
 /// Why an invocation failed inside the sandbox (the sandbox is unusable afterwards).

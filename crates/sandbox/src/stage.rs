@@ -25,6 +25,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::error::Doing;
 use crate::mounts;
 
 /// The in-sandbox helper, embedded so the worker binary carries its own runtime.
@@ -117,8 +118,7 @@ impl Stage {
         }
 
         for volume in volumes {
-            mount_point_in_base(base_image, &volume.path)
-                .map_err(|e| io::Error::new(e.kind(), format!("the volume path {}: {e}", volume.path)))?;
+            mount_point_in_base(base_image, &volume.path).doing(format!("making the volume's mount point {}", volume.path))?;
         }
         if stage.run.exists() {
             remove_run(&stage.run)?;
@@ -145,8 +145,7 @@ impl Stage {
             let mounted = mounts::bind(&volume.host, &dst, false)
                 .and_then(|()| mounts::make_rprivate(&dst))
                 .and_then(|()| mounts::remount_volume(&dst, volume.writable));
-            mounted
-                .map_err(|e| io::Error::new(e.kind(), format!("mounting the volume {} at {}: {e}", volume.host.display(), volume.path)))?;
+            mounted.doing(format!("mounting the volume {} at {}", volume.host.display(), volume.path))?;
         }
         Ok(stage)
     }

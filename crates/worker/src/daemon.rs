@@ -531,7 +531,7 @@ async fn make_backend(config: &Config, dir: &Path, layout: Arc<Layout>, parents:
         ))),
         BackendKind::Docker => {
             let backend = DockerBackend::new(docker_config(config, dir), stage);
-            backend.prepare().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            backend.prepare().await?;
             Ok(Arc::new(backend))
         }
     }

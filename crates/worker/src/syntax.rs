@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use anyhow::Context;
 use serde::Deserialize;
 
 const CHECK: &str = r#"
@@ -93,7 +94,7 @@ impl Checker {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn()?;
+        let mut child = cmd.spawn().with_context(|| format!("running {} in the sandbox base", self.python))?;
         let mut stdin = child.stdin.take().unwrap();
         let source = source.to_vec();
         let writer = std::thread::spawn(move || {

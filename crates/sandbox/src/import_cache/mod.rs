@@ -39,6 +39,7 @@ use tokio::sync::OnceCell;
 
 use crate::cgroup::{Cgroup, Layout, Limits};
 use crate::channel::{Endpoint, Hello, ZygoteOrder};
+use crate::error::{Doing, PlatformError};
 use crate::mounts;
 use crate::output::log_pipe;
 use crate::process::{spawn, PidFd, SpawnSpec};
@@ -196,8 +197,9 @@ impl ImportCache {
         // Package Zygotes need both a user namespace and detached mount trees (Linux 5.2) to
         // be confined; without them the cache stays off rather than run them less confined.
         let userns = if cfg.enabled {
-            let confinable =
-                mounts::clone_tree(&stage.base).and_then(|_| crate::userns::create(cfg.zygote_uid, cfg.zygote_gid, cfg.uid, cfg.gid));
+            let confinable = mounts::clone_tree(&stage.base)
+                .map_err(std::io::Error::from)
+                .and_then(|_| crate::userns::create(cfg.zygote_uid, cfg.zygote_gid, cfg.uid, cfg.gid));
             match confinable {
                 Ok(fd) => Some(fd),
                 Err(e) => {
@@ -386,7 +388,7 @@ impl ImportCache {
         }
         let hold = NodeUse(source.clone());
         if source.is_root() {
-            let root_dir = std::fs::File::open(root).map_err(CreateError::platform)?;
+            let root_dir = std::fs::File::open(root).at("opening the sandbox's root", root)?;
             let mut fds = vec![root_dir.as_raw_fd(), log.as_raw_fd()];
             fds.extend(netns);
             fds.extend(cgroup.procs_fds().iter().map(|f| f.as_raw_fd()));
@@ -395,7 +397,7 @@ impl ImportCache {
             return Ok(Forked { process: Some(pidfd), hold, tree: None });
         }
         let t0 = Instant::now();
-        let tree = mounts::clone_tree(root).map_err(CreateError::platform)?;
+        let tree = mounts::clone_tree(root)?;
         let cloned = t0.elapsed();
         let mut fds = vec![tree.as_raw_fd(), log.as_raw_fd()];
         fds.extend(netns);

@@ -7,15 +7,15 @@ impl ImportCache {
     pub(super) async fn start_root(&self) -> Result<Node, CreateError> {
         let dir = self.stage.run.join("zygote").join("0");
         let root = dir.join("root");
-        std::fs::create_dir_all(&root).map_err(CreateError::platform)?;
+        std::fs::create_dir_all(&root).at("creating the root Zygote's root", &root)?;
         let _ = mounts::detach(&root);
-        self.stage.stitch(&root, None, 16, 0, 0).map_err(CreateError::platform)?;
+        self.stage.stitch(&root, None, 16, 0, 0).at("stitching the root Zygote's root", &root)?;
         let result = async {
-            let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
-            let mut cgroup =
-                Cgroup::create(self.layout.clone(), &format!("{}/zygote-0", self.cgroup_parent)).map_err(CreateError::platform)?;
-            cgroup.set_limits(&self.cfg.zygote_limits).map_err(CreateError::platform)?;
-            let log = log_pipe("<zygote 0>", 0).map_err(CreateError::platform)?;
+            let endpoint = Endpoint::listen_in(&root.join("host"))?;
+            let name = format!("{}/zygote-0", self.cgroup_parent);
+            let mut cgroup = Cgroup::create(self.layout.clone(), &name).doing(format!("creating the cgroup {name}"))?;
+            cgroup.set_limits(&self.cfg.zygote_limits).doing("limiting the root Zygote's cgroup")?;
+            let log = log_pipe("<zygote 0>", 0).doing("making the root Zygote's log pipe")?;
             let argv = [self.cfg.python.clone(), "-I".into(), "-S".into(), HELPER_IN_SANDBOX.into(), "zygote".into()];
             let started = Instant::now();
             let process = spawn(&SpawnSpec {
@@ -33,20 +33,20 @@ impl ImportCache {
                 output: Some(log.as_raw_fd()),
                 workdir: None,
             })
-            .map_err(CreateError::platform)?;
+            .doing(format!("running {}", self.cfg.python))?;
             drop(log);
             let (mut channel, _) = match endpoint.accept(self.cfg.start_timeout, 1 << 20).await {
                 Ok(c) => c,
                 Err(e) => {
                     process.kill();
                     process.reap();
-                    return Err(CreateError::platform(format!("the root Zygote did not start: {e}")));
+                    return Err(e.into());
                 }
             };
-            let hello: Hello = channel.recv().await.map(|(h, _)| h).map_err(CreateError::platform)?;
+            let hello: Hello = channel.recv().await.map(|(h, _)| h).doing("the root Zygote died while starting")?;
             if hello.role.as_deref() != Some("zygote") {
                 process.kill();
-                return Err(CreateError::platform(format!("the root Zygote said {hello:?}")));
+                return Err(PlatformError::protocol("the root Zygote", hello).into());
             }
             tracing::info!(pid = process.pid(), "root Zygote ready");
             let zygote = ZygoteProcess { channel, process, cgroup, root: root.clone() };
@@ -217,24 +217,29 @@ impl ImportCache {
     ) -> Result<(ZygoteProcess, Hello), CreateError> {
         let dir = self.stage.run.join("zygote").join(id.to_string());
         let root = dir.join("root");
-        std::fs::create_dir_all(&root).map_err(CreateError::platform)?;
-        self.stage.stitch(&root, None, 16, self.cfg.uid, self.cfg.gid).map_err(CreateError::platform)?;
-        let mut cgroup = match Cgroup::create(self.layout.clone(), &format!("{}/zygote-{id}", self.cgroup_parent)) {
+        std::fs::create_dir_all(&root).at("creating a Zygote's root", &root)?;
+        self.stage.stitch(&root, None, 16, self.cfg.uid, self.cfg.gid).at("stitching a Zygote's root", &root)?;
+        let name = format!("{}/zygote-{id}", self.cgroup_parent);
+        let mut cgroup = match Cgroup::create(self.layout.clone(), &name) {
             Ok(c) => c,
             Err(e) => {
                 let _ = mounts::detach(&root);
-                return Err(CreateError::platform(e));
+                return Err(PlatformError::io(format!("creating the cgroup {name}"), e).into());
             }
         };
         let result = async {
-            cgroup.set_limits(&self.cfg.zygote_limits).map_err(CreateError::platform)?;
-            let endpoint = Endpoint::listen_in(&root.join("host")).map_err(CreateError::platform)?;
-            let log = log_pipe(&format!("<zygote {id}>"), id).map_err(CreateError::platform)?;
-            let tree = mounts::clone_tree(&root).map_err(CreateError::platform)?;
+            cgroup.set_limits(&self.cfg.zygote_limits).doing("limiting a Zygote's cgroup")?;
+            let endpoint = Endpoint::listen_in(&root.join("host"))?;
+            let log = log_pipe(&format!("<zygote {id}>"), id).doing("making a Zygote's log pipe")?;
+            let tree = mounts::clone_tree(&root)?;
             let mut fds: Vec<RawFd> = vec![tree.as_raw_fd(), log.as_raw_fd()];
             let mut flags = FLAG_ZYGOTE;
             if parent.is_root() {
-                fds.push(self.userns.as_ref().ok_or_else(|| CreateError::platform("no user namespace"))?.as_raw_fd());
+                let Some(userns) = self.userns.as_ref() else {
+                    let error = std::io::Error::new(std::io::ErrorKind::Unsupported, "no user namespace to confine it in");
+                    return Err(PlatformError::io("starting a package Zygote", error).into());
+                };
+                fds.push(userns.as_raw_fd());
                 flags |= FLAG_USERNS;
             }
             let request = ForkRequest { uid: 0, gid: 0, flags };
@@ -247,18 +252,17 @@ impl ImportCache {
             let (mut channel, process) = accepted?;
             let imports = self.imports_for(parent, packages);
             let paths: Vec<String> = packages.iter().map(|p| p.path.clone()).collect();
-            channel.send(&ZygoteOrder { op: "zygote", paths: &paths, imports: &imports }, &[]).await.map_err(CreateError::platform)?;
+            let order = ZygoteOrder { op: "zygote", paths: &paths, imports: &imports };
+            channel.send(&order, &[]).await.doing("sending a child Zygote its imports")?;
             let hello = tokio::time::timeout(self.cfg.import_timeout, channel.recv::<Hello>()).await;
             let hello = match hello {
                 Ok(Ok((h, _))) if h.role.as_deref() == Some("zygote") => h,
-                Ok(Ok((h, _))) => return Err(CreateError::platform(format!("the child Zygote said {h:?}"))),
-                Ok(Err(e)) => {
-                    let why = if cgroup.oom_kills() > 0 { "it ran out of memory importing".to_string() } else { e.to_string() };
-                    return Err(CreateError::platform(format!("the child Zygote died while importing: {why}")));
+                Ok(Ok((h, _))) => return Err(PlatformError::protocol("the child Zygote", h).into()),
+                Ok(Err(_)) if cgroup.oom_kills() > 0 => {
+                    return Err(PlatformError::exited("the child Zygote", "out of memory while importing").into())
                 }
-                Err(_) => {
-                    return Err(CreateError::platform(format!("the child Zygote did not import within {:?}", self.cfg.import_timeout)))
-                }
+                Ok(Err(e)) => return Err(PlatformError::io("the child Zygote died while importing", e).into()),
+                Err(_) => return Err(PlatformError::timed_out("the child Zygote", "import", self.cfg.import_timeout).into()),
             };
             Ok((channel, process, hello))
         }
@@ -281,17 +285,17 @@ impl ImportCache {
     pub(super) async fn fork_from(&self, node: &Arc<Node>, request: ForkRequest, fds: &[RawFd]) -> Result<PidFd, CreateError> {
         let mut guard = node.process.lock().await;
         let Some(zygote) = guard.as_mut() else {
-            return Err(CreateError::platform(format!("Zygote {} is gone", node.id)));
+            return Err(PlatformError::ZygoteLost { id: node.id, why: "is gone".into() }.into());
         };
         match zygote.fork(request, fds, self.cfg.start_timeout).await {
             Ok(pidfd) => Ok(pidfd),
-            Err(ForkError::Refused(e)) => Err(CreateError::platform(format!("Zygote {} could not fork: {e}", node.id))),
+            Err(ForkError::Refused(error)) => Err(PlatformError::ForkRefused { id: node.id, error }.into()),
             Err(ForkError::Broken(why)) => {
                 node.info.lock().unwrap().alive = false;
                 if let Some(z) = guard.take() {
                     z.process.kill();
                 }
-                Err(CreateError::platform(format!("Zygote {} stopped answering: {why}", node.id)))
+                Err(PlatformError::ZygoteLost { id: node.id, why: format!("stopped answering: {why}") }.into())
             }
         }
     }
@@ -317,19 +321,17 @@ pub async fn accept_and_place(
     timeout: Duration,
     max_body: u32,
 ) -> Result<(crate::channel::Channel, PidFd), CreateError> {
-    let (channel, peer) = endpoint.accept(timeout, max_body).await.map_err(CreateError::platform)?;
-    let peer = peer.ok_or_else(|| CreateError::platform("cannot identify the process that connected"))?;
+    let (channel, peer) = endpoint.accept(timeout, max_body).await?;
+    let peer = peer.ok_or_else(|| PlatformError::exited("the process that connected", "before it could be identified"))?;
     // A move may wait for an RCU grace period (see Layout::favor_dynamic_modifications):
     // never on the async threads.
     let fds: Vec<std::os::fd::OwnedFd> =
-        cgroup.procs_fds().iter().map(|f| f.try_clone()).collect::<std::io::Result<_>>().map_err(CreateError::platform)?;
+        cgroup.procs_fds().iter().map(|f| f.try_clone()).collect::<std::io::Result<_>>().doing("duplicating the cgroup's descriptors")?;
     let pid = peer.pid();
-    tokio::task::spawn_blocking(move || crate::cgroup::write_pid(&fds, pid))
-        .await
-        .map_err(CreateError::platform)?
-        .map_err(|e| CreateError::platform(format!("moving the new process into its cgroup: {e}")))?;
+    let moving = "moving the new process into its cgroup";
+    tokio::task::spawn_blocking(move || crate::cgroup::write_pid(&fds, pid)).await.doing(moving)?.doing(moving)?;
     if peer.has_exited() {
-        return Err(CreateError::platform("the new process exited during setup"));
+        return Err(PlatformError::exited("the new process", "during setup").into());
     }
     Ok((channel, peer))
 }

@@ -20,6 +20,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
 use super::plan::{self, Block};
+use crate::error::Doing;
 
 /// A network namespace made for sandboxes, with its link.
 #[derive(Debug)]
@@ -87,7 +88,7 @@ pub fn create(tag: &str, block: &Block, slot: u32, owner: Option<RawFd>) -> io::
             Ok(())
         });
     }
-    let mut child = inside.spawn().map_err(|e| io::Error::new(e.kind(), format!("starting ip in a new network namespace: {e}")))?;
+    let mut child = inside.spawn().doing("starting ip in a new network namespace")?;
     let made = (|| {
         let fd = OwnedFd::from(std::fs::File::open(format!("/proc/{}/ns/net", child.id()))?);
         let host = format!(
@@ -103,7 +104,7 @@ pub fn create(tag: &str, block: &Block, slot: u32, owner: Option<RawFd>) -> io::
         for (key, value) in [("ipv4/conf/{}/route_localnet", "1"), ("ipv6/conf/{}/disable_ipv6", "1")] {
             let path = format!("/proc/sys/net/{}", key.replace("{}", &interface));
             if std::path::Path::new(&path).exists() {
-                std::fs::write(&path, value).map_err(|e| io::Error::new(e.kind(), format!("writing {path}: {e}")))?;
+                std::fs::write(&path, value).at("writing", std::path::Path::new(&path))?;
             }
         }
         Ok::<_, io::Error>(fd)

@@ -348,7 +348,7 @@ impl Instances {
         let created = match self.prepare.spec(lambda, self.cfg.limits).await {
             Ok(spec) => self.backend.create(&spec).await.map_err(|e| match e {
                 CreateError::Load { message, traceback } => Failure::Load { message, traceback },
-                CreateError::Platform(m) => Failure::Platform(m),
+                CreateError::Platform(e) => Failure::Platform(e.to_string()),
             }),
             Err(failure) => Err(failure),
         };

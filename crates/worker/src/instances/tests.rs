@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use sprout_sandbox::channel::Request;
-use sprout_sandbox::{Calls, CreateError, InvokeError, Limits, Phase};
+use sprout_sandbox::{Calls, CreateError, InvokeError, Limits, Phase, PlatformError};
 
 use super::fake::{Event, FakeBackend, Outcome, PlainSpecs};
 use super::{Failure, InstanceConfig, Instances, Invocation, SandboxState};
@@ -165,7 +165,7 @@ async fn a_failed_create_gives_its_room_back() {
     let f = Lambda::fake("f", 1);
     backend.script.lock().unwrap().create_errors.extend([
         CreateError::Load { message: "ImportError: no module named nope".into(), traceback: None },
-        CreateError::Platform("no cgroup".into()),
+        CreateError::Platform(PlatformError::io("taking a cgroup from the pool", std::io::Error::other("no cgroup"))),
     ]);
     assert!(matches!(call(&instances, &f, "GET").await, Err(Failure::Load { .. })));
     assert!(matches!(call(&instances, &f, "GET").await, Err(Failure::Platform(_))));
