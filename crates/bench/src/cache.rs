@@ -3,9 +3,13 @@
 //! memaslap (Debian's `memcaslap`, the generator EbbRT used) with a 9:1 get:set mix:
 //! throughput and latency while connections grow, and while values grow at 64 connections.
 //!
-//! Both servers run at once, pinned to the same CPUs; at each point memaslap drives one, then
-//! the other, and the order alternates between repeats so drift in the machine's speed
-//! falls on both. The median of the repeats is reported. memaslap reports latency as a
+//! Both servers run at once, pinned to the same CPUs, started afresh at each point: a server
+//! that kept an earlier point's items would answer another workload (memcached, its memory
+//! assigned to small values' slab classes, refuses to store 16 KiB values and answers most
+//! gets with a miss, which costs it less than serving the value; Sprout evicts small items to
+//! store them). Each run reports its get hit ratio, so equal work can be checked. At each
+//! point memaslap drives one server, then the other, and the order alternates between
+//! repeats so drift in the machine's speed falls on both. The median of the repeats is reported. memaslap reports latency as a
 //! histogram of power-of-two buckets; p50 and p99 are interpolated within their bucket
 //! (accurate to the bucket, a factor of two: compare them, do not quote them alone).
 
@@ -45,6 +49,8 @@ struct Run {
     p50_us: f64,
     p99_us: f64,
     avg_us: f64,
+    /// Gets that found their item, of all gets (memaslap's `get_misses` and `cmd_get`).
+    get_hit_ratio: f64,
 }
 
 const SYSTEMS: [&str; 2] = ["memcached", "sprout"];
@@ -185,7 +191,13 @@ fn parse_memaslap(text: &str) -> Result<Run> {
         }
         2f64.powi(buckets.last().map(|b| b.0).unwrap_or(0) as i32)
     };
-    Ok(Run { ops_per_s: tps, p50_us: percentile(0.50), p99_us: percentile(0.99), avg_us: avg })
+    // The run's totals come last: "cmd_get: 454128" and "get_misses: 279865".
+    let last = |name: &str| text.lines().rev().find_map(|l| l.trim().strip_prefix(name).and_then(|v| v.trim().parse::<f64>().ok()));
+    let get_hit_ratio = match (last("cmd_get:"), last("get_misses:")) {
+        (Some(gets), Some(misses)) if gets > 0.0 => 1.0 - misses / gets,
+        _ => f64::NAN,
+    };
+    Ok(Run { ops_per_s: tps, p50_us: percentile(0.50), p99_us: percentile(0.99), avg_us: avg, get_hit_ratio })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -202,6 +214,7 @@ fn summarize(runs: &[Run]) -> Value {
         "p50_us": (median(runs.iter().map(|r| r.p50_us).collect()) * 10.0).round() / 10.0,
         "p99_us": (median(runs.iter().map(|r| r.p99_us).collect()) * 10.0).round() / 10.0,
         "avg_us": median(runs.iter().map(|r| r.avg_us).collect()),
+        "get_hit_ratio": runs.iter().map(|r| r.get_hit_ratio).filter(|h| h.is_finite()).reduce(f64::min).map(|h| (h * 1000.0).round() / 1000.0),
         "runs_ops_per_s": runs.iter().map(|r| r.ops_per_s).collect::<Vec<_>>(),
     })
 }
@@ -215,11 +228,14 @@ fn exact_run(port: u16, conns: usize, value: usize, opts: &Options) -> Result<Ru
     })
     .join()
     .map_err(|_| anyhow::anyhow!("the load generator panicked"))??;
-    Ok(Run { ops_per_s: r.ops_per_s, p50_us: r.p50_us, p99_us: r.p99_us, avg_us: r.mean_us })
+    Ok(Run { ops_per_s: r.ops_per_s, p50_us: r.p50_us, p99_us: r.p99_us, avg_us: r.mean_us, get_hit_ratio: f64::NAN })
 }
 
-/// Run one point on both servers, `repeats` times, alternating which goes first.
-fn point(servers: &[Server; 2], conns: usize, value: usize, config: &Path, opts: &Options, label: &str) -> Result<Value> {
+/// Run one point on both servers, started afresh on `cpus`, `repeats` times, alternating
+/// which goes first.
+fn point(cpus: &[usize], conns: usize, value: usize, config: &Path, opts: &Options, label: &str) -> Result<Value> {
+    let shared_cpu = cpus.contains(&opts.client_cpu);
+    let servers = [start("memcached", &opts.sprout, cpus, shared_cpu)?, start("sprout", &opts.sprout, cpus, shared_cpu)?];
     let mut runs: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
     let mut exact: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
     for r in 0..opts.repeats {
@@ -275,14 +291,12 @@ pub fn run(opts: &Options) -> Result<Value> {
     for &budget in &opts.cores {
         let cpus: Vec<usize> = (0..budget).collect();
         eprintln!("== {budget} core(s): servers on CPUs {cpus:?}, memaslap on CPU {}", opts.client_cpu);
-        let shared_cpu = cpus.contains(&opts.client_cpu);
-        let servers = [start("memcached", &opts.sprout, &cpus, shared_cpu)?, start("sprout", &opts.sprout, &cpus, shared_cpu)?];
         let mut by_conns = Map::new();
         let small = write_config(&work, opts.small_value)?;
         for &conns in &opts.connections {
             by_conns.insert(
                 conns.to_string(),
-                point(&servers, conns, opts.small_value, &small, opts, &format!("{conns} conns, {} B", opts.small_value))?,
+                point(&cpus, conns, opts.small_value, &small, opts, &format!("{conns} conns, {} B", opts.small_value))?,
             );
         }
         let mut by_size = Map::new();
@@ -290,7 +304,7 @@ pub fn run(opts: &Options) -> Result<Value> {
             let config = write_config(&work, size)?;
             by_size.insert(
                 size.to_string(),
-                point(&servers, opts.value_connections, size, &config, opts, &format!("{} conns, {size} B", opts.value_connections))?,
+                point(&cpus, opts.value_connections, size, &config, opts, &format!("{} conns, {size} B", opts.value_connections))?,
             );
         }
         cores_json.insert(budget.to_string(), json!({ "cpus": cpus, "connections": by_conns, "value_bytes": by_size }));
@@ -304,6 +318,7 @@ pub fn run(opts: &Options) -> Result<Value> {
             "seconds_per_run": opts.seconds,
             "repeats": opts.repeats,
             "statistic": "median of the repeats; the two servers alternate which runs first",
+            "servers": "both started afresh (empty) at each point; get_hit_ratio is the lowest of the repeats'",
             "latency": "memaslap's power-of-two histogram, percentiles interpolated within the bucket",
             "small_value_bytes": opts.small_value,
             "value_sweep_connections": opts.value_connections,
@@ -334,7 +349,7 @@ fn markdown(r: &Value) -> String {
     for (budget, c) in cores {
         for (sweep, title) in [("connections", "connections"), ("value_bytes", "value bytes")] {
             md += &format!(
-                "\n## {budget} core(s), by {title}\n\n| {title} | memcached ops/s | sprout ops/s | ratio | p50 / p99 µs, memcached | p50 / p99 µs, sprout | exact ratio | exact p50 / p99 µs, memcached | exact p50 / p99 µs, sprout |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+                "\n## {budget} core(s), by {title}\n\n| {title} | memcached ops/s | sprout ops/s | ratio | get hits, memcached / sprout | p50 / p99 µs, memcached | p50 / p99 µs, sprout | exact ratio | exact p50 / p99 µs, memcached | exact p50 / p99 µs, sprout |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
             );
             let Some(points) = c[sweep].as_object() else {
                 continue;
@@ -345,11 +360,14 @@ fn markdown(r: &Value) -> String {
                 let p = &points[k];
                 let f = |s: &str, f: &str| p[s][f].as_f64().unwrap_or(0.0);
                 let e = |s: &str, f: &str| p[s]["exact"][f].as_f64().unwrap_or(0.0);
+                let hits = |s: &str| p[s]["get_hit_ratio"].as_f64().map_or("-".to_string(), |h| format!("{:.0}%", h * 100.0));
                 md += &format!(
-                    "| {k} | {:.0} | {:.0} | **{:.2}×** | {:.0} / {:.0} | {:.0} / {:.0} | **{:.2}×** | {:.0} / {:.0} | {:.0} / {:.0} |\n",
+                    "| {k} | {:.0} | {:.0} | **{:.2}×** | {} / {} | {:.0} / {:.0} | {:.0} / {:.0} | **{:.2}×** | {:.0} / {:.0} | {:.0} / {:.0} |\n",
                     f("memcached", "ops_per_s"),
                     f("sprout", "ops_per_s"),
                     p["sprout_over_memcached"].as_f64().unwrap_or(0.0),
+                    hits("memcached"),
+                    hits("sprout"),
                     f("memcached", "p50_us"),
                     f("memcached", "p99_us"),
                     f("sprout", "p50_us"),
@@ -372,12 +390,15 @@ mod tests {
 
     #[test]
     fn reads_memaslap_output() {
-        let text = "Total Statistics (100 events)\n   Min:        17\n   Max:      2568\n   Avg:       170\n   Geo:    159.96\n   Std:     67.49\n   Log2 Dist:\n       4:        0       10     0   40\n       8:   49    0      0      1\n\ncmd_get: 9\nRun time: 5.0s Ops: 469421 TPS: 93877 Net_rate: 18.9M/s\n";
+        let text = "Total Statistics (100 events)\n   Min:        17\n   Max:      2568\n   Avg:       170\n   Geo:    159.96\n   Std:     67.49\n   Log2 Dist:\n       4:        0       10     0   40\n       8:   49    0      0      1\n\ncmd_get: 9\nget_misses: 3\nRun time: 5.0s Ops: 469421 TPS: 93877 Net_rate: 18.9M/s\n";
         let run = parse_memaslap(text).unwrap();
         assert_eq!(run.ops_per_s, 93877.0);
         assert_eq!(run.avg_us, 170.0);
         // 10 in (16,32], 40 in [64,128), 49 in [128,256), 1 in [1024,2048).
         assert!((64.0..=128.0).contains(&run.p50_us), "{}", run.p50_us);
         assert!(run.p99_us >= 128.0 && run.p99_us <= 256.0, "{}", run.p99_us);
+        assert!((run.get_hit_ratio - 6.0 / 9.0).abs() < 1e-9);
+        let no_totals = text.replace("cmd_get: 9\nget_misses: 3\n", "");
+        assert!(parse_memaslap(&no_totals).unwrap().get_hit_ratio.is_nan());
     }
 }
