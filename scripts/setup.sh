@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pkg in debootstrap runc docker.io postgresql memcached libmemcached-tools nginx acl chromium chromium-driver nftables iproute2 python3-venv binutils; do
+for pkg in debootstrap runc docker.io postgresql memcached libmemcached-tools nginx acl chromium chromium-driver nftables iproute2 python3-venv binutils librdkafka-dev pkg-config maven; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -24,8 +24,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     fi
 fi
 
-echo "==> python packages (pytest, matplotlib; psycopg for sprout.store on PostgreSQL; the store benchmark's peers; memcached clients for sprout.cache and its tests; Olio's pinned requirements, gunicorn and the test clients; ruff, pinned, for the lint)"
-python3 -m pip install -q --disable-pip-version-check "pytest>=7" "matplotlib>=3.6" "psycopg[binary]>=3.1" "sqlalchemy>=2,<3" "peewee>=3.17" "pymemcache>=4" "python-binary-memcached>=0.31" "flask>=3.1" "pillow>=10.1" "gunicorn>=25.1" "requests>=2.31" "pypdf>=4" "selenium>=4.15" "ruff==0.17.6"
+echo "==> python packages (pytest, matplotlib; psycopg for sprout.store on PostgreSQL; the store benchmark's peers; memcached clients for sprout.cache and its tests; a Kafka producer for the trigger tests; Olio's pinned requirements, gunicorn and the test clients; ruff, pinned, for the lint)"
+python3 -m pip install -q --disable-pip-version-check "pytest>=7" "matplotlib>=3.6" "psycopg[binary]>=3.1" "sqlalchemy>=2,<3" "peewee>=3.17" "pymemcache>=4" "python-binary-memcached>=0.31" "flask>=3.1" "pillow>=10.1" "gunicorn>=25.1" "requests>=2.31" "pypdf>=4" "selenium>=4.15" "confluent-kafka>=2.3" "ruff==0.17.6"
 # The tests import Olio in this interpreter (the conventional deployment makes its own virtual
 # environment on Debian's python3, olio_deploy/conventional.py): the same pins as its lambda.
 python3 -m pip install -q --disable-pip-version-check -r apps/olio/requirements.txt
@@ -38,4 +38,6 @@ mkdir -p /tmp/sprout-setup
 target/release/sprout worker init /tmp/sprout-setup >/dev/null
 # Debian's python3 here at the base's version: both Cloudstone stacks then run one CPython build.
 bash scripts/align-python.sh
+echo "==> Apache Kafka's broker, for Kafka triggers and their tests (Maven Central, once per machine)"
+bash scripts/kafka.sh fetch
 echo "==> ready: target/release/sprout"

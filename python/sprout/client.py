@@ -58,9 +58,10 @@ class Response:
 
 
 def pack(directory):
-    """A lambda directory (holding f.py) as tar.gz bytes, without caches."""
-    if not os.path.isfile(os.path.join(directory, "f.py")):
-        raise ValueError(f"{directory} has no f.py")
+    """A lambda directory (holding f.py, or an ol.yaml naming its entry file) as tar.gz
+    bytes, without caches; the worker checks the rest."""
+    if not any(os.path.isfile(os.path.join(directory, name)) for name in ("f.py", "ol.yaml")):
+        raise ValueError(f"{directory} has neither f.py nor ol.yaml")
     buffer = io.BytesIO()
 
     def keep(info):

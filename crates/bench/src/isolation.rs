@@ -119,9 +119,9 @@ pub async fn compare(opts: &Options, base_port: u16, rounds: usize) -> Result<Va
             let order: Vec<usize> = if round % 2 == 0 { vec![0, 1] } else { vec![1, 0] };
             for i in order {
                 let (name, cold, warm) = &workers[i];
-                let c = closed_loop(cold.port, 1, Duration::from_millis(300), seconds, "cold").await?;
-                closed_loop(warm.port, 1, Duration::ZERO, Duration::from_millis(200), "").await?;
-                let w = closed_loop(warm.port, 1, Duration::from_millis(200), seconds, "warm").await?;
+                let c = closed_loop(cold.port, 1, Duration::from_millis(300), seconds, "cold", "/run/noop").await?;
+                closed_loop(warm.port, 1, Duration::ZERO, Duration::from_millis(200), "", "/run/noop").await?;
+                let w = closed_loop(warm.port, 1, Duration::from_millis(200), seconds, "warm", "/run/noop").await?;
                 let url = warm.url();
                 let rtt = tokio::task::spawn_blocking(move || round_trips(&url)).await??;
                 eprintln!(

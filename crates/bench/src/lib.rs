@@ -4,6 +4,7 @@
 //! * [`sandboxes`]: SOCK figures 14-16 on this machine: cold starts at several concurrency
 //!   levels and warm invocations, for every sandbox backend, through the real worker;
 //!   [`isolation`] compares the isolated lean sandbox with SOCK's head to head.
+//! * [`asgi`]: an ASGI hello world against the WSGI one, cold and warm, through the worker.
 //! * [`packages`]: SOCK figures 17-21: cold starts with and without the install, import and
 //!   handler caches, with real and synthetic packages, and the memory the import cache saves.
 //! * [`store`]: Mirage figure 3: sprout.store against hand-written sqlite3, SQLAlchemy and
@@ -13,6 +14,7 @@
 //! * [`primitives`]: SOCK section 2 (figures 1-5) on this kernel: bind against overlay
 //!   mounts, namespace creation and teardown, cgroup reuse against creation.
 
+pub mod asgi;
 pub mod cache;
 pub mod cache_load;
 pub mod isolation;

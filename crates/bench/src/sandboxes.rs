@@ -203,8 +203,9 @@ impl Drop for Worker {
 /// Results of one closed-loop run.
 pub(crate) struct Point {
     ok: u64,
-    errors: u64,
-    wrong_start: u64,
+    pub(crate) errors: u64,
+    /// Requests answered by a warm sandbox when a cold one was expected, or the reverse.
+    pub(crate) wrong_start: u64,
     elapsed: Duration,
     latency: Histogram<u64>,
 }
@@ -227,12 +228,14 @@ pub(crate) async fn closed_loop(
     warmup: Duration,
     duration: Duration,
     expect: &'static str,
+    path: &str,
 ) -> Result<Point> {
     let started = Instant::now();
     let measure_from = started + warmup;
     let stop_at = measure_from + duration;
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
+        let path = path.to_string();
         tasks.push(tokio::spawn(async move {
             let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).unwrap();
             let (mut ok, mut errors, mut wrong) = (0u64, 0u64, 0u64);
@@ -245,7 +248,7 @@ pub(crate) async fn closed_loop(
                 if now >= stop_at {
                     break;
                 }
-                let request = Request::post("/run/noop").header("host", "bench").body(Full::new(Bytes::from_static(b"null")))?;
+                let request = Request::post(path.as_str()).header("host", "bench").body(Full::new(Bytes::from_static(b"null")))?;
                 let t0 = Instant::now();
                 let response = sender.send_request(request).await?;
                 let status = response.status();
@@ -334,7 +337,7 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
     let result = async {
         for &c in &opts.concurrency {
             let warmup = Duration::from_millis(500);
-            let p = closed_loop(port, c, warmup, Duration::from_secs_f64(opts.seconds), "cold").await?;
+            let p = closed_loop(port, c, warmup, Duration::from_secs_f64(opts.seconds), "cold", "/run/noop").await?;
             eprintln!(
                 "  {backend:>14} cold c={c:<3} {:>8.1}/s  p50 {:>8.2} ms  p99 {:>8.2} ms  ({} ok, {} errors)",
                 p.per_s(),
@@ -360,8 +363,8 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
     let warm = Worker::start(opts, backend, true, port)?;
     let result = async {
         // Prime the sandbox, then time requests that reuse it.
-        closed_loop(port, 1, Duration::ZERO, Duration::from_millis(300), "").await?;
-        let p = closed_loop(port, 1, Duration::from_millis(200), Duration::from_secs_f64(opts.seconds), "warm").await?;
+        closed_loop(port, 1, Duration::ZERO, Duration::from_millis(300), "", "/run/noop").await?;
+        let p = closed_loop(port, 1, Duration::from_millis(200), Duration::from_secs_f64(opts.seconds), "warm", "/run/noop").await?;
         eprintln!("  {backend:>14} warm c=1   {:>8.1}/s  p50 {:>8.3} ms  p99 {:>8.3} ms", p.per_s(), p.ms(0.5), p.ms(0.99));
         out.insert("warm_p50_ms".into(), json!(p.ms(0.5)));
         out.insert("warm_p99_ms".into(), json!(p.ms(0.99)));

@@ -181,6 +181,25 @@ enum WorkerCommand {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// ASGI apps against WSGI ones (bare, and FastAPI against Flask), cold and warm.
+    Asgi {
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+        /// Alternating rounds.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Seconds measured per app, start kind and round.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// CPU for the worker and its sandboxes.
+        #[arg(long, default_value_t = 0)]
+        worker_cpu: usize,
+        /// CPU for the load generator.
+        #[arg(long, default_value_t = 1)]
+        client_cpu: usize,
+        #[arg(long, default_value = "/tmp/sprout-bench-asgi")]
+        work_dir: PathBuf,
+    },
     /// Cold and warm starts of every sandbox backend through the worker (SOCK figures 14-16).
     Sandboxes {
         #[arg(long, default_value = "bench/results")]
@@ -400,6 +419,24 @@ fn run(cli: Cli) -> Result<()> {
             let url = format!("http://{}", config.worker.listen);
             let token = token.or_else(|| sprout_worker::auth::token::read_token(&dir).ok().map(|t| t.as_str().to_string()));
             print!("{}", client::zygotes(&url, client::find_token(&url, token).as_deref())?);
+        }
+        Command::Bench(BenchCommand::Asgi { out, rounds, seconds, worker_cpu, client_cpu, work_dir }) => {
+            let opts = sprout_bench::sandboxes::Options {
+                concurrency: vec![1],
+                seconds,
+                worker_cpu,
+                client_cpu,
+                work_dir,
+                out_dir: out,
+                ..Default::default()
+            };
+            let results = sprout_bench::asgi::run(&opts, rounds)?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"asgi_over_wsgi": results["asgi_over_wsgi"], "fastapi_over_flask": results["fastapi_over_flask"]})
+                )?
+            );
         }
         Command::Bench(BenchCommand::Sandboxes { out, backends, concurrency, seconds, worker_cpu, client_cpu, work_dir }) => {
             let opts = sprout_bench::sandboxes::Options {

@@ -140,6 +140,7 @@ impl Session {
 pub(crate) fn handler_kind(hello: Hello) -> Result<HandlerKind, CreateError> {
     match hello.kind.as_deref() {
         Some("wsgi") => Ok(HandlerKind::Wsgi),
+        Some("asgi") => Ok(HandlerKind::Asgi),
         Some("function") => Ok(HandlerKind::Function),
         _ => Err(CreateError::Load {
             message: hello.message.unwrap_or_else(|| "the handler failed to load".into()),

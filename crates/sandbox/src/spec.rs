@@ -77,6 +77,15 @@ pub enum HandlerKind {
     Function,
     /// A WSGI `app`: the whole HTTP request in, an HTTP response out.
     Wsgi,
+    /// An ASGI `app`: the same, served as an ASGI HTTP connection.
+    Asgi,
+}
+
+impl HandlerKind {
+    /// Whether it serves whole HTTP requests (a web application), not events.
+    pub fn serves_http(self) -> bool {
+        matches!(self, HandlerKind::Wsgi | HandlerKind::Asgi)
+    }
 }
 
 /// Why a sandbox could not be made.

@@ -30,6 +30,8 @@ use crate::mounts;
 
 /// The in-sandbox helper, embedded so the worker binary carries its own runtime.
 pub const HELPER_PY: &str = include_str!("../../../python/sprout/runtime/helper.py");
+/// Its ASGI server, loaded by the helper for ASGI apps only.
+pub const ASGI_PY: &str = include_str!("../../../python/sprout/runtime/asgi.py");
 
 /// The Zygote's C provisioning loop (csrc/zygote.c), built by build.rs.
 pub const LIBSPROUT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libsprout.so"));
@@ -106,6 +108,7 @@ impl Stage {
             fs::create_dir_all(dir)?;
         }
         write_if_changed(&stage.runtime.join("helper.py"), HELPER_PY.as_bytes())?;
+        write_if_changed(&stage.runtime.join("asgi.py"), ASGI_PY.as_bytes())?;
         write_if_changed(&stage.runtime.join("libsprout.so"), LIBSPROUT_SO)?;
         let python = stage.runtime.join("python");
         if python.exists() {

@@ -55,6 +55,8 @@ pub struct Api {
     pub max_upload: usize,
     /// How deep handlers' calls to other lambdas may nest.
     pub max_invoke_depth: u32,
+    /// The lambdas' Kafka consumers.
+    pub kafka: Arc<crate::kafka::KafkaTriggers>,
 }
 
 pub(crate) struct ApiError {
@@ -193,6 +195,9 @@ pub(crate) async fn forward(
     let Some(lambda) = api.registry.get(&name) else {
         return Err(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {shown:?}")));
     };
+    if !lambda.config.allows(method.as_str()) {
+        return Ok(method_not_allowed(&lambda.config, &method));
+    }
     let body = read_body(body, api.max_body).await?;
     let is_head = method == Method::HEAD;
     let request = Request {
@@ -245,6 +250,19 @@ pub(crate) async fn forward(
     h.insert("x-sprout-start", HeaderValue::from_static(start));
     h.insert("x-sprout-sandbox", HeaderValue::from(invocation.sandbox));
     Ok(response)
+}
+
+/// A method the lambda's `ol.yaml` does not accept: 405 with OpenLambda's own body, and the
+/// methods it does accept in `Allow`.
+fn method_not_allowed(config: &crate::lambda_config::LambdaConfig, method: &Method) -> Response {
+    let allow = config.http_methods.as_deref().unwrap_or_default().join(", ");
+    let mut response = (StatusCode::METHOD_NOT_ALLOWED, config.not_allowed_body(method.as_str())).into_response();
+    let h = response.headers_mut();
+    h.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    if let Ok(allow) = HeaderValue::from_str(&allow) {
+        h.insert(axum::http::header::ALLOW, allow);
+    }
+    response
 }
 
 /// The error a handler's reply reports, if it reports one.
@@ -305,12 +323,17 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) ->
                     }
                 });
             }
+            // Its Kafka consumers (the replaced version's stop after their message under way).
+            let (kafka_api, name) = (api.clone(), lambda.name.clone());
+            tokio::spawn(async move { kafka_api.kafka.sync(&kafka_api, &name).await });
             (StatusCode::CREATED, axum::Json(json!(*lambda))).into_response()
         }
         Ok(Err(e)) => {
             let mut err = ApiError::new(e.code(), e.to_string());
-            if let crate::registry::UploadError::Syntax(s) = &e {
-                err = err.with("line", s.line).with("offset", s.offset);
+            match &e {
+                crate::registry::UploadError::Syntax(s) => err = err.with("line", s.line).with("offset", s.offset),
+                crate::registry::UploadError::Config(c) => err = err.with("line", c.line),
+                _ => {}
             }
             fail(err)
         }
@@ -333,6 +356,7 @@ async fn show_lambda(State(api): State<Api>, Path(name): Path<String>) -> Respon
 async fn delete_lambda(State(api): State<Api>, Path(name): Path<String>) -> Response {
     if api.registry.delete(&name) {
         api.networks.forget(&name).await;
+        api.kafka.stop(&name).await;
         tracing::info!(lambda = %name, "lambda deleted");
         axum::Json(json!({"deleted": name})).into_response()
     } else {
@@ -348,6 +372,7 @@ async fn stats(State(api): State<Api>) -> Response {
     out["install_cache"] = api.packages.stats();
     out["import_cache"] = api.metrics.import_cache_stats();
     out["network"] = api.networks.stats();
+    out["kafka"] = api.kafka.stats();
     axum::Json(out).into_response()
 }
 

@@ -4,7 +4,8 @@
 //! directory (no absolute paths, no `..`), symbolic links must point inside it too, hard
 //! links, devices and FIFOs are refused, and the number of files and the bytes actually
 //! unpacked are capped, so a small upload cannot expand without bound. An archive whose only
-//! top-level entry is a directory holding f.py is taken as that directory.
+//! top-level entry is a directory holding f.py or ol.yaml is taken as that directory; [`check_entry`]
+//! checks that the lambda has its entry file.
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -35,8 +36,8 @@ pub enum ArchiveError {
     Unsupported(String),
     #[error("the archive unpacks to more than {0}")]
     TooLarge(String),
-    #[error("the archive has no f.py at its top level")]
-    MissingHandler,
+    #[error("the archive has no {0} at its top level")]
+    MissingHandler(String),
     #[error("{0}")]
     Io(#[from] io::Error),
 }
@@ -47,7 +48,7 @@ impl ArchiveError {
             ArchiveError::NotGzip | ArchiveError::Corrupt(_) => ErrorCode::InvalidArchive,
             ArchiveError::UnsafePath(_) | ArchiveError::Unsupported(_) => ErrorCode::UnsafePath,
             ArchiveError::TooLarge(_) => ErrorCode::ArchiveTooLarge,
-            ArchiveError::MissingHandler => ErrorCode::MissingHandler,
+            ArchiveError::MissingHandler(_) => ErrorCode::MissingHandler,
             ArchiveError::Io(_) => ErrorCode::Internal,
         }
     }
@@ -155,19 +156,23 @@ pub fn unpack(data: &[u8], dest: &Path, caps: Caps) -> Result<Unpacked, ArchiveE
         }
     }
     hoist_single_directory(dest)?;
-    match fs::symlink_metadata(dest.join("f.py")) {
-        Ok(m) if m.is_file() => Ok(total),
-        _ => Err(ArchiveError::MissingHandler),
+    Ok(total)
+}
+
+/// Check that the lambda unpacked at `dest` has its entry file, a regular file, at its top.
+pub fn check_entry(dest: &Path, entry: &str) -> Result<(), ArchiveError> {
+    match fs::symlink_metadata(dest.join(entry)) {
+        Ok(m) if m.is_file() => Ok(()),
+        _ => Err(ArchiveError::MissingHandler(entry.to_string())),
     }
 }
 
-/// `tar czf echo.tgz echo/` puts everything under `echo/`: accept that layout too.
+/// `tar czf echo.tgz echo/` puts everything under `echo/`: a top level that is one directory
+/// holding an entry file (f.py) or a configuration (ol.yaml) is taken as that directory.
 fn hoist_single_directory(dest: &Path) -> io::Result<()> {
-    if dest.join("f.py").exists() {
-        return Ok(());
-    }
     let entries: Vec<_> = fs::read_dir(dest)?.collect::<io::Result<_>>()?;
-    if entries.len() != 1 || !entries[0].file_type()?.is_dir() || !entries[0].path().join("f.py").is_file() {
+    let lambda_like = |dir: &Path| dir.join("f.py").is_file() || dir.join(crate::lambda_config::FILE_NAME).is_file();
+    if entries.len() != 1 || !entries[0].file_type()?.is_dir() || !lambda_like(&entries[0].path()) {
         return Ok(());
     }
     let inner = entries[0].path();
@@ -278,9 +283,27 @@ mod tests {
     }
 
     #[test]
-    fn requires_f_py() {
-        let data = targz(|b| file(b, "main.py", b"x"));
-        assert_eq!(unpack_new(&data).1.unwrap_err().code().as_str(), "missing_handler");
+    fn the_entry_file_must_be_a_file_at_the_top() {
+        let data = targz(|b| {
+            file(b, "main.py", b"x");
+            file(b, "sub/f.py", b"x");
+        });
+        let (dir, unpacked) = unpack_new(&data);
+        unpacked.unwrap();
+        let e = check_entry(dir.path(), "f.py").unwrap_err();
+        assert_eq!((e.code().as_str(), e.to_string().as_str()), ("missing_handler", "the archive has no f.py at its top level"));
+        check_entry(dir.path(), "main.py").unwrap();
+    }
+
+    #[test]
+    fn hoists_a_directory_holding_only_a_configuration_and_its_entry() {
+        let data = targz(|b| {
+            file(b, "site/ol.yaml", b"environment:\n  OL_ENTRY_FILE: app.py\n");
+            file(b, "site/app.py", b"app = None\n");
+        });
+        let (dir, unpacked) = unpack_new(&data);
+        unpacked.unwrap();
+        assert!(dir.path().join("app.py").is_file() && dir.path().join("ol.yaml").is_file());
     }
 
     #[test]

@@ -311,7 +311,9 @@ pub async fn serve(dir: &Path) -> Result<()> {
         max_body: (config.limits.max_body_mb << 20) as usize,
         max_upload: (config.limits.max_upload_mb << 20) as usize,
         max_invoke_depth: config.limits.max_invoke_depth,
+        kafka: Arc::new(crate::kafka::KafkaTriggers::new(dir.join("kafka-failed.jsonl"), Default::default())),
     };
+    api.kafka.sync_all(&api).await;
     tracing::info!(
         listen = %config.worker.listen,
         app = %config.app.listen,
@@ -335,6 +337,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
         }
     };
     let api_router = router(api.clone());
+    let kafka = api.kafka.clone();
     let api_served = async {
         axum::serve(listener, api_router.into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(until_stopped()).await
     };
@@ -347,6 +350,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
     let (served, app_served) = tokio::join!(api_served, app_served);
     drop(discovery);
     tracing::info!("shutting down");
+    kafka.stop_all().await; // their messages under way finish first
     instances.shutdown().await;
     drop(registry);
     let removed = tokio::task::spawn_blocking(move || networks.shutdown()).await.unwrap_or_default();

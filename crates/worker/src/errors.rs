@@ -51,6 +51,7 @@ error_codes! {
     SyntaxError = "syntax_error", BAD_REQUEST;
     UnpinnedRequirements = "unpinned_requirements", BAD_REQUEST;
     InvalidRequirements = "invalid_requirements", BAD_REQUEST;
+    InvalidLambdaConfig = "invalid_lambda_config", BAD_REQUEST;
     // The worker is busy or stopping (429, 503).
     QueueFull = "queue_full", TOO_MANY_REQUESTS;
     QueueTimeout = "queue_timeout", SERVICE_UNAVAILABLE;
@@ -101,7 +102,7 @@ mod tests {
             let status = code.status();
             assert!(status.is_client_error() || status.is_server_error(), "{code}: {status}");
         }
-        assert_eq!(ErrorCode::ALL.len(), 29);
+        assert_eq!(ErrorCode::ALL.len(), 30);
     }
 
     #[test]

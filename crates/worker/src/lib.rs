@@ -7,11 +7,13 @@
 //!   all but `/run` and `/status` behind the worker's token ([`auth`]);
 //!   [`app`] — the app port, one lambda served as a web site, with [`static_files`] before it.
 //! * [`calls`] — a handler's calls to other lambdas (`sprout.invoke`), over its channel.
-//! * [`registry`] and [`archive`], [`syntax`] — what runs: lambda code, uploaded and checked.
+//! * [`registry`] and [`archive`], [`syntax`], [`lambda_config`] — what runs: lambda code and
+//!   its `ol.yaml`, uploaded and checked.
 //! * [`instances`] — which sandbox serves a request: warm reuse, cold starts, queues; idle
 //!   sandboxes paused as the handler cache ([`handler_cache`]); a request whose sandbox died
 //!   before answering sent to another when that is safe ([`retry`]). Its decisions are a pure
 //!   state machine ([`instances::pools`]), tested against a fake back-end.
+//! * [`kafka`] — Kafka triggers: consumers that run a lambda on each message, at least once.
 //! * [`networks`] — the network namespace each lambda holds, and the services it may reach.
 //! * [`packages`] — a lambda's requirements, resolved and installed once into the install
 //!   cache (the import cache of Zygotes lives with the sandboxes).
@@ -32,6 +34,8 @@ pub mod daemon;
 pub mod errors;
 pub mod handler_cache;
 pub mod instances;
+pub mod kafka;
+pub mod lambda_config;
 pub mod metrics;
 pub mod networks;
 pub mod packages;

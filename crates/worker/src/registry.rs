@@ -8,6 +8,8 @@
 //! lets go of its [`Lambda`] (an `Arc`). On start the newest version of each name is kept.
 //! A `requirements.txt` beside f.py is parsed and checked at upload (pinned versions unless
 //! the configuration allows otherwise); its packages are installed by [`crate::packages`].
+//! An `ol.yaml` (and `.env`) is parsed and checked at upload too ([`crate::lambda_config`]);
+//! it may name another entry file than f.py, which must then be there.
 
 use std::collections::HashMap;
 use std::fs;
@@ -21,6 +23,7 @@ use sha2::{Digest, Sha256};
 
 use crate::archive::{self, ArchiveError, Caps};
 use crate::errors::ErrorCode;
+use crate::lambda_config::{self, ConfigError, LambdaConfig};
 use crate::packages::requirements::{self, Requirement, RequirementsError};
 use crate::syntax::Checker;
 
@@ -39,6 +42,9 @@ pub struct Lambda {
     /// Its requirements.txt in canonical form, one package per line (none without one).
     #[serde(default)]
     pub requirements: Vec<String>,
+    /// Its ol.yaml (the defaults without one).
+    #[serde(default)]
+    pub config: LambdaConfig,
     #[serde(skip)]
     pub parsed_requirements: Vec<Requirement>,
     #[serde(skip)]
@@ -51,6 +57,11 @@ pub struct Lambda {
 impl Lambda {
     /// A lambda that was never uploaded, for the tests of what serves it.
     pub fn fake(name: &str, version: u64) -> Arc<Lambda> {
+        Lambda::fake_with(name, version, LambdaConfig::default())
+    }
+
+    /// The same, with an `ol.yaml`.
+    pub fn fake_with(name: &str, version: u64, config: LambdaConfig) -> Arc<Lambda> {
         Arc::new(Lambda {
             name: name.to_string(),
             version,
@@ -60,6 +71,7 @@ impl Lambda {
             unpacked_bytes: 0,
             uploaded: 0,
             requirements: Vec::new(),
+            config,
             parsed_requirements: Vec::new(),
             dir: PathBuf::from("/nonexistent"),
             retired: AtomicBool::new(false),
@@ -105,6 +117,8 @@ pub enum UploadError {
     Syntax(crate::syntax::SyntaxError),
     #[error(transparent)]
     Requirements(#[from] RequirementsError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     #[error("{0}")]
     Internal(String),
 }
@@ -116,6 +130,7 @@ impl UploadError {
             UploadError::Archive(e) => e.code(),
             UploadError::Syntax(_) => ErrorCode::SyntaxError,
             UploadError::Requirements(e) => e.code(),
+            UploadError::Config(_) => ErrorCode::InvalidLambdaConfig,
             UploadError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -225,8 +240,24 @@ impl Registry {
 
     fn check_and_publish(&self, name: &str, version: u64, data: &[u8], staging: &Path) -> Result<Arc<Lambda>, UploadError> {
         let unpacked = archive::unpack(data, staging, self.caps)?;
-        let source = fs::read(staging.join("f.py")).map_err(|e| UploadError::Internal(e.to_string()))?;
-        match self.checker.check(&source) {
+        let read_text = |file: &str| -> Result<Option<String>, UploadError> {
+            match fs::read(staging.join(file)) {
+                Ok(bytes) => String::from_utf8(bytes)
+                    .map(Some)
+                    .map_err(|_| ConfigError { file: lambda_config::FILE_NAME, line: None, reason: format!("{file} is not UTF-8") }.into()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(UploadError::Internal(format!("reading {file}: {e}"))),
+            }
+        };
+        let config = lambda_config::load(read_text(lambda_config::FILE_NAME)?.as_deref(), read_text(".env")?.as_deref())?;
+        if !config.environment.is_empty() {
+            // As OpenLambda does: the environment is also the lambda's .env.
+            fs::write(staging.join(".env"), config.dotenv()).map_err(|e| UploadError::Internal(format!("writing .env: {e}")))?;
+        }
+        let entry = config.entry_file();
+        archive::check_entry(staging, entry)?;
+        let source = fs::read(staging.join(entry)).map_err(|e| UploadError::Internal(format!("reading {entry}: {e}")))?;
+        match self.checker.check(entry, &source) {
             Ok(None) => {}
             Ok(Some(err)) => return Err(UploadError::Syntax(err)),
             Err(e) => return Err(UploadError::Internal(format!("{e:#}"))),
@@ -249,6 +280,7 @@ impl Registry {
             unpacked_bytes: unpacked.bytes,
             uploaded: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             requirements: parsed.iter().map(|r| r.canonical()).collect(),
+            config,
             parsed_requirements: parsed,
             dir: dir.clone(),
             retired: AtomicBool::new(false),

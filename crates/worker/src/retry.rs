@@ -37,7 +37,7 @@ impl Reason {
 /// Whether a request with `method` to a handler of `kind` that failed with `error` may run on
 /// another sandbox, and why.
 pub fn reason(kind: HandlerKind, method: &str, error: &InvokeError) -> Option<Reason> {
-    if kind != HandlerKind::Wsgi || !SAFE_METHODS.contains(&method) {
+    if !kind.serves_http() || !SAFE_METHODS.contains(&method) {
         return None;
     }
     match error {

@@ -1,4 +1,4 @@
-//! Checking an uploaded f.py for syntax errors before it is accepted, with the interpreter the
+//! Checking an uploaded lambda's entry file (f.py, or its `OL_ENTRY_FILE`) for syntax errors before it is accepted, with the interpreter the
 //! lambda will run on: the base image's python3, chrooted into the base, as the unprivileged
 //! sandbox user, under CPU, memory and time limits. Only `compile()` runs — never the code.
 
@@ -15,7 +15,7 @@ const CHECK: &str = r#"
 import json, sys
 source = sys.stdin.buffer.read()
 try:
-    compile(source, "f.py", "exec", dont_inherit=True)
+    compile(source, sys.argv[1], "exec", dont_inherit=True)
 except SyntaxError as e:
     print(json.dumps({"message": e.msg, "line": e.lineno, "offset": e.offset, "text": (e.text or "").rstrip()}))
     sys.exit(3)
@@ -24,9 +24,12 @@ except (ValueError, MemoryError, RecursionError) as e:
     sys.exit(3)
 "#;
 
-/// A syntax error found in f.py.
+/// A syntax error found in a lambda's entry file.
 #[derive(Debug, Clone, Deserialize)]
 pub struct SyntaxError {
+    /// The file's name in the lambda's directory.
+    #[serde(skip)]
+    pub file: String,
     pub message: String,
     pub line: Option<u32>,
     pub offset: Option<u32>,
@@ -36,8 +39,8 @@ pub struct SyntaxError {
 impl std::fmt::Display for SyntaxError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.line {
-            Some(line) => write!(f, "f.py line {line}: {}", self.message)?,
-            None => write!(f, "f.py: {}", self.message)?,
+            Some(line) => write!(f, "{} line {line}: {}", self.file, self.message)?,
+            None => write!(f, "{}: {}", self.file, self.message)?,
         }
         if !self.text.is_empty() {
             write!(f, ": {}", self.text.trim())?;
@@ -58,19 +61,21 @@ impl Checker {
         Checker { base: base.to_path_buf(), python: python.to_string(), uid, gid }
     }
 
-    /// `Ok(None)` when `source` compiles, `Ok(Some(error))` when it does not; `Err` when the
-    /// check itself could not run.
-    pub fn check(&self, source: &[u8]) -> anyhow::Result<Option<SyntaxError>> {
+    /// `Ok(None)` when `source` (of the file `file`) compiles, `Ok(Some(error))` when it does
+    /// not; `Err` when the check itself could not run.
+    pub fn check(&self, file: &str, source: &[u8]) -> anyhow::Result<Option<SyntaxError>> {
         let base = sprout_sandbox::mounts::cpath(&self.base)?;
         let (uid, gid) = (self.uid, self.gid);
         let mut cmd = Command::new(&self.python);
-        cmd.args(["-I", "-S", "-c", CHECK])
+        cmd.args(["-I", "-S", "-c", CHECK, file])
             .env_clear()
             .env("LANG", "C.UTF-8")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // Enter the base, then drop root and cap resources; only raw system calls here.
+        // Enter the base, then drop root and cap resources; only raw system calls here. No
+        // RLIMIT_NPROC: it counts every process of the sandbox user, so with more handlers
+        // alive than the limit the check itself could not exec (EAGAIN); compile() runs none.
         // SAFETY: the closure runs in the forked child before exec and makes only async-signal-safe
         // system calls (raw setgroups/setgid/setuid, not libc's thread-signalling wrappers) on `base`, a
         // NUL-terminated CString it owns, made before the fork, and on the live local `lim`; nothing allocates.
@@ -84,7 +89,6 @@ impl Checker {
                     || libc::chdir(c"/".as_ptr()) != 0
                     || limit(libc::RLIMIT_AS, 512 << 20) != 0
                     || limit(libc::RLIMIT_CPU, 10) != 0
-                    || limit(libc::RLIMIT_NPROC, 64) != 0
                     || libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0
                     || libc::syscall(libc::SYS_setgid, gid as libc::c_long) != 0
                     || libc::syscall(libc::SYS_setuid, uid as libc::c_long) != 0
@@ -110,13 +114,13 @@ impl Checker {
         if child.try_wait()?.is_none() {
             let _ = child.kill();
             let _ = child.wait();
-            anyhow::bail!("checking f.py's syntax took too long");
+            anyhow::bail!("checking {file}'s syntax took too long");
         }
         let _ = writer.join();
         let output = child.wait_with_output()?;
         match output.status.code() {
             Some(0) => Ok(None),
-            Some(3) => Ok(Some(serde_json::from_slice(&output.stdout)?)),
+            Some(3) => Ok(Some(SyntaxError { file: file.to_string(), ..serde_json::from_slice(&output.stdout)? })),
             _ => anyhow::bail!("the syntax check failed to run ({}): {}", output.status, String::from_utf8_lossy(&output.stderr).trim()),
         }
     }

@@ -5,7 +5,9 @@ It runs inside a sandbox on the base image's own python3, started with -I -S, so
 standard library only. Two roles:
 
     helper.py zygote    an initialized interpreter that forks new sandboxes on request
-    helper.py handler   loads /handler/f.py and serves requests for it
+    helper.py handler   loads the lambda's entry module (/handler/f.py, or the file named by
+                        OL_ENTRY_FILE) and serves requests for it: f(event), a WSGI app
+                        or an ASGI app (see asgi.py)
 
 Both connect to /host/sprout.sock, where the worker listens, and speak frames:
 ``<u32 header length><u32 body length><JSON header><body bytes>`` (little endian). A handler
@@ -131,26 +133,64 @@ def package_modules(since=0):
     return found
 
 
+def is_coroutine_callable(obj):
+    """Whether calling `obj` makes a coroutine (an ASGI app), without importing inspect."""
+    CO_COROUTINE = 0x80
+    for function in (obj, type(obj).__call__):  # a function itself, or a class with async __call__
+        code = getattr(getattr(function, "__func__", function), "__code__", None)
+        if code is not None and code.co_flags & CO_COROUTINE:
+            return True
+    return False
+
+
 def load_lambda():
-    """Load /handler/f.py as module ``f``; returns ("wsgi", app) or ("function", f).
+    """Load the entry file (OL_ENTRY_FILE, by default f.py) as its module and find its entry
+    point as OpenLambda does: the callable named by OL_WSGI_ENTRY (WSGI) or OL_ASGI_ENTRY
+    (ASGI), else ``f`` (a function of the event), else ``app`` (ASGI when calling it makes a
+    coroutine, WSGI otherwise). Returns (kind, entry).
 
     Compiled and executed directly rather than through importlib's loaders: after a fork,
     every page the interpreter touches is copied, and the loaders touch many."""
     sys.dont_write_bytecode = True  # /handler and /packages are read-only
-    path = HANDLER_DIR + "/f.py"
+    entry_file = os.environ.get("OL_ENTRY_FILE", "f.py")
+    name = entry_file[:-3]
+    path = HANDLER_DIR + "/" + entry_file
     with open(path, "rb") as source:
         code = compile(source.read(), path, "exec", dont_inherit=True)
-    module = type(sys)("f")
+    module = type(sys)(name)
     module.__file__ = path
-    sys.modules["f"] = module
+    sys.modules[name] = module
     exec(code, module.__dict__)
-    app = getattr(module, "app", None)
-    if callable(app):
-        return "wsgi", app
+    for variable, kind in (("OL_WSGI_ENTRY", "wsgi"), ("OL_ASGI_ENTRY", "asgi")):
+        attribute = os.environ.get(variable)
+        if attribute:
+            entry = getattr(module, attribute, None)
+            if not callable(entry):
+                raise LookupError(f"{entry_file} has no callable {attribute} ({variable})")
+            return kind, entry
     func = getattr(module, "f", None)
     if callable(func):
         return "function", func
-    raise LookupError("f.py defines neither f(event) nor a WSGI callable named app")
+    app = getattr(module, "app", None)
+    if callable(app):
+        return ("asgi" if is_coroutine_callable(app) else "wsgi"), app
+    raise LookupError(f"{entry_file} defines neither f(event) nor a WSGI or ASGI callable named app")
+
+
+def load_runtime_module(name):
+    """A module of the runtime beside this file (/opt/sprout/<name>.py), loaded by path: a
+    lambda's own module of that name must neither shadow it nor be shadowed."""
+    loaded = sys.modules.get("_sprout_" + name)
+    if loaded is not None:  # loaded in the Zygote before the fork
+        return loaded
+    path = os.path.join(RUNTIME_DIR, name + ".py")
+    with open(path, "rb") as source:
+        code = compile(source.read(), path, "exec", dont_inherit=True)
+    module = type(sys)("_sprout_" + name)
+    module.__file__ = path
+    sys.modules[module.__name__] = module
+    exec(code, module.__dict__)
+    return module
 
 
 def invoke_function(func, request, body):
@@ -300,20 +340,29 @@ def serve_lambda(sock):
     apply_init(init)
     calls = install_calls(sock)
     modules_before = len(sys.modules)
+    server = None
     try:
         kind, entry = load_lambda()
+        if kind == "asgi":
+            server = load_runtime_module("asgi").Server(entry)
+            server.startup()  # lifespan: once per sandbox, after the fork
     except BaseException as exc:
         send_frame(sock, {"op": "hello", "error": "load_error",
                           "message": f"{type(exc).__name__}: {exc}",
                           "traceback": _short_traceback(exc)})
         return
     send_frame(sock, {"op": "hello", "kind": kind, "package_modules": package_modules(modules_before)})
-    invoke = invoke_wsgi if kind == "wsgi" else invoke_function
+    invoke = {"wsgi": invoke_wsgi, "function": invoke_function}.get(kind)
+    if server is not None:
+        def invoke(_app, request, body):
+            return server.invoke(request, body)
     served = 0
     while True:
         try:
             request, body = recv_frame(sock)
         except EOFError:
+            if server is not None:
+                server.shutdown()
             return
         modules_before = len(sys.modules)
         calls.serving = True
@@ -342,6 +391,24 @@ RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 def _warm_app(environ, start_response):
     start_response("200 OK", [("Content-Type", "text/plain")])
     return [environ["PATH_INFO"].encode()]
+
+
+async def _warm_asgi_app(scope, receive, send):
+    if scope["type"] == "http":
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"warm"})
+
+
+def warm_asgi():
+    """Load the ASGI server and run one request through it in this Zygote, so its forks
+    share both. Only in a child Zygote whose packages imported asyncio anyway: in the root
+    one, asyncio's pages would make every fork's page tables larger (measured: +0.2-0.6 ms
+    on every cold start) to save a bare ASGI app's import (about 20 ms). The event loop is
+    closed again, so none of its descriptors reaches a fork."""
+    server = load_runtime_module("asgi").Server(_warm_asgi_app)
+    server.invoke({"method": "GET", "path": "/", "headers": [["Host", "h"]]}, b"")
+    server.loop.close()
 
 
 def warm_up():
@@ -376,6 +443,8 @@ def import_packages(sock):
             imported.append(name)
         except BaseException as exc:  # a package's import may do anything, even exit
             failed[name] = f"{type(exc).__name__}: {exc}"[:500]
+    if "asyncio" in sys.modules:
+        warm_asgi()  # its packages serve ASGI apps (Starlette, FastAPI, Quart...)
     sys.stdout.flush()
     sys.stderr.flush()
     send_frame(sock, {"op": "hello", "role": "zygote", "imported": imported, "failed": failed})

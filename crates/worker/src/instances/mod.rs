@@ -5,8 +5,8 @@
 //! `max_total`, provisions a new one (a cold start); otherwise it waits in the lambda's
 //! bounded queue (429 when full) until a sandbox or room for one is handed to it. After a
 //! request a healthy sandbox goes to the next waiter or becomes idle (with `keep_warm`); a
-//! failed one, one of a replaced version, or any with `keep_warm = false` is destroyed in the
-//! background; a request whose sandbox died before answering runs once more on another when
+//! failed one, one of a replaced version, one of a lambda whose `ol.yaml` says
+//! `reuse-sandbox: false`, or any with `keep_warm = false` is destroyed in the background; a request whose sandbox died before answering runs once more on another when
 //! that is safe ([`crate::retry`]). Idle sandboxes are destroyed after `idle_timeout`, and
 //! evicted least recently used first when the worker needs room for another lambda.
 //!
@@ -369,7 +369,8 @@ impl Instances {
     /// Return a sandbox after its request: to a waiter, to the idle set, or to be destroyed.
     fn release(&self, lease: Lease, reusable: bool) {
         let lambda = lease.kept.lambda.clone();
-        let keep = reusable && self.cfg.keep_warm && !self.closed.load(Ordering::Acquire) && lambda.is_current();
+        let keep =
+            reusable && self.cfg.keep_warm && lambda.config.reuse_sandbox && !self.closed.load(Ordering::Acquire) && lambda.is_current();
         let id = lease.kept.sandbox.id();
         let released = self.pools.lock().unwrap().release(&lambda.name, lease.kept, keep, Instant::now());
         match released {

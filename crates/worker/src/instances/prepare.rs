@@ -35,7 +35,7 @@ impl Prepare for Provisioning {
             lambda: lambda.name.clone(),
             code_dir: lambda.dir.clone(),
             limits,
-            env: self.networks.env_for(&lambda.name),
+            env: lambda.config.environment.clone().into_iter().chain(self.networks.env_for(&lambda.name)).collect(),
             network,
             packages: packages.packages.clone(),
             paths: packages.paths.clone(),

@@ -94,6 +94,18 @@ async fn an_idle_sandbox_serves_the_next_request_warm() {
 }
 
 #[tokio::test]
+async fn a_lambda_that_does_not_reuse_sandboxes_gets_a_fresh_one_per_request() {
+    let (backend, instances) = start(config());
+    let config = crate::lambda_config::LambdaConfig { reuse_sandbox: false, ..Default::default() };
+    let f = Lambda::fake_with("f", 1, config);
+    let first = call(&instances, &f, "GET").await.unwrap();
+    let second = call(&instances, &f, "GET").await.unwrap();
+    assert!(first.cold && second.cold && first.sandbox != second.sandbox);
+    until("both destroyed", || backend.count(Event::Destroyed) == 2).await;
+    assert_eq!((idle(&instances), backend.count(Event::Created)), (0, 2));
+}
+
+#[tokio::test]
 async fn concurrent_requests_beyond_the_lambdas_limit_queue_and_overflow_is_refused() {
     let (backend, instances) = start(InstanceConfig { max_per_lambda: 1, queue_depth: 1, ..config() });
     let f = Lambda::fake("f", 1);
