@@ -111,6 +111,25 @@ def test_an_entry_file_and_a_wsgi_entry_of_other_names(ol):
     assert ol.client.request("POST", "entry-file").status == 405
 
 
+def test_an_entry_file_for_a_function_and_a_named_asgi_entry(ol):
+    ol.client.upload("entry-function", targz({
+        "ol.yaml": "environment:\n  OL_ENTRY_FILE: handler.py\n",
+        "handler.py": "def f(event):\n    return {'module': __name__, 'event': event}\n",
+    }))
+    assert ol.client.run("entry-function", [1]) == {"module": "handler", "event": [1]}
+    ol.client.upload("entry-asgi", targz({
+        "ol.yaml": "environment:\n  OL_ENTRY_FILE: service.py\n  OL_ASGI_ENTRY: api\n",
+        "service.py": (
+            "def f(event):\n    return 'not me: OL_ASGI_ENTRY comes first'\n\n"
+            "async def api(scope, receive, send):\n"
+            "    if scope['type'] != 'http':\n        return\n"
+            "    await send({'type': 'http.response.start', 'status': 200, 'headers': []})\n"
+            "    await send({'type': 'http.response.body', 'body': scope['path'].encode()})\n"),
+    }))
+    r = ol.client.request("GET", "entry-asgi", "/x")
+    assert (r.status, r.body) == (200, b"/run/entry-asgi/x")
+
+
 def test_reuse_sandbox_false_gives_every_request_a_fresh_sandbox(ol):
     seen = set()
     for _ in range(3):
