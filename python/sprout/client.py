@@ -177,6 +177,20 @@ class Client:
     def get(self, name):
         return json.loads(self._check(self._call("GET", f"/registry/{name}")).body)
 
+    def sites(self):
+        """The app port's sites: {host: {"site": {"lambda": ..., "static": {...}}, "source": ...}}."""
+        return json.loads(self._check(self._call("GET", "/sites")).body)
+
+    def put_site(self, host, lambda_name, static=None):
+        """Serve ``lambda_name`` on the app port for requests to ``host`` (with ``static``:
+        {"/prefix/": "/host/dir"})."""
+        body = json.dumps({"lambda": lambda_name, "static": static or {}}).encode()
+        path = f"/sites/{urllib.parse.quote(host, safe='')}"
+        return json.loads(self._check(self._call("PUT", path, body, {"Content-Type": "application/json"})).body)
+
+    def delete_site(self, host):
+        return json.loads(self._check(self._call("DELETE", f"/sites/{urllib.parse.quote(host, safe='')}")).body)
+
     def status(self):
         return self._check(self._call("GET", "/status")).body.decode()
 

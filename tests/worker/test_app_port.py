@@ -251,7 +251,10 @@ def test_bad_app_settings_stop_the_worker_naming_the_key(tmp_path, sprout_bin):
     cases = [
         ({"listen": "nowhere", "lambda": "webapp"}, "app.listen"),
         ({"listen": "127.0.0.1:{worker}", "lambda": "webapp"}, "worker.listen"),
-        ({"listen": "127.0.0.1:{free}"}, "app.lambda"),
+        ({"listen": "127.0.0.1:{free}", "static": {"/s/": str(tmp_path)}}, "app.static needs app.lambda"),
+        ({"listen": "127.0.0.1:{free}", "sites": {"a b": {"lambda": "webapp"}}}, 'app.sites."a b"'),
+        ({"listen": "127.0.0.1:{free}", "sites": {"a.example": {"lambda": "webapp", "static": {"/s/": str(tmp_path / "none")}}}},
+         'app.sites."a.example"'),
         ({"listen": "127.0.0.1:{free}", "lambda": "no/slashes"}, "app.lambda"),
         ({"lambda": "webapp"}, "app.listen"),
         ({"listen": "127.0.0.1:{free}", "lambda": "webapp", "static": {"static": str(tmp_path)}}, 'app.static."static"'),

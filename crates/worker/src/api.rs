@@ -57,6 +57,8 @@ pub struct Api {
     pub max_invoke_depth: u32,
     /// The lambdas' Kafka consumers.
     pub kafka: Arc<crate::kafka::KafkaTriggers>,
+    /// The app port's sites by host (None: no app port).
+    pub sites: Option<Arc<crate::sites::Sites>>,
 }
 
 pub(crate) struct ApiError {
@@ -104,6 +106,8 @@ pub fn router(api: Api) -> Router {
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
         .route("/packages", get(list_packages))
+        .route("/sites", get(crate::site_routes::list))
+        .route("/sites/{host}", axum::routing::put(crate::site_routes::put).delete(crate::site_routes::delete))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
         .method_not_allowed_fallback(|| async { ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed here") })
         .layer(axum::middleware::from_fn_with_state(api.auth.clone(), require_token))
@@ -124,7 +128,7 @@ pub(crate) fn fail(e: ApiError) -> Response {
     e.into_response()
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {

@@ -1,7 +1,9 @@
-//! The app port (`[app]`): a second HTTP listener that serves one lambda as a web site, the
-//! way a web server in front of a WSGI application would.
+//! The app port (`[app]`): a second HTTP listener that serves lambdas as web sites, the way a
+//! web server in front of WSGI applications would, one site per host name ([`Sites`]: the
+//! request's `Host` chooses the site; a host without one goes to `[app] lambda`, or gets 404
+//! `site_not_found`).
 //!
-//! A request whose path starts with one of the static prefixes is answered from that
+//! A request whose path starts with one of its site's static prefixes is answered from that
 //! prefix's host directory ([`StaticDir`]; the longest prefix wins). Every other request goes
 //! to the lambda by the same path as `/run/<lambda>/...` ([`crate::api::forward`]): the same
 //! queueing, limits, metrics and JSON errors, with the method, headers (Host and cookies
@@ -20,59 +22,60 @@ use axum::response::Response;
 use axum::Router;
 use tokio::net::TcpListener;
 
-use crate::api::{count_errors, fail, forward, Api, Target};
+use crate::api::{count_errors, fail, forward, Api, ApiError, ErrorCode, Target};
 use crate::config::AppSection;
-use crate::static_files::StaticDir;
+use crate::sites::Sites;
 
-/// The app port, bound, with its directories open; [`AppPort::serve`] runs it.
+/// The app port, bound, with its sites' directories open; [`AppPort::serve`] runs it.
 pub struct AppPort {
     listener: TcpListener,
-    site: Site,
-}
-
-struct Site {
-    lambda: String,
-    /// Prefix (`/static/`) and directory, longest prefix first.
-    statics: Vec<(String, StaticDir)>,
+    sites: Arc<Sites>,
 }
 
 impl AppPort {
-    /// Open the static directories and bind the port, when `[app]` asks for one: done before
-    /// the worker starts anything, so a mistake stops it at once, naming the key.
-    pub async fn bind(section: &AppSection) -> Result<Option<AppPort>> {
+    /// Open the sites and bind the port, when `[app]` asks for one: done before the worker
+    /// starts anything, so a mistake stops it at once, naming the key. The sites the admin
+    /// API added before are read from `saved`.
+    pub async fn bind(section: &AppSection, saved: std::path::PathBuf) -> Result<Option<AppPort>> {
         if !section.enabled() {
             return Ok(None);
         }
-        let mut statics = Vec::new();
-        for (prefix, dir) in &section.statics {
-            let opened = StaticDir::open(dir).with_context(|| format!("app.static.{prefix:?} = {:?}", dir.display()))?;
-            statics.push((prefix.clone(), opened));
-        }
-        statics.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
+        let sites = Sites::new(&section.sites, section.default_site(), Some(saved)).map_err(anyhow::Error::msg)?;
         let listener =
             TcpListener::bind(&section.listen).await.with_context(|| format!("listening on app.listen = {:?}", section.listen))?;
-        Ok(Some(AppPort { listener, site: Site { lambda: section.lambda.clone(), statics } }))
+        Ok(Some(AppPort { listener, sites: Arc::new(sites) }))
+    }
+
+    /// The sites, which the admin API changes.
+    pub fn sites(&self) -> Arc<Sites> {
+        self.sites.clone()
     }
 
     /// Serve until `shutdown` completes, then finish the requests under way.
     pub async fn serve(self, api: Api, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
         let router = Router::new()
             .fallback(handle)
-            .with_state((api.clone(), Arc::new(self.site)))
+            .with_state((api.clone(), self.sites))
             .layer(axum::middleware::map_response_with_state(api, count_errors));
         axum::serve(self.listener, router.into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(shutdown).await
     }
 }
 
-async fn handle(State((api, site)): State<(Api, Arc<Site>)>, ConnectInfo(peer): ConnectInfo<SocketAddr>, request: Request) -> Response {
+async fn handle(State((api, sites)): State<(Api, Arc<Sites>)>, ConnectInfo(peer): ConnectInfo<SocketAddr>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
+    let host = parts.headers.get(axum::http::header::HOST).and_then(|h| h.to_str().ok()).or(parts.uri.host());
+    let Some(site) = sites.resolve(host) else {
+        let shown = host.unwrap_or("");
+        return fail(ApiError::new(ErrorCode::SiteNotFound, format!("no site for host {shown:?}")));
+    };
     let path = parts.uri.path();
     if let Some((prefix, dir)) = site.statics.iter().find(|(prefix, _)| path.starts_with(prefix.as_str())) {
         let response = dir.serve(&parts.method, &parts.headers, &path[prefix.len() - 1..]).await;
         api.metrics.static_request(prefix, response.status().as_u16());
         return response;
     }
-    let target = Target { name: site.lambda.clone(), shown: site.lambda.clone(), script_name: String::new(), path: path.to_string() };
+    let lambda = &site.config.lambda;
+    let target = Target { name: lambda.clone(), shown: lambda.clone(), script_name: String::new(), path: path.to_string() };
     match forward(&api, target, peer, parts.method.clone(), &parts.uri, parts.headers, body).await {
         Ok(response) => response,
         Err(e) => fail(e),

@@ -16,7 +16,7 @@ mod app;
 mod network;
 mod volumes;
 
-pub use app::AppSection;
+pub use app::{valid_static_prefix, AppSection};
 pub use network::{AllowEntry, NetworkSection};
 pub use volumes::VolumeSection;
 

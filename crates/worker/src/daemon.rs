@@ -236,7 +236,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
     // Published as soon as the port takes connections: a client that finds the port open
     // finds the token too.
     let discovery = publish_token(config.worker.auth, listening, &api_token);
-    let app_port = AppPort::bind(&config.app).await?;
+    let app_port = AppPort::bind(&config.app, dir.join("sites.json")).await?;
     let install_cache = InstallCache::open(&config.package_cache_dir(&dir))
         .with_context(|| format!("opening the install cache {}", config.package_cache_dir(&dir).display()))?;
     if config.packages.cache_dir.is_empty() {
@@ -312,6 +312,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
         max_upload: (config.limits.max_upload_mb << 20) as usize,
         max_invoke_depth: config.limits.max_invoke_depth,
         kafka: Arc::new(crate::kafka::KafkaTriggers::new(dir.join("kafka-failed.jsonl"), Default::default())),
+        sites: app_port.as_ref().map(AppPort::sites),
     };
     api.kafka.sync_all(&api).await;
     tracing::info!(

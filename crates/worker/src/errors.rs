@@ -39,6 +39,7 @@ error_codes! {
     InvalidRequest = "invalid_request", BAD_REQUEST;
     MethodNotAllowed = "method_not_allowed", METHOD_NOT_ALLOWED;
     LambdaNotFound = "lambda_not_found", NOT_FOUND;
+    SiteNotFound = "site_not_found", NOT_FOUND;
     InvalidName = "invalid_name", BAD_REQUEST;
     PayloadTooLarge = "payload_too_large", PAYLOAD_TOO_LARGE;
     Unauthorized = "unauthorized", UNAUTHORIZED;
@@ -102,7 +103,7 @@ mod tests {
             let status = code.status();
             assert!(status.is_client_error() || status.is_server_error(), "{code}: {status}");
         }
-        assert_eq!(ErrorCode::ALL.len(), 30);
+        assert_eq!(ErrorCode::ALL.len(), 31);
     }
 
     #[test]

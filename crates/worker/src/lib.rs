@@ -5,7 +5,8 @@
 //!
 //! * [`api`] — how requests arrive: the HTTP routes (`/run`, `/registry`, `/stats`, ...),
 //!   all but `/run` and `/status` behind the worker's token ([`auth`]);
-//!   [`app`] — the app port, one lambda served as a web site, with [`static_files`] before it.
+//!   [`app`] — the app port, lambdas served as web sites chosen by host name ([`sites`]),
+//!   with [`static_files`] before them.
 //! * [`calls`] — a handler's calls to other lambdas (`sprout.invoke`), over its channel.
 //! * [`registry`] and [`archive`], [`syntax`], [`lambda_config`] — what runs: lambda code and
 //!   its `ol.yaml`, uploaded and checked.
@@ -42,5 +43,7 @@ pub mod packages;
 pub mod preinstall;
 pub mod registry;
 pub mod retry;
+pub mod site_routes;
+pub mod sites;
 pub mod static_files;
 pub mod syntax;

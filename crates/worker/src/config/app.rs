@@ -1,5 +1,7 @@
-//! The `[app]` section: the app port, a second listener serving one lambda as a web site,
-//! with URL prefixes served from host directories before the lambda; and its checks.
+//! The `[app]` section: the app port, a second listener serving lambdas as web sites, chosen
+//! by the request's host (`[app.sites]`, and the admin API's), with URL prefixes served from
+//! host directories before the lambda; `lambda` and `static` are the site of every other
+//! host; and its checks.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -13,11 +15,14 @@ use serde::{Deserialize, Serialize};
 pub struct AppSection {
     /// Address of the app port; empty: none.
     pub listen: String,
-    /// The lambda served at the root of the app port.
+    /// The lambda serving hosts that have no site of their own (empty: they get 404).
     pub lambda: String,
-    /// URL prefix (`/static/`) to the host directory whose files are served under it.
+    /// URL prefix (`/static/`) to the host directory whose files are served under it, for
+    /// that default site.
     #[serde(rename = "static")]
     pub statics: BTreeMap<String, PathBuf>,
+    /// Sites by host name (`[app.sites."a.example"] lambda = "olio-a"`).
+    pub sites: BTreeMap<String, crate::sites::SiteConfig>,
 }
 
 impl AppSection {
@@ -28,8 +33,8 @@ impl AppSection {
 
     pub(super) fn validate(&self, worker_listen: &str) -> Result<()> {
         if !self.enabled() {
-            if !self.lambda.is_empty() || !self.statics.is_empty() {
-                bail!("app.lambda and app.static need app.listen, the app port's address (empty: no app port)");
+            if !self.lambda.is_empty() || !self.statics.is_empty() || !self.sites.is_empty() {
+                bail!("app.lambda, app.static and app.sites need app.listen, the app port's address (empty: no app port)");
             }
             return Ok(());
         }
@@ -39,14 +44,14 @@ impl AppSection {
         if worker_listen.parse::<SocketAddr>().ok() == Some(listen) {
             bail!("app.listen = {:?} must differ from worker.listen", self.listen);
         }
-        if self.lambda.is_empty() {
-            bail!("app.lambda must name the lambda the app port serves");
+        if self.lambda.is_empty() && !self.statics.is_empty() {
+            bail!("app.static needs app.lambda: they are the site of hosts without one of their own");
         }
-        if !crate::registry::valid_name(&self.lambda) {
+        if !self.lambda.is_empty() && !crate::registry::valid_name(&self.lambda) {
             bail!("app.lambda = {:?} is not a lambda name (1-64 letters, digits, '-', '_', '.')", self.lambda);
         }
         for (prefix, dir) in &self.statics {
-            if !valid_prefix(prefix) {
+            if !valid_static_prefix(prefix) {
                 bail!(
                     "app.static.{prefix:?}: a prefix must start and end with '/' and hold only plain path \
                      segments, like \"/static/\""
@@ -59,13 +64,23 @@ impl AppSection {
                 bail!("app.static.{prefix:?} = {:?} is not a directory", dir.display());
             }
         }
+        for host in self.sites.keys() {
+            if crate::sites::normalize_host(host).is_none() {
+                bail!("app.sites.{host:?} is not a host name");
+            }
+        }
         Ok(())
+    }
+
+    /// The default site (`lambda` and `static`), if there is one.
+    pub fn default_site(&self) -> Option<crate::sites::SiteConfig> {
+        (!self.lambda.is_empty()).then(|| crate::sites::SiteConfig { lambda: self.lambda.clone(), statics: self.statics.clone() })
     }
 }
 
 /// `/a/b/`: starts and ends with '/', at least one segment, none empty, `.` or `..`, and no
 /// character a URL would encode or treat specially.
-fn valid_prefix(prefix: &str) -> bool {
+pub fn valid_static_prefix(prefix: &str) -> bool {
     let Some(inner) = prefix.strip_prefix('/').and_then(|p| p.strip_suffix('/')) else {
         return false;
     };
@@ -87,6 +102,7 @@ mod tests {
             listen: listen.into(),
             lambda: lambda.into(),
             statics: statics.iter().map(|(p, d)| (p.to_string(), PathBuf::from(d))).collect(),
+            sites: BTreeMap::new(),
         }
     }
 
@@ -97,10 +113,10 @@ mod tests {
     #[test]
     fn prefixes_are_plain_directories() {
         for good in ["/static/", "/a/b-c/", "/files.v2/"] {
-            assert!(valid_prefix(good), "{good}");
+            assert!(valid_static_prefix(good), "{good}");
         }
         for bad in ["/", "static/", "/static", "//", "/a//b/", "/../", "/./", "/a b/", "/%2e%2e/", "/a?/"] {
-            assert!(!valid_prefix(bad), "{bad}");
+            assert!(!valid_static_prefix(bad), "{bad}");
         }
     }
 
@@ -110,7 +126,12 @@ mod tests {
         assert!(error(app("", "olio", &[])).contains("app.listen"));
         assert!(error(app("nowhere", "olio", &[])).contains("app.listen"));
         assert!(error(app("127.0.0.1:5000", "olio", &[])).contains("worker.listen"));
-        assert!(error(app("127.0.0.1:8080", "", &[])).contains("app.lambda"));
+        // Without a default site, every host needs one of its own (from app.sites or the API).
+        assert!(app("127.0.0.1:8080", "", &[]).validate("127.0.0.1:5000").is_ok());
+        assert!(error(app("127.0.0.1:8080", "", &[("/s/", "/tmp")])).contains("app.static needs app.lambda"));
+        let mut bad_host = app("127.0.0.1:8080", "", &[]);
+        bad_host.sites.insert("a b".into(), crate::sites::SiteConfig { lambda: "x".into(), statics: BTreeMap::new() });
+        assert!(error(bad_host).contains("app.sites.\"a b\" is not a host name"));
         assert!(error(app("127.0.0.1:8080", "a/b", &[])).contains("app.lambda"));
         assert!(error(app("127.0.0.1:8080", "olio", &[("static", "/tmp")])).contains("app.static.\"static\""));
         assert!(error(app("127.0.0.1:8080", "olio", &[("/s/", "tmp")])).contains("absolute"));
