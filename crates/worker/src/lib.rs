@@ -14,6 +14,8 @@
 //!   sandboxes paused as the handler cache ([`handler_cache`]); a request whose sandbox died
 //!   before answering sent to another when that is safe ([`retry`]). Its decisions are a pure
 //!   state machine ([`instances::pools`]), tested against a fake back-end.
+//! * [`keepalive`] — the hybrid histogram policy's keep-alive and pre-warm windows, per
+//!   lambda (a pure state machine; not yet wired into [`instances`]).
 //! * [`kafka`] — Kafka triggers: consumers that run a lambda on each message, at least once.
 //! * [`networks`] — the network namespace each lambda holds, and the services it may reach.
 //! * [`packages`] — a lambda's requirements, resolved and installed once into the install
@@ -36,6 +38,7 @@ pub mod errors;
 pub mod handler_cache;
 pub mod instances;
 pub mod kafka;
+pub mod keepalive;
 pub mod lambda_config;
 pub mod metrics;
 pub mod networks;
