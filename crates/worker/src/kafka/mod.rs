@@ -59,6 +59,8 @@ pub struct KafkaTriggers {
     failed_log: PathBuf,
     policy: Policy,
     running: Mutex<HashMap<String, Running>>,
+    /// Held through a sync or stop: two uploads in a row must not both start consumers.
+    changing: tokio::sync::Mutex<()>,
     /// Counts of lambdas whose consumers stopped, kept for /stats and /metrics.
     finished: Mutex<HashMap<String, Arc<Counts>>>,
 }
@@ -66,18 +68,25 @@ pub struct KafkaTriggers {
 impl KafkaTriggers {
     /// Consumers that record failed messages in `failed_log`.
     pub fn new(failed_log: PathBuf, policy: Policy) -> KafkaTriggers {
-        KafkaTriggers { failed_log, policy, running: Mutex::new(HashMap::new()), finished: Mutex::new(HashMap::new()) }
+        KafkaTriggers {
+            failed_log,
+            policy,
+            running: Mutex::new(HashMap::new()),
+            changing: tokio::sync::Mutex::new(()),
+            finished: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Make `name`'s consumers match the registry: none when it is gone or has no triggers;
     /// those of its current version otherwise (a replaced version's are stopped first).
     pub async fn sync(&self, api: &Api, name: &str) {
+        let _changing = self.changing.lock().await;
         let lambda = api.registry.get(name);
         let current = self.running.lock().unwrap().get(name).map(|r| r.version);
         if current.is_some() && current == lambda.as_ref().map(|l| l.version) {
             return;
         }
-        self.stop(name).await;
+        self.stop_consumers(name).await;
         let Some(lambda) = lambda.filter(|l| !l.config.kafka.is_empty()) else { return };
         let (stop, stopped) = watch::channel(false);
         let counts = self.finished.lock().unwrap().remove(name).unwrap_or_default();
@@ -108,6 +117,11 @@ impl KafkaTriggers {
     /// Stop `name`'s consumers and wait for them: each finishes its message, commits and
     /// leaves its group.
     pub async fn stop(&self, name: &str) {
+        let _changing = self.changing.lock().await;
+        self.stop_consumers(name).await;
+    }
+
+    async fn stop_consumers(&self, name: &str) {
         let Some(running) = self.running.lock().unwrap().remove(name) else { return };
         let _ = running.stop.send(true);
         for task in running.tasks {
