@@ -82,7 +82,14 @@ impl Default for LimitsSection {
 
 impl Default for InstancesSection {
     fn default() -> Self {
-        InstancesSection { keep_warm: true, idle_timeout_s: 300, max_per_lambda: 16, queue_depth: 64, max_total: 256 }
+        InstancesSection {
+            keep_warm: true,
+            idle_timeout_s: 300,
+            keep_alive: KeepAlive::Fixed,
+            max_per_lambda: 16,
+            queue_depth: 64,
+            max_total: 256,
+        }
     }
 }
 
@@ -222,9 +229,22 @@ pub struct LimitsSection {
 pub struct InstancesSection {
     pub keep_warm: bool,
     pub idle_timeout_s: u64,
+    /// How long idle sandboxes are kept: `idle_timeout_s` for all (`fixed`, the default), or
+    /// per lambda from its idle times (`histogram`, the hybrid histogram policy, falling back
+    /// to `idle_timeout_s` while it has too few; without pre-warming yet, a sandbox is kept
+    /// through both of its windows).
+    pub keep_alive: KeepAlive,
     pub max_per_lambda: usize,
     pub queue_depth: usize,
     pub max_total: usize,
+}
+
+/// `[instances] keep_alive`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeepAlive {
+    Histogram,
+    Fixed,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -288,6 +288,10 @@ pub async fn serve(dir: &Path) -> Result<()> {
         InstanceConfig {
             keep_warm: config.instances.keep_warm,
             idle_timeout: Duration::from_secs(config.instances.idle_timeout_s),
+            keep_alive: (config.instances.keep_alive == crate::config::KeepAlive::Histogram).then(|| crate::keepalive::Policy {
+                fixed_keep_alive: Duration::from_secs(config.instances.idle_timeout_s),
+                ..Default::default()
+            }),
             max_per_lambda: config.instances.max_per_lambda,
             queue_depth: config.instances.queue_depth,
             max_total: config.instances.max_total,

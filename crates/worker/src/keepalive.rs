@@ -16,9 +16,12 @@
 //! While the histogram is young or flat, or when most idle times fall beyond its range, the
 //! policy falls back to a fixed keep-alive window (no pre-warming), as the paper's hybrid
 //! policy does (it would use a time-series forecast for the out-of-range case; Sprout keeps
-//! the fixed window there).
+//! the fixed window there). [`Tracker`] collects the idle times of every lambda as the
+//! instance manager starts and ends invocations; until pre-warming is built, an idle sandbox
+//! is kept through both windows ([`Tracker::keep_for`]).
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 /// The policy's parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -172,6 +175,74 @@ impl IdleHistogram {
     }
 }
 
+/// Every lambda's idle times, fed by the instance manager as its invocations start and end: an
+/// idle time runs from the moment none of the lambda's invocations was running to the start
+/// of the next (overlapping invocations make none).
+#[derive(Debug)]
+pub struct Tracker {
+    policy: Policy,
+    lambdas: HashMap<String, Activity>,
+}
+
+#[derive(Debug)]
+struct Activity {
+    histogram: IdleHistogram,
+    running: u32,
+    idle_since: Option<Instant>,
+}
+
+impl Tracker {
+    pub fn new(policy: Policy) -> Tracker {
+        Tracker { policy, lambdas: HashMap::new() }
+    }
+
+    /// An invocation of `name` starts at `now`.
+    pub fn started(&mut self, name: &str, now: Instant) {
+        let policy = &self.policy;
+        let a = self.lambdas.entry(name.to_string()).or_insert_with(|| Activity {
+            histogram: IdleHistogram::new(policy),
+            running: 0,
+            idle_since: None,
+        });
+        if a.running == 0 {
+            if let Some(since) = a.idle_since.take() {
+                a.histogram.record(now.saturating_duration_since(since), policy);
+            }
+        }
+        a.running += 1;
+    }
+
+    /// An invocation of `name` ends at `now`.
+    pub fn ended(&mut self, name: &str, now: Instant) {
+        if let Some(a) = self.lambdas.get_mut(name) {
+            a.running = a.running.saturating_sub(1);
+            if a.running == 0 {
+                a.idle_since = Some(now);
+            }
+        }
+    }
+
+    /// `name`'s windows (the fixed one for a lambda never seen).
+    pub fn windows(&self, name: &str) -> Windows {
+        match self.lambdas.get(name) {
+            Some(a) => a.histogram.windows(&self.policy),
+            None => Windows { prewarm: Duration::ZERO, keep_alive: self.policy.fixed_keep_alive, basis: Basis::Young },
+        }
+    }
+
+    /// How long `name`'s idle sandbox is kept after an invocation. Until pre-warming is built,
+    /// through both windows: the sandbox stays where the policy would stop and restart it.
+    pub fn keep_for(&self, name: &str) -> Duration {
+        let w = self.windows(name);
+        w.prewarm + w.keep_alive
+    }
+
+    /// The idle times `name` has recorded.
+    pub fn samples(&self, name: &str) -> u32 {
+        self.lambdas.get(name).map_or(0, |a| a.histogram.samples())
+    }
+}
+
 fn floor_to(d: Duration, unit: Duration) -> Duration {
     unit * (d.as_nanos() / unit.as_nanos().max(1)) as u32
 }
@@ -195,6 +266,30 @@ mod tests {
             h.record(d, &policy);
         }
         (h, policy)
+    }
+
+    #[test]
+    fn the_tracker_records_gaps_between_invocations_not_overlaps() {
+        let policy = Policy { min_samples: 2, ..Policy::default() };
+        let mut t = Tracker::new(policy);
+        let t0 = Instant::now();
+        let at = |m: u64| t0 + minutes(m);
+        assert_eq!(t.windows("f").basis, Basis::Young);
+        t.started("f", at(0));
+        t.started("f", at(1)); // overlapping: no idle time
+        t.ended("f", at(2));
+        t.ended("f", at(3));
+        assert_eq!(t.samples("f"), 0);
+        t.started("f", at(33)); // idle 30 minutes
+        t.ended("f", at(33));
+        t.started("f", at(63)); // and again
+        t.ended("f", at(63));
+        assert_eq!(t.samples("f"), 2);
+        let w = t.windows("f");
+        assert_eq!((w.basis, w.prewarm, w.keep_alive), (Basis::Histogram, minutes(27), minutes(8)));
+        assert_eq!(t.keep_for("f"), minutes(35));
+        assert_eq!(t.keep_for("never-seen"), minutes(10));
+        t.ended("unknown", at(70)); // an end without a start is ignored
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //!   before answering sent to another when that is safe ([`retry`]). Its decisions are a pure
 //!   state machine ([`instances::pools`]), tested against a fake back-end.
 //! * [`keepalive`] — the hybrid histogram policy's keep-alive and pre-warm windows, per
-//!   lambda (a pure state machine; not yet wired into [`instances`]).
+//!   lambda (a pure state machine; [`instances`] keeps idle sandboxes for them with
+//!   `keep_alive = "histogram"`; pre-warming is not built yet).
 //! * [`kafka`] — Kafka triggers: consumers that run a lambda on each message, at least once.
 //! * [`networks`] — the network namespace each lambda holds, and the services it may reach.
 //! * [`packages`] — a lambda's requirements, resolved and installed once into the install

@@ -7,7 +7,8 @@
 //! request a healthy sandbox goes to the next waiter or becomes idle (with `keep_warm`); a
 //! failed one, one of a replaced version, one of a lambda whose `ol.yaml` says
 //! `reuse-sandbox: false`, or any with `keep_warm = false` is destroyed in the background; a request whose sandbox died before answering runs once more on another when
-//! that is safe ([`crate::retry`]). Idle sandboxes are destroyed after `idle_timeout`, and
+//! that is safe ([`crate::retry`]). Idle sandboxes are destroyed after their lambda's
+//! keep-alive window (from its idle times, [`crate::keepalive`], or `idle_timeout`), and
 //! evicted least recently used first when the worker needs room for another lambda.
 //!
 //! Idle sandboxes are SOCK's handler cache: each is paused as it goes idle and resumed for
@@ -41,6 +42,7 @@ pub use figures::{InstanceFigures, SandboxState};
 pub use prepare::{Prepare, Provisioning};
 
 use crate::handler_cache::{self, Eviction, HandlerCacheConfig};
+use crate::keepalive::Tracker;
 use crate::packages::InstallError;
 use crate::registry::Lambda;
 use crate::retry;
@@ -53,6 +55,9 @@ const REMEASURE: Duration = Duration::from_secs(5);
 pub struct InstanceConfig {
     pub keep_warm: bool,
     pub idle_timeout: Duration,
+    /// Keep each lambda's idle sandboxes for the windows its idle times give
+    /// ([`crate::keepalive`]); None: `idle_timeout` for every lambda.
+    pub keep_alive: Option<crate::keepalive::Policy>,
     pub max_per_lambda: usize,
     pub queue_depth: usize,
     pub max_total: usize,
@@ -119,6 +124,18 @@ impl Waiter<Kept> for Handoff {
     }
 }
 
+/// An invocation under way, for the idle times: its end is recorded however it ends.
+struct Running<'a> {
+    idle_times: &'a Mutex<Tracker>,
+    name: &'a str,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.idle_times.lock().unwrap().ended(self.name, Instant::now());
+    }
+}
+
 /// A sandbox lent to one request.
 struct Lease {
     kept: Kept,
@@ -131,6 +148,8 @@ pub struct Instances {
     cfg: InstanceConfig,
     pools: Mutex<Pools<Kept, Handoff>>,
     cache: handler_cache::Counters,
+    /// Each lambda's idle times, for its keep-alive window.
+    idle_times: Mutex<Tracker>,
     figures: InstanceFigures,
     destroying: Arc<AtomicUsize>,
     closed: AtomicBool,
@@ -142,6 +161,7 @@ pub struct Instances {
 impl Instances {
     pub fn new(backend: Arc<dyn Backend>, prepare: Arc<dyn Prepare>, cfg: InstanceConfig) -> Arc<Instances> {
         let bounds = Bounds { max_per_lambda: cfg.max_per_lambda, max_total: cfg.max_total, queue_depth: cfg.queue_depth };
+        let policy = cfg.keep_alive.unwrap_or_default();
         let instances = Arc::new_cyclic(|me| Instances {
             me: me.clone(),
             backend,
@@ -149,6 +169,7 @@ impl Instances {
             cfg,
             pools: Mutex::new(Pools::new(bounds)),
             cache: handler_cache::Counters::default(),
+            idle_times: Mutex::new(Tracker::new(policy)),
             figures: InstanceFigures::default(),
             destroying: Arc::new(AtomicUsize::new(0)),
             closed: AtomicBool::new(false),
@@ -171,7 +192,7 @@ impl Instances {
                 _ = me.measure.notified() => false,
             };
             if ticked {
-                let doomed = me.pools.lock().unwrap().reap(Instant::now(), me.cfg.idle_timeout);
+                let doomed = me.pools.lock().unwrap().reap(Instant::now(), |name| me.keep_for(name));
                 me.evict(doomed);
             }
             let all = ticked && last_full.elapsed() >= REMEASURE;
@@ -179,6 +200,14 @@ impl Instances {
                 last_full = Instant::now();
             }
             me.measure_paused(all).await;
+        }
+    }
+
+    /// How long `name`'s idle sandboxes are kept.
+    fn keep_for(&self, name: &str) -> Duration {
+        match self.cfg.keep_alive {
+            Some(_) => self.idle_times.lock().unwrap().keep_for(name),
+            None => self.cfg.idle_timeout,
         }
     }
 
@@ -207,6 +236,8 @@ impl Instances {
         calls: &dyn Calls,
     ) -> Result<Invocation, Failure> {
         let queued = Instant::now();
+        self.idle_times.lock().unwrap().started(&lambda.name, queued);
+        let _running = Running { idle_times: &self.idle_times, name: &lambda.name };
         let lease = self.acquire(lambda, limit).await?;
         let run_limit = if limit >= self.cfg.timeout { self.cfg.timeout } else { limit.saturating_sub(queued.elapsed()) };
         let began = Instant::now();
@@ -452,9 +483,21 @@ impl Instances {
     /// Per-lambda figures and the handler cache's, for `/stats`.
     pub fn stats(&self) -> Value {
         let pools = self.pools.lock().unwrap();
+        let idle_times = self.idle_times.lock().unwrap();
+        let keep_alive = |name: &str| match self.cfg.keep_alive {
+            Some(_) => {
+                let w = idle_times.windows(name);
+                json!({"policy": "histogram", "basis": w.basis.as_str(), "prewarm_s": w.prewarm.as_secs_f64(),
+                       "keep_alive_s": w.keep_alive.as_secs_f64(), "idle_times": idle_times.samples(name)})
+            }
+            None => json!({"policy": "fixed", "keep_alive_s": self.cfg.idle_timeout.as_secs_f64()}),
+        };
         let per_lambda: serde_json::Map<String, Value> = pools
             .figures()
-            .map(|(name, f)| (name.to_string(), json!({"sandboxes": f.sandboxes, "idle": f.idle, "queued": f.queued, "served": f.served})))
+            .map(|(name, f)| {
+                let figures = json!({"sandboxes": f.sandboxes, "idle": f.idle, "queued": f.queued, "served": f.served, "keep_alive": keep_alive(name)});
+                (name.to_string(), figures)
+            })
             .collect();
         let (paused, paused_pss) = pools.paused_figures();
         json!({

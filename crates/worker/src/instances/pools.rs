@@ -212,12 +212,14 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
         true
     }
 
-    /// Evict sandboxes idle for `idle_timeout` or longer at `now`, and those of replaced versions.
-    pub fn reap(&mut self, now: Instant, idle_timeout: Duration) -> Vec<(O, Eviction)> {
+    /// Evict sandboxes idle at `now` for their lambda's keep-alive window (`keep_for(name)`)
+    /// or longer, and those of replaced versions.
+    pub fn reap(&mut self, now: Instant, keep_for: impl Fn(&str) -> Duration) -> Vec<(O, Eviction)> {
         let mut doomed = Vec::new();
-        for pool in self.pools.values_mut() {
+        for (name, pool) in self.pools.iter_mut() {
+            let window = keep_for(name);
             let (keep, gone): (Vec<Idle<O>>, Vec<Idle<O>>) =
-                pool.idle.drain(..).partition(|i| now.saturating_duration_since(i.since) < idle_timeout && i.occupant.is_current());
+                pool.idle.drain(..).partition(|i| now.saturating_duration_since(i.since) < window && i.occupant.is_current());
             pool.idle = keep;
             pool.live -= gone.len();
             self.total -= gone.len();
@@ -574,7 +576,7 @@ mod tests {
         let replaced = w.idle_one("g", 1);
         w.retire("g", 1);
         w.tick(20);
-        let mut doomed = ids(&w.pools.reap(w.now, Duration::from_secs(60)));
+        let mut doomed = ids(&w.pools.reap(w.now, |_| Duration::from_secs(60)));
         doomed.sort();
         assert_eq!(doomed, vec![(expired, "idle"), (replaced, "replaced")]);
         assert_eq!(w.pools.total(), 1);
@@ -583,6 +585,17 @@ mod tests {
             Acquired::Warm(idle) => assert_eq!(idle.occupant.id, fresh),
             other => panic!("{}", describe(&other)),
         }
+    }
+
+    #[test]
+    fn each_lambdas_idle_sandboxes_are_kept_for_its_own_window() {
+        let mut w = World::new(4, 8, 4);
+        let (f, g) = (w.idle_one("f", 1), w.idle_one("g", 1));
+        w.tick(30);
+        let windows = |name: &str| Duration::from_secs(if name == "f" { 20 } else { 60 });
+        assert_eq!(ids(&w.pools.reap(w.now, windows)), vec![(f, "idle")]);
+        w.tick(30);
+        assert_eq!(ids(&w.pools.reap(w.now, windows)), vec![(g, "idle")]);
     }
 
     #[test]

@@ -28,6 +28,7 @@ fn config() -> InstanceConfig {
     InstanceConfig {
         keep_warm: true,
         idle_timeout: Duration::from_secs(600),
+        keep_alive: None,
         max_per_lambda: 4,
         queue_depth: 4,
         max_total: 8,
@@ -91,6 +92,32 @@ async fn an_idle_sandbox_serves_the_next_request_warm() {
     assert_eq!(first.sandbox, second.sandbox);
     assert_eq!(backend.count(Event::Created), 1);
     assert_eq!((idle(&instances), instances.figures().in_state(SandboxState::Busy)), (1, 0));
+}
+
+#[tokio::test]
+async fn idle_sandboxes_are_kept_for_the_window_their_lambdas_idle_times_give() {
+    // A lambda called every 100 ms: its window (whole 50 ms bins) is 0.2 s; one called once
+    // has too few idle times and keeps the fixed hour.
+    let policy = crate::keepalive::Policy {
+        bin: Duration::from_millis(50),
+        range: Duration::from_secs(2),
+        min_samples: 3,
+        fixed_keep_alive: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let (_backend, instances) = start(InstanceConfig { keep_alive: Some(policy), idle_timeout: Duration::from_secs(3600), ..config() });
+    let (f, g) = (Lambda::fake("f", 1), Lambda::fake("g", 1));
+    call(&instances, &g, "GET").await.unwrap();
+    for _ in 0..5 {
+        call(&instances, &f, "GET").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stats = instances.stats();
+    let window = &stats["per_lambda"]["f"]["keep_alive"];
+    assert_eq!((window["basis"].as_str(), window["idle_times"].as_u64()), (Some("histogram"), Some(4)), "{window}");
+    assert_eq!(stats["per_lambda"]["g"]["keep_alive"]["basis"], "young");
+    until("f's idle sandbox reaped after its window", || instances.stats()["per_lambda"].get("f").is_none()).await;
+    assert_eq!(instances.stats()["per_lambda"]["g"]["idle"], 1, "g's is kept for the fixed window");
 }
 
 #[tokio::test]

@@ -1,0 +1,27 @@
+"""Keep-alive windows on a real worker: with `keep_alive = "histogram"` each lambda's window
+comes from its idle times (until it has ten, `idle_timeout_s`), `/stats` shows it, and an
+idle sandbox goes when its window ends. The policy itself is unit-tested on synthetic
+histories (crates/worker/src/keepalive.rs)."""
+
+import time
+
+from conftest import EXAMPLES
+
+
+def test_a_young_lambda_keeps_the_fixed_window_and_its_sandbox_goes_when_it_ends(make_worker):
+    w = make_worker(instances={"keep_alive": "histogram", "idle_timeout_s": 2})
+    w.client.deploy(str(EXAMPLES / "echo"))
+    for i in range(3):
+        assert w.client.run("echo", i) == i
+    window = w.client.stats()["lambdas"]["per_lambda"]["echo"]["keep_alive"]
+    assert window == {"policy": "histogram", "basis": "young", "prewarm_s": 0.0, "keep_alive_s": 2.0, "idle_times": 2}
+    deadline = time.monotonic() + 10
+    while "echo" in w.client.stats()["lambdas"]["per_lambda"]:
+        assert time.monotonic() < deadline, "the idle sandbox outlived its window"
+        time.sleep(0.2)
+
+
+def test_the_fixed_policy_is_the_default(worker):
+    worker.client.run("echo", 1)
+    window = worker.client.stats()["lambdas"]["per_lambda"]["echo"]["keep_alive"]
+    assert window == {"policy": "fixed", "keep_alive_s": 300.0}
