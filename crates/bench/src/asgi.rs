@@ -29,11 +29,6 @@ fn examples_dir() -> PathBuf {
     report::bench_dir().parent().map(Path::to_path_buf).unwrap_or_default().join("examples").join("openlambda")
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs.get(xs.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 /// Run `rounds` alternating rounds of `seconds` per measurement; writes asgi.json, .md, .png.
 pub fn run(opts: &Options, rounds: usize) -> Result<Value> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -89,7 +84,7 @@ pub fn run(opts: &Options, rounds: usize) -> Result<Value> {
     let mut apps = Map::new();
     for (i, app) in APPS.iter().enumerate() {
         let s = &samples[i];
-        let m = |k: usize| median(s.iter().map(|x| x[k]).collect());
+        let m = |k: usize| report::median(s.iter().map(|x| x[k]).collect()).unwrap_or(f64::NAN);
         apps.insert(
             app.to_string(),
             json!({

@@ -200,12 +200,8 @@ fn parse_memaslap(text: &str) -> Result<Run> {
     Ok(Run { ops_per_s: tps, p50_us: percentile(0.50), p99_us: percentile(0.99), avg_us: avg, get_hit_ratio })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    if v.is_empty() {
-        return 0.0;
-    }
-    v[v.len() / 2]
+fn median(v: Vec<f64>) -> f64 {
+    report::median(v).unwrap_or(0.0)
 }
 
 fn summarize(runs: &[Run]) -> Value {

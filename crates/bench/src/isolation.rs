@@ -18,6 +18,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::{json, Value};
 
+use crate::report::median;
 use crate::sandboxes::{closed_loop, Options, Worker};
 
 pub const VARIANTS: [&str; 2] = ["sock", "sock-isolated"];
@@ -93,14 +94,6 @@ fn round_trips(url: &str) -> Result<Value> {
         .timeout(Duration::from_secs(120))
         .send_string(r#"{"round_trips": 2000, "connections": 200}"#)?;
     Ok(serde_json::from_str(&reply.into_string()?)?)
-}
-
-fn median(mut xs: Vec<f64>) -> Option<f64> {
-    if xs.is_empty() {
-        return None;
-    }
-    xs.sort_by(|a, b| a.total_cmp(b));
-    Some(xs[xs.len() / 2])
 }
 
 /// Run the alternating rounds; ports from `base_port` (four in a row).

@@ -6,6 +6,12 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
+/// The median of `xs` (the upper one of an even count); None when there are none.
+pub fn median(mut xs: Vec<f64>) -> Option<f64> {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    xs.get(xs.len() / 2).copied()
+}
+
 /// One line describing this machine, recorded with every result.
 pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")

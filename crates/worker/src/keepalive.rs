@@ -199,11 +199,11 @@ impl Tracker {
     /// An invocation of `name` starts at `now`.
     pub fn started(&mut self, name: &str, now: Instant) {
         let policy = &self.policy;
-        let a = self.lambdas.entry(name.to_string()).or_insert_with(|| Activity {
-            histogram: IdleHistogram::new(policy),
-            running: 0,
-            idle_since: None,
-        });
+        if !self.lambdas.contains_key(name) {
+            let first = Activity { histogram: IdleHistogram::new(policy), running: 0, idle_since: None };
+            self.lambdas.insert(name.to_string(), first);
+        }
+        let a = self.lambdas.get_mut(name).expect("inserted above");
         if a.running == 0 {
             if let Some(since) = a.idle_since.take() {
                 a.histogram.record(now.saturating_duration_since(since), policy);

@@ -148,8 +148,9 @@ pub struct Instances {
     cfg: InstanceConfig,
     pools: Mutex<Pools<Kept, Handoff>>,
     cache: handler_cache::Counters,
-    /// Each lambda's idle times, for its keep-alive window.
-    idle_times: Mutex<Tracker>,
+    /// Each lambda's idle times, for its keep-alive window (only under the histogram policy:
+    /// with a fixed window, the request path takes no lock for them).
+    idle_times: Option<Mutex<Tracker>>,
     figures: InstanceFigures,
     destroying: Arc<AtomicUsize>,
     closed: AtomicBool,
@@ -161,7 +162,7 @@ pub struct Instances {
 impl Instances {
     pub fn new(backend: Arc<dyn Backend>, prepare: Arc<dyn Prepare>, cfg: InstanceConfig) -> Arc<Instances> {
         let bounds = Bounds { max_per_lambda: cfg.max_per_lambda, max_total: cfg.max_total, queue_depth: cfg.queue_depth };
-        let policy = cfg.keep_alive.unwrap_or_default();
+        let idle_times = cfg.keep_alive.map(|policy| Mutex::new(Tracker::new(policy)));
         let instances = Arc::new_cyclic(|me| Instances {
             me: me.clone(),
             backend,
@@ -169,7 +170,7 @@ impl Instances {
             cfg,
             pools: Mutex::new(Pools::new(bounds)),
             cache: handler_cache::Counters::default(),
-            idle_times: Mutex::new(Tracker::new(policy)),
+            idle_times,
             figures: InstanceFigures::default(),
             destroying: Arc::new(AtomicUsize::new(0)),
             closed: AtomicBool::new(false),
@@ -205,8 +206,8 @@ impl Instances {
 
     /// How long `name`'s idle sandboxes are kept.
     fn keep_for(&self, name: &str) -> Duration {
-        match self.cfg.keep_alive {
-            Some(_) => self.idle_times.lock().unwrap().keep_for(name),
+        match &self.idle_times {
+            Some(tracker) => tracker.lock().unwrap().keep_for(name),
             None => self.cfg.idle_timeout,
         }
     }
@@ -236,8 +237,10 @@ impl Instances {
         calls: &dyn Calls,
     ) -> Result<Invocation, Failure> {
         let queued = Instant::now();
-        self.idle_times.lock().unwrap().started(&lambda.name, queued);
-        let _running = Running { idle_times: &self.idle_times, name: &lambda.name };
+        let _running = self.idle_times.as_ref().map(|tracker| {
+            tracker.lock().unwrap().started(&lambda.name, queued);
+            Running { idle_times: tracker, name: &lambda.name }
+        });
         let lease = self.acquire(lambda, limit).await?;
         let run_limit = if limit >= self.cfg.timeout { self.cfg.timeout } else { limit.saturating_sub(queued.elapsed()) };
         let began = Instant::now();
@@ -483,9 +486,9 @@ impl Instances {
     /// Per-lambda figures and the handler cache's, for `/stats`.
     pub fn stats(&self) -> Value {
         let pools = self.pools.lock().unwrap();
-        let idle_times = self.idle_times.lock().unwrap();
-        let keep_alive = |name: &str| match self.cfg.keep_alive {
-            Some(_) => {
+        let idle_times = self.idle_times.as_ref().map(|t| t.lock().unwrap());
+        let keep_alive = |name: &str| match &idle_times {
+            Some(idle_times) => {
                 let w = idle_times.windows(name);
                 json!({"policy": "histogram", "basis": w.basis.as_str(), "prewarm_s": w.prewarm.as_secs_f64(),
                        "keep_alive_s": w.keep_alive.as_secs_f64(), "idle_times": idle_times.samples(name)})
