@@ -13,8 +13,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ORDER = ["sock", "sock-isolated", "sock-nozygote", "runc", "docker"]
-COLORS = {"sock": "#2a9d8f", "sock-isolated": "#264653", "sock-nozygote": "#8ab17d", "runc": "#e9c46a", "docker": "#e76f51"}
+ORDER = ["sock", "sock-isolated", "sock-nospares", "sock-nozygote", "runc", "docker"]
+COLORS = {
+    "sock": "#2a9d8f",
+    "sock-isolated": "#264653",
+    "sock-nospares": "#90be6d",
+    "sock-nozygote": "#8ab17d",
+    "runc": "#e9c46a",
+    "docker": "#e76f51",
+}
 
 
 def main(src, dst):
@@ -42,14 +49,18 @@ def main(src, dst):
     tput.legend()
 
     names = [b for b in ORDER if b in backends]
-    cold = [backends[n]["c1"]["cold_p50_ms"] for n in names]
-    warm = [backends[n]["warm_p50_ms"] for n in names]
     xs = range(len(names))
-    bars.bar([x - 0.2 for x in xs], cold, 0.4, label="cold start (c=1)", color="#457b9d")
-    bars.bar([x + 0.2 for x in xs], warm, 0.4, label="warm invocation", color="#a8dadc")
-    for x, c, w in zip(xs, cold, warm):
-        bars.annotate(f"{c:.1f}", (x - 0.2, c), ha="center", va="bottom", fontsize=8)
-        bars.annotate(f"{w:.2f}", (x + 0.2, w), ha="center", va="bottom", fontsize=8)
+    series = [
+        ("cold start, closed loop c=1", [backends[n]["c1"]["cold_p50_ms"] for n in names], "#457b9d", "{:.1f}"),
+        ("cold start, paced 100/s", [(backends[n].get("paced") or {}).get("cold_p50_ms", 0) for n in names], "#1d3557", "{:.1f}"),
+        ("warm invocation", [backends[n]["warm_p50_ms"] for n in names], "#a8dadc", "{:.2f}"),
+    ]
+    for i, (label, values, color, fmt) in enumerate(series):
+        offset = (i - 1) * 0.27
+        bars.bar([x + offset for x in xs], values, 0.27, label=label, color=color)
+        for x, v in zip(xs, values):
+            if v:
+                bars.annotate(fmt.format(v), (x + offset, v), ha="center", va="bottom", fontsize=7)
     bars.set_xticks(list(xs))
     bars.set_xticklabels(names)
     bars.set_yscale("log")

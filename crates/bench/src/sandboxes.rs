@@ -7,11 +7,14 @@
 //! * cold starts: the worker keeps no sandbox (`keep_warm = false`), so each request
 //!   provisions one; closed loops at concurrency 1, 2, 5, 10 and 20 give throughput and
 //!   latency percentiles per point (figures 14 and 15);
+//! * paced cold starts: one request every 10 ms (100/s, open loop: a late one does not delay
+//!   the next), the case spares are made for — a worker with CPU time between cold starts;
 //! * warm invocations: the sandbox is kept, so each request only crosses the worker and the
 //!   channel (figure 16).
 //!
 //! Every backend runs in the same run, one after another, so ratios compare like with like.
-//! `sock` is the lean sandbox as SOCK made it (the host's network, no seccomp filter);
+//! `sock` is the lean sandbox as SOCK made it (the host's network, no seccomp filter), with
+//! spares (children forked ahead of demand); `sock-nospares` the same forking on demand;
 //! `sock-isolated` is what a worker runs by default: each lambda in a network namespace of its
 //! own, every process under seccomp. The two are also compared head to head, in alternating
 //! rounds, with a service round trip from inside the sandbox ([`crate::isolation`]).
@@ -31,7 +34,10 @@ use serde_json::{json, Value};
 
 use crate::report;
 
-pub const BACKENDS: [&str; 5] = ["sock", "sock-isolated", "sock-nozygote", "runc", "docker"];
+pub const BACKENDS: [&str; 6] = ["sock", "sock-isolated", "sock-nospares", "sock-nozygote", "runc", "docker"];
+
+/// Cold starts per second of the paced point: a worker with CPU time to spare between them.
+const PACED_PER_S: f64 = 100.0;
 
 /// The worker's backend, and the keys that make `variant` what it is: for `[sandbox]`, and
 /// sections to append.
@@ -44,6 +50,8 @@ fn variant_config(variant: &str) -> (&str, &'static str, String) {
         // SOCK's lean sandbox, as before network namespaces and seccomp.
         "sock" => ("sock", "seccomp = false\n", service(false)),
         "sock-isolated" => ("sock", "seccomp = true\n", service(true)),
+        // SOCK's sandbox without spares: every cold start forks on demand.
+        "sock-nospares" => ("sock", "seccomp = false\nspares = 0\n", service(false)),
         "sock-nozygote" => ("sock-nozygote", "seccomp = false\n", "[network]\nisolate = false\n".into()),
         other => (other, "", String::new()),
     }
@@ -288,6 +296,52 @@ pub(crate) async fn closed_loop(
     Ok(point)
 }
 
+/// One request every `1 / per_s` seconds on one keep-alive connection for `duration` after
+/// `warmup`, each sent on schedule or, when the one before ran late, at once (so a slow
+/// request delays only itself). Counts only requests started after the warm-up.
+pub(crate) async fn paced(port: u16, per_s: f64, warmup: Duration, duration: Duration, expect: &'static str, path: &str) -> Result<Point> {
+    let started = Instant::now();
+    let measure_from = started + warmup;
+    let stop_at = measure_from + duration;
+    let interval = Duration::from_secs_f64(1.0 / per_s);
+    let mut point = Point {
+        ok: 0,
+        errors: 0,
+        wrong_start: 0,
+        elapsed: Duration::ZERO,
+        latency: Histogram::new_with_bounds(1, 600_000_000, 3).unwrap(),
+    };
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream.set_nodelay(true)?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let mut next = Instant::now();
+    while next < stop_at {
+        tokio::time::sleep_until(next.into()).await;
+        let t0 = Instant::now();
+        let request = Request::post(path).header("host", "bench").body(Full::new(Bytes::from_static(b"null")))?;
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        let start = response.headers().get("x-sprout-start").cloned();
+        response.into_body().collect().await?;
+        let elapsed = t0.elapsed();
+        if t0 >= measure_from {
+            if status.is_success() {
+                point.ok += 1;
+                let _ = point.latency.record((elapsed.as_micros() as u64).max(1));
+                if start.as_ref().map(|v| v.as_bytes()) != Some(expect.as_bytes()) {
+                    point.wrong_start += 1;
+                }
+            } else {
+                point.errors += 1;
+            }
+        }
+        next = (next + interval).max(Instant::now());
+    }
+    point.elapsed = started.elapsed().saturating_sub(warmup);
+    Ok(point)
+}
+
 fn docker_answers() -> bool {
     use std::io::{Read, Write};
     let Ok(mut s) = std::os::unix::net::UnixStream::connect("/var/run/docker.sock") else {
@@ -355,6 +409,21 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
             );
             points.push(p);
         }
+        let p = paced(port, PACED_PER_S, Duration::from_millis(500), Duration::from_secs_f64(opts.seconds), "cold", "/run/noop").await?;
+        eprintln!(
+            "  {backend:>14} cold {PACED_PER_S}/s paced  p50 {:>8.2} ms  p99 {:>8.2} ms  ({} ok, {} errors)",
+            p.ms(0.5),
+            p.ms(0.99),
+            p.ok,
+            p.errors
+        );
+        if p.wrong_start > 0 {
+            bail!("{} of the paced cold-start requests were served warm", p.wrong_start);
+        }
+        out.insert(
+            "paced".into(),
+            json!({"per_s": PACED_PER_S, "cold_p50_ms": p.ms(0.5), "cold_p99_ms": p.ms(0.99), "requests": p.ok, "errors": p.errors}),
+        );
         anyhow::Ok(())
     }
     .await;
@@ -458,6 +527,9 @@ fn summarize(opts: &Options, backends: serde_json::Map<String, Value>, pinned: b
         "runc_over_sock_cold_p50_c1": ratio(&["runc", "c1", "cold_p50_ms"], &["sock", "c1", "cold_p50_ms"]),
         "docker_over_sock_cold_p50_c1": ratio(&["docker", "c1", "cold_p50_ms"], &["sock", "c1", "cold_p50_ms"]),
         "sock_cold_over_warm_p50": ratio(&["sock", "c1", "cold_p50_ms"], &["sock", "warm_p50_ms"]),
+        "nospares_over_sock_paced_p50": ratio(&["sock-nospares", "paced", "cold_p50_ms"], &["sock", "paced", "cold_p50_ms"]),
+        "nospares_over_sock_cold_p50_c1": ratio(&["sock-nospares", "c1", "cold_p50_ms"], &["sock", "c1", "cold_p50_ms"]),
+        "sock_over_nospares_cold_per_s_c10": ratio(&["sock", "c10", "cold_per_s"], &["sock-nospares", "c10", "cold_per_s"]),
     });
     let target = |name: &str, measured: Value, met: Option<bool>| json!({"target": name, "measured": measured, "met": met});
     let cmp = |v: Option<f64>, f: &dyn Fn(f64) -> bool| v.map(f);
@@ -487,12 +559,33 @@ fn summarize(opts: &Options, backends: serde_json::Map<String, Value>, pinned: b
             json!(get(b, &["sock", "c10", "cold_per_s"])),
             cmp(get(b, &["sock", "c10", "cold_per_s"]), &|x| x >= 200.0),
         ),
+        target(
+            "cold start p50 <= 1 ms at concurrency 1 (closed loop: no idle CPU to warm spares in)",
+            json!(get(b, &["sock", "c1", "cold_p50_ms"])),
+            cmp(get(b, &["sock", "c1", "cold_p50_ms"]), &|x| x <= 1.0),
+        ),
+        target(
+            "cold start p50 <= 1 ms at 100 cold starts/s (paced)",
+            json!(get(b, &["sock", "paced", "cold_p50_ms"])),
+            cmp(get(b, &["sock", "paced", "cold_p50_ms"]), &|x| x <= 1.0),
+        ),
+        target(
+            ">= 1,000 cold starts per second at concurrency 10 on one core",
+            json!(get(b, &["sock", "c10", "cold_per_s"])),
+            cmp(get(b, &["sock", "c10", "cold_per_s"]), &|x| x >= 1000.0),
+        ),
+        target(
+            "spares do not cost saturated throughput: >= 0.95x sock-nospares' cold starts/s at c=10",
+            ratios["sock_over_nospares_cold_per_s_c10"].clone(),
+            cmp(ratios["sock_over_nospares_cold_per_s_c10"].as_f64(), &|x| x >= 0.95),
+        ),
     ];
     json!({
         "machine": report::machine(),
         "method": {
             "lambda": "no-op f(event) returning None, POST /run/noop over HTTP/1.1 keep-alive",
             "cold": format!("keep_warm = false: one new sandbox per request; closed loop, {} s per point after 0.5 s of warm-up", opts.seconds),
+            "paced": format!("keep_warm = false; one request every {:.0} ms on one connection, sent at once when the one before ran late; {} s after 0.5 s of warm-up", 1000.0 / PACED_PER_S, opts.seconds),
             "warm": "keep_warm = true: the same sandbox serves every request; concurrency 1",
             "pinning": if pinned {
                 format!("worker and its sandboxes on CPU {} (affinity inherited by the Zygote, runc and containers; runc and docker containers also get cpuset {0}; a dockerd started by the benchmark too); load generator on CPU {}", opts.worker_cpu, opts.client_cpu)
@@ -526,23 +619,25 @@ fn add_isolation(results: &mut Value, isolation: Value) {
 fn markdown(r: &Value) -> String {
     let f = |v: Option<f64>, digits: usize| v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "—".into());
     let mut s = format!("Machine: {}. {}\n\n", r["machine"].as_str().unwrap_or(""), r["method"]["pinning"].as_str().unwrap_or(""));
-    s += "| backend | cold p50 c=1 (ms) | cold p99 c=1 (ms) | cold/s c=1 | cold p50 c=10 (ms) | cold/s c=10 | warm p50 (ms) |\n";
-    s += "|---|---:|---:|---:|---:|---:|---:|\n";
+    s += "| backend | cold p50 c=1 (ms) | cold p99 c=1 (ms) | cold/s c=1 | cold p50 c=10 (ms) | cold/s c=10 | cold p50 / p99 at 100/s paced (ms) | warm p50 (ms) |\n";
+    s += "|---|---:|---:|---:|---:|---:|---:|---:|\n";
     if let Some(backends) = r["backends"].as_object() {
         let order: BTreeMap<usize, (&String, &Value)> =
             backends.iter().map(|(k, v)| (BACKENDS.iter().position(|b| b == k).unwrap_or(99), (k, v))).collect();
         for (_, (name, v)) in order {
             if let Some(reason) = v.get("skipped").and_then(|x| x.as_str()) {
-                s += &format!("| {name} | skipped: {reason} ||||||\n");
+                s += &format!("| {name} | skipped: {reason} |||||||\n");
                 continue;
             }
             s += &format!(
-                "| {name} | {} | {} | {} | {} | {} | {} |\n",
+                "| {name} | {} | {} | {} | {} | {} | {} / {} | {} |\n",
                 f(get(v, &["c1", "cold_p50_ms"]), 2),
                 f(get(v, &["c1", "cold_p99_ms"]), 2),
                 f(get(v, &["c1", "cold_per_s"]), 1),
                 f(get(v, &["c10", "cold_p50_ms"]), 2),
                 f(get(v, &["c10", "cold_per_s"]), 1),
+                f(get(v, &["paced", "cold_p50_ms"]), 2),
+                f(get(v, &["paced", "cold_p99_ms"]), 2),
                 f(get(v, &["warm_p50_ms"]), 3),
             );
         }

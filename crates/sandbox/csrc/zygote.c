@@ -15,6 +15,17 @@
  * Zygote (import packages, then serve forks itself). The parent replies with a pidfd of the
  * child and waits for the next request, reaping children that exited.
  *
+ * Spares (FLAG_SPARE): a child forked ahead of demand, bound to no lambda yet. The Zygote
+ * clones it into its new namespaces as for a handler, but hands it one end of a socket pair
+ * instead of a root, and replies with the pidfd *and* the other end. The spare returns to
+ * Python with role 2, where it faults in the pages a handler's start touches (its own
+ * copies: nothing it writes reaches the Zygote or another child) once the worker has moved
+ * it into the spares' cgroup, which runs only on CPU time no request wants (cpu.idle) and
+ * says so with a byte on the link; then it calls sprout_spare_wait, which says it is ready (one
+ * byte on the link) and blocks for one request on the pair — a struct fork_request with
+ * the same descriptors a handler's fork request carries — and becomes that sandbox exactly
+ * as a freshly forked handler would (become_sandbox below). A spare is bound once, or killed.
+ *
  * Every process here runs under the seccomp filter the root Zygote was started with
  * (crates/sandbox/src/seccomp.rs), inherited at each fork at no cost.
  *
@@ -34,6 +45,8 @@
  *            [root dir, log pipe, (user namespace if FLAG_USERNS),
  *             (network namespace if FLAG_NETNS), cgroup.procs...]
  *   reply:   struct fork_reply, with SCM_RIGHTS [pidfd] when error == 0
+ *            ([pidfd, link] for FLAG_SPARE)
+ *   binding: struct fork_request on a spare's link, with a handler's descriptors
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -63,6 +76,7 @@
 #define FLAG_ZYGOTE 2u     /* the child becomes a Zygote (role 1), not a handler (role 0) */
 #define FLAG_USERNS 4u     /* fds[2] is a user namespace to join */
 #define FLAG_NETNS 8u      /* the next descriptor is a network namespace to join */
+#define FLAG_SPARE 16u     /* fork a spare (role 2): no descriptors; reply with [pidfd, link] */
 #define MAX_FDS 16
 #define SOCKET_PATH "/host/sprout.sock"
 
@@ -118,21 +132,22 @@ static int recv_request(int sock, struct fork_request *req, int *fds, int *nfds)
     return 1;
 }
 
-static void send_reply(int sock, int error, int pid, int pidfd) {
+/* Reply with `nfds` descriptors (0-2): the pidfd, and a spare's link. */
+static void send_reply(int sock, int error, int pid, const int *fds, int nfds) {
     struct fork_reply reply = {error, pid};
     struct iovec iov = {&reply, sizeof reply};
-    char control[CMSG_SPACE(sizeof(int))];
+    char control[CMSG_SPACE(sizeof(int) * 2)];
     struct msghdr msg = {0};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    if (pidfd >= 0) {
+    if (nfds > 0) {
         msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
         struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &pidfd, sizeof(int));
+        c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
     }
     while (sendmsg(sock, &msg, MSG_NOSIGNAL) < 0 && errno == EINTR) {
     }
@@ -175,9 +190,68 @@ static int become_sandbox(const struct fork_request *req, const int *fds, int nf
     return sock;
 }
 
+/* Say on a spare's link that it is ready, wait for the request that binds it, and become
+ * that sandbox: returns
+ * the sandbox's channel with *role 0 (a handler), or -1 when the worker closed the link
+ * (the spare is not needed: its caller exits). */
+int sprout_spare_wait(int link, int *role) {
+    char ready = 'R'; /* warmed up: the worker binds ready spares first */
+    if (send(link, &ready, 1, MSG_NOSIGNAL) != 1) return -1;
+    for (;;) {
+        struct fork_request req;
+        int fds[MAX_FDS];
+        int nfds = 0;
+        int got = recv_request(link, &req, fds, &nfds);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return -1;
+        int needed = 2 + !!(req.flags & FLAG_USERNS) + !!(req.flags & FLAG_NETNS);
+        if (req.magic != FORK_MAGIC || nfds < needed || (req.flags & (FLAG_ZYGOTE | FLAG_SPARE))) {
+            dprintf(2, "sprout: a spare got a malformed binding request\n");
+            return -1;
+        }
+        *role = 0;
+        return become_sandbox(&req, fds, nfds);
+    }
+}
+
+/* Fork a spare: the child gets one end of a new socket pair (as descriptor 3, everything
+ * else above 2 closed) and returns it with *role 2; the parent replies with the pidfd and
+ * the other end. Returns the link in the child, -1 in the parent. */
+static int fork_spare(int sock, int *role) {
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair)) {
+        send_reply(sock, errno, 0, NULL, 0);
+        return -1;
+    }
+    int pidfd = -1;
+    long pid = syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_PIDFD | SIGCHLD, 0, &pidfd, NULL, 0);
+    if (pid == 0) {
+        if (dup2(pair[1], 3) < 0) _exit(70); /* dup2 clears close-on-exec, which is fine */
+        if (syscall(SYS_close_range, 4u, ~0u, 0) != 0)
+            for (int fd = 4; fd < 4096; fd++) close(fd);
+        /* Warm up only once the worker has moved us into the spares' idle cgroup. */
+        char go = 0;
+        while (read(3, &go, 1) < 0 && errno == EINTR) {
+        }
+        if (go != 'G') _exit(0);
+        *role = 2;
+        return 3;
+    }
+    close(pair[1]);
+    if (pid < 0) {
+        send_reply(sock, errno, 0, NULL, 0);
+    } else {
+        int out[2] = {pidfd, pair[0]};
+        send_reply(sock, 0, (int)pid, out, 2);
+        close(pidfd);
+    }
+    close(pair[0]);
+    return -1;
+}
+
 /* Serve fork requests on `sock`. Returns -1 in the Zygote when the worker hangs up, and
  * the connected channel (>= 0) in each new sandbox, with *role set to 0 (a handler) or 1 (a
- * new Zygote). */
+ * new Zygote), or a spare's link with *role 2. */
 int sprout_zygote_serve(int sock, int *role) {
     for (;;) {
         struct pollfd p = {sock, POLLIN, 0};
@@ -195,10 +269,16 @@ int sprout_zygote_serve(int sock, int *role) {
             if (errno == EINTR) continue;
             return -1;
         }
+        if (req.magic == FORK_MAGIC && (req.flags & FLAG_SPARE)) {
+            close_all(fds, nfds);
+            int link = fork_spare(sock, role);
+            if (link >= 0) return link;
+            continue;
+        }
         int needed = 2 + !!(req.flags & FLAG_USERNS) + !!(req.flags & FLAG_NETNS);
         if (req.magic != FORK_MAGIC || nfds < needed) {
             close_all(fds, nfds);
-            send_reply(sock, EPROTO, 0, -1);
+            send_reply(sock, EPROTO, 0, NULL, 0);
             continue;
         }
         int pidfd = -1;
@@ -210,7 +290,7 @@ int sprout_zygote_serve(int sock, int *role) {
         }
         int error = pid < 0 ? errno : 0;
         close_all(fds, nfds);
-        send_reply(sock, error, (int)pid, pidfd);
+        send_reply(sock, error, (int)pid, &pidfd, pidfd >= 0 ? 1 : 0);
         if (pidfd >= 0) close(pidfd);
     }
 }

@@ -50,6 +50,11 @@ pub trait Sandbox: Send + Sync {
     fn pss_bytes(&self) -> u64 {
         crate::memory::pss_of_pids(&self.pids())
     }
+    /// Memory charged to it (its cgroup's usage), cheap to read; PSS where it has no cgroup
+    /// of its own.
+    fn memory_bytes(&self) -> u64 {
+        self.pss_bytes()
+    }
     /// Kill everything in it and give back what it held.
     async fn destroy(self: Box<Self>);
 }
@@ -66,6 +71,12 @@ pub trait Backend: Send + Sync {
     async fn shutdown(&self);
     /// The import cache of Zygotes, for back-ends that have one.
     fn import_cache(&self) -> Option<Arc<crate::import_cache::ImportCache>> {
+        None
+    }
+    /// The cgroup holding everything the back-end runs (sandboxes, Zygotes, spares): its
+    /// layout and name, where a whole-worker memory budget is enforced. None where the
+    /// back-end's processes are not under one group of ours.
+    fn memory_group(&self) -> Option<(Arc<crate::cgroup::Layout>, String)> {
         None
     }
 }

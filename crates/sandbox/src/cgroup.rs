@@ -131,6 +131,31 @@ impl Layout {
         }
     }
 
+    /// The memory controller's directory of group `name`.
+    fn memory_dir_of(&self, name: &str) -> Option<PathBuf> {
+        match self {
+            Layout::V1 { .. } => self.v1_dir_of(name, "memory"),
+            Layout::V2 { root, controllers } => controllers.iter().any(|c| c == "memory").then(|| root.join(name)),
+        }
+    }
+
+    /// Limit the memory of group `name` and everything below it (a parent group): the
+    /// kernel reclaims, then kills within the group, at `bytes`.
+    pub fn set_memory_limit(&self, name: &str, bytes: u64) -> io::Result<()> {
+        let dir = self.memory_dir_of(name).ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "no memory controller"))?;
+        match self {
+            Layout::V1 { .. } => write_file(&dir.join("memory.limit_in_bytes"), &bytes.to_string()),
+            Layout::V2 { .. } => write_file(&dir.join("memory.max"), &bytes.to_string()),
+        }
+    }
+
+    /// Memory charged to group `name` and everything below it, in bytes (0 if unknown).
+    pub fn memory_usage_of(&self, name: &str) -> u64 {
+        let Some(dir) = self.memory_dir_of(name) else { return 0 };
+        let file = if matches!(self, Layout::V1 { .. }) { "memory.usage_in_bytes" } else { "memory.current" };
+        fs::read_to_string(dir.join(file)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+    }
+
     /// Controllers whose limits we cannot enforce here (v2 without delegated controllers).
     pub fn missing_controllers(&self) -> Vec<String> {
         match self {
@@ -402,6 +427,25 @@ impl Cgroup {
         }
         self.limits = Some(*limits);
         Ok(())
+    }
+
+    /// Run the group's processes only on CPU time no other group wants (`idle`), or as
+    /// usual again: `cpu.idle` (the group competes as SCHED_IDLE does), or where the kernel
+    /// lacks it the least weight. A process's own SCHED_IDLE would not do: it counts only
+    /// against its group's siblings.
+    pub fn set_idle(&self, idle: bool) -> io::Result<()> {
+        let dir = match &*self.layout {
+            Layout::V1 { .. } => self.layout.v1_dir_of(&self.name, "cpu"),
+            Layout::V2 { controllers, .. } => controllers.iter().any(|c| c == "cpu").then(|| self.dirs[0].clone()),
+        };
+        let Some(dir) = dir else { return Ok(()) };
+        if dir.join("cpu.idle").exists() {
+            return write_file(&dir.join("cpu.idle"), if idle { "1" } else { "0" });
+        }
+        match &*self.layout {
+            Layout::V1 { .. } => write_file(&dir.join("cpu.shares"), if idle { "2" } else { "1024" }),
+            Layout::V2 { .. } => write_file(&dir.join("cpu.weight"), if idle { "1" } else { "100" }),
+        }
     }
 
     /// cgroup.procs of every hierarchy, open for writing: a process that writes "0" to each

@@ -22,12 +22,12 @@ use crate::backend::{Backend, Counters, Sandbox};
 use crate::cgroup::{Cgroup, CgroupPool, Limits};
 use crate::channel::{Channel, Endpoint, Hello, Reply, Request};
 use crate::error::{helper_failed, Doing, PlatformError};
-use crate::import_cache::{accept_and_place, ImportCache, NodeUse};
+use crate::import_cache::{accept_and_place, ImportCache, Node, NodeUse};
 use crate::mounts;
 use crate::output::log_pipe;
 use crate::process::{spawn, PidFd, SpawnSpec};
 use crate::session::{handler_kind, session_methods, Calls, Session};
-use crate::spec::{sandbox_env, BackendStats, CreateError, InvokeError, SandboxSpec};
+use crate::spec::{sandbox_env, BackendStats, CreateError, InvokeError, Package, SandboxSpec};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
 
 /// Settings shared by the lean backends.
@@ -81,6 +81,9 @@ struct LeanSandbox {
     slot: usize,
     cgroup: Cgroup,
     lean: Arc<Lean>,
+    /// The package Zygote it was forked from and its lambda's packages: what it reports
+    /// loading may call for a fuller Zygote.
+    learning: Option<(Arc<Node>, Vec<Package>)>,
 }
 
 impl SockBackend {
@@ -164,6 +167,7 @@ impl Lean {
             }
         };
         let view = cgroup.view();
+        let prepared = started.elapsed();
         let provisioned = match self.provision(id, spec, &root, &cgroup).await {
             Ok(p) => p,
             Err(e) => {
@@ -172,8 +176,18 @@ impl Lean {
             }
         };
         let Provisioned { channel, process, hello, hold } = provisioned;
+        tracing::debug!(sandbox = id, stitch_us = prepared.as_micros() as u64, total_us = started.elapsed().as_micros() as u64, "made");
+        // Learn what the lambda loaded of its packages; a Zygote holding exactly them but not
+        // all of that is replaced in the background from now on.
+        let learning = match (&self.zygotes, &hold) {
+            (Some(_), Some(hold)) if !hold.node().is_root() => Some((hold.node().clone(), spec.packages.clone())),
+            _ => None,
+        };
         if let (Some(zygotes), Some(report)) = (&self.zygotes, &hello.package_modules) {
             zygotes.learn(report);
+            if let Some((node, packages)) = &learning {
+                zygotes.refresh_after_learning(node, packages);
+            }
         }
         match handler_kind(hello) {
             Ok(kind) => {
@@ -192,7 +206,7 @@ impl Lean {
                     tainted: false,
                     attached,
                 };
-                Ok(LeanSandbox { session, slot, cgroup, lean: self.clone() })
+                Ok(LeanSandbox { session, slot, cgroup, lean: self.clone(), learning })
             }
             Err(load_error) => {
                 self.release(slot, root, cgroup, process).await;
@@ -258,7 +272,11 @@ impl Lean {
         };
         drop(tree); // the handler holds its root now: closing ours is not the last reference
         let connected_at = t0.elapsed();
-        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await?;
+        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await;
+        if let (Some(zygotes), Some(hold)) = (&self.zygotes, &hold) {
+            zygotes.replenish(hold); // now that this handler no longer competes with it
+        }
+        let hello = hello?;
         tracing::debug!(
             sandbox = id,
             fork_us = forked_at.as_micros() as u64,
@@ -310,6 +328,10 @@ impl Backend for SockBackend {
     fn import_cache(&self) -> Option<Arc<ImportCache>> {
         self.lean.zygotes.clone()
     }
+
+    fn memory_group(&self) -> Option<(Arc<crate::cgroup::Layout>, String)> {
+        Some((self.lean.pool.layout().clone(), self.lean.pool.parent().to_string()))
+    }
 }
 
 #[async_trait]
@@ -327,6 +349,9 @@ impl Sandbox for LeanSandbox {
         // The package modules its handler imported on first use: what a Zygote could import ahead.
         if let (Some(report), Some(zygotes)) = (&reply.0.package_modules, &self.lean.zygotes) {
             zygotes.learn(report);
+            if let Some((node, packages)) = &self.learning {
+                zygotes.refresh_after_learning(node, packages);
+            }
         }
         Ok(reply)
     }
@@ -343,8 +368,12 @@ impl Sandbox for LeanSandbox {
         self.session.process.as_ref().is_some_and(|p| p.sigkill_pending())
     }
 
+    fn memory_bytes(&self) -> u64 {
+        self.cgroup.memory_usage()
+    }
+
     async fn destroy(self: Box<Self>) {
-        let LeanSandbox { session, slot, cgroup, lean } = *self;
+        let LeanSandbox { session, slot, cgroup, lean, .. } = *self;
         let Session { channel, process, attached, .. } = session;
         drop(channel);
         let root = lean.stage.run.join("sb").join(slot.to_string()).join("root");

@@ -1,7 +1,7 @@
 //! One Zygote as the worker sees it: a pre-initialized interpreter in a sandbox of its own,
 //! and the fork protocol its C loop answers (csrc/zygote.c, `struct fork_request`).
 
-use std::os::fd::RawFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -19,6 +19,9 @@ pub const FLAG_USERNS: u32 = 4;
 /// The descriptors carry a network namespace (after the user namespace, if any) for the
 /// child to join.
 pub const FLAG_NETNS: u32 = 8;
+/// Fork a spare: a child bound to no sandbox yet, waiting on a link of its own (no
+/// descriptors are sent; the reply carries the pidfd and the link).
+pub const FLAG_SPARE: u32 = 16;
 
 const FORK_MAGIC: u32 = 0x4652_5053; // "SPRF"
 
@@ -31,7 +34,7 @@ pub struct ForkRequest {
 }
 
 impl ForkRequest {
-    fn encode(&self) -> [u8; 16] {
+    pub(crate) fn encode(&self) -> [u8; 16] {
         let mut buf = [0u8; 16];
         for (i, v) in [FORK_MAGIC, self.uid, self.gid, self.flags].into_iter().enumerate() {
             buf[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
@@ -64,19 +67,37 @@ impl ZygoteProcess {
     /// Ask the Zygote to fork a child with descriptors `fds` ([root, log, (userns), (netns),
     /// cgroup procs...]); returns the pidfd it answers with.
     pub async fn fork(&mut self, request: ForkRequest, fds: &[RawFd], timeout: Duration) -> Result<PidFd, ForkError> {
+        let mut reply = self.exchange(request, fds, timeout).await?;
+        if reply.len() != 1 {
+            return Err(ForkError::Broken(format!("a reply with {} descriptors rather than a pidfd", reply.len())));
+        }
+        PidFd::from_fd(reply.remove(0)).map_err(|e| ForkError::Broken(format!("a bad pidfd: {e}")))
+    }
+
+    /// Ask the Zygote to fork a spare; returns its pidfd and the link it waits on.
+    pub async fn fork_spare(&mut self, timeout: Duration) -> Result<(PidFd, OwnedFd), ForkError> {
+        let request = ForkRequest { uid: 0, gid: 0, flags: FLAG_SPARE };
+        let mut reply = self.exchange(request, &[], timeout).await?;
+        if reply.len() != 2 {
+            return Err(ForkError::Broken(format!("a spare's reply with {} descriptors rather than 2", reply.len())));
+        }
+        let link = reply.pop().expect("two descriptors");
+        let pidfd = PidFd::from_fd(reply.pop().expect("two descriptors")).map_err(|e| ForkError::Broken(format!("a bad pidfd: {e}")))?;
+        Ok((pidfd, link))
+    }
+
+    /// Send one request and read its reply: the descriptors it carried when it succeeded.
+    async fn exchange(&mut self, request: ForkRequest, fds: &[RawFd], timeout: Duration) -> Result<Vec<OwnedFd>, ForkError> {
         let bytes = request.encode();
         let channel = &mut self.channel;
         let exchange = async {
             channel.send_raw_with_fds(&bytes, fds).await?;
             let mut reply = [0u8; 8];
-            let pidfds = channel.recv_raw_with_fds(&mut reply).await?;
-            Ok::<_, std::io::Error>((i32::from_ne_bytes(reply[..4].try_into().unwrap()), pidfds))
+            let received = channel.recv_raw_with_fds(&mut reply).await?;
+            Ok::<_, std::io::Error>((i32::from_ne_bytes(reply[..4].try_into().unwrap()), received))
         };
         match tokio::time::timeout(timeout, exchange).await {
-            Ok(Ok((0, mut pidfds))) if pidfds.len() == 1 => {
-                PidFd::from_fd(pidfds.remove(0)).map_err(|e| ForkError::Broken(format!("a bad pidfd: {e}")))
-            }
-            Ok(Ok((0, _))) => Err(ForkError::Broken("a reply without a pidfd".into())),
+            Ok(Ok((0, received))) => Ok(received),
             Ok(Ok((errno, _))) => Err(ForkError::Refused(std::io::Error::from_raw_os_error(errno))),
             Ok(Err(e)) => Err(ForkError::Broken(e.to_string())),
             Err(_) => Err(ForkError::Broken(format!("no reply within {timeout:?}"))),

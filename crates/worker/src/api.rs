@@ -284,6 +284,7 @@ pub(crate) fn failure_response(failure: Failure) -> ApiError {
     match failure {
         Failure::QueueFull(_) => ApiError::new(ErrorCode::QueueFull, message),
         Failure::QueueTimeout(_) => ApiError::new(ErrorCode::QueueTimeout, message),
+        Failure::NoMemory(_) => ApiError::new(ErrorCode::MemoryBudget, message),
         Failure::ShuttingDown => ApiError::new(ErrorCode::ShuttingDown, message),
         Failure::Load { traceback, .. } => {
             let e = ApiError::new(ErrorCode::LoadError, message);

@@ -56,6 +56,7 @@ impl Default for SandboxSection {
             start_timeout_ms: 10_000,
             cgroup_pool: 16,
             zygote_memory_mb: 512,
+            spares: 4,
             cpuset: String::new(),
             volumes: Vec::new(),
             seccomp: true,
@@ -89,6 +90,8 @@ impl Default for InstancesSection {
             max_per_lambda: 16,
             queue_depth: 64,
             max_total: 256,
+            memory_budget_mb: 0,
+            sandbox_estimate_mb: 32,
         }
     }
 }
@@ -204,6 +207,8 @@ pub struct SandboxSection {
     pub start_timeout_ms: u64,
     pub cgroup_pool: usize,
     pub zygote_memory_mb: u64,
+    /// Most spares (children forked ahead of demand, not yet bound to a lambda) per Zygote.
+    pub spares: usize,
     pub cpuset: String,
     pub volumes: Vec<VolumeSection>,
     pub seccomp: bool,
@@ -231,12 +236,16 @@ pub struct InstancesSection {
     pub idle_timeout_s: u64,
     /// How long idle sandboxes are kept: `idle_timeout_s` for all (`fixed`, the default), or
     /// per lambda from its idle times (`histogram`, the hybrid histogram policy, falling back
-    /// to `idle_timeout_s` while it has too few; without pre-warming yet, a sandbox is kept
-    /// through both of its windows).
+    /// to `idle_timeout_s` while it has too few; with a pre-warm window, the sandbox goes
+    /// after its request and a new one is started that long after).
     pub keep_alive: KeepAlive,
     pub max_per_lambda: usize,
     pub queue_depth: usize,
     pub max_total: usize,
+    /// The whole worker's memory budget, MiB (0: none): see crate::budget.
+    pub memory_budget_mb: u64,
+    /// Memory a lambda's sandbox is assumed to need until one has been measured, MiB.
+    pub sandbox_estimate_mb: u64,
 }
 
 /// `[instances] keep_alive`.

@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use sprout_sandbox::cgroup::{CgroupPool, Layout, Limits};
 use sprout_sandbox::docker::{DockerBackend, DockerConfig};
-use sprout_sandbox::import_cache::{ImportCache, ImportCacheConfig};
+use sprout_sandbox::import_cache::{ImportCache, ImportCacheConfig, SparePlan};
 use sprout_sandbox::network::{self, Network, NetworkConfig};
 use sprout_sandbox::runc::{RuncBackend, RuncConfig};
 use sprout_sandbox::sock::{LeanConfig, SockBackend};
@@ -302,6 +302,8 @@ pub async fn serve(dir: &Path) -> Result<()> {
                 pause_after: Duration::from_millis(config.handler_cache.pause_after_ms),
                 memory_limit: config.handler_cache.memory_mb << 20,
             },
+            budget: memory_budget(&config, backend.as_ref())?,
+            sandbox_estimate: config.instances.sandbox_estimate_mb << 20,
         },
     );
     let metrics = Arc::new(Metrics::new(backend.clone(), instances.clone(), packages.clone(), networks.clone()));
@@ -474,6 +476,22 @@ async fn make_networks(
     Ok(networks)
 }
 
+/// The whole worker's memory budget, when one is set, enforced as the memory limit of the
+/// cgroup holding everything the back-end runs.
+fn memory_budget(config: &Config, backend: &dyn Backend) -> Result<Option<crate::budget::Budget>> {
+    let mb = config.instances.memory_budget_mb;
+    if mb == 0 {
+        return Ok(None);
+    }
+    let Some((layout, group)) = backend.memory_group() else {
+        tracing::warn!(backend = backend.name(), "instances.memory_budget_mb applies to the sock back-ends only; ignored");
+        return Ok(None);
+    };
+    layout.set_memory_limit(&group, mb << 20).with_context(|| format!("limiting the memory of cgroup {group} to {mb} MiB"))?;
+    tracing::info!(budget_mb = mb, cgroup = %group, "memory budget in force");
+    Ok(Some(crate::budget::Budget::new(mb << 20)))
+}
+
 async fn make_backend(config: &Config, dir: &Path, layout: Arc<Layout>, parents: &[String], stage: Arc<Stage>) -> Result<Arc<dyn Backend>> {
     let limits = config.sandbox_limits();
     match config.sandbox.backend {
@@ -498,6 +516,7 @@ async fn make_backend(config: &Config, dir: &Path, layout: Arc<Layout>, parents:
                         start_timeout: config.start_timeout(),
                         import_timeout: Duration::from_millis(ic.import_timeout_ms),
                         zygote_limits,
+                        spares: SparePlan::new(config.sandbox.spares),
                         isolate_network: config.network.isolate,
                         seccomp: config.sandbox.seccomp,
                     },

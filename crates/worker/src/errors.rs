@@ -56,6 +56,7 @@ error_codes! {
     // The worker is busy or stopping (429, 503).
     QueueFull = "queue_full", TOO_MANY_REQUESTS;
     QueueTimeout = "queue_timeout", SERVICE_UNAVAILABLE;
+    MemoryBudget = "memory_budget", SERVICE_UNAVAILABLE;
     ShuttingDown = "shutting_down", SERVICE_UNAVAILABLE;
     SandboxStartFailed = "sandbox_start_failed", SERVICE_UNAVAILABLE;
     // The lambda (5xx, but a bad event is the caller's: 400).
@@ -103,7 +104,7 @@ mod tests {
             let status = code.status();
             assert!(status.is_client_error() || status.is_server_error(), "{code}: {status}");
         }
-        assert_eq!(ErrorCode::ALL.len(), 31);
+        assert_eq!(ErrorCode::ALL.len(), 32);
     }
 
     #[test]

@@ -32,10 +32,16 @@ pub enum Eviction {
     Replaced,
     /// It had died while idle (its Zygote died, or it was killed).
     Dead,
+    /// A cold start needed its memory under the worker's memory budget.
+    Budget,
+    /// Its lambda has a pre-warm window: it goes after its request, and a new one is started
+    /// just before the next is expected.
+    Prewarm,
 }
 
 impl Eviction {
-    pub const ALL: [Eviction; 5] = [Eviction::Memory, Eviction::Idle, Eviction::Room, Eviction::Replaced, Eviction::Dead];
+    pub const ALL: [Eviction; 7] =
+        [Eviction::Memory, Eviction::Idle, Eviction::Room, Eviction::Replaced, Eviction::Dead, Eviction::Budget, Eviction::Prewarm];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -44,13 +50,15 @@ impl Eviction {
             Eviction::Room => "room",
             Eviction::Replaced => "replaced",
             Eviction::Dead => "dead",
+            Eviction::Budget => "budget",
+            Eviction::Prewarm => "prewarm",
         }
     }
 }
 
 #[derive(Default)]
 pub struct Counters {
-    evictions: [AtomicU64; 5],
+    evictions: [AtomicU64; 7],
     pauses: AtomicU64,
     resumes: AtomicU64,
     resume_us: AtomicU64,

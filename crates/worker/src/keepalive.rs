@@ -17,8 +17,11 @@
 //! policy falls back to a fixed keep-alive window (no pre-warming), as the paper's hybrid
 //! policy does (it would use a time-series forecast for the out-of-range case; Sprout keeps
 //! the fixed window there). [`Tracker`] collects the idle times of every lambda as the
-//! instance manager starts and ends invocations; until pre-warming is built, an idle sandbox
-//! is kept through both windows ([`Tracker::keep_for`]).
+//! instance manager starts and ends invocations; the instance manager carries the windows
+//! out: with a pre-warm window, the sandbox that served an invocation goes at once and a new
+//! one is started that long after, unless the lambda was invoked meanwhile
+//! ([`Tracker::prewarm_after`], [`Tracker::invocations`]); an idle sandbox (kept, or
+//! pre-warmed) stays for the keep-alive window ([`Tracker::keep_for`]).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -189,6 +192,8 @@ struct Activity {
     histogram: IdleHistogram,
     running: u32,
     idle_since: Option<Instant>,
+    /// Invocations started, ever.
+    invocations: u64,
 }
 
 impl Tracker {
@@ -200,7 +205,7 @@ impl Tracker {
     pub fn started(&mut self, name: &str, now: Instant) {
         let policy = &self.policy;
         if !self.lambdas.contains_key(name) {
-            let first = Activity { histogram: IdleHistogram::new(policy), running: 0, idle_since: None };
+            let first = Activity { histogram: IdleHistogram::new(policy), running: 0, idle_since: None, invocations: 0 };
             self.lambdas.insert(name.to_string(), first);
         }
         let a = self.lambdas.get_mut(name).expect("inserted above");
@@ -210,6 +215,7 @@ impl Tracker {
             }
         }
         a.running += 1;
+        a.invocations += 1;
     }
 
     /// An invocation of `name` ends at `now`.
@@ -230,11 +236,22 @@ impl Tracker {
         }
     }
 
-    /// How long `name`'s idle sandbox is kept after an invocation. Until pre-warming is built,
-    /// through both windows: the sandbox stays where the policy would stop and restart it.
+    /// How long an idle sandbox of `name` is kept: the keep-alive window, counted from the
+    /// end of the invocation that used it or from its pre-warming.
     pub fn keep_for(&self, name: &str) -> Duration {
-        let w = self.windows(name);
-        w.prewarm + w.keep_alive
+        self.windows(name).keep_alive
+    }
+
+    /// After an invocation of `name`: `Some(pre-warm window)` when its sandbox should go now
+    /// and a new one start that long after; None when the sandbox is simply kept.
+    pub fn prewarm_after(&self, name: &str) -> Option<Duration> {
+        Some(self.windows(name).prewarm).filter(|d| !d.is_zero())
+    }
+
+    /// Invocations of `name` started so far, and whether one is running: a pre-warm is due
+    /// only if neither changed since it was scheduled.
+    pub fn invocations(&self, name: &str) -> (u64, bool) {
+        self.lambdas.get(name).map_or((0, false), |a| (a.invocations, a.running > 0))
     }
 
     /// The idle times `name` has recorded.
@@ -287,8 +304,10 @@ mod tests {
         assert_eq!(t.samples("f"), 2);
         let w = t.windows("f");
         assert_eq!((w.basis, w.prewarm, w.keep_alive), (Basis::Histogram, minutes(27), minutes(8)));
-        assert_eq!(t.keep_for("f"), minutes(35));
-        assert_eq!(t.keep_for("never-seen"), minutes(10));
+        assert_eq!(t.keep_for("f"), minutes(8), "from the end of an invocation, or from a pre-warm");
+        assert_eq!(t.prewarm_after("f"), Some(minutes(27)), "so the sandbox goes, and a new one comes 27 minutes on");
+        assert_eq!(t.invocations("f"), (4, false));
+        assert_eq!((t.keep_for("never-seen"), t.prewarm_after("never-seen")), (minutes(10), None));
         t.ended("unknown", at(70)); // an end without a start is ignored
     }
 

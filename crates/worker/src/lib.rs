@@ -32,6 +32,7 @@ pub mod api;
 pub mod app;
 pub mod archive;
 pub mod auth;
+pub mod budget;
 pub mod calls;
 pub mod config;
 pub mod daemon;

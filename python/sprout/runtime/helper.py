@@ -28,6 +28,11 @@ import cache, section 4.3): a child Zygote receives ``{"op": "zygote", "paths": 
 imports failed, and serves forks in turn. A Zygote never loads lambda code, and imports only
 packages every lambda forked from it asked for, so no function sees another's state or code
 it did not request.
+
+A spare is a third kind of child: forked ahead of demand, bound to no lambda. It warms its
+own copy of the handler's paths, then waits in C until the worker binds it to a sandbox,
+when it enters that root exactly as a freshly forked handler would and serves as one. It
+is bound at most once, so it has never held any lambda's code, environment or files.
 """
 
 import io
@@ -50,7 +55,7 @@ BASE_PATH = list(sys.path)  # the interpreter's own (standard library) entries
 MAX_LEARNED = 300  # package modules reported per package
 LEARN_REQUESTS = 3  # requests after which a handler reports modules they loaded lazily
 
-ROLE_HANDLER, ROLE_ZYGOTE = 0, 1
+ROLE_HANDLER, ROLE_ZYGOTE, ROLE_SPARE = 0, 1, 2
 
 
 # ---------------------------------------------------------------- framing
@@ -451,6 +456,40 @@ def import_packages(sock):
     return True
 
 
+def prefault():
+    """Run a handler's start and one request through a socket pair, so that the pages they
+    write are this process's own copies before it is bound (a fork shares them with the
+    Zygote until first written). Nothing of it outlives the call."""
+    ours, theirs = socket.socketpair()
+    try:
+        send_frame(ours, {"op": "init", "env": {}, "paths": []})
+        init, _ = recv_frame(theirs)
+        apply_init(init)
+        calls = install_calls(theirs)
+        source = "def f(event):\n    return event\n"
+        module = type(sys)("f")
+        exec(compile(source, HANDLER_DIR + "/f.py", "exec", dont_inherit=True), module.__dict__)
+        calls.serving = True
+        header, out = invoke_function(module.f, {"method": "POST"}, b'{"a": [1, "x"]}')
+        calls.serving = False
+        package_modules(len(sys.modules) - 1)
+        send_frame(theirs, header, out)
+        recv_frame(ours)
+    finally:
+        sys.modules.pop("_sprout_sandbox", None)
+        ours.close()
+        theirs.close()
+
+
+def serve_spare(wait, link, role):
+    """A spare: a child forked ahead of demand, bound to no lambda yet. Fault in the pages a
+    handler's start touches, then wait on `link` for the sandbox to become (`wait` is
+    zygote.c's sprout_spare_wait). Returns the sandbox's channel, or -1 when the worker let
+    the spare go."""
+    prefault()
+    return wait(link, role)
+
+
 def serve_zygote(sock):
     import ctypes
     import gc
@@ -459,6 +498,9 @@ def serve_zygote(sock):
     provision = lib.sprout_zygote_serve
     provision.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
     provision.restype = ctypes.c_int
+    spare_wait = lib.sprout_spare_wait
+    spare_wait.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    spare_wait.restype = ctypes.c_int
     after_fork_in_child = ctypes.pythonapi.PyOS_AfterFork_Child
     role = ctypes.c_int(ROLE_HANDLER)
     warm_up()
@@ -471,6 +513,10 @@ def serve_zygote(sock):
             return
         after_fork_in_child()
         sock.detach()  # already closed by the child
+        if role.value == ROLE_SPARE:
+            channel = serve_spare(spare_wait, channel, ctypes.byref(role))
+            if channel < 0:
+                return
         sock = socket.socket(fileno=channel)
         if role.value != ROLE_ZYGOTE:
             serve_lambda(sock)

@@ -260,20 +260,25 @@ fn markdown(r: &Value) -> String {
     let mut s = format!("Machine: {}. {}\n\n", r["machine"].as_str().unwrap_or(""), r["method"]["pinning"].as_str().unwrap_or(""));
     if r.get("packages").is_some() {
         s += "Cold start p50 (ms) of a lambda importing one package (SOCK figure 17):\n\n";
-        s += "| package | no caches | install cache | import cache | all caches | install / import |\n|---|---:|---:|---:|---:|---:|\n";
+        s += "| package | no caches | install cache | import cache | all caches | install / import | import cache: first five cold starts (ms) |\n|---|---:|---:|---:|---:|---:|---|\n";
         for (p, req, _) in PACKAGES {
             let c = |cfg: &str| get(r, &["packages", p, cfg, "cold_p50_ms"]);
             let ratio = match (c("install"), c("import")) {
                 (Some(a), Some(b)) if b > 0.0 => Some(a / b),
                 _ => None,
             };
+            let first: Vec<String> = r["packages"][p]["import"]["samples"]
+                .as_array()
+                .map(|v| v.iter().take(5).filter_map(|x| x.as_f64()).map(|x| format!("{x:.0}")).collect())
+                .unwrap_or_default();
             s += &format!(
-                "| {req} | {} | {} | {} | {} | {}× |\n",
+                "| {req} | {} | {} | {} | {} | {}× | {} |\n",
                 f(c("none"), 0),
                 f(c("install"), 1),
                 f(c("import"), 2),
                 f(c("all"), 2),
-                f(ratio, 1)
+                f(ratio, 1),
+                first.join(", ")
             );
         }
     }

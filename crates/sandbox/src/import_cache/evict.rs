@@ -52,8 +52,8 @@ impl ImportCache {
 /// it every second for every Zygote was the worker's largest cost on an idle machine.
 const REMEASURE: Duration = Duration::from_secs(5);
 
-/// Every second: measure new Zygotes (all of them every [`REMEASURE`]), evict, and drop
-/// nodes no one can use.
+/// Every second: measure new Zygotes (all of them every [`REMEASURE`]), evict, drop nodes no
+/// one can use, and size the spares.
 pub(super) async fn maintain(cache: Weak<ImportCache>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut last_full: Option<Instant> = None;
@@ -65,6 +65,7 @@ pub(super) async fn maintain(cache: Weak<ImportCache>) {
             last_full = Some(Instant::now());
         }
         cache.evict(all).await;
+        cache.trim_spares();
     }
 }
 

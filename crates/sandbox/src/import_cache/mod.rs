@@ -22,9 +22,11 @@
 //! `mounts::clone_tree`. Starting and stopping Zygotes is in [`spawn`], eviction in [`evict`].
 
 mod evict;
+mod spares;
 mod spawn;
 
 pub use evict::choose_victim;
+pub use spares::SparePlan;
 pub use spawn::accept_and_place;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -78,6 +80,8 @@ pub struct ImportCacheConfig {
     pub import_timeout: Duration,
     /// Limits of each Zygote's own cgroup.
     pub zygote_limits: Limits,
+    /// How many spares (children forked ahead of demand) each Zygote keeps.
+    pub spares: SparePlan,
     /// Start the root Zygote (and so every Zygote) in an empty network namespace of its own.
     pub isolate_network: bool,
     /// Start the root Zygote under the sandboxes' seccomp filter, which every Zygote and
@@ -123,6 +127,7 @@ pub struct Node {
     start_ms: f64,
     process: tokio::sync::Mutex<Option<ZygoteProcess>>,
     info: Mutex<NodeInfo>,
+    spares: Mutex<spares::SparePool>,
 }
 
 impl Node {
@@ -147,6 +152,13 @@ impl Node {
 /// evicted (it would take the handlers with it).
 pub struct NodeUse(Arc<Node>);
 
+impl NodeUse {
+    /// The Zygote held.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.0
+    }
+}
+
 impl Drop for NodeUse {
     fn drop(&mut self) {
         let mut info = self.0.info.lock().unwrap();
@@ -165,6 +177,11 @@ struct Counters {
     deaths: AtomicU64,
     refreshes: AtomicU64,
     root_restarts: AtomicU64,
+    spares_forked: AtomicU64,
+    spares_bound: AtomicU64,
+    spares_missed: AtomicU64,
+    spares_lost: AtomicU64,
+    spares_released: AtomicU64,
 }
 
 /// A Zygote chosen for a handler.
@@ -190,6 +207,8 @@ pub struct ImportCache {
     userns: Option<OwnedFd>,
     next_id: AtomicU64,
     counters: Counters,
+    /// The cgroup spares warm up in, made on first use.
+    spare_group: std::sync::OnceLock<Option<Cgroup>>,
 }
 
 impl ImportCache {
@@ -223,6 +242,7 @@ impl ImportCache {
             userns,
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
+            spare_group: std::sync::OnceLock::new(),
         });
         let weak = Arc::downgrade(&cache);
         tokio::spawn(async move { evict::maintain(weak).await });
@@ -335,10 +355,21 @@ impl ImportCache {
         out
     }
 
+    /// After a handler forked from `node` reported the package modules its lambda loaded
+    /// ([`ImportCache::learn`]): when `node` holds exactly the lambda's `packages` and lacks
+    /// some of those modules, start its fuller replacement now, rather than at the next
+    /// cold start (which would then pay the imports again, competing with the build).
+    pub fn refresh_after_learning(self: &Arc<Self>, node: &Arc<Node>, packages: &[Package]) {
+        if packages.len() == node.packages.len() && packages.iter().all(|p| node.packages.contains(&p.key)) {
+            self.maybe_refresh(node, packages);
+        }
+    }
+
     /// When lambdas load modules of an exact Zygote's packages that it has not imported,
-    /// make a fuller replacement in the background and retire this one.
+    /// make a fuller replacement in the background (on idle CPU time) and retire this one
+    /// when it is ready; until then handlers keep being forked from this one.
     fn maybe_refresh(self: &Arc<Self>, node: &Arc<Node>, packages: &[Package]) {
-        if node.is_root() || node.pinned || node.refreshes >= MAX_REFRESHES || !self.cfg.learn {
+        if node.is_root() || node.pinned || node.refreshes >= MAX_REFRESHES || !self.cfg.learn || !node.alive() {
             return;
         }
         let Some(parent) = node.parent.clone() else {
@@ -372,7 +403,7 @@ impl ImportCache {
     /// identity from its connection and move it into the cgroup ([`accept_and_place`]), and
     /// only then let go of the copy's descriptor (returned in the [`Forked`]).
     pub async fn fork_handler(
-        &self,
+        self: &Arc<Self>,
         source: &Arc<Node>,
         root: &Path,
         log: &OwnedFd,
@@ -393,7 +424,11 @@ impl ImportCache {
             fds.extend(netns);
             fds.extend(cgroup.procs_fds().iter().map(|f| f.as_raw_fd()));
             let flags = if mount_proc { FLAG_MOUNT_PROC } else { 0 } | if netns.is_some() { FLAG_NETNS } else { 0 };
-            let pidfd = self.fork_from(source, ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags }, &fds).await?;
+            let request = ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags };
+            let pidfd = match self.bind_spare(source, request, &fds).await {
+                Some(pidfd) => pidfd,
+                None => self.fork_from(source, request, &fds).await?,
+            };
             return Ok(Forked { process: Some(pidfd), hold, tree: None });
         }
         let t0 = Instant::now();
@@ -402,7 +437,13 @@ impl ImportCache {
         let mut fds = vec![tree.as_raw_fd(), log.as_raw_fd()];
         fds.extend(netns);
         let flags = if netns.is_some() { FLAG_NETNS } else { 0 };
-        let result = self.fork_from(source, ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags }, &fds).await;
+        let request = ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags };
+        // A package Zygote's word (the pidfd) is not trusted either way: the caller takes the
+        // handler's identity from its connection.
+        let result = match self.bind_spare(source, request, &fds).await {
+            Some(pidfd) => Ok(pidfd),
+            None => self.fork_from(source, request, &fds).await,
+        };
         tracing::debug!(
             zygote = source.id,
             clone_us = cloned.as_micros() as u64,
@@ -450,7 +491,7 @@ impl ImportCache {
         }
     }
 
-    pub fn counters(&self) -> [(&'static str, &'static str, u64); 9] {
+    pub fn counters(&self) -> [(&'static str, &'static str, u64); 14] {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         [
@@ -463,6 +504,11 @@ impl ImportCache {
             ("sprout_zygote_deaths", "Zygotes that died by themselves", get(&c.deaths)),
             ("sprout_zygote_restarts", "Times the root Zygote was restarted", get(&c.root_restarts)),
             ("sprout_zygote_refreshes", "Zygotes replaced by fuller ones as lambdas revealed their imports", get(&c.refreshes)),
+            ("sprout_spares_forked", "Children forked from Zygotes ahead of demand (spares)", get(&c.spares_forked)),
+            ("sprout_spares_bound", "Cold starts served by binding a spare", get(&c.spares_bound)),
+            ("sprout_spares_missed", "Cold starts that found no spare ready and forked", get(&c.spares_missed)),
+            ("sprout_spares_lost", "Spares found dead or unbindable when taken", get(&c.spares_lost)),
+            ("sprout_spares_released", "Spares let go as their Zygote went idle", get(&c.spares_released)),
         ]
     }
 
@@ -488,6 +534,7 @@ impl ImportCache {
                 "age_s": node.created.elapsed().as_secs(),
                 "pinned": node.pinned && node.parent.is_some(),
                 "retired": info.retired,
+                "spares": node.spares.lock().unwrap().ready(),
                 "children": children,
             })
         }
@@ -498,6 +545,9 @@ impl ImportCache {
         out.insert("zygotes".into(), json!(nodes.len()));
         out.insert("package_zygotes_pss_mb".into(), json!(package_pss as f64 / (1 << 20) as f64));
         out.insert("memory_limit_mb".into(), json!(self.cfg.memory_limit >> 20));
+        out.insert("spares_ready".into(), json!(nodes.values().map(|n| n.spares.lock().unwrap().ready()).sum::<usize>()));
+        out.insert("spares_max".into(), json!(self.cfg.spares.max));
+        out.insert("spares_memory_mb".into(), json!(self.spares_memory() as f64 / (1 << 20) as f64));
         for (name, _, value) in self.counters() {
             out.insert(name.trim_start_matches("sprout_").to_string(), json!(value));
         }

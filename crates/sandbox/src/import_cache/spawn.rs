@@ -65,6 +65,7 @@ impl ImportCache {
                 start_ms: started.elapsed().as_secs_f64() * 1000.0,
                 process: tokio::sync::Mutex::new(Some(zygote)),
                 info: Mutex::new(NodeInfo { alive: true, ..Default::default() }),
+                spares: Mutex::default(),
             })
         }
         .await;
@@ -118,8 +119,10 @@ impl ImportCache {
             tracing::warn!(zygote = id, lost = doomed.len(), "a Zygote died; it is replaced when next needed");
         }
         // Children first: a parent's death would kill them anyway, but their mounts and
-        // cgroups are ours to remove.
+        // cgroups are ours to remove. Spares die with their Zygotes; dropping them says so.
         for node in doomed.into_iter().rev() {
+            let spares = std::mem::take(&mut *node.spares.lock().unwrap());
+            drop(spares);
             if let Some(z) = node.process.lock().await.take() {
                 z.stop().await;
             }
@@ -131,6 +134,8 @@ impl ImportCache {
     }
 
     /// Fork a child Zygote of `parent` holding `packages` and wait until it has imported them.
+    /// A refresh (`refreshes` > 0) is made in the background, so it imports on CPU time no
+    /// request wants (its cgroup is idle until it is ready).
     pub(super) async fn create_child_with(
         self: &Arc<Self>,
         parent: &Arc<Node>,
@@ -141,7 +146,7 @@ impl ImportCache {
         let want: BTreeSet<String> = packages.iter().map(|p| p.key.clone()).collect();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        match self.spawn_child(id, parent, packages).await {
+        match self.spawn_child(id, parent, packages, refreshes > 0).await {
             Ok((zygote, hello)) => {
                 let added: Vec<String> = packages.iter().filter(|p| !parent.packages.contains(&p.key)).map(|p| p.key.clone()).collect();
                 let benefit = packages.iter().filter(|p| added.contains(&p.key)).map(|p| p.size_bytes).sum();
@@ -166,6 +171,7 @@ impl ImportCache {
                     start_ms: started.elapsed().as_secs_f64() * 1000.0,
                     process: tokio::sync::Mutex::new(Some(zygote)),
                     info: Mutex::new(NodeInfo { alive: true, ..Default::default() }),
+                    spares: Mutex::default(),
                 });
                 {
                     let mut nodes = self.nodes.lock().unwrap();
@@ -214,6 +220,7 @@ impl ImportCache {
         id: u64,
         parent: &Arc<Node>,
         packages: &[Package],
+        background: bool,
     ) -> Result<(ZygoteProcess, Hello), CreateError> {
         let dir = self.stage.run.join("zygote").join(id.to_string());
         let root = dir.join("root");
@@ -229,6 +236,9 @@ impl ImportCache {
         };
         let result = async {
             cgroup.set_limits(&self.cfg.zygote_limits).doing("limiting a Zygote's cgroup")?;
+            if background {
+                cgroup.set_idle(true).doing("making a background Zygote's cgroup idle")?;
+            }
             let endpoint = Endpoint::listen_in(&root.join("host"))?;
             let log = log_pipe(&format!("<zygote {id}>"), id).doing("making a Zygote's log pipe")?;
             let tree = mounts::clone_tree(&root)?;
@@ -264,6 +274,10 @@ impl ImportCache {
                 Ok(Err(e)) => return Err(PlatformError::io("the child Zygote died while importing", e).into()),
                 Err(_) => return Err(PlatformError::timed_out("the child Zygote", "import", self.cfg.import_timeout).into()),
             };
+            if background {
+                // Ready: from now on it forks handlers, on the request path.
+                cgroup.set_idle(false).doing("restoring a Zygote's CPU share")?;
+            }
             Ok((channel, process, hello))
         }
         .await;
@@ -309,6 +323,13 @@ impl ImportCache {
         }
         if let Some(root) = root {
             self.forget(root.id, false).await;
+        }
+        if let Some(Some(group)) = self.spare_group.get() {
+            group.kill_all(); // spares died with their Zygotes; this is the fallback
+            group.wait_empty(Duration::from_secs(5)).await;
+            for dir in group.dirs() {
+                let _ = std::fs::remove_dir(dir);
+            }
         }
     }
 }

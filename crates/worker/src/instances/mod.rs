@@ -28,7 +28,7 @@ mod prepare;
 #[cfg(test)]
 mod tests;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,7 @@ use tokio::sync::oneshot;
 pub use figures::{InstanceFigures, SandboxState};
 pub use prepare::{Prepare, Provisioning};
 
+use crate::budget::{self as memory_budget, Admission, Budget, Estimates};
 use crate::handler_cache::{self, Eviction, HandlerCacheConfig};
 use crate::keepalive::Tracker;
 use crate::packages::InstallError;
@@ -65,6 +66,10 @@ pub struct InstanceConfig {
     pub timeout: Duration,
     pub limits: Limits,
     pub handler_cache: HandlerCacheConfig,
+    /// The whole worker's memory budget ([`crate::budget`]); None: no budget.
+    pub budget: Option<Budget>,
+    /// Memory a lambda's sandbox is assumed to need until one has been measured.
+    pub sandbox_estimate: u64,
 }
 
 /// Why a request got no reply from its handler.
@@ -74,6 +79,8 @@ pub enum Failure {
     QueueFull(usize),
     #[error("no sandbox became free within {0:?}")]
     QueueTimeout(Duration),
+    #[error("no memory became free for a new sandbox within {0:?} (the worker's memory budget)")]
+    NoMemory(Duration),
     #[error("the worker is shutting down")]
     ShuttingDown,
     #[error("the lambda failed to load: {message}")]
@@ -157,13 +164,41 @@ pub struct Instances {
     /// Wakes the background task to measure a newly paused sandbox.
     measure: tokio::sync::Notify,
     me: std::sync::Weak<Instances>,
+    /// Where the memory budget is enforced and measured: the back-end's cgroup.
+    memory_group: Option<(Arc<sprout_sandbox::cgroup::Layout>, String)>,
+    memory: MemoryAccounts,
+    prewarms: Prewarms,
+}
+
+/// Pre-warms under the histogram policy: sandboxes started ahead of a lambda's expected next
+/// request, and those skipped for want of room.
+#[derive(Default)]
+struct Prewarms {
+    made: AtomicU64,
+    skipped: AtomicU64,
+}
+
+/// The memory budget's running accounts.
+#[derive(Default)]
+struct MemoryAccounts {
+    estimates: Mutex<Estimates>,
+    /// Granted to cold starts under way (not yet in the cgroup's usage).
+    pending: AtomicU64,
+    /// Held by sandboxes evicted for the budget and still being destroyed.
+    freeing: Arc<AtomicU64>,
+    /// Cold starts that had to wait for memory.
+    waits: AtomicU64,
 }
 
 impl Instances {
     pub fn new(backend: Arc<dyn Backend>, prepare: Arc<dyn Prepare>, cfg: InstanceConfig) -> Arc<Instances> {
         let bounds = Bounds { max_per_lambda: cfg.max_per_lambda, max_total: cfg.max_total, queue_depth: cfg.queue_depth };
         let idle_times = cfg.keep_alive.map(|policy| Mutex::new(Tracker::new(policy)));
+        let memory_group = cfg.budget.and(backend.memory_group());
         let instances = Arc::new_cyclic(|me| Instances {
+            memory_group,
+            memory: MemoryAccounts::default(),
+            prewarms: Prewarms::default(),
             me: me.clone(),
             backend,
             prepare,
@@ -378,6 +413,65 @@ impl Instances {
 
     /// Provision a sandbox for `lambda`; room for it is already counted.
     async fn create(&self, lambda: &Arc<Lambda>) -> Result<Lease, Failure> {
+        let granted = match self.admit(lambda).await {
+            Ok(granted) => granted,
+            Err(failure) => {
+                self.pools.lock().unwrap().give_back_room(&lambda.name);
+                return Err(failure);
+            }
+        };
+        let lease = self.create_admitted(lambda).await;
+        self.memory.pending.fetch_sub(granted, Ordering::AcqRel);
+        lease
+    }
+
+    /// Wait until a new sandbox of `lambda` fits in the memory budget, evicting idle
+    /// sandboxes to make room ([`memory_budget::admit`]); returns the bytes granted (counted
+    /// as pending until the sandbox exists). Without a budget, at once.
+    async fn admit(&self, lambda: &Arc<Lambda>) -> Result<u64, Failure> {
+        let (Some(budget), Some((layout, group))) = (self.cfg.budget, &self.memory_group) else {
+            return Ok(0);
+        };
+        let need = self.memory.estimates.lock().unwrap().of(&lambda.name, self.cfg.sandbox_estimate);
+        let started = Instant::now();
+        let mut waited = false;
+        loop {
+            let used = layout.memory_usage_of(group).saturating_sub(self.memory.freeing.load(Ordering::Acquire));
+            let (admission, doomed) = {
+                let mut pools = self.pools.lock().unwrap();
+                let pending = self.memory.pending.load(Ordering::Acquire);
+                let admission = if memory_budget::fits(&budget, used, pending, need) {
+                    Admission::Go
+                } else {
+                    let idle = pools.idle_candidates(Instant::now(), |kept| kept.sandbox.memory_bytes());
+                    memory_budget::admit(&budget, used, pending, need, &idle, pools.busy().saturating_sub(1))
+                };
+                let doomed = match &admission {
+                    Admission::Go => Vec::new(),
+                    Admission::Evict(ids) | Admission::Wait(ids) => pools.evict_ids(ids, Eviction::Budget),
+                };
+                if !matches!(admission, Admission::Wait(_)) {
+                    self.memory.pending.fetch_add(need, Ordering::AcqRel);
+                }
+                (admission, doomed)
+            };
+            self.evict_freeing(doomed);
+            if !matches!(admission, Admission::Wait(_)) {
+                return Ok(need);
+            }
+            if !waited {
+                waited = true;
+                self.memory.waits.fetch_add(1, Ordering::Relaxed);
+            }
+            if started.elapsed() >= self.cfg.timeout {
+                return Err(Failure::NoMemory(self.cfg.timeout));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Provision a sandbox for `lambda` once admitted; room for it is already counted.
+    async fn create_admitted(&self, lambda: &Arc<Lambda>) -> Result<Lease, Failure> {
         self.figures.state(SandboxState::Starting, 1);
         let created = match self.prepare.spec(lambda, self.cfg.limits).await {
             Ok(spec) => self.backend.create(&spec).await.map_err(|e| match e {
@@ -401,12 +495,42 @@ impl Instances {
     }
 
     /// Return a sandbox after its request: to a waiter, to the idle set, or to be destroyed.
+    /// Under the histogram policy, a lambda with a pre-warm window has its sandbox go instead
+    /// of idling, and a new one started that long after ([`Instances::schedule_prewarm`]).
     fn release(&self, lease: Lease, reusable: bool) {
         let lambda = lease.kept.lambda.clone();
+        let prewarm = match &self.idle_times {
+            Some(tracker) if reusable => tracker.lock().unwrap().prewarm_after(&lambda.name),
+            _ => None,
+        };
+        self.release_to(lease, reusable, prewarm);
+    }
+
+    fn release_to(&self, lease: Lease, reusable: bool, prewarm: Option<Duration>) {
+        let lambda = lease.kept.lambda.clone();
+        if self.memory_group.is_some() {
+            self.memory.estimates.lock().unwrap().observe(&lambda.name, lease.kept.sandbox.memory_bytes());
+        }
         let keep =
             reusable && self.cfg.keep_warm && lambda.config.reuse_sandbox && !self.closed.load(Ordering::Acquire) && lambda.is_current();
         let id = lease.kept.sandbox.id();
-        let released = self.pools.lock().unwrap().release(&lambda.name, lease.kept, keep, Instant::now());
+        let released = {
+            let mut pools = self.pools.lock().unwrap();
+            let released = pools.release(&lambda.name, lease.kept, keep, Instant::now());
+            match (released, prewarm) {
+                // Idle, with nobody waiting: under a pre-warm window it goes now instead.
+                (Released::Idle, Some(after)) => {
+                    let unloaded = pools.evict_ids(&[id], Eviction::Prewarm);
+                    drop(pools);
+                    self.figures.state(SandboxState::Busy, -1);
+                    self.figures.state(SandboxState::Idle, 1);
+                    self.evict(unloaded);
+                    self.schedule_prewarm(lambda, after);
+                    return;
+                }
+                (released, _) => released,
+            }
+        };
         match released {
             Released::Handed => {}
             Released::Idle => {
@@ -455,6 +579,55 @@ impl Instances {
         }
     }
 
+    /// Start a sandbox of `lambda` `after` from now and keep it idle for its keep-alive
+    /// window, unless the lambda was invoked meanwhile (its own request made or found one)
+    /// or has no room: a pre-warm takes no room from another lambda and never queues.
+    fn schedule_prewarm(&self, lambda: Arc<Lambda>, after: Duration) {
+        let Some(tracker) = &self.idle_times else { return };
+        let seen = tracker.lock().unwrap().invocations(&lambda.name).0;
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let Some(me) = me.upgrade() else { return };
+            let Some(tracker) = &me.idle_times else { return };
+            if me.closed.load(Ordering::Acquire)
+                || !lambda.is_current()
+                || tracker.lock().unwrap().invocations(&lambda.name) != (seen, false)
+            {
+                return;
+            }
+            if !me.pools.lock().unwrap().acquire_room(&lambda.name) {
+                me.prewarms.skipped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            match me.create(&lambda).await {
+                Ok(lease) => {
+                    me.prewarms.made.fetch_add(1, Ordering::Relaxed);
+                    me.release_to(lease, true, None);
+                }
+                Err(e) => tracing::warn!(lambda = %lambda.name, "pre-warming a sandbox: {e}"),
+            }
+        });
+    }
+
+    /// Destroy sandboxes evicted for the memory budget, counting what they hold as being
+    /// freed until they are gone (so the next admission does not evict for it again).
+    fn evict_freeing(&self, doomed: Vec<(Kept, Eviction)>) {
+        self.figures.state(SandboxState::Idle, -(doomed.len() as i64));
+        for (kept, why) in doomed {
+            self.cache.evicted(why, 1);
+            let bytes = kept.sandbox.memory_bytes();
+            let (freeing, destroying) = (self.memory.freeing.clone(), self.destroying.clone());
+            freeing.fetch_add(bytes, Ordering::AcqRel);
+            destroying.fetch_add(1, Ordering::AcqRel);
+            tokio::spawn(async move {
+                kept.sandbox.destroy().await;
+                freeing.fetch_sub(bytes, Ordering::AcqRel);
+                destroying.fetch_sub(1, Ordering::AcqRel);
+            });
+        }
+    }
+
     /// Destroy a sandbox in the background.
     fn destroy(&self, sandbox: Box<dyn Sandbox>) {
         let destroying = self.destroying.clone();
@@ -495,19 +668,52 @@ impl Instances {
             }
             None => json!({"policy": "fixed", "keep_alive_s": self.cfg.idle_timeout.as_secs_f64()}),
         };
+        let estimates = self.memory.estimates.lock().unwrap();
+        let mb = |bytes: u64| bytes as f64 / (1 << 20) as f64;
         let per_lambda: serde_json::Map<String, Value> = pools
             .figures()
             .map(|(name, f)| {
-                let figures = json!({"sandboxes": f.sandboxes, "idle": f.idle, "queued": f.queued, "served": f.served, "keep_alive": keep_alive(name)});
+                let mut figures = json!({"sandboxes": f.sandboxes, "idle": f.idle, "queued": f.queued, "served": f.served, "keep_alive": keep_alive(name)});
+                if self.memory_group.is_some() {
+                    figures["memory_estimate_mb"] = json!(mb(estimates.of(name, self.cfg.sandbox_estimate)));
+                }
                 (name.to_string(), figures)
             })
             .collect();
         let (paused, paused_pss) = pools.paused_figures();
+        let budget = match (self.cfg.budget, self.budget_figures()) {
+            (Some(budget), Some((used, pending, freeing, waits))) => json!({
+                "limit_mb": mb(budget.limit), "reserve_mb": mb(budget.reserve), "used_mb": mb(used), "pending_mb": mb(pending),
+                "freeing_mb": mb(freeing), "waits": waits, "evictions": self.cache.evictions(Eviction::Budget),
+                "sandbox_estimate_mb": mb(self.cfg.sandbox_estimate),
+            }),
+            _ => Value::Null,
+        };
         json!({
             "total_sandboxes": pools.total(),
             "per_lambda": per_lambda,
             "handler_cache": self.cache.json(&self.cfg.handler_cache, paused, paused_pss),
+            "memory_budget": budget,
+            "prewarms": {"made": self.prewarms.made.load(Ordering::Relaxed), "skipped": self.prewarms.skipped.load(Ordering::Relaxed)},
         })
+    }
+
+    /// The memory budget's accounts, when there is one: (used by its cgroup, granted to cold
+    /// starts under way, being freed, cold starts that waited for memory).
+    pub fn budget_figures(&self) -> Option<(u64, u64, u64, u64)> {
+        let (layout, group) = self.memory_group.as_ref()?;
+        let m = &self.memory;
+        Some((
+            layout.memory_usage_of(group),
+            m.pending.load(Ordering::Acquire),
+            m.freeing.load(Ordering::Acquire),
+            m.waits.load(Ordering::Relaxed),
+        ))
+    }
+
+    /// The memory budget in bytes, when there is one.
+    pub fn budget_limit(&self) -> Option<u64> {
+        self.cfg.budget.map(|b| b.limit)
     }
 
     /// Handler cache figures for /metrics: (paused sandboxes, their PSS, evictions by reason).

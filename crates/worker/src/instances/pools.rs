@@ -85,13 +85,20 @@ struct Pool<O, W> {
     live: usize,
     waiters: VecDeque<W>,
     served: u64,
+    /// When its recent requests came (within [`RECENT`]): the cost of evicting its sandboxes.
+    recent: VecDeque<Instant>,
 }
 
 impl<O, W> Default for Pool<O, W> {
     fn default() -> Self {
-        Pool { idle: Vec::new(), live: 0, waiters: VecDeque::new(), served: 0 }
+        Pool { idle: Vec::new(), live: 0, waiters: VecDeque::new(), served: 0, recent: VecDeque::new() }
     }
 }
+
+/// The window a lambda's recent requests are counted in.
+pub const RECENT: Duration = Duration::from_secs(60);
+/// Most recent requests remembered per lambda.
+const MAX_RECENT: usize = 1024;
 
 /// One lambda's figures, for `/stats`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,7 +131,23 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
     /// sandbox when the worker is full), else a place in the queue for `waiter()`. Idle
     /// sandboxes of other versions are evicted on the way; the caller destroys `doomed`.
     pub fn acquire(&mut self, name: &str, version: u64, waiter: impl FnOnce() -> W, doomed: &mut Vec<(O, Eviction)>) -> Acquired<O> {
+        self.acquire_at(name, version, waiter, doomed, Instant::now())
+    }
+
+    /// [`Pools::acquire`] at `now`.
+    pub fn acquire_at(
+        &mut self,
+        name: &str,
+        version: u64,
+        waiter: impl FnOnce() -> W,
+        doomed: &mut Vec<(O, Eviction)>,
+        now: Instant,
+    ) -> Acquired<O> {
         let pool = pool_of(&mut self.pools, name);
+        while pool.recent.front().is_some_and(|t| now.saturating_duration_since(*t) > RECENT) || pool.recent.len() >= MAX_RECENT {
+            pool.recent.pop_front();
+        }
+        pool.recent.push_back(now);
         let (current, stale): (Vec<Idle<O>>, Vec<Idle<O>>) = pool.idle.drain(..).partition(|i| i.occupant.version() == version);
         pool.idle = current;
         pool.live -= stale.len();
@@ -288,6 +311,50 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
         })
     }
 
+    /// Room for a sandbox of `name` started ahead of demand: only when the lambda has none
+    /// and the worker has room without evicting anything. Counted as live when granted.
+    pub fn acquire_room(&mut self, name: &str) -> bool {
+        let has_none = self.pools.get(name).is_none_or(|p| p.live == 0);
+        if !has_none || self.total >= self.bounds.max_total || self.bounds.max_per_lambda == 0 {
+            return false;
+        }
+        pool_of(&mut self.pools, name).live += 1;
+        self.total += 1;
+        true
+    }
+
+    /// Sandboxes that exist or are being made and are not idle: serving or starting.
+    pub fn busy(&self) -> usize {
+        self.total - self.pools.values().map(|p| p.idle.len()).sum::<usize>()
+    }
+
+    /// Every idle sandbox as a candidate for eviction at `now`: its id, the memory
+    /// `bytes_of` reads, and its lambda's requests within [`RECENT`].
+    pub fn idle_candidates(&self, now: Instant, bytes_of: impl Fn(&O) -> u64) -> Vec<crate::budget::Candidate> {
+        self.pools
+            .values()
+            .flat_map(|p| {
+                let recent_uses = p.recent.iter().filter(|t| now.saturating_duration_since(**t) <= RECENT).count();
+                p.idle.iter().map(move |i| (i, recent_uses))
+            })
+            .map(|(i, recent_uses)| crate::budget::Candidate { id: i.occupant.id(), bytes: bytes_of(&i.occupant), recent_uses })
+            .collect()
+    }
+
+    /// Evict the idle sandboxes `ids` (those still idle) for `why`.
+    pub fn evict_ids(&mut self, ids: &[u64], why: Eviction) -> Vec<(O, Eviction)> {
+        let mut doomed = Vec::new();
+        for pool in self.pools.values_mut() {
+            let (gone, keep): (Vec<Idle<O>>, Vec<Idle<O>>) = pool.idle.drain(..).partition(|i| ids.contains(&i.occupant.id()));
+            pool.idle = keep;
+            pool.live -= gone.len();
+            self.total -= gone.len();
+            doomed.extend(gone.into_iter().map(|i| (i.occupant, why)));
+        }
+        self.forget_empty();
+        doomed
+    }
+
     /// Paused sandboxes and their PSS in all.
     pub fn paused_figures(&self) -> (usize, u64) {
         self.pools.values().flat_map(|p| p.idle.iter().filter(|i| i.paused)).fold((0, 0), |(n, pss), i| (n + 1, pss + i.pss))
@@ -404,7 +471,7 @@ mod tests {
         fn acquire(&mut self, name: &str, version: u64) -> (Acquired<Fake>, Vec<(Fake, Eviction)>, Slot) {
             let slot = Slot::default();
             let mut doomed = Vec::new();
-            let got = self.pools.acquire(name, version, || slot.clone(), &mut doomed);
+            let got = self.pools.acquire_at(name, version, || slot.clone(), &mut doomed, self.now);
             (got, doomed, slot)
         }
 
@@ -545,6 +612,30 @@ mod tests {
         assert!(matches!(got, Acquired::Create));
         assert_eq!(ids(&doomed), vec![(old, "room")]);
         assert_eq!(w.pools.total(), 3);
+    }
+
+    #[test]
+    fn budget_candidates_carry_their_lambdas_recent_requests_and_only_idle_ones_are_evicted() {
+        let mut w = World::new(8, 16, 4);
+        let a = w.idle_one("a", 1);
+        for _ in 0..3 {
+            match w.acquire("a", 1).0 {
+                Acquired::Warm(idle) => assert!(matches!(w.pools.release("a", idle.occupant, true, w.now), Released::Idle)),
+                other => panic!("expected a warm sandbox, got {}", describe(&other)),
+            }
+        }
+        let b = w.idle_one("b", 1);
+        let busy = w.cold("c", 1);
+        assert_eq!(w.pools.busy(), 1);
+        let mut candidates = w.pools.idle_candidates(w.now, |f| f.id * 10);
+        candidates.sort_by_key(|c| c.id);
+        let expect = |id: u64, recent_uses: usize| crate::budget::Candidate { id, bytes: id * 10, recent_uses };
+        assert_eq!(candidates, vec![expect(a, 4), expect(b, 1)]);
+        w.tick(61);
+        assert!(w.pools.idle_candidates(w.now, |_| 1).iter().all(|c| c.recent_uses == 0), "past the window");
+        let doomed = w.pools.evict_ids(&[b, busy.id], Eviction::Budget);
+        assert_eq!(ids(&doomed), vec![(b, "budget")], "a busy sandbox is not the pools' to evict");
+        assert_eq!((w.pools.total(), w.pools.busy()), (2, 1));
     }
 
     #[test]

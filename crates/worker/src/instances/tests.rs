@@ -35,6 +35,8 @@ fn config() -> InstanceConfig {
         timeout: Duration::from_secs(5),
         limits: Limits { memory_bytes: 64 << 20, pids: 64, cpus: 0.0 },
         handler_cache: HandlerCacheConfig { pause: false, pause_after: Duration::from_millis(10), memory_limit: 1 << 30 },
+        budget: None,
+        sandbox_estimate: 32 << 20,
     }
 }
 
@@ -118,6 +120,42 @@ async fn idle_sandboxes_are_kept_for_the_window_their_lambdas_idle_times_give() 
     assert_eq!(stats["per_lambda"]["g"]["keep_alive"]["basis"], "young");
     until("f's idle sandbox reaped after its window", || instances.stats()["per_lambda"].get("f").is_none()).await;
     assert_eq!(instances.stats()["per_lambda"]["g"]["idle"], 1, "g's is kept for the fixed window");
+}
+
+#[tokio::test]
+async fn with_a_prewarm_window_the_sandbox_goes_after_each_request_and_a_new_one_waits_for_the_next() {
+    // Called every 600 ms: idle times of about 600 ms, all in one 100 ms bin, so the policy
+    // says pre-warm 500 ms after each invocation and keep that sandbox for 300 ms.
+    let policy = crate::keepalive::Policy {
+        bin: Duration::from_millis(100),
+        range: Duration::from_secs(2),
+        min_samples: 3,
+        fixed_keep_alive: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let (backend, instances) = start(InstanceConfig { keep_alive: Some(policy), idle_timeout: Duration::from_secs(3600), ..config() });
+    let f = Lambda::fake("f", 1);
+    for _ in 0..4 {
+        call(&instances, &f, "GET").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    let window = instances.stats()["per_lambda"]["f"]["keep_alive"].clone();
+    assert_eq!((window["prewarm_s"].as_f64(), window["keep_alive_s"].as_f64()), (Some(0.5), Some(0.3)), "{window}");
+    // Trained: this request's sandbox goes right after it...
+    let (created, destroyed) = (backend.count(Event::Created), backend.count(Event::Destroyed));
+    let made = instances.stats()["prewarms"]["made"].as_u64().unwrap();
+    let served = call(&instances, &f, "GET").await.unwrap();
+    until("the sandbox unloaded after its request", || backend.count(Event::Destroyed) > destroyed).await;
+    assert_eq!(idle(&instances), 0);
+    // ...a new one is started 500 ms on, and serves the next request, 600 ms on, warm.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let next = call(&instances, &f, "GET").await.unwrap();
+    assert!(!next.cold && next.sandbox != served.sandbox, "served by the pre-warmed sandbox");
+    assert_eq!(backend.count(Event::Created), created + 1);
+    assert_eq!(instances.stats()["prewarms"]["made"].as_u64(), Some(made + 1));
+    // Unused, a pre-warmed sandbox goes after its keep-alive window.
+    until("the next pre-warmed sandbox is made", || instances.stats()["prewarms"]["made"].as_u64() == Some(made + 2)).await;
+    until("and reaped, unused, after its window", || instances.stats()["per_lambda"].get("f").is_none()).await;
 }
 
 #[tokio::test]

@@ -1,0 +1,78 @@
+"""The whole worker's memory budget: the cgroup holding every sandbox, Zygote and spare is
+limited to it, and cold starts are admitted below it, evicting idle sandboxes (most memory
+per recent request first) and waiting for busy ones, so a burst of cold starts neither fails
+nor makes the kernel kill anything. The admission rule is unit-tested on synthetic figures
+(crates/worker/src/budget.rs)."""
+
+import concurrent.futures
+import os
+
+BUDGET_MB = 160
+HOLDING = """
+HELD = bytearray({mb} << 20)
+for i in range(0, len(HELD), 4096):
+    HELD[i] = 1  # touched: really charged to the sandbox
+
+def f(event):
+    return len(HELD) >> 20
+"""
+
+
+def memory_dir(worker):
+    v1 = f"/sys/fs/cgroup/memory/{worker.cgroup_names[0]}"
+    return v1 if os.path.isdir(v1) else f"/sys/fs/cgroup/unified/{worker.cgroup_names[0]}"
+
+
+def oom_kills(worker):
+    d = memory_dir(worker)
+    for name in ("memory.oom_control", "memory.events"):
+        path = os.path.join(d, name)
+        if os.path.exists(path):
+            for line in open(path):
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    return 0
+
+
+def limit_bytes(worker):
+    d = memory_dir(worker)
+    for name in ("memory.limit_in_bytes", "memory.max"):
+        path = os.path.join(d, name)
+        if os.path.exists(path):
+            return int(open(path).read())
+    raise AssertionError("no memory limit file")
+
+
+def test_a_burst_of_cold_starts_fits_the_budget_evicting_and_waiting_but_failing_none(make_worker):
+    w = make_worker(instances={"memory_budget_mb": BUDGET_MB})
+    assert limit_bytes(w) == BUDGET_MB << 20, "the budget is the cgroup's limit"
+    names = [f"holder{i}" for i in range(12)]
+    for name in names:
+        w.deploy_source(name, HOLDING.format(mb=12))
+    # Twelve lambdas of 12 MiB each, twice over, at once: 288 MiB asked of 160.
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        results = list(pool.map(lambda n: w.client.run(n), names * 2))
+    assert results == [12] * 24
+    # Again one after another: each cold start now evicts idle sandboxes of the others.
+    for name in names:
+        assert w.client.run(name) == 12
+    stats = w.client.stats()
+    budget = stats["lambdas"]["memory_budget"]
+    assert budget["limit_mb"] == BUDGET_MB
+    assert budget["evictions"] + budget["waits"] > 0, budget  # the budget acted
+    assert budget["used_mb"] <= BUDGET_MB
+    assert oom_kills(w) == 0, "the kernel never had to kill inside the budget"
+    per_lambda = stats["lambdas"]["per_lambda"]
+    measured = [v["memory_estimate_mb"] for v in per_lambda.values()]
+    assert measured and all(10 <= m <= 32 for m in measured), measured
+    metrics = w.client.metrics()
+    assert f"sprout_memory_budget_bytes {BUDGET_MB << 20}" in metrics
+    assert 'sprout_handler_cache_evictions_total{reason="budget"}' in metrics
+
+
+def test_without_a_budget_nothing_is_limited_or_reported(make_worker):
+    w = make_worker()
+    w.deploy_source("noop", "def f(event):\n    return 1\n")
+    assert w.client.run("noop") == 1
+    assert w.client.stats()["lambdas"]["memory_budget"] is None
