@@ -21,7 +21,12 @@ def test_a_young_lambda_keeps_the_fixed_window_and_its_sandbox_goes_when_it_ends
         time.sleep(0.2)
 
 
-def test_the_fixed_policy_is_the_default(worker):
+def test_the_histogram_policy_is_the_default_and_fixed_can_be_chosen(worker, make_worker):
     worker.client.run("echo", 1)
     window = worker.client.stats()["lambdas"]["per_lambda"]["echo"]["keep_alive"]
+    assert (window["policy"], window["basis"], window["keep_alive_s"]) == ("histogram", "young", 300.0)
+    fixed = make_worker(instances={"keep_alive": "fixed"})
+    fixed.client.deploy(str(EXAMPLES / "echo"))
+    fixed.client.run("echo", 1)
+    window = fixed.client.stats()["lambdas"]["per_lambda"]["echo"]["keep_alive"]
     assert window == {"policy": "fixed", "keep_alive_s": 300.0}

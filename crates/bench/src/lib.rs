@@ -11,13 +11,18 @@
 //!   Peewee, and on PostgreSQL (the driver is bench/store_bench.py).
 //! * [`cache`]: EbbRT figures 4 and 6: the Sprout cache against Debian's memcached under
 //!   memaslap, by connections and by value size, on one core and on two.
+//! * [`keepalive`]: the hybrid histogram keep-alive policy against a fixed 10-minute window
+//!   and against keeping everything loaded, over a week of a synthetic Azure population
+//!   ([`azure`]).
 //! * [`primitives`]: SOCK section 2 (figures 1-5) on this kernel: bind against overlay
 //!   mounts, namespace creation and teardown, cgroup reuse against creation.
 
 pub mod asgi;
+pub mod azure;
 pub mod cache;
 pub mod cache_load;
 pub mod isolation;
+pub mod keepalive;
 pub mod packages;
 pub mod primitives;
 pub mod report;

@@ -181,6 +181,20 @@ enum WorkerCommand {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// The hybrid histogram keep-alive policy against a fixed 10-minute window (and keeping
+    /// everything loaded), replayed over a synthetic week of Azure-like applications.
+    Keepalive {
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+        /// Applications in the population.
+        #[arg(long, default_value_t = 1000)]
+        apps: usize,
+        /// Days of arrivals.
+        #[arg(long, default_value_t = 7)]
+        days: u64,
+        #[arg(long, default_value_t = 20)]
+        seed: u64,
+    },
     /// ASGI apps against WSGI ones (bare, and FastAPI against Flask), cold and warm.
     Asgi {
         #[arg(long, default_value = "bench/results")]
@@ -419,6 +433,10 @@ fn run(cli: Cli) -> Result<()> {
             let url = format!("http://{}", config.worker.listen);
             let token = token.or_else(|| sprout_worker::auth::token::read_token(&dir).ok().map(|t| t.as_str().to_string()));
             print!("{}", client::zygotes(&url, client::find_token(&url, token).as_deref())?);
+        }
+        Command::Bench(BenchCommand::Keepalive { out, apps, days, seed }) => {
+            let results = sprout_bench::keepalive::run(&sprout_bench::keepalive::Options { apps, days, seed, out_dir: out })?;
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({"ratios": results["ratios"], "targets": results["targets"]}))?);
         }
         Command::Bench(BenchCommand::Asgi { out, rounds, seconds, worker_cpu, client_cpu, work_dir }) => {
             let opts = sprout_bench::sandboxes::Options {

@@ -86,7 +86,7 @@ impl Default for InstancesSection {
         InstancesSection {
             keep_warm: true,
             idle_timeout_s: 300,
-            keep_alive: KeepAlive::Fixed,
+            keep_alive: KeepAlive::Histogram,
             max_per_lambda: 16,
             queue_depth: 64,
             max_total: 256,
@@ -234,8 +234,8 @@ pub struct LimitsSection {
 pub struct InstancesSection {
     pub keep_warm: bool,
     pub idle_timeout_s: u64,
-    /// How long idle sandboxes are kept: `idle_timeout_s` for all (`fixed`, the default), or
-    /// per lambda from its idle times (`histogram`, the hybrid histogram policy, falling back
+    /// How long idle sandboxes are kept: `idle_timeout_s` for all (`fixed`), or per lambda
+    /// from its idle times (`histogram`, the default: the hybrid histogram policy, falling back
     /// to `idle_timeout_s` while it has too few; with a pre-warm window, the sandbox goes
     /// after its request and a new one is started that long after).
     pub keep_alive: KeepAlive,

@@ -134,8 +134,6 @@ impl ImportCache {
     }
 
     /// Fork a child Zygote of `parent` holding `packages` and wait until it has imported them.
-    /// A refresh (`refreshes` > 0) is made in the background, so it imports on CPU time no
-    /// request wants (its cgroup is idle until it is ready).
     pub(super) async fn create_child_with(
         self: &Arc<Self>,
         parent: &Arc<Node>,
@@ -146,7 +144,7 @@ impl ImportCache {
         let want: BTreeSet<String> = packages.iter().map(|p| p.key.clone()).collect();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        match self.spawn_child(id, parent, packages, refreshes > 0).await {
+        match self.spawn_child(id, parent, packages).await {
             Ok((zygote, hello)) => {
                 let added: Vec<String> = packages.iter().filter(|p| !parent.packages.contains(&p.key)).map(|p| p.key.clone()).collect();
                 let benefit = packages.iter().filter(|p| added.contains(&p.key)).map(|p| p.size_bytes).sum();
@@ -220,7 +218,6 @@ impl ImportCache {
         id: u64,
         parent: &Arc<Node>,
         packages: &[Package],
-        background: bool,
     ) -> Result<(ZygoteProcess, Hello), CreateError> {
         let dir = self.stage.run.join("zygote").join(id.to_string());
         let root = dir.join("root");
@@ -236,9 +233,6 @@ impl ImportCache {
         };
         let result = async {
             cgroup.set_limits(&self.cfg.zygote_limits).doing("limiting a Zygote's cgroup")?;
-            if background {
-                cgroup.set_idle(true).doing("making a background Zygote's cgroup idle")?;
-            }
             let endpoint = Endpoint::listen_in(&root.join("host"))?;
             let log = log_pipe(&format!("<zygote {id}>"), id).doing("making a Zygote's log pipe")?;
             let tree = mounts::clone_tree(&root)?;
@@ -274,10 +268,6 @@ impl ImportCache {
                 Ok(Err(e)) => return Err(PlatformError::io("the child Zygote died while importing", e).into()),
                 Err(_) => return Err(PlatformError::timed_out("the child Zygote", "import", self.cfg.import_timeout).into()),
             };
-            if background {
-                // Ready: from now on it forks handlers, on the request path.
-                cgroup.set_idle(false).doing("restoring a Zygote's CPU share")?;
-            }
             Ok((channel, process, hello))
         }
         .await;
