@@ -30,3 +30,15 @@ def test_the_histogram_policy_is_the_default_and_fixed_can_be_chosen(worker, mak
     fixed.client.run("echo", 1)
     window = fixed.client.stats()["lambdas"]["per_lambda"]["echo"]["keep_alive"]
     assert window == {"policy": "fixed", "keep_alive_s": 300.0}
+
+
+def test_metrics_show_each_lambdas_sandboxes_and_windows(make_worker):
+    w = make_worker(instances={"idle_timeout_s": 120})
+    w.client.deploy(str(EXAMPLES / "echo"))
+    w.client.run("echo", 1)
+    metrics = w.client.metrics()
+    assert 'sprout_lambda_sandboxes{lambda="echo",state="idle"} 1' in metrics
+    assert 'sprout_lambda_sandboxes{lambda="echo",state="busy"} 0' in metrics
+    assert 'sprout_lambda_keep_alive_seconds{lambda="echo"} 120.0' in metrics
+    assert 'sprout_lambda_prewarm_seconds{lambda="echo"} 0.0' in metrics
+    assert "sprout_lambda_memory_estimate_bytes" not in metrics  # only under a memory budget

@@ -69,6 +69,7 @@ def test_a_burst_of_cold_starts_fits_the_budget_evicting_and_waiting_but_failing
     metrics = w.client.metrics()
     assert f"sprout_memory_budget_bytes {BUDGET_MB << 20}" in metrics
     assert 'sprout_handler_cache_evictions_total{reason="budget"}' in metrics
+    assert 'sprout_lambda_memory_estimate_bytes{lambda="holder' in metrics
 
 
 def test_without_a_budget_nothing_is_limited_or_reported(make_worker):

@@ -120,6 +120,7 @@ impl Collector for BackendCollector {
             )?;
             counter.encode(metric)?;
         }
+        self.encode_lambdas(&mut encoder)?;
         if let Some(cache) = self.backend.import_cache() {
             let (ready, memory) = cache.spare_figures();
             let gauges = [
@@ -152,6 +153,54 @@ impl Collector for BackendCollector {
                 let labels = [("reason", reason)];
                 let metric = family.encode_family(&labels)?;
                 ConstCounter::new(n).encode(metric)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One figure of a lambda's, when it has it.
+type LambdaValue = fn(&crate::instances::LambdaFigures) -> Option<f64>;
+
+impl BackendCollector {
+    /// Per lambda: its sandboxes by state, its queue, its keep-alive windows and (under a
+    /// memory budget) the memory its sandboxes are estimated to need.
+    fn encode_lambdas(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::gauge::ConstGauge;
+        use prometheus_client::metrics::MetricType::Gauge;
+        let lambdas = self.instances.lambda_figures();
+        let mut family = encoder.encode_descriptor(
+            "sprout_lambda_sandboxes",
+            "Each lambda's sandboxes: busy (serving or starting) or idle",
+            None,
+            Gauge,
+        )?;
+        for l in &lambdas {
+            for (state, n) in [("busy", l.busy), ("idle", l.idle)] {
+                ConstGauge::new(n as i64).encode(family.encode_family(&[("lambda", l.name.as_str()), ("state", state)])?)?;
+            }
+        }
+        let per_lambda: [(&str, &str, LambdaValue); 4] = [
+            ("sprout_lambda_queued", "Requests waiting for a sandbox of the lambda", |l| Some(l.queued as f64)),
+            ("sprout_lambda_prewarm_seconds", "The lambda's pre-warm window (0: its sandbox is kept instead)", |l| {
+                Some(l.prewarm.as_secs_f64())
+            }),
+            ("sprout_lambda_keep_alive_seconds", "How long the lambda's idle sandboxes are kept", |l| Some(l.keep_alive.as_secs_f64())),
+            (
+                "sprout_lambda_memory_estimate_bytes",
+                "Memory a new sandbox of the lambda is estimated to need (under a memory budget)",
+                |l| l.memory_estimate.map(|b| b as f64),
+            ),
+        ];
+        for (name, help, value) in per_lambda {
+            if lambdas.iter().all(|l| value(l).is_none()) {
+                continue;
+            }
+            let mut family = encoder.encode_descriptor(name, help, None, Gauge)?;
+            for l in &lambdas {
+                if let Some(v) = value(l) {
+                    ConstGauge::new(v).encode(family.encode_family(&[("lambda", l.name.as_str())])?)?;
+                }
             }
         }
         Ok(())

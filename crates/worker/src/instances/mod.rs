@@ -178,6 +178,18 @@ struct Prewarms {
     skipped: AtomicU64,
 }
 
+/// One lambda's figures for `/metrics`.
+pub struct LambdaFigures {
+    pub name: String,
+    /// Sandboxes serving a request or starting.
+    pub busy: usize,
+    pub idle: usize,
+    pub queued: usize,
+    pub prewarm: Duration,
+    pub keep_alive: Duration,
+    pub memory_estimate: Option<u64>,
+}
+
 /// The memory budget's running accounts.
 #[derive(Default)]
 struct MemoryAccounts {
@@ -696,6 +708,35 @@ impl Instances {
             "memory_budget": budget,
             "prewarms": {"made": self.prewarms.made.load(Ordering::Relaxed), "skipped": self.prewarms.skipped.load(Ordering::Relaxed)},
         })
+    }
+
+    /// Each lambda's sandboxes, queue, windows and (under a budget) memory estimate, for
+    /// `/metrics`.
+    pub fn lambda_figures(&self) -> Vec<LambdaFigures> {
+        let pools = self.pools.lock().unwrap();
+        let idle_times = self.idle_times.as_ref().map(|t| t.lock().unwrap());
+        let estimates = self.memory.estimates.lock().unwrap();
+        pools
+            .figures()
+            .map(|(name, f)| {
+                let (prewarm, keep_alive) = match &idle_times {
+                    Some(t) => {
+                        let w = t.windows(name);
+                        (w.prewarm, w.keep_alive)
+                    }
+                    None => (Duration::ZERO, self.cfg.idle_timeout),
+                };
+                LambdaFigures {
+                    name: name.to_string(),
+                    busy: f.sandboxes - f.idle,
+                    idle: f.idle,
+                    queued: f.queued,
+                    prewarm,
+                    keep_alive,
+                    memory_estimate: self.memory_group.as_ref().map(|_| estimates.of(name, self.cfg.sandbox_estimate)),
+                }
+            })
+            .collect()
     }
 
     /// The memory budget's accounts, when there is one: (used by its cgroup, granted to cold
