@@ -448,6 +448,16 @@ impl Cgroup {
         }
     }
 
+    /// cgroup.procs of the hierarchy holding the cpu controller (the unified one on v2): where
+    /// a process's CPU share is decided.
+    pub fn cpu_procs_fd(&self) -> Option<&OwnedFd> {
+        let index = match &*self.layout {
+            Layout::V1 { hierarchies } => hierarchies.iter().position(|(_, c)| c.iter().any(|x| x == "cpu"))?,
+            Layout::V2 { .. } => 0,
+        };
+        self.procs_fds.get(index)
+    }
+
     /// cgroup.procs of every hierarchy, open for writing: a process that writes "0" to each
     /// joins the group, so these descriptors are handed to a process being provisioned.
     pub fn procs_fds(&self) -> &[OwnedFd] {

@@ -425,7 +425,7 @@ impl ImportCache {
             fds.extend(cgroup.procs_fds().iter().map(|f| f.as_raw_fd()));
             let flags = if mount_proc { FLAG_MOUNT_PROC } else { 0 } | if netns.is_some() { FLAG_NETNS } else { 0 };
             let request = ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags };
-            let pidfd = match self.bind_spare(source, request, &fds).await {
+            let pidfd = match self.bind_spare(source, request, &fds, cgroup).await {
                 Some(pidfd) => pidfd,
                 None => self.fork_from(source, request, &fds).await?,
             };
@@ -440,7 +440,7 @@ impl ImportCache {
         let request = ForkRequest { uid: self.cfg.uid, gid: self.cfg.gid, flags };
         // A package Zygote's word (the pidfd) is not trusted either way: the caller takes the
         // handler's identity from its connection.
-        let result = match self.bind_spare(source, request, &fds).await {
+        let result = match self.bind_spare(source, request, &fds, cgroup).await {
             Some(pidfd) => Ok(pidfd),
             None => self.fork_from(source, request, &fds).await,
         };

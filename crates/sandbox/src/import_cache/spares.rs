@@ -193,8 +193,30 @@ impl ImportCache {
 
     /// Bind a spare of `source` to the handler `request` and `fds` describe, as a fork would
     /// make it; `None` when there is no live spare (the caller forks).
-    pub(super) async fn bind_spare(self: &Arc<Self>, source: &Arc<Node>, request: ForkRequest, fds: &[RawFd]) -> Option<PidFd> {
+    pub(super) async fn bind_spare(
+        self: &Arc<Self>,
+        source: &Arc<Node>,
+        request: ForkRequest,
+        fds: &[RawFd],
+        cgroup: &Cgroup,
+    ) -> Option<PidFd> {
         let spare = self.take_spare(source)?;
+        // Out of the spares' idle CPU group first (the cpu hierarchy is enough; the rest are
+        // joined as a fork's child joins them): there, on a busy CPU, it would not run until
+        // the CPU had nothing else to do — not even to read its binding.
+        let pid = spare.process.pid();
+        let moved = match cgroup.cpu_procs_fd().map(|f| f.try_clone()) {
+            Some(Ok(fd)) => {
+                tokio::task::spawn_blocking(move || crate::cgroup::write_pid(&[fd], pid)).await.unwrap_or_else(|e| Err(e.into()))
+            }
+            Some(Err(e)) => Err(e),
+            None => Ok(()), // no cpu controller: the spares' group was not idle either
+        };
+        if let Err(e) = moved {
+            tracing::debug!(zygote = source.id, "a spare could not be moved into its sandbox's cgroup ({e}); forking instead");
+            self.counters.spares_lost.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
         match spare.bind(request, fds) {
             Ok(pidfd) => Some(pidfd),
             Err(e) => {
