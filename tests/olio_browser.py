@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import WebDriverException
+from selenium.common.exceptions import TimeoutException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
@@ -136,7 +136,24 @@ class Chromium:
         return self.find(selector).text
 
     def wait(self, condition, message):
-        return WebDriverWait(self.driver, WAIT_S).until(condition, message)
+        """Until `condition` holds. A check that fails because the page changed under it (a
+        navigation replacing the document: "Node ... does not belong to the document", a stale
+        element) is made again; the last such error is reported if the wait times out."""
+        last = []
+
+        def tolerant(driver):
+            try:
+                return condition(driver)
+            except WebDriverException as e:
+                last[:] = [e]
+                return False
+
+        try:
+            return WebDriverWait(self.driver, WAIT_S).until(tolerant, message)
+        except TimeoutException:
+            if last:
+                raise TimeoutException(f"{message} (last error: {last[0].msg})") from last[0]
+            raise
 
     def wait_for(self, selector):
         """The element once it is visible."""
