@@ -212,11 +212,7 @@ fn markdown(r: &Value) -> String {
             f("mean_loaded_sandboxes")
         );
     }
-    s += "\n| target | measured | met |\n|---|---:|---|\n";
-    for t in r["targets"].as_array().into_iter().flatten() {
-        let met = if t["met"].as_bool() == Some(true) { "yes" } else { "**no**" };
-        s += &format!("| {} | {:.3} | {met} |\n", t["target"].as_str().unwrap_or(""), t["measured"].as_f64().unwrap_or(f64::NAN));
-    }
+    s += &report::targets_table(&r["targets"], 3);
     s
 }
 

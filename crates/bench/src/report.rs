@@ -47,6 +47,22 @@ pub fn bench_dir() -> PathBuf {
 
 /// Write `<out>/<name>.json` and `<out>/<name>.md`, then draw `<out>/<name>.png` with
 /// `bench/<plot_script>`.
+/// The markdown table of a benchmark's `targets` (`[{"target", "measured", "met"}]`), the
+/// measured figure to `digits` decimals, headed by a blank line.
+pub fn targets_table(targets: &serde_json::Value, digits: usize) -> String {
+    let mut s = String::from("\n| target | measured | met |\n|---|---:|---|\n");
+    for t in targets.as_array().into_iter().flatten() {
+        let met = match t["met"].as_bool() {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "not measured",
+        };
+        let measured = t["measured"].as_f64().map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "—".into());
+        s += &format!("| {} | {measured} | {met} |\n", t["target"].as_str().unwrap_or(""));
+    }
+    s
+}
+
 pub fn write(out: &Path, name: &str, json: &serde_json::Value, markdown: &str, plot_script: &str) -> Result<()> {
     std::fs::create_dir_all(out)?;
     let json_path = out.join(format!("{name}.json"));

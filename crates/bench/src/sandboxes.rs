@@ -219,12 +219,69 @@ pub(crate) struct Point {
 }
 
 impl Point {
+    fn new() -> Point {
+        Point { ok: 0, errors: 0, wrong_start: 0, elapsed: Duration::ZERO, latency: Histogram::new_with_bounds(1, 600_000_000, 3).unwrap() }
+    }
+
+    /// Count one answered request; `expect` ("cold", "warm" or "" for either) is the start it
+    /// should report.
+    fn count(&mut self, answer: &Answer, expect: &str) {
+        if !answer.status.is_success() {
+            self.errors += 1;
+            return;
+        }
+        self.ok += 1;
+        let _ = self.latency.record((answer.elapsed.as_micros() as u64).max(1));
+        if !expect.is_empty() && answer.start.as_ref().map(|v| v.as_bytes()) != Some(expect.as_bytes()) {
+            self.wrong_start += 1;
+        }
+    }
+
+    fn add(&mut self, other: Point) -> Result<()> {
+        self.latency.add(other.latency)?;
+        self.ok += other.ok;
+        self.errors += other.errors;
+        self.wrong_start += other.wrong_start;
+        Ok(())
+    }
+
     pub(crate) fn ms(&self, q: f64) -> f64 {
         self.latency.value_at_quantile(q) as f64 / 1000.0
     }
 
     pub(crate) fn per_s(&self) -> f64 {
         self.ok as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// One request's outcome: its status, the start kind the worker reported, its latency.
+struct Answer {
+    status: hyper::StatusCode,
+    start: Option<hyper::header::HeaderValue>,
+    elapsed: Duration,
+}
+
+/// A keep-alive HTTP/1.1 connection to the worker.
+struct Client(hyper::client::conn::http1::SendRequest<Full<Bytes>>);
+
+impl Client {
+    async fn connect(port: u16) -> Result<Client> {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream.set_nodelay(true)?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        Ok(Client(sender))
+    }
+
+    /// POST `null` to `path` and read the whole reply.
+    async fn post(&mut self, path: &str) -> Result<Answer> {
+        let request = Request::post(path).header("host", "bench").body(Full::new(Bytes::from_static(b"null")))?;
+        let t0 = Instant::now();
+        let response = self.0.send_request(request).await?;
+        let status = response.status();
+        let start = response.headers().get("x-sprout-start").cloned();
+        response.into_body().collect().await?;
+        Ok(Answer { status, start, elapsed: t0.elapsed() })
     }
 }
 
@@ -245,52 +302,21 @@ pub(crate) async fn closed_loop(
     for _ in 0..concurrency {
         let path = path.to_string();
         tasks.push(tokio::spawn(async move {
-            let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).unwrap();
-            let (mut ok, mut errors, mut wrong) = (0u64, 0u64, 0u64);
-            let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-            stream.set_nodelay(true)?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-            tokio::spawn(conn);
-            loop {
-                let now = Instant::now();
-                if now >= stop_at {
-                    break;
-                }
-                let request = Request::post(path.as_str()).header("host", "bench").body(Full::new(Bytes::from_static(b"null")))?;
-                let t0 = Instant::now();
-                let response = sender.send_request(request).await?;
-                let status = response.status();
-                let start = response.headers().get("x-sprout-start").cloned();
-                response.into_body().collect().await?;
-                let elapsed = t0.elapsed();
-                if t0 >= measure_from {
-                    if status.is_success() {
-                        ok += 1;
-                        let _ = hist.record((elapsed.as_micros() as u64).max(1));
-                        if !expect.is_empty() && start.as_ref().map(|v| v.as_bytes()) != Some(expect.as_bytes()) {
-                            wrong += 1;
-                        }
-                    } else {
-                        errors += 1;
-                    }
+            let mut point = Point::new();
+            let mut client = Client::connect(port).await?;
+            while Instant::now() < stop_at {
+                let sent = Instant::now();
+                let answer = client.post(&path).await?;
+                if sent >= measure_from {
+                    point.count(&answer, expect);
                 }
             }
-            anyhow::Ok((hist, ok, errors, wrong))
+            anyhow::Ok(point)
         }));
     }
-    let mut point = Point {
-        ok: 0,
-        errors: 0,
-        wrong_start: 0,
-        elapsed: Duration::ZERO,
-        latency: Histogram::new_with_bounds(1, 600_000_000, 3).unwrap(),
-    };
+    let mut point = Point::new();
     for t in tasks {
-        let (hist, ok, errors, wrong) = t.await??;
-        point.latency.add(hist)?;
-        point.ok += ok;
-        point.errors += errors;
-        point.wrong_start += wrong;
+        point.add(t.await??)?;
     }
     point.elapsed = started.elapsed().saturating_sub(warmup);
     Ok(point)
@@ -304,37 +330,15 @@ pub(crate) async fn paced(port: u16, per_s: f64, warmup: Duration, duration: Dur
     let measure_from = started + warmup;
     let stop_at = measure_from + duration;
     let interval = Duration::from_secs_f64(1.0 / per_s);
-    let mut point = Point {
-        ok: 0,
-        errors: 0,
-        wrong_start: 0,
-        elapsed: Duration::ZERO,
-        latency: Histogram::new_with_bounds(1, 600_000_000, 3).unwrap(),
-    };
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream.set_nodelay(true)?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
+    let mut point = Point::new();
+    let mut client = Client::connect(port).await?;
     let mut next = Instant::now();
     while next < stop_at {
         tokio::time::sleep_until(next.into()).await;
-        let t0 = Instant::now();
-        let request = Request::post(path).header("host", "bench").body(Full::new(Bytes::from_static(b"null")))?;
-        let response = sender.send_request(request).await?;
-        let status = response.status();
-        let start = response.headers().get("x-sprout-start").cloned();
-        response.into_body().collect().await?;
-        let elapsed = t0.elapsed();
-        if t0 >= measure_from {
-            if status.is_success() {
-                point.ok += 1;
-                let _ = point.latency.record((elapsed.as_micros() as u64).max(1));
-                if start.as_ref().map(|v| v.as_bytes()) != Some(expect.as_bytes()) {
-                    point.wrong_start += 1;
-                }
-            } else {
-                point.errors += 1;
-            }
+        let sent = Instant::now();
+        let answer = client.post(path).await?;
+        if sent >= measure_from {
+            point.count(&answer, expect);
         }
         next = (next + interval).max(Instant::now());
     }
@@ -387,13 +391,12 @@ fn which(program: &str) -> bool {
 async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Value> {
     let mut out = serde_json::Map::new();
     let cold = Worker::start(opts, backend, false, port)?;
-    let mut points = Vec::new();
     let result = async {
-        for &c in &opts.concurrency {
-            let warmup = Duration::from_millis(500);
-            let p = closed_loop(port, c, warmup, Duration::from_secs_f64(opts.seconds), "cold", "/run/noop").await?;
+        let warmup = Duration::from_millis(500);
+        let measured = Duration::from_secs_f64(opts.seconds);
+        let cold_point = |label: String, p: &Point| -> Result<Value> {
             eprintln!(
-                "  {backend:>14} cold c={c:<3} {:>8.1}/s  p50 {:>8.2} ms  p99 {:>8.2} ms  ({} ok, {} errors)",
+                "  {backend:>14} cold {label:<12} {:>8.1}/s  p50 {:>8.2} ms  p99 {:>8.2} ms  ({} ok, {} errors)",
                 p.per_s(),
                 p.ms(0.5),
                 p.ms(0.99),
@@ -401,29 +404,18 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
                 p.errors
             );
             if p.wrong_start > 0 {
-                bail!("{} of the cold-start requests were served warm", p.wrong_start);
+                bail!("{} of the {label} cold-start requests were served warm", p.wrong_start);
             }
-            out.insert(
-                format!("c{c}"),
-                json!({"cold_p50_ms": p.ms(0.5), "cold_p99_ms": p.ms(0.99), "cold_per_s": p.per_s(), "requests": p.ok, "errors": p.errors}),
-            );
-            points.push(p);
+            Ok(json!({"cold_p50_ms": p.ms(0.5), "cold_p99_ms": p.ms(0.99), "cold_per_s": p.per_s(), "requests": p.ok, "errors": p.errors}))
+        };
+        for &c in &opts.concurrency {
+            let p = closed_loop(port, c, warmup, measured, "cold", "/run/noop").await?;
+            out.insert(format!("c{c}"), cold_point(format!("c={c}"), &p)?);
         }
-        let p = paced(port, PACED_PER_S, Duration::from_millis(500), Duration::from_secs_f64(opts.seconds), "cold", "/run/noop").await?;
-        eprintln!(
-            "  {backend:>14} cold {PACED_PER_S}/s paced  p50 {:>8.2} ms  p99 {:>8.2} ms  ({} ok, {} errors)",
-            p.ms(0.5),
-            p.ms(0.99),
-            p.ok,
-            p.errors
-        );
-        if p.wrong_start > 0 {
-            bail!("{} of the paced cold-start requests were served warm", p.wrong_start);
-        }
-        out.insert(
-            "paced".into(),
-            json!({"per_s": PACED_PER_S, "cold_p50_ms": p.ms(0.5), "cold_p99_ms": p.ms(0.99), "requests": p.ok, "errors": p.errors}),
-        );
+        let p = paced(port, PACED_PER_S, warmup, measured, "cold", "/run/noop").await?;
+        let mut paced_point = cold_point(format!("{PACED_PER_S}/s paced"), &p)?;
+        paced_point["per_s"] = json!(PACED_PER_S);
+        out.insert("paced".into(), paced_point);
         anyhow::Ok(())
     }
     .await;
@@ -670,14 +662,6 @@ fn markdown(r: &Value) -> String {
             ratio("service_connect_p50")
         );
     }
-    s += "\n| target | measured | met |\n|---|---:|---|\n";
-    for t in r["targets"].as_array().into_iter().flatten() {
-        let met = match t["met"].as_bool() {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None => "not measured",
-        };
-        s += &format!("| {} | {} | {met} |\n", t["target"].as_str().unwrap_or(""), f(t["measured"].as_f64(), 2));
-    }
+    s += &report::targets_table(&r["targets"], 2);
     s
 }

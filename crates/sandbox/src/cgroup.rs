@@ -319,6 +319,13 @@ pub(crate) fn write_pid(fds: &[OwnedFd], pid: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// [`write_pid`] off the async threads: a move may wait for an RCU grace period (see
+/// [`Layout::favor_dynamic_modifications`]).
+pub(crate) async fn move_pid<'a>(fds: impl IntoIterator<Item = &'a OwnedFd>, pid: i32) -> io::Result<()> {
+    let fds: Vec<OwnedFd> = fds.into_iter().map(|f| f.try_clone()).collect::<io::Result<_>>()?;
+    tokio::task::spawn_blocking(move || write_pid(&fds, pid)).await.map_err(io::Error::other)?
+}
+
 fn write_file(path: &Path, value: &str) -> io::Result<()> {
     let mut f = fs::OpenOptions::new().write(true).open(path)?;
     f.write_all(value.as_bytes())

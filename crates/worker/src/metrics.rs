@@ -82,6 +82,29 @@ impl Collector for BackendCollector {
             all.extend(counters);
             namespaces = Some((in_use, ready));
         }
+        // Gauges without labels, of the parts that are there.
+        let mut gauges: Vec<(&str, &str, i64)> = Vec::new();
+        if let (Some(limit), Some((used, pending, _, waits))) = (self.instances.budget_limit(), self.instances.budget_figures()) {
+            all.push(("sprout_memory_budget_waits", "Cold starts that waited for memory", waits));
+            gauges.extend([
+                ("sprout_memory_budget_bytes", "The whole worker's memory budget", limit as i64),
+                ("sprout_memory_budget_used_bytes", "Memory the budget's cgroup holds", used as i64),
+                ("sprout_memory_budget_pending_bytes", "Memory granted to cold starts under way", pending as i64),
+            ]);
+        }
+        if let Some(cache) = self.backend.import_cache() {
+            let (ready, memory) = cache.spare_figures();
+            gauges.extend([
+                ("sprout_spares_ready", "Spares waiting to be bound, over all Zygotes", ready as i64),
+                ("sprout_spares_memory_bytes", "Memory charged to the spares' cgroup", memory as i64),
+            ]);
+        }
+        if let Some((paused, pss, _)) = &handler_cache {
+            gauges.extend([
+                ("sprout_handler_cache_paused", "Idle sandboxes paused in the handler cache", *paused as i64),
+                ("sprout_handler_cache_pss_bytes", "Memory (PSS) of the paused sandboxes", *pss as i64),
+            ]);
+        }
         for (name, help, value) in all {
             let counter = ConstCounter::new(value);
             let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
@@ -100,49 +123,13 @@ impl Collector for BackendCollector {
                 prometheus_client::metrics::gauge::ConstGauge::new(n as i64).encode(metric)?;
             }
         }
-        if let (Some(limit), Some((used, pending, _, waits))) = (self.instances.budget_limit(), self.instances.budget_figures()) {
-            let gauges = [
-                ("sprout_memory_budget_bytes", "The whole worker's memory budget", limit as i64),
-                ("sprout_memory_budget_used_bytes", "Memory the budget's cgroup holds", used as i64),
-                ("sprout_memory_budget_pending_bytes", "Memory granted to cold starts under way", pending as i64),
-            ];
-            for (name, help, value) in gauges {
-                let gauge = prometheus_client::metrics::gauge::ConstGauge::new(value);
-                let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
-                gauge.encode(metric)?;
-            }
-            let counter = ConstCounter::new(waits);
-            let metric = encoder.encode_descriptor(
-                "sprout_memory_budget_waits",
-                "Cold starts that waited for memory",
-                None,
-                counter.metric_type(),
-            )?;
-            counter.encode(metric)?;
+        for (name, help, value) in gauges {
+            let gauge = prometheus_client::metrics::gauge::ConstGauge::new(value);
+            let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            gauge.encode(metric)?;
         }
         self.encode_lambdas(&mut encoder)?;
-        if let Some(cache) = self.backend.import_cache() {
-            let (ready, memory) = cache.spare_figures();
-            let gauges = [
-                ("sprout_spares_ready", "Spares waiting to be bound, over all Zygotes", ready as i64),
-                ("sprout_spares_memory_bytes", "Memory charged to the spares' cgroup", memory as i64),
-            ];
-            for (name, help, value) in gauges {
-                let gauge = prometheus_client::metrics::gauge::ConstGauge::new(value);
-                let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
-                gauge.encode(metric)?;
-            }
-        }
-        if let Some((paused, pss, evictions)) = handler_cache {
-            let gauges = [
-                ("sprout_handler_cache_paused", "Idle sandboxes paused in the handler cache", paused as i64),
-                ("sprout_handler_cache_pss_bytes", "Memory (PSS) of the paused sandboxes", pss as i64),
-            ];
-            for (name, help, value) in gauges {
-                let gauge = prometheus_client::metrics::gauge::ConstGauge::new(value);
-                let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
-                gauge.encode(metric)?;
-            }
+        if let Some((_, _, evictions)) = handler_cache {
             let mut family = encoder.encode_descriptor(
                 "sprout_handler_cache_evictions",
                 "Idle sandboxes evicted from the handler cache, by reason",

@@ -337,15 +337,7 @@ fn markdown(r: &Value) -> String {
             f(m["separate_pss_mb"].as_f64(), 1),
         );
     }
-    s += "\n| target | measured | met |\n|---|---:|---|\n";
-    for t in r["targets"].as_array().into_iter().flatten() {
-        let met = match t["met"].as_bool() {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None => "not measured",
-        };
-        s += &format!("| {} | {} | {met} |\n", t["target"].as_str().unwrap_or(""), f(t["measured"].as_f64(), 2));
-    }
+    s += &report::targets_table(&r["targets"], 2);
     s
 }
 

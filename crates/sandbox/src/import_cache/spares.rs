@@ -204,15 +204,8 @@ impl ImportCache {
         // Out of the spares' idle CPU group first (the cpu hierarchy is enough; the rest are
         // joined as a fork's child joins them): there, on a busy CPU, it would not run until
         // the CPU had nothing else to do — not even to read its binding.
-        let pid = spare.process.pid();
-        let moved = match cgroup.cpu_procs_fd().map(|f| f.try_clone()) {
-            Some(Ok(fd)) => {
-                tokio::task::spawn_blocking(move || crate::cgroup::write_pid(&[fd], pid)).await.unwrap_or_else(|e| Err(e.into()))
-            }
-            Some(Err(e)) => Err(e),
-            None => Ok(()), // no cpu controller: the spares' group was not idle either
-        };
-        if let Err(e) = moved {
+        // (No cpu controller: the spares' group was not idle either, and nothing moves.)
+        if let Err(e) = crate::cgroup::move_pid(cgroup.cpu_procs_fd(), spare.process.pid()).await {
             tracing::debug!(zygote = source.id, "a spare could not be moved into its sandbox's cgroup ({e}); forking instead");
             self.counters.spares_lost.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -254,13 +247,8 @@ impl ImportCache {
     async fn start_spare(&self, process: PidFd, link: OwnedFd) -> Result<Spare, String> {
         let mut spare = Spare::new(process, link).map_err(|e| e.to_string())?;
         let group = self.spare_group().ok_or("no cgroup for spares")?;
-        let fds: Vec<OwnedFd> =
-            group.procs_fds().iter().map(|f| f.try_clone()).collect::<std::io::Result<_>>().map_err(|e| e.to_string())?;
-        let pid = spare.process.pid();
-        // A move may wait for an RCU grace period: never on the async threads.
-        tokio::task::spawn_blocking(move || crate::cgroup::write_pid(&fds, pid))
+        crate::cgroup::move_pid(group.procs_fds(), spare.process.pid())
             .await
-            .map_err(|e| e.to_string())?
             .map_err(|e| format!("moving a spare into its cgroup: {e}"))?;
         spare.start().map_err(|e| format!("starting a spare: {e}"))?;
         Ok(spare)

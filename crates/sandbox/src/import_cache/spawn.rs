@@ -334,13 +334,7 @@ pub async fn accept_and_place(
 ) -> Result<(crate::channel::Channel, PidFd), CreateError> {
     let (channel, peer) = endpoint.accept(timeout, max_body).await?;
     let peer = peer.ok_or_else(|| PlatformError::exited("the process that connected", "before it could be identified"))?;
-    // A move may wait for an RCU grace period (see Layout::favor_dynamic_modifications):
-    // never on the async threads.
-    let fds: Vec<std::os::fd::OwnedFd> =
-        cgroup.procs_fds().iter().map(|f| f.try_clone()).collect::<std::io::Result<_>>().doing("duplicating the cgroup's descriptors")?;
-    let pid = peer.pid();
-    let moving = "moving the new process into its cgroup";
-    tokio::task::spawn_blocking(move || crate::cgroup::write_pid(&fds, pid)).await.doing(moving)?.doing(moving)?;
+    crate::cgroup::move_pid(cgroup.procs_fds(), peer.pid()).await.doing("moving the new process into its cgroup")?;
     if peer.has_exited() {
         return Err(PlatformError::exited("the new process", "during setup").into());
     }

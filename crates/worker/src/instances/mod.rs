@@ -467,7 +467,7 @@ impl Instances {
                 }
                 (admission, doomed)
             };
-            self.evict_freeing(doomed);
+            self.evict(doomed);
             if !matches!(admission, Admission::Wait(_)) {
                 return Ok(need);
             }
@@ -583,11 +583,14 @@ impl Instances {
     }
 
     /// Destroy evicted idle sandboxes, counting why they went.
+    /// What a sandbox evicted for the memory budget holds is counted as being freed until it
+    /// is gone, so the next admission does not evict for it again.
     fn evict(&self, doomed: Vec<(Kept, Eviction)>) {
         self.figures.state(SandboxState::Idle, -(doomed.len() as i64));
         for (kept, why) in doomed {
             self.cache.evicted(why, 1);
-            self.destroy(kept.sandbox);
+            let freeing = if matches!(why, Eviction::Budget) { kept.sandbox.memory_bytes() } else { 0 };
+            self.destroy_freeing(kept.sandbox, freeing);
         }
     }
 
@@ -622,30 +625,19 @@ impl Instances {
         });
     }
 
-    /// Destroy sandboxes evicted for the memory budget, counting what they hold as being
-    /// freed until they are gone (so the next admission does not evict for it again).
-    fn evict_freeing(&self, doomed: Vec<(Kept, Eviction)>) {
-        self.figures.state(SandboxState::Idle, -(doomed.len() as i64));
-        for (kept, why) in doomed {
-            self.cache.evicted(why, 1);
-            let bytes = kept.sandbox.memory_bytes();
-            let (freeing, destroying) = (self.memory.freeing.clone(), self.destroying.clone());
-            freeing.fetch_add(bytes, Ordering::AcqRel);
-            destroying.fetch_add(1, Ordering::AcqRel);
-            tokio::spawn(async move {
-                kept.sandbox.destroy().await;
-                freeing.fetch_sub(bytes, Ordering::AcqRel);
-                destroying.fetch_sub(1, Ordering::AcqRel);
-            });
-        }
-    }
-
     /// Destroy a sandbox in the background.
     fn destroy(&self, sandbox: Box<dyn Sandbox>) {
-        let destroying = self.destroying.clone();
+        self.destroy_freeing(sandbox, 0);
+    }
+
+    /// Destroy a sandbox in the background, counting `freeing` bytes as being freed meanwhile.
+    fn destroy_freeing(&self, sandbox: Box<dyn Sandbox>, freeing: u64) {
+        let (destroying, being_freed) = (self.destroying.clone(), self.memory.freeing.clone());
         destroying.fetch_add(1, Ordering::AcqRel);
+        being_freed.fetch_add(freeing, Ordering::AcqRel);
         tokio::spawn(async move {
             sandbox.destroy().await;
+            being_freed.fetch_sub(freeing, Ordering::AcqRel);
             destroying.fetch_sub(1, Ordering::AcqRel);
         });
     }

@@ -96,18 +96,24 @@ async fn an_idle_sandbox_serves_the_next_request_warm() {
     assert_eq!((idle(&instances), instances.figures().in_state(SandboxState::Busy)), (1, 0));
 }
 
-#[tokio::test]
-async fn idle_sandboxes_are_kept_for_the_window_their_lambdas_idle_times_give() {
-    // A lambda called every 100 ms: its window (whole 50 ms bins) is 0.2 s; one called once
-    // has too few idle times and keeps the fixed hour.
+/// The histogram keep-alive policy in bins of `bin_ms` over 2 s, trusted after 3 idle times,
+/// with an hour while young.
+fn histogram(bin_ms: u64) -> InstanceConfig {
     let policy = crate::keepalive::Policy {
-        bin: Duration::from_millis(50),
+        bin: Duration::from_millis(bin_ms),
         range: Duration::from_secs(2),
         min_samples: 3,
         fixed_keep_alive: Duration::from_secs(3600),
         ..Default::default()
     };
-    let (_backend, instances) = start(InstanceConfig { keep_alive: Some(policy), idle_timeout: Duration::from_secs(3600), ..config() });
+    InstanceConfig { keep_alive: Some(policy), idle_timeout: Duration::from_secs(3600), ..config() }
+}
+
+#[tokio::test]
+async fn idle_sandboxes_are_kept_for_the_window_their_lambdas_idle_times_give() {
+    // A lambda called every 100 ms: its window (whole 50 ms bins) is 0.2 s; one called once
+    // has too few idle times and keeps the fixed hour.
+    let (_backend, instances) = start(histogram(50));
     let (f, g) = (Lambda::fake("f", 1), Lambda::fake("g", 1));
     call(&instances, &g, "GET").await.unwrap();
     for _ in 0..5 {
@@ -126,14 +132,7 @@ async fn idle_sandboxes_are_kept_for_the_window_their_lambdas_idle_times_give() 
 async fn with_a_prewarm_window_the_sandbox_goes_after_each_request_and_a_new_one_waits_for_the_next() {
     // Called every 600 ms: idle times of about 600 ms, all in one 100 ms bin, so the policy
     // says pre-warm 500 ms after each invocation and keep that sandbox for 300 ms.
-    let policy = crate::keepalive::Policy {
-        bin: Duration::from_millis(100),
-        range: Duration::from_secs(2),
-        min_samples: 3,
-        fixed_keep_alive: Duration::from_secs(3600),
-        ..Default::default()
-    };
-    let (backend, instances) = start(InstanceConfig { keep_alive: Some(policy), idle_timeout: Duration::from_secs(3600), ..config() });
+    let (backend, instances) = start(histogram(100));
     let f = Lambda::fake("f", 1);
     for _ in 0..4 {
         call(&instances, &f, "GET").await.unwrap();
