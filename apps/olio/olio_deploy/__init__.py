@@ -7,7 +7,8 @@ their state in one directory.
     with olio_deploy.running("sprout", "/srv/olio-state", cpus="0", cache=True) as site:
         requests.get(site.url)          # also site.db_url, site.files
 
-The command line is `python3 -m olio_deploy up|down|status` (and `sprout olio ...`).
+The command line is `python3 -m olio_deploy up|down|status` (and `sprout olio ...`); fleets
+of sites on one port, told apart by Host, are `fleet-up|fleet-down|fleet-status` (fleet.py).
 """
 
 import contextlib

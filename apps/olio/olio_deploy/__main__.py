@@ -1,10 +1,10 @@
-"""The command line: `python3 -m olio_deploy up|down|status` (behind `sprout olio`)."""
+"""The command line: `python3 -m olio_deploy up|down|status|fleet-up|fleet-down|fleet-status` (behind `sprout olio`)."""
 
 import argparse
 import json
 import sys
 
-from . import deploy
+from . import deploy, fleet
 from .procs import DeployError
 
 
@@ -42,6 +42,28 @@ def parser():
                                                                             "(exit 0 up, 3 down, 4 part of it runs)")):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("--dir", required=True, help="the state directory")
+
+    fleet_up = sub.add_parser("fleet-up", help="start a fleet of sites on one port (by Host) and print one line of JSON")
+    fleet_up.add_argument("--stack", required=True, choices=list(fleet.STACKS),
+                          help="sprout: a lambda per site on one Sprout worker; sprout-runc: the same with a runc "
+                          "container per sandbox; conventional: nginx + a gunicorn per site")
+    fleet_up.add_argument("--dir", required=True, help="the state directory (database, file store, configs, logs, pids)")
+    fleet_up.add_argument("--fleet", required=True, help="the fleet file (JSON: version, seed, registered_users, sites)")
+    fleet_up.add_argument("--cpus", default="0", help="CPUs every process of the fleet runs on (default 0)")
+    fleet_up.add_argument("--port", type=int, default=8080, help="the one port of every site (default 8080)")
+    fleet_up.add_argument("--bind", default="127.0.0.1", help="its address (default 127.0.0.1)")
+    fleet_up.add_argument("--memory-mb", type=int, default=2048,
+                          help="the memory budget of the whole deployment, MiB (default 2048)")
+    fleet_up.add_argument("--wait", type=float, default=900, help="seconds to wait for the sites' first 200s (default 900)")
+    fleet_up.add_argument("--fresh", action="store_true",
+                          help="copy every site's database again from the template (default: keep existing ones)")
+    fleet_up.add_argument("--app-dir", help="the directory holding the olio package (default: the repository's apps/olio)")
+    fleet_up.add_argument("--package-cache", default="/var/cache/sprout/packages",
+                          help="the Sprout worker's install cache (default %(default)s)")
+    for name, text in (("fleet-down", "stop everything of a fleet"),
+                       ("fleet-status", "report on a fleet as JSON (exit 0 up, 3 down, 4 part of it runs)")):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("--dir", required=True, help="the state directory")
     return p
 
 
@@ -58,6 +80,21 @@ def main(argv=None):
             site = deploy.up(options)
             print(site.url)
             return 0
+        if args.command == "fleet-up":
+            options = fleet.FleetOptions(
+                stack=args.stack, state=args.dir, fleet=args.fleet, cpus=args.cpus, port=args.port, bind=args.bind,
+                memory_mb=args.memory_mb, wait_s=args.wait, fresh=args.fresh, app_dir=args.app_dir,
+                package_cache=args.package_cache)
+            print(json.dumps(fleet.up(options)), flush=True)
+            return 0
+        if args.command == "fleet-down":
+            stopped = fleet.down(args.dir)
+            print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+            return 0
+        if args.command == "fleet-status":
+            report, code = fleet.status(args.dir)
+            print(json.dumps(report, indent=2))
+            return code
         if args.command == "down":
             stopped = deploy.down(args.dir)
             print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")

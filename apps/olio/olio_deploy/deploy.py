@@ -137,6 +137,8 @@ def _record(options, state):
 def up(options, log=_log):
     """Start everything; returns the Site. On failure, stops what it started and raises."""
     state = State(options.state)
+    if (state.dir / "fleet.json").exists():
+        raise DeployError(f"{state.dir} holds a fleet (fleet.json, `fleet-up`); give the site a directory of its own")
     with state.lock():
         old = state.record()
         if old is not None:

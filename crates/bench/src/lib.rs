@@ -14,6 +14,8 @@
 //! * [`keepalive`]: the hybrid histogram keep-alive policy against a fixed 10-minute window
 //!   and against keeping everything loaded, over a week of a synthetic Azure population
 //!   ([`azure`]).
+//! * [`fleet`]: Cloudstone for a fleet of mostly idle sites: their load profiles, drawn
+//!   from [`azure`], and the search for the most sites a deployment holds.
 //! * [`primitives`]: SOCK section 2 (figures 1-5) on this kernel: bind against overlay
 //!   mounts, namespace creation and teardown, cgroup reuse against creation.
 
@@ -21,6 +23,7 @@ pub mod asgi;
 pub mod azure;
 pub mod cache;
 pub mod cache_load;
+pub mod fleet;
 pub mod isolation;
 pub mod keepalive;
 pub mod packages;

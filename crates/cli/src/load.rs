@@ -1,11 +1,13 @@
-//! `sprout load ...`: Cloudstone's generator — `run` a measured run (agents, checks, report)
-//! and `agent`, the process each agent runs.
+//! `sprout load ...`: Cloudstone's generator — `run` a measured run (agents, checks, report),
+//! `fleet` a run of many sites on one address, and `agent` and `fleet-agent`, the processes
+//! their agents run.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use sprout_load::control::Spec;
+use sprout_load::fleet_run::{run_fleet, FleetRunOptions};
 use sprout_load::run::{self, RunOptions};
 
 #[derive(Subcommand)]
@@ -15,6 +17,64 @@ pub enum LoadCommand {
     Run(Box<RunArgs>),
     /// One agent (started by `run`): its spec as JSON on stdin, its result as JSON on stdout.
     Agent,
+    /// Drive a fleet of Olio sites served on one address (told apart by their Host header),
+    /// each with its own users following its own load profile from the fleet file; judge every
+    /// site (SLA-1, SLA-2 over the whole span) and write fleet-run.json into --out.
+    Fleet(Box<FleetArgs>),
+    /// One fleet agent (started by `fleet`): its spec as JSON on stdin, its result as JSON on
+    /// stdout.
+    #[command(hide = true)]
+    FleetAgent,
+}
+
+#[derive(Args, Clone)]
+pub struct FleetArgs {
+    /// The one address every site is served on, e.g. http://127.0.0.1:8080
+    #[arg(long)]
+    pub url: String,
+    /// The fleet file (JSON: span, accounts, and each site's name, host and profile).
+    #[arg(long)]
+    pub fleet: PathBuf,
+    /// Where fleet-run.json goes.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The workload file (operations, limits, mix, cycle times); its driver must be olio.
+    #[arg(long, default_value = "bench/workloads/olio.toml")]
+    pub workload: PathBuf,
+    /// Seconds between progress lines and time-series points.
+    #[arg(long, default_value_t = 10.0)]
+    pub interval: f64,
+    /// A request with no complete answer in this many seconds fails ("timeout").
+    #[arg(long, default_value_t = 30.0)]
+    pub timeout: f64,
+    /// Seconds without an operation after which a site is idle (its next operation is a
+    /// "first after idle").
+    #[arg(long, default_value_t = 60.0)]
+    pub idle_gap: f64,
+    /// Agent processes; site i goes to agent i % agents.
+    #[arg(long, default_value_t = 1)]
+    pub agents: u32,
+    /// CPUs the agents are pinned to (round-robin), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub agent_cpus: Vec<usize>,
+    /// CPUs of the system under test (their busy time is its CPU use).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub sut_cpus: Vec<usize>,
+    /// A cgroup directory listing the deployment's processes (for their memory).
+    #[arg(long)]
+    pub sut_cgroup: Option<PathBuf>,
+    /// The deployment's name in the report.
+    #[arg(long, default_value = "fleet")]
+    pub stack: String,
+    /// The sessions' seed (default: the fleet file's).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Prices for the resources the run used.
+    #[arg(long, default_value = "bench/pricing.toml")]
+    pub pricing: PathBuf,
+    /// Instances the deployment is provisioned as, for the always-on cost beside.
+    #[arg(long, default_value_t = 1.0)]
+    pub instances: f64,
 }
 
 #[derive(Args, Clone)]
@@ -115,6 +175,32 @@ impl RunArgs {
 pub fn main(cmd: LoadCommand) -> Result<()> {
     match cmd {
         LoadCommand::Agent => sprout_load::control::agent_main(),
+        LoadCommand::FleetAgent => sprout_load::fleet_run::fleet_agent_main(),
+        LoadCommand::Fleet(args) => {
+            let opts = FleetRunOptions {
+                url: args.url.clone(),
+                fleet: args.fleet.clone(),
+                workload: args.workload.clone(),
+                out: args.out.clone(),
+                interval_s: args.interval,
+                timeout_s: args.timeout,
+                idle_gap_s: args.idle_gap,
+                agents: args.agents,
+                agent_cpus: args.agent_cpus.clone(),
+                sut_cpus: args.sut_cpus.clone(),
+                sut_cgroup: args.sut_cgroup.clone(),
+                stack: args.stack.clone(),
+                seed: args.seed,
+                pricing: Some(args.pricing.clone()),
+                instances: args.instances,
+                machine: sprout_bench::report::machine(),
+                exe: std::env::current_exe()?,
+            };
+            let report = run_fleet(&opts)?;
+            print!("{}", report.text());
+            println!("report: {}", opts.out.join("fleet-run.json").display());
+            Ok(())
+        }
         LoadCommand::Run(args) => {
             let opts = RunOptions {
                 spec: args.spec()?,
@@ -153,6 +239,12 @@ pub enum CloudstoneCommand {
         #[arg(long, default_value = "bench/results/cloudstone.json")]
         json: PathBuf,
     },
+    /// Cloudstone for a fleet: the most mostly idle Olio sites (each its own database, host
+    /// name and Azure-drawn load) each deployment holds within SLA-2 and a memory budget on the
+    /// same cores, and dollars per site per month; writes --json, its plot and its table.
+    Fleet(Box<crate::fleet::FleetArgs>),
+    /// Write one fleet file (the sites, their hosts and load profiles) and say how busy it is.
+    FleetFile(crate::fleet::FleetFileArgs),
 }
 
 #[derive(Args, Clone)]
@@ -299,6 +391,8 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
             );
             Ok(())
         }
+        CloudstoneCommand::Fleet(a) => crate::fleet::search(&a),
+        CloudstoneCommand::FleetFile(a) => crate::fleet::write_file(&a),
         CloudstoneCommand::Compare { searches, out, json } => {
             if searches.len() < 2 {
                 bail!("compare needs two or more search.json files");
@@ -318,7 +412,7 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
 }
 
 /// "0", "0,1", "0-3" as CPU numbers.
-fn parse_cpus(text: &str) -> Result<Vec<usize>> {
+pub fn parse_cpus(text: &str) -> Result<Vec<usize>> {
     let mut cpus = Vec::new();
     for part in text.split(',').filter(|p| !p.is_empty()) {
         match part.split_once('-') {

@@ -1,6 +1,7 @@
 //! `sprout`: one command line in front of the worker, its client and its benchmarks.
 
 mod client;
+mod fleet;
 mod load;
 mod olio;
 
@@ -90,6 +91,26 @@ enum OlioCommand {
     /// A deployment's state as JSON: --dir STATE (exit 0 up, 3 down, 4 part of it runs).
     #[command(disable_help_flag = true)]
     Status {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// Start a fleet of Olio sites on one port, told apart by Host: --stack
+    /// sprout|sprout-runc|conventional --dir STATE --fleet FILE [--cpus 0] [--port 8080]
+    /// [--memory-mb 2048]; prints one line of JSON.
+    #[command(disable_help_flag = true)]
+    FleetUp {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// Stop everything of a fleet: --dir STATE.
+    #[command(disable_help_flag = true)]
+    FleetDown {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// A fleet's state as JSON: --dir STATE (exit 0 up, 3 down, 4 part of it runs).
+    #[command(disable_help_flag = true)]
+    FleetStatus {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
@@ -526,6 +547,9 @@ fn run(cli: Cli) -> Result<()> {
                 OlioCommand::Up { args } => ("olio_deploy", Some("up"), args),
                 OlioCommand::Down { args } => ("olio_deploy", Some("down"), args),
                 OlioCommand::Status { args } => ("olio_deploy", Some("status"), args),
+                OlioCommand::FleetUp { args } => ("olio_deploy", Some("fleet-up"), args),
+                OlioCommand::FleetDown { args } => ("olio_deploy", Some("fleet-down"), args),
+                OlioCommand::FleetStatus { args } => ("olio_deploy", Some("fleet-status"), args),
                 OlioCommand::Load { args } => ("olio.loader", None, args),
             };
             return Err(olio::exec_python(module, verb, &args));

@@ -76,18 +76,23 @@ impl Spec {
     }
 
     pub fn addr(&self) -> Result<SocketAddr> {
-        let rest = self.url.strip_prefix("http://").with_context(|| format!("{:?}: the site must be an http:// URL", self.url))?;
-        let hostport = rest.split('/').next().unwrap_or(rest);
-        let hostport = if hostport.contains(':') { hostport.to_string() } else { format!("{hostport}:80") };
-        hostport
-            .to_socket_addrs()
-            .with_context(|| format!("resolving {hostport}"))?
-            .next()
-            .with_context(|| format!("{hostport} has no address"))
+        addr_of(&self.url)
     }
 }
 
-fn now_ms() -> u64 {
+/// The address an http:// URL names (port 80 unless it says another).
+pub fn addr_of(url: &str) -> Result<SocketAddr> {
+    let rest = url.strip_prefix("http://").with_context(|| format!("{url:?}: the site must be an http:// URL"))?;
+    let hostport = rest.split('/').next().unwrap_or(rest);
+    let hostport = if hostport.contains(':') { hostport.to_string() } else { format!("{hostport}:80") };
+    hostport
+        .to_socket_addrs()
+        .with_context(|| format!("resolving {hostport}"))?
+        .next()
+        .with_context(|| format!("{hostport} has no address"))
+}
+
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
 }
 

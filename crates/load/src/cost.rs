@@ -92,6 +92,26 @@ impl Price {
     }
 }
 
+/// What `seconds` of a deployment cost at each price in the pricing file `path`: what it used
+/// (`cpu_seconds`, and `gb_seconds` when known) billed per second, and `instances` always-on
+/// instances over the same time: {price: {"used_usd", "provisioned_usd"}}.
+pub fn priced(
+    path: &Path,
+    instances: f64,
+    seconds: f64,
+    cpu_seconds: f64,
+    gb_seconds: Option<f64>,
+) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let pricing = Pricing::load(path)?;
+    let mut costs = serde_json::Map::new();
+    for p in &pricing.prices {
+        let used = gb_seconds.and_then(|gb| p.used_usd(cpu_seconds, gb));
+        let provisioned = instances * p.usd_per_instance_hour * seconds / 3600.0;
+        costs.insert(p.name.clone(), serde_json::json!({"used_usd": used, "provisioned_usd": provisioned}));
+    }
+    Ok(costs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

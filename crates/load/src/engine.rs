@@ -260,74 +260,151 @@ fn last_complete(t: Duration, interval: Duration) -> Option<usize> {
 
 /// The random stream of the `life`-th session in user slot `id`: distinct for every slot and
 /// every session a slot starts, the same from run to run for one seed.
-fn session_seed(seed: u64, id: u64, life: u64) -> u64 {
+pub(crate) fn session_seed(seed: u64, id: u64, life: u64) -> u64 {
     seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ life.wrapping_mul(0xD1B5_4A32_D192_ED03).rotate_left(29)
 }
 
-async fn user_loop<D: Driver>(shared: Rc<Shared<D>>, slot: usize, life: u64) {
-    let plan = &shared.plan;
-    let id = plan.agent as u64 * 1_000_000 + slot as u64;
-    let mut rng = SmallRng::seed_from_u64(session_seed(plan.seed, id, life));
-    let cold = rng.random::<f64>() < shared.workload.cold_cache_share;
-    let mut user = shared.driver.new_user(id, cold, &mut rng);
+/// What a session needs from the run it belongs to: the driver and workload it walks, whether
+/// it should go on, and where its measurements go. A single-site run and each site of a fleet
+/// implement it, so both walk sessions alike.
+pub(crate) trait Sessions: 'static {
+    type Driver: Driver;
+    fn driver(&self) -> &Self::Driver;
+    fn workload(&self) -> &Workload;
+    /// Whether the session in `slot` starts another operation now.
+    fn wanted(&self, slot: usize) -> bool;
+    /// Whether the session in `slot` should stop thinking and leave.
+    fn interrupted(&self, slot: usize) -> bool;
+    /// Operation `op` starts now, at `started`.
+    fn begin(&self, _slot: usize, _op: usize, _started: Instant) {}
+    /// Operation `op`, started at `started`, took `took_us` with `outcome`, bumped `counters`;
+    /// its cycle (to the next operation's start, or its own end when longer) is `cycle_ms`.
+    #[allow(clippy::too_many_arguments)] // one operation's measurements, each once
+    fn end(
+        &self,
+        slot: usize,
+        op: usize,
+        started: Instant,
+        took_us: u64,
+        outcome: &Result<(), Failure>,
+        counters: &BTreeMap<String, u64>,
+        cycle_ms: f64,
+    );
+    /// The session in `slot` has ended.
+    fn left(&self, slot: usize);
+}
+
+/// One user session: a new user of the driver (its browser cache cold for the workload's
+/// share of sessions), moving between operations by the chain with cycle times drawn from the
+/// workload's distribution, until its run no longer wants it.
+pub(crate) async fn session<S: Sessions>(run: Rc<S>, slot: usize, id: u64, seed: u64) {
+    let workload = run.workload();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let cold = rng.random::<f64>() < workload.cold_cache_share;
+    let mut user = run.driver().new_user(id, cold, &mut rng);
     let mut op = 0usize;
     let mut counters = BTreeMap::new();
     loop {
-        let started = Instant::now();
-        let t = started - shared.start;
-        if shared.stop.get() || slot >= plan.users_at(t) {
+        if !run.wanted(slot) {
             break;
         }
+        let started = Instant::now();
         counters.clear();
-        let outcome = shared.driver.run(&mut user, op, &mut rng, &mut counters).await;
+        run.begin(slot, op, started);
+        let outcome = run.driver().run(&mut user, op, &mut rng, &mut counters).await;
         let took = started.elapsed().as_micros() as u64;
-        let measured = shared.in_steady(t);
+        let next = workload.chain.next(op, &mut rng);
+        let delay = workload.cycle.draw(workload.operations[next].min_cycle_ms, &mut rng);
+        run.end(slot, op, started, took, &outcome, &counters, delay.max(took as f64 / 1000.0));
+        let wake = started + Duration::from_secs_f64(delay / 1000.0);
+        // Sleep in slices so a stop or a lower profile ends the session promptly.
+        while Instant::now() < wake && !run.interrupted(slot) {
+            let left = wake.saturating_duration_since(Instant::now());
+            tokio::time::sleep(left.min(Duration::from_millis(500))).await;
+        }
+        op = next;
+    }
+    run.left(slot);
+}
+
+async fn user_loop<D: Driver>(shared: Rc<Shared<D>>, slot: usize, life: u64) {
+    let id = shared.plan.agent as u64 * 1_000_000 + slot as u64;
+    let seed = session_seed(shared.plan.seed, id, life);
+    session(shared, slot, id, seed).await
+}
+
+impl<D: Driver> Sessions for Shared<D> {
+    type Driver = D;
+
+    fn driver(&self) -> &D {
+        &self.driver
+    }
+
+    fn workload(&self) -> &Workload {
+        &self.workload
+    }
+
+    fn wanted(&self, slot: usize) -> bool {
+        !self.stop.get() && slot < self.plan.users_at(self.start.elapsed())
+    }
+
+    fn interrupted(&self, _slot: usize) -> bool {
+        // A lower profile ends a session after its cycle (at its next operation's start).
+        self.stop.get()
+    }
+
+    fn end(
+        &self,
+        _slot: usize,
+        op: usize,
+        started: Instant,
+        took: u64,
+        outcome: &Result<(), Failure>,
+        counters: &BTreeMap<String, u64>,
+        cycle_ms: f64,
+    ) {
+        let plan = &self.plan;
+        let t = started - self.start;
+        let measured = self.in_steady(t);
         {
-            let mut series = shared.series.borrow_mut();
+            let mut series = self.series.borrow_mut();
             let s = series.at(t.as_micros() as u64, op);
-            match &outcome {
+            match outcome {
                 Ok(()) => s.record(took),
                 Err(f) => s.error(&f.kind),
             }
         }
         if measured {
             let at = (t - plan.ramp_up).as_micros() as u64;
-            let mut steady = shared.steady.borrow_mut();
+            let mut steady = self.steady.borrow_mut();
             let s = steady.at(at, op);
-            match &outcome {
+            match outcome {
                 Ok(()) => s.record(took),
                 Err(f) => s.error(&f.kind),
             }
-            let mut all = shared.counters.borrow_mut();
-            for (k, v) in &counters {
+            let mut all = self.counters.borrow_mut();
+            for (k, v) in counters {
                 *all.entry(k.clone()).or_default() += v;
             }
         }
-        if let Err(f) = &outcome {
-            tracing_error(plan.agent, &shared.workload.operations[op].name, f);
+        if let Err(f) = outcome {
+            tracing_error(plan.agent, &self.workload.operations[op].name, f);
         }
-        let next = shared.workload.chain.next(op, &mut rng);
-        let delay = shared.workload.cycle.draw(shared.workload.operations[next].min_cycle_ms, &mut rng);
-        // This operation's cycle: from its start to the next one's, which is the drawn delay,
-        // or the operation itself when it ran longer. Counted for operations that started in
-        // the steady state (by start, so long cycles near its end are not missed).
+        // Cycles are counted for operations that started in the steady state (by start, so
+        // long cycles near its end are not missed).
         if measured {
-            shared.cycles.set(shared.cycles.get() + 1);
-            shared.cycle_ms_sum.set(shared.cycle_ms_sum.get() + delay.max(took as f64 / 1000.0));
+            self.cycles.set(self.cycles.get() + 1);
+            self.cycle_ms_sum.set(self.cycle_ms_sum.get() + cycle_ms);
         }
-        let wake = started + Duration::from_secs_f64(delay / 1000.0);
-        // Sleep in slices so a stop or a lower profile ends the session promptly.
-        while Instant::now() < wake && !shared.stop.get() {
-            let left = wake.saturating_duration_since(Instant::now());
-            tokio::time::sleep(left.min(Duration::from_millis(500))).await;
-        }
-        op = next;
     }
-    shared.slots.borrow_mut()[slot].running = false;
+
+    fn left(&self, slot: usize) {
+        self.slots.borrow_mut()[slot].running = false;
+    }
 }
 
 /// The first few failures of each kind are printed; after that they are only counted.
-fn tracing_error(agent: u32, op: &str, f: &Failure) {
+pub(crate) fn tracing_error(agent: u32, op: &str, f: &Failure) {
     thread_local! {
         static SEEN: RefCell<BTreeMap<String, u32>> = const { RefCell::new(BTreeMap::new()) };
     }

@@ -50,6 +50,25 @@ impl Profile {
         Ok(Profile { points })
     }
 
+    /// A profile from (seconds, users) points already read (e.g. from a fleet file), checked
+    /// as [`Profile::parse`] checks lines: the first at 0 seconds, times strictly increasing.
+    pub fn from_points(points: Vec<(f64, usize)>) -> Result<Profile> {
+        for (i, &(t, _)) in points.iter().enumerate() {
+            if !(t.is_finite() && t >= 0.0) {
+                bail!("point {i}: {t} is not a number of seconds");
+            }
+            match i.checked_sub(1).map(|p| points[p].0) {
+                None if t != 0.0 => bail!("point 0: the first point must be at 0 seconds, not {t}"),
+                Some(last) if t <= last => bail!("point {i}: times must increase ({t} after {last})"),
+                _ => {}
+            }
+        }
+        if points.is_empty() {
+            bail!("no points");
+        }
+        Ok(Profile { points })
+    }
+
     pub fn users_at(&self, seconds: f64) -> usize {
         self.points.iter().rev().find(|(t, _)| *t <= seconds).map(|p| p.1).unwrap_or(0)
     }
@@ -93,5 +112,14 @@ mod tests {
         assert!(Profile::parse("0 ten\n").unwrap_err().to_string().contains("line 1"));
         assert!(Profile::parse("0 1 2\n").unwrap_err().to_string().contains("expected `seconds users`"));
         assert!(Profile::parse("# nothing\n").is_err());
+    }
+
+    #[test]
+    fn points_are_checked_as_lines_are() {
+        assert_eq!(Profile::from_points(vec![(0.0, 1), (41.2, 0)]).unwrap().users_at(50.0), 0);
+        assert!(Profile::from_points(vec![(1.0, 1)]).unwrap_err().to_string().contains("first point must be at 0"));
+        assert!(Profile::from_points(vec![(0.0, 1), (5.0, 2), (5.0, 0)]).unwrap_err().to_string().contains("point 2: times must increase"));
+        assert!(Profile::from_points(vec![(0.0, 1), (f64::NAN, 2)]).is_err());
+        assert!(Profile::from_points(vec![]).is_err());
     }
 }

@@ -77,15 +77,10 @@ pub fn run(opts: &RunOptions) -> Result<RunReport> {
 fn resources(report: &RunReport, opts: &RunOptions, cpu_by_process: std::collections::BTreeMap<String, f64>) -> Result<serde_json::Value> {
     let (cpu_seconds, gb_seconds) = crate::utilization::integrate(&report.utilization, &report.sut_cpus);
     let seconds = report.utilization.last().map(|s| s.t).unwrap_or(0.0);
-    let mut costs = serde_json::Map::new();
-    if let Some(path) = &opts.pricing {
-        let pricing = crate::cost::Pricing::load(path)?;
-        for p in &pricing.prices {
-            let used = gb_seconds.and_then(|gb| p.used_usd(cpu_seconds, gb));
-            let provisioned = opts.instances * p.usd_per_instance_hour * seconds / 3600.0;
-            costs.insert(p.name.clone(), serde_json::json!({"used_usd": used, "provisioned_usd": provisioned}));
-        }
-    }
+    let costs = match &opts.pricing {
+        Some(path) => crate::cost::priced(path, opts.instances, seconds, cpu_seconds, gb_seconds)?,
+        None => serde_json::Map::new(),
+    };
     Ok(
         serde_json::json!({"seconds": seconds, "cpu_seconds": cpu_seconds, "gb_seconds": gb_seconds, "instances": opts.instances, "costs": costs, "cpu_seconds_by_process": cpu_by_process}),
     )

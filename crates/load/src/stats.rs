@@ -123,14 +123,11 @@ impl Windows {
     /// A form that crosses process boundaries: each histogram in HdrHistogram's V2 deflate
     /// encoding (base64), so a controller merges agents' histograms exactly.
     pub fn to_wire(&self) -> Result<WireWindows> {
-        let mut ser = V2DeflateSerializer::new();
         let mut windows = Vec::with_capacity(self.windows.len());
         for ops in &self.windows {
             let mut row = Vec::with_capacity(ops.len());
             for s in ops {
-                let mut buf = Vec::new();
-                ser.serialize(&s.hist, &mut buf).map_err(|e| anyhow::anyhow!("encoding a histogram: {e:?}"))?;
-                row.push(WireStats { hist: base64_encode(&buf), errors: s.errors.clone() });
+                row.push(WireStats { hist: encode_histogram(&s.hist)?, errors: s.errors.clone() });
             }
             windows.push(row);
         }
@@ -138,13 +135,11 @@ impl Windows {
     }
 
     pub fn from_wire(wire: &WireWindows) -> Result<Windows> {
-        let mut de = Deserializer::new();
         let mut out = Windows::new(wire.ops, wire.window_us);
         for (w, row) in wire.windows.iter().enumerate() {
             anyhow::ensure!(row.len() == wire.ops, "window {w} has {} operations, not {}", row.len(), wire.ops);
             for (op, s) in row.iter().enumerate() {
-                let bytes = base64_decode(&s.hist).with_context(|| format!("window {w}, operation {op}"))?;
-                let h: Histogram<u64> = de.deserialize(&mut &bytes[..]).map_err(|e| anyhow::anyhow!("decoding a histogram: {e:?}"))?;
+                let h = decode_histogram(&s.hist).with_context(|| format!("window {w}, operation {op}"))?;
                 let stats = out.at(w as u64 * wire.window_us, op);
                 stats.hist.add(&h).map_err(|e| anyhow::anyhow!("a histogram out of bounds: {e:?}"))?;
                 stats.errors = s.errors.clone();
@@ -165,6 +160,20 @@ pub struct WireWindows {
     pub window_us: u64,
     pub ops: usize,
     pub windows: Vec<Vec<WireStats>>,
+}
+
+/// A histogram in HdrHistogram's V2 deflate encoding, as base64 (what crosses from agents to
+/// their controller).
+pub fn encode_histogram(hist: &Histogram<u64>) -> Result<String> {
+    let mut buf = Vec::new();
+    V2DeflateSerializer::new().serialize(hist, &mut buf).map_err(|e| anyhow::anyhow!("encoding a histogram: {e:?}"))?;
+    Ok(base64_encode(&buf))
+}
+
+/// The histogram [`encode_histogram`] encoded, with the bounds and precision it had.
+pub fn decode_histogram(text: &str) -> Result<Histogram<u64>> {
+    let bytes = base64_decode(text)?;
+    Deserializer::new().deserialize(&mut &bytes[..]).map_err(|e| anyhow::anyhow!("decoding a histogram: {e:?}"))
 }
 
 fn base64_encode(bytes: &[u8]) -> String {

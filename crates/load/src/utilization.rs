@@ -64,6 +64,12 @@ fn pss_of(pids: &[u32]) -> u64 {
         * 1024
 }
 
+/// The summed PSS, in bytes, of the processes in the cgroup directory `dir` and its
+/// descendants, now.
+pub fn pss_of_cgroup(dir: &std::path::Path) -> u64 {
+    pss_of(&SutProcesses(dir.to_path_buf()).pids())
+}
+
 /// CPU time of the deployment's processes by what they are (postgres, gunicorn, nginx, the
 /// Sprout worker, its sandboxes...): where the time goes. Processes present at the first look
 /// count from then; those that appear later count from their start; one that exits between
@@ -369,6 +375,17 @@ mod tests {
         let total: f64 = by_process.values().sum();
         assert!(x > 0 && (0.5..3.0).contains(&total), "{by_process:?}");
         assert_eq!(by_process.len(), 1, "{by_process:?}");
+    }
+
+    #[test]
+    fn a_cgroups_pss_is_its_processes() {
+        let dir = std::env::temp_dir().join(format!("sprout-load-pss-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("child")).unwrap();
+        std::fs::write(dir.join("child/cgroup.procs"), format!("{}\n", std::process::id())).unwrap();
+        let pss = pss_of_cgroup(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(pss > 1_000_000, "{pss}");
+        assert_eq!(pss_of_cgroup(std::path::Path::new("/nonexistent")), 0);
     }
 
     #[test]

@@ -2,12 +2,14 @@
 //! by runc, so the benchmarks can measure what SOCK's lean sandboxes save.
 //!
 //! The container runs the same base root file system (the stage's read-only `run/base`, whose
-//! submounts bring the helper at /opt/sprout, the packages at /packages and the volumes
-//! along) and the same helper as a lean sandbox; only the way it comes to be differs. Each
-//! sandbox has a bundle directory `run/runc/<id>` holding an OCI runtime spec close to what
-//! `runc spec` writes — all namespaces including mount, network and cgroup, default masked
-//! paths, no capabilities — and a scratch directory bound at /host, where the worker listens
-//! before runc starts. runc creates a fresh cgroup per container (`<cgroup_parent>/<id>`): no
+//! submounts bring the helper at /opt/sprout, the packages at /packages, the volumes and the
+//! /etc/hosts naming the services along) and the same helper as a lean sandbox; only the way
+//! it comes to be differs. Each sandbox has a bundle directory `run/runc/<id>` holding an OCI
+//! runtime spec close to what `runc spec` writes — new PID, IPC, UTS, mount and cgroup
+//! namespaces, default masked paths, no capabilities — and a scratch directory bound at
+//! /host, where the worker listens before runc starts. Its network is the lean sandboxes':
+//! the lambda's own namespace when the worker gave it one (joined by path), else the host's.
+//! runc creates a fresh cgroup per container (`<cgroup_parent>/<id>`): no
 //! pooling, no Zygote, which is the point of the baseline. `runc run --detach` hands its
 //! stdout and stderr down to the container, so they are the sandbox's log pipe; runc's own
 //! complaints go to a log file in the bundle, read back when it fails.
@@ -65,6 +67,9 @@ struct Runc {
     cfg: RuncConfig,
     stage: Arc<Stage>,
     layout: Option<Layout>,
+    /// `cgroup.procs` of the v1 cpuset group the worker runs in, when that is not the root
+    /// and no `cpuset` is configured: containers are moved back into it (see [`worker_cpuset`]).
+    worker_cpuset: Option<PathBuf>,
     next_id: AtomicU64,
     counters: Counters,
 }
@@ -82,8 +87,31 @@ impl RuncBackend {
         let layout = Layout::detect(Version::Auto, None)
             .map_err(|e| tracing::warn!("no cgroup hierarchy found; runc sandboxes go unwatched: {e}"))
             .ok();
-        RuncBackend { runc: Arc::new(Runc { cfg, stage, layout, next_id: AtomicU64::new(1), counters: Counters::default() }) }
+        let worker_cpuset = if cfg.cpuset.is_none() { worker_cpuset() } else { None };
+        let runc = Runc { cfg, stage, layout, worker_cpuset, next_id: AtomicU64::new(1), counters: Counters::default() };
+        RuncBackend { runc: Arc::new(runc) }
     }
+}
+
+/// On cgroup v1 runc puts each container into a cpuset group of its own at the hierarchy's
+/// root, which has every CPU: a worker confined to a cpuset group (a deployment's) would see
+/// its containers leave it, while lean sandboxes stay in the worker's group. Without a
+/// configured `cpuset`, a container's init is therefore moved back into the worker's group
+/// as soon as it runs, before its helper connects (what it starts later follows it). This is
+/// the `cgroup.procs` of that group, when the worker runs in one other than the root.
+fn worker_cpuset() -> Option<PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let group = own.lines().find_map(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        controllers.split(',').any(|c| c == "cpuset").then_some(path)
+    })?;
+    if group == "/" {
+        return None;
+    }
+    let mount =
+        crate::mountinfo::read().ok()?.into_iter().find(|m| m.fs_type == "cgroup" && m.super_options.split(',').any(|o| o == "cpuset"))?;
+    Some(mount.mount_point.join(group.trim_start_matches('/')).join("cgroup.procs"))
 }
 
 impl Runc {
@@ -118,7 +146,12 @@ impl Runc {
         // Absent (null) means unlimited, as runc reads it.
         let quota = (limits.cpus > 0.0).then(|| ((limits.cpus * 100_000.0) as i64).max(1000));
         let no_caps: Vec<String> = Vec::new();
-        let namespaces: Vec<Value> = ["pid", "ipc", "uts", "mount", "network", "cgroup"].iter().map(|t| json!({"type": t})).collect();
+        let mut namespaces: Vec<Value> = ["pid", "ipc", "uts", "mount", "cgroup"].iter().map(|t| json!({"type": t})).collect();
+        // The network lean sandboxes get: the lambda's own namespace (network.isolate), joined
+        // through the worker's descriptor of it; without one (isolate = false), the host's.
+        if let Some(network) = spec.network.as_ref().filter(|n| n.fd() >= 0) {
+            namespaces.push(json!({"type": "network", "path": format!("/proc/{}/fd/{}", std::process::id(), network.fd())}));
+        }
         json!({
             "ociVersion": "1.0.2",
             "root": {"path": self.stage.base, "readonly": true},
@@ -204,6 +237,13 @@ impl Runc {
         self.start_container(name, bundle, &config, log).await?;
         // The container's init is the helper itself (runc's init execs it).
         *init = self.init_process(name);
+        if let (Some(procs), Some(init)) = (&self.worker_cpuset, init.as_ref()) {
+            match std::fs::write(procs, init.pid().to_string()) {
+                // Gone already: waiting for its hello below says why.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                moved => moved.at("moving the container into the worker's cpuset group", procs)?,
+            }
+        }
         let accepted = match init.as_ref() {
             Some(init) => tokio::select! {
                 accepted = endpoint.accept(self.cfg.start_timeout, self.cfg.max_response) => accepted,

@@ -426,7 +426,8 @@ fn preload_tree(tree: crate::packages::tree::TreeNode, backend: &Arc<dyn Backend
     });
 }
 
-/// The lambdas' networks: with `network.isolate` (and a lean backend), claim the worker's
+/// The lambdas' networks: with `network.isolate` (and a back-end that can join a lambda's
+/// namespace: the lean ones, and runc by the namespace's path), claim the worker's
 /// block, make its table and start the pool of namespaces; then give every sandbox an
 /// /etc/hosts naming the services.
 async fn make_networks(
@@ -437,9 +438,9 @@ async fn make_networks(
     tag: &str,
     seed: u32,
 ) -> Result<LambdaNetworks> {
-    let lean = matches!(config.sandbox.backend, BackendKind::Sock | BackendKind::SockNoZygote);
+    let joins = matches!(config.sandbox.backend, BackendKind::Sock | BackendKind::SockNoZygote | BackendKind::Runc);
     let specs = config.network.services();
-    let networks = if config.network.isolate && lean {
+    let networks = if config.network.isolate && joins {
         let cfg = NetworkConfig {
             tag: tag.to_string(),
             subnet: config.network.block(),
@@ -459,7 +460,7 @@ async fn make_networks(
     } else {
         if config.network.isolate {
             tracing::warn!(
-                "the {} backend does not isolate lambdas' networks (network.isolate applies to sock and sock-nozygote)",
+                "the {} backend does not isolate lambdas' networks (network.isolate applies to sock, sock-nozygote and runc)",
                 config.sandbox.backend.name()
             );
         } else {

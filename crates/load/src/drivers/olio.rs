@@ -8,6 +8,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
+use bytes::Bytes;
+use hyper::header::HeaderValue;
 use hyper::StatusCode;
 use rand::rngs::SmallRng;
 use rand::Rng;
@@ -33,6 +35,7 @@ enum Op {
 /// Olio's session cookie (Flask's).
 const SESSION_COOKIE: &str = "session";
 
+#[derive(Clone)]
 pub struct Olio {
     addr: SocketAddr,
     host: String,
@@ -44,8 +47,9 @@ pub struct Olio {
     timeout: Duration,
     /// Sent for assets by warm browsers.
     warm_since: String,
-    image: Vec<u8>,
-    document: Vec<u8>,
+    /// Shared by the copies [`Olio::for_site`] makes (a fleet has one per site).
+    image: Bytes,
+    document: Bytes,
 }
 
 pub struct OlioUser {
@@ -85,9 +89,23 @@ impl Olio {
             ops,
             timeout,
             warm_since: "Thu, 01 Jan 2026 00:00:00 GMT".into(),
-            image: sample_png(),
-            document: sample_pdf(),
+            image: Bytes::from(sample_png()),
+            document: Bytes::from(sample_pdf()),
         })
+    }
+}
+
+impl Olio {
+    /// This driver aimed at one site of many served on its address: requests carry `host` in
+    /// their Host header, and log in as that site's `registered_users` loaded accounts.
+    pub fn for_site(&self, host: &str, registered_users: u64) -> Result<Olio> {
+        if registered_users == 0 {
+            bail!("{host}: the olio driver logs in as loaded users, and the site has none");
+        }
+        if host.is_empty() || HeaderValue::from_str(host).is_err() {
+            bail!("{host:?} is not a Host header value");
+        }
+        Ok(Olio { host: host.to_string(), registered_users, tags: tag_count(registered_users), ..self.clone() })
     }
 }
 

@@ -1,0 +1,144 @@
+"""The fleet's memory: how the budget B is divided and kept, its limit, and its measurement.
+
+B is the budget for every process of the deployment together, judged as the peak PSS
+of all of them (the processes found under the printed cgroup). How each stack keeps it:
+
+- sprout: the worker's `memory_budget_mb`, the kernel's limit on the cgroup holding every
+  sandbox and Zygote, kept by evicting idle sandboxes, is B less a reserve for the rest
+  (`memory_plan`): PostgreSQL (shared_buffers B/8 and its processes), the cache (B/32,
+  16-64 MiB), the worker, and the database connection each sandbox holds (a backend per
+  sandbox, outside the worker's cgroup, so the budget is scaled by sandbox / (sandbox +
+  backend)). The figures are fixed, measured on this VM, not re-measured at each start.
+- sprout-runc: the worker's budget applies to sock back-ends only, so B is kept by a count:
+  at most (B - fixed reserve) / (container + backend) containers at once (`max_total`).
+- conventional: nothing inside adapts (every gunicorn keeps its workers), so the budget is
+  a limit: on cgroup v1 a memory group of B MiB, named as the confinement and made below
+  the memory cgroup fleet-up runs in (so whatever limits that one has still hold), holds
+  every process (they join it with the cpuset group); a fleet that does not fit is
+  OOM-killed during start-up, which fleet-up reports as a failure naming B.
+
+On cgroup v1 the confinement is a cpuset group only, and the Sprout worker makes its own
+cgroups at the root of the other hierarchies (memory, pids, cpu, freezer): its sandboxes
+would leave any deployment memory group, so for the Sprout stacks on v1 no memory group is
+made (the worker is not changed for it); the worker's budget and measurement stand in. On v2
+the worker makes its cgroups inside the confinement (`cgroups.v2_root`), so there B is also
+`memory.max` of the confinement group, for every stack. Sandboxes stay in the cpuset group
+on v1 (the worker does not use the cpuset controller; runc containers are moved back into
+it, runc.rs), so walking the printed cgroup finds every process.
+"""
+
+import time
+from pathlib import Path
+
+from . import confine, fleet_conventional, fleet_sprout
+from .procs import DeployError
+
+MIN_MEMORY_MB = 512
+
+# Measured on this VM (2 cores, Debian 12, cgroup v1) with each site's home page served, MiB.
+WORKER_MB = 16  # the worker alone (PSS 11-25 at 3-1,000 sites; Zygotes and sandboxes are in its budget)
+PG_BASE_MB = 32  # the postmaster and its helpers, shared_buffers aside (PSS 28 at 3 sites)
+PG_BACKEND_MB = 10  # one backend after Olio's pages (PSS 9 among 3, 4-5 among 40-1,000)
+SANDBOX_MB = 25  # one Olio sandbox forked from the Zygote (its cgroup 16-25, PSS 17-24)
+RUNC_SANDBOX_MB = 45  # one Olio runc container, its own interpreter (PSS 34-40)
+
+
+def memory_plan(stack, memory_mb, sites, cores, per_worker=None):
+    """How B is divided (see the module's docstring): JSON-able."""
+    shared_buffers = memory_mb // 8
+    cache_mb = min(64, max(16, memory_mb // 32))
+    plan = {"memory_mb": memory_mb, "cache_mb": cache_mb, "pg_shared_buffers_mb": shared_buffers}
+    if stack == "conventional":
+        per_worker = per_worker or fleet_conventional.users_per_worker()
+        workers = {s.name: fleet_conventional.workers_for(s.peak_users, cores, per_worker) for s in sites}
+        plan.update(users_per_worker=per_worker, workers=workers, max_connections=sum(workers.values()) + 20)
+        return plan
+    fixed = PG_BASE_MB + shared_buffers + cache_mb + WORKER_MB
+    room = memory_mb - fixed
+    if room < 4 * SANDBOX_MB:
+        raise DeployError(f"--memory-mb {memory_mb}: PostgreSQL, the cache and the worker take about {fixed} MiB of it, "
+                          f"leaving too little for sandboxes; give at least {fixed + 4 * SANDBOX_MB + PG_BACKEND_MB * 4}")
+    want = len(sites) + fleet_sprout.MAX_PER_LAMBDA
+    if stack == "sprout":
+        budget = room * SANDBOX_MB // (SANDBOX_MB + PG_BACKEND_MB)
+        plan.update(budget_mb=budget, reserve_mb=memory_mb - budget, sandbox_mb=SANDBOX_MB, max_total=want)
+    else:
+        fit = room // (RUNC_SANDBOX_MB + PG_BACKEND_MB)
+        plan.update(budget_mb=None, reserve_mb=fixed, sandbox_mb=RUNC_SANDBOX_MB, max_total=max(1, min(want, fit)))
+    plan["max_connections"] = plan["max_total"] + 20
+    return plan
+
+
+class FleetConfinement(confine.Confinement):
+    """The confinement, and the budget's memory limit: on v1 a memory group named as the
+    confinement below the memory cgroup fleet-up runs in (so whatever limits that one
+    still holds), joined with the cpuset group; on v2 memory.max of the confinement group."""
+
+    memory_dir = None  # the memory group (from the record for down and status)
+    memory_procs = None  # set once processes are to join it
+
+    def limit_memory(self, mb):
+        """Limit the memory of everything that enters from now on to `mb` MiB; the group, or
+        None where there is no memory controller."""
+        limit = str(mb << 20)
+        if self.kind == "v2":
+            confine._write(self.group / "memory.max", limit)
+            self.memory_dir = self.group
+            return self.group
+        point = next((p for p, fstype, opts in confine._mounts() if fstype == "cgroup" and "memory" in opts), None)
+        if self.kind != "v1" or point is None:
+            return None
+        own = next((line.split(":", 2)[2].strip() for line in Path("/proc/self/cgroup").read_text().splitlines()
+                    if "memory" in line.split(":", 2)[1].split(",")), "/")
+        group = Path(point) / own.lstrip("/") / self.name
+        group.mkdir(exist_ok=True)
+        confine._write(group / "memory.limit_in_bytes", limit)
+        self.memory_dir, self.memory_procs = group, group / "cgroup.procs"
+        return group
+
+    def enter(self):
+        if self.memory_procs is not None:
+            with open(self.memory_procs, "w") as f:
+                f.write("0")
+        super().enter()
+
+    def oom_kills(self):
+        """Processes the memory limit killed (v1 memory.oom_control, v2 memory.events)."""
+        name = "memory.oom_control" if self.kind == "v1" else "memory.events"
+        try:
+            for line in (self.memory_dir / name).read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+        except (OSError, TypeError):
+            pass
+        return 0
+
+    def destroy(self, grace=10.0):
+        strays = super().destroy(grace)
+        group = self.memory_dir
+        for _ in range(50):
+            try:
+                if group is not None and group.is_dir():
+                    group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise DeployError(f"cannot remove the memory cgroup {group}")
+        return strays
+
+
+def pss_mib(pids):
+    """(PSS of `pids` in MiB, how many were measured): /proc/PID/smaps_rollup."""
+    total = counted = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+                        counted += 1
+                        break
+        except OSError:
+            pass
+    return round(total / 1024, 1), counted

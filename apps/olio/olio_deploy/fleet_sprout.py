@@ -1,0 +1,302 @@
+"""A fleet on Sprout: one worker whose app port serves every site by Host, a lambda per site.
+
+Stacks `sprout` (lean sandboxes forked from Zygotes) and `sprout-runc` (a runc container per
+sandbox, started on demand as Knative or Cloud Run start one per service): the same worker
+configuration but for the back-end and its network. Every site is the same Olio code as a
+lambda named after the site, whose olio.toml names the site's own database; the worker's
+`[app.sites]` maps each host to its lambda (with /static/ and /files/ served from disk, as
+for one site), a host the fleet does not name gets 404 `site_not_found`. One Sprout cache
+serves all sites (Olio's keys carry a hash of the site's database URL, so sites never share
+a value). Lambdas are uploaded straight to the worker's API, a few at once, from one packed
+copy of the code.
+"""
+
+import gzip
+import io
+import json
+import shutil
+import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from . import sprout_stack
+from .fleet_db import database
+from .procs import DeployError, alive, daemon_pid, http_get, read_pid, run, start_daemon, stop, wait_for_port
+
+STACKS = ("sprout", "sprout-runc")
+DB_SERVICE, CACHE_SERVICE = sprout_stack.DB_SERVICE, sprout_stack.CACHE_SERVICE
+FILES_IN_SANDBOX = sprout_stack.FILES_IN_SANDBOX
+MAX_PER_LAMBDA = 3
+IDLE_TIMEOUT_S = 600
+UPLOADS_AT_ONCE = 4
+
+
+def worker_name(fd):
+    return "fleet-" + fd.confinement.name.rsplit("-", 1)[-1]
+
+
+def cgroup_names(fd):
+    """The worker's own cgroups (config.rs, cgroup_parents)."""
+    return [f"sprout-{worker_name(fd)}", f"sprout-{worker_name(fd)}-runc"]
+
+
+def worker_config(fd):
+    t = json.dumps  # TOML basic strings read JSON's escapes
+    plan, runc = fd.plan, fd.stack == "sprout-runc"
+    statics = f'{{ "/static/" = {t(str(fd.static_dir))}, "/files/" = {t(str(fd.files))} }}'
+    sites = "".join(f"\n[app.sites.{t(s.host)}]\nlambda = {t(s.name)}\nstatic = {statics}\n" for s in fd.sites)
+    v2_root = fd.confinement.worker_v2_root
+    if runc:
+        budget = f"""\
+# The worker's memory budget applies to the sock back-ends only (runc containers are not in
+# its cgroup): the fleet's budget is kept by a count instead, max_total containers of about
+# {plan['sandbox_mb']} MiB each (fleet.py, memory_plan).
+memory_budget_mb = 0"""
+    else:
+        budget = f"""\
+# The fleet's budget B = {fd.memory_mb} MiB less a reserve for PostgreSQL, the cache, the worker and
+# the database connections its sandboxes hold (fleet.py, memory_plan): the memory limit of
+# the cgroup holding every sandbox and Zygote, kept by evicting idle sandboxes.
+memory_budget_mb = {plan['budget_mb']}"""
+    network = f"""
+# Each site's lambda has a network of its own, made ahead and kept while it exists.
+[network]
+max_namespaces = {max(1024, len(fd.sites) + 16)}
+"""
+    cache = f"""
+[[network.allow]]
+name = {t(CACHE_SERVICE)}
+address = {t(f"127.0.0.1:{fd.ports['cache']}")}
+""" if fd.cache else ""
+    return f"""\
+# Written by olio_deploy (fleet_sprout.py) at every fleet-up; edits are lost. A fleet of
+# {len(fd.sites)} Olio site(s), one lambda each, on one app port. Keys not set here keep the
+# defaults documented in `sprout worker init`'s template.
+
+[worker]
+listen = {t(f"127.0.0.1:{fd.ports['api']}")}   # the worker's API (deploys, /stats; token: api-token)
+name = {t(worker_name(fd))}
+log = "info"
+
+[app]
+# The sites, by the request's Host; no default site, so any other host gets 404.
+listen = {t(f"{fd.bind}:{fd.port}")}
+{sites}
+[base]
+path = {t(sprout_stack.SANDBOX_BASE)}
+
+[sandbox]
+backend = {t("runc" if runc else "sock")}
+# The file store, shared by every site (uploads are stored under random names).
+volumes = [{{ host = {t(str(fd.files))}, path = {t(FILES_IN_SANDBOX)}, writable = true }}]
+
+[limits]
+memory_mb = 256               # per sandbox, as for one site (a thumbnail decodes a picture)
+timeout_ms = 30000
+max_body_mb = 16
+
+[instances]
+# Elastic, as a provider runs many mostly idle sites: each site's sandboxes are kept for the
+# window its own idle times give (the hybrid histogram policy), falling back to a fixed 10
+# minutes (providers' usual keep-alive) while a site has too few idle times to judge.
+keep_alive = "histogram"
+idle_timeout_s = {IDLE_TIMEOUT_S}
+# A site's peak in a Cloudstone fleet is a few users; three sandboxes serve a burst while the
+# budget, not a per-site reservation, bounds the whole.
+max_per_lambda = {MAX_PER_LAMBDA}
+queue_depth = 256
+# Every site may hold a sandbox at once (each holds one database connection); the budget
+# evicts idle ones before that.
+max_total = {plan['max_total']}
+sandbox_estimate_mb = {plan['sandbox_mb']}
+{budget}
+
+[handler_cache]
+# No pausing: an idle Olio sandbox sleeps in a read and costs no CPU, so freezing it saves
+# nothing but puts a thaw before a mostly idle site's next request; memory is bounded by the
+# budget above, which evicts the idle sandboxes holding the most memory per recent request.
+pause = false
+
+[packages]
+cache_dir = {t(str(fd.package_cache))}
+{network}
+# What every site's lambda may reach (no `lambdas` list: every lambda here is a site).
+[[network.allow]]
+name = {t(DB_SERVICE)}
+address = {t(f"127.0.0.1:{fd.ports['postgres']}")}
+{cache}""" + (f"""
+[cgroups]
+# The worker's cgroups inside the deployment's cpuset group, so sandboxes stay on its CPUs.
+v2_root = {t(str(v2_root))}
+""" if v2_root else "")
+
+
+def site_config(fd, site):
+    """olio.toml of a site's lambda: its own database, by the worker's service names."""
+    values = {"db": fd.postgres.url_of(database(site.name), fd.db_password, host=DB_SERVICE, port=False),
+              "cache": f"{CACHE_SERVICE}:{fd.ports['cache']}" if fd.cache else "",
+              "files": FILES_IN_SANDBOX, "secret": fd.site_secret(site.name)}
+    return (f"# Written by olio_deploy: the settings of Olio site {site.name} ({site.host}) inside its sandbox.\n"
+            + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
+
+
+def build_code(fd):
+    """STATE/lambda: the code every site's lambda shares (no olio.toml: each archive adds
+    its own); returns the uncompressed tar of it, without the end-of-archive blocks."""
+    out = fd.state.lambda_dir
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    requirements = fd.app_dir / "requirements.txt"
+    if not requirements.exists():
+        raise DeployError(f"{requirements} is missing: the lambdas' packages are installed from it")
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(fd.app_dir / "olio", out / "olio", ignore=skip)
+    (out / "sprout").mkdir()
+    for name in sprout_stack.SPROUT_MODULES:
+        source = fd.python_dir / "sprout" / name
+        if source.is_dir():
+            shutil.copytree(source, out / "sprout" / name, ignore=skip)
+        else:
+            shutil.copy2(source, out / "sprout" / name)
+    shutil.copy2(requirements, out / "requirements.txt")
+    (out / "f.py").write_text('"""An Olio site of a fleet as one WSGI lambda (olio_deploy builds it)."""\n'
+                              "from olio.wsgi import app  # noqa: F401\n")
+    buffer = io.BytesIO()
+    archive = tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT)
+    for entry in sorted(out.iterdir()):
+        archive.add(entry, arcname=entry.name)
+    return buffer.getvalue()  # not closed: a site's member and the end blocks follow
+
+
+def site_archive(shared, text):
+    """The tar.gz of one site's lambda: the shared code and its olio.toml."""
+    tail = io.BytesIO()
+    with tarfile.open(fileobj=tail, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        info = tarfile.TarInfo("olio.toml")
+        data = text.encode()
+        info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+        archive.addfile(info, io.BytesIO(data))
+    return gzip.compress(shared + tail.getvalue(), compresslevel=1)
+
+
+def deploy_lambdas(fd):
+    """Upload every site's lambda ({UPLOADS_AT_ONCE} at once); progress every 50."""
+    from sprout.client import Client
+
+    shared = build_code(fd)
+    token = sprout_stack.api_token(fd)
+    started, sites = time.monotonic(), fd.sites
+    fd.log(f"deploying {len(sites)} lambda(s) to the worker ({len(shared) >> 10} KiB of code each)")
+
+    fd.site_secret(sites[0].name)  # made once, before the threads read it
+    fd.db_password  # noqa: B018
+
+    def upload(site):
+        Client(fd.api_url, token=token, timeout=300).upload(site.name, site_archive(shared, site_config(fd, site)))
+
+    with ThreadPoolExecutor(UPLOADS_AT_ONCE) as pool:
+        for i, _ in enumerate(pool.map(upload, sites), 1):
+            if i % 50 == 0 or i == len(sites):
+                fd.log(f"  {i} of {len(sites)} lambdas deployed ({time.monotonic() - started:.1f} s)")
+
+
+def start(fd):
+    state = fd.state
+    state.worker.mkdir(exist_ok=True)
+    (state.worker / "config.toml").write_text(worker_config(fd))
+    sprout = str(fd.sprout_bin)
+    run([sprout, "worker", "init", str(state.worker)], "sprout worker init (the sandbox base image is built once per machine)",
+        timeout=1800)
+    if fd.cache:
+        start_cache(fd)
+    fd.log(f"starting the Sprout worker ({'runc containers' if fd.stack == 'sprout-runc' else 'lean sandboxes'}): "
+           f"app port {fd.bind}:{fd.port}, API 127.0.0.1:{fd.ports['api']}, {len(fd.sites)} site(s)")
+    run([sprout, "worker", "up", "--detach", str(state.worker)], "starting the Sprout worker", preexec=fd.enter, timeout=180)
+    deploy_lambdas(fd)
+
+
+def start_cache(fd):
+    port, mb = fd.ports["cache"], fd.plan["cache_mb"]
+    argv = [str(fd.sprout_bin), "cache", "serve", "-l", "127.0.0.1", "-p", str(port), "-t", str(fd.cores),
+            "--cpus", ",".join(map(str, fd.cpus)), "-m", str(mb), "-c", "4096"]
+    fd.log(f"starting the Sprout cache: {fd.cores} core(s), {mb} MiB on 127.0.0.1:{port}")
+    pid = start_daemon(argv, fd.state.logs / "cache.log", fd.state.run / "cache.pid", preexec=fd.enter)
+    wait_for_port("127.0.0.1", port, 30, pid=pid, log=fd.state.logs / "cache.log", what="the Sprout cache")
+
+
+def failure(body):
+    """The message of a worker error that retrying cannot fix (the lambda fails), or None."""
+    return sprout_stack._worker_error(body)
+
+
+def log_hint(fd):
+    return f"see {fd.state.worker / 'worker.log'}"
+
+
+def processes(fd):
+    found = {}
+    pid = read_pid(fd.state.worker / "worker.pid")
+    if pid and alive(pid):
+        found["worker"] = [pid]
+    pid = daemon_pid(fd.state.run / "cache.pid")
+    if pid:
+        found["cache"] = [pid]
+    return found
+
+
+def expected(fd):
+    return ["worker"] + (["cache"] if fd.cache else [])
+
+
+def stop_all(fd):
+    stopped = []
+    sprout = str(fd.sprout_bin)
+    if (fd.state.worker / "config.toml").exists():
+        out = run([sprout, "worker", "down", str(fd.state.worker), "--grace", "30"], "stopping the Sprout worker", timeout=300)
+        if "stopped" in out:
+            stopped.append("worker")
+        if leftovers(fd):
+            run([sprout, "worker", "cleanup", str(fd.state.worker)], "cleaning up after the Sprout worker", timeout=300)
+    pid = daemon_pid(fd.state.run / "cache.pid")
+    if pid:
+        stop(pid, grace=10)
+        stopped.append("cache")
+    return stopped
+
+
+def leftovers(fd):
+    """Mounts under the worker's directory and its cgroups that still exist."""
+    left = []
+    with open("/proc/self/mountinfo") as f:
+        left += [line.split()[4] for line in f if line.split()[4].startswith(str(fd.state.worker))]
+    roots = [p for p in Path("/sys/fs/cgroup").iterdir() if p.is_dir()]
+    if fd.confinement.worker_v2_root:
+        roots.append(fd.confinement.worker_v2_root)
+    for name in cgroup_names(fd):
+        left += [str(r / name) for r in roots if (r / name).exists()]
+    return left
+
+
+def status(fd):
+    running = processes(fd)
+    stats = None
+    if "worker" in running:
+        try:
+            code, _, body = http_get(fd.api_url, "/stats", timeout=10,
+                                     headers={"Authorization": f"Bearer {sprout_stack.api_token(fd)}"})
+            stats = json.loads(body) if code == 200 else None
+        except (OSError, ValueError):
+            stats = None
+    return {"worker": {"running": "worker" in running, "api": fd.api_url, "log": str(fd.state.worker / "worker.log"),
+                       "sandboxes": _sandboxes(stats)},
+            "cache": {"running": "cache" in running, "address": f"127.0.0.1:{fd.ports['cache']}"}}
+
+
+def _sandboxes(stats):
+    """The worker's sandboxes by state and its memory budget, from /stats (None when it does
+    not answer)."""
+    if not isinstance(stats, dict):
+        return None
+    budget = (stats.get("lambdas") or {}).get("memory_budget")
+    return {**(stats.get("sandboxes") or {}), "memory_budget": budget}

@@ -1,0 +1,111 @@
+"""Plot and tabulate `sprout cloudstone fleet`'s summary: the sites each deployment held within
+SLA-2 and the memory budget, and, at each one's largest passing fleet, its memory and CPU over
+the run. Writes fleet.png and fleet.md beside the summary.
+
+usage: python3 bench/plot_fleet.py bench/results/fleet.json
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ORDER = ["sprout", "sprout-runc", "conventional"]
+COLORS = {"sprout": "#2a9d8f", "sprout-runc": "#e9c46a", "conventional": "#8d99ae"}
+
+
+def cpus(text):
+    out = []
+    for part in str(text).split(","):
+        a, _, b = part.partition("-")
+        out += list(range(int(a), int(b or a) + 1))
+    return out
+
+
+def best_run(summary, runs_dir, name):
+    """The fleet-run.json of the stack's largest passing fleet (or its smallest run)."""
+    steps = summary["stacks"][name]["steps"]
+    passed = [s for s in steps if s["passed"] and s.get("run")]
+    pick = max(passed, key=lambda s: s["sites"]) if passed else min((s for s in steps if s.get("run")),
+                                                                      key=lambda s: s["sites"], default=None)
+    if pick is None:
+        return None, None
+    path = runs_dir / pick["run"]
+    return pick, (json.loads(path.read_text()) if path.exists() else None)
+
+
+def table(summary):
+    budget = summary["memory_budget_mb"]
+    lines = [f"Cloudstone for a fleet: the most Olio sites within SLA-2 in {budget} MiB on CPU(s) "
+             f"{summary['sut_cpus']} (load on CPU(s) {','.join(map(str, summary['agent_cpus']))}), "
+             f"{summary['span_s']:.0f} s runs, {summary['price']['name']} prices.", "",
+             "| deployment | sites at SLA-2 | $ per site-month | runs (sites: result) |", "|---|---|---|---|"]
+    for name in ORDER:
+        s = summary["stacks"].get(name)
+        if not s:
+            continue
+        runs = "; ".join(f"{st['sites']}: {'held' if st['passed'] else 'failed (' + st['reason'][:80] + ')'}"
+                         for st in s["steps"])
+        usd = f"{s['usd_per_site_month']:.3f}" if s.get("usd_per_site_month") else "-"
+        held = f"{s['sites_sla2']}{'+' if s.get('lower_bound') else ''}"
+        lines.append(f"| {name} | {held} | {usd} | {runs} |")
+    ratios = summary.get("ratios", {})
+    lines.append("")
+    lines.append("Ratios: sprout / conventional " + fmt(ratios.get("sprout_vs_conventional"))
+                 + ", sprout / sprout-runc " + fmt(ratios.get("sprout_vs_sprout_runc")) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def fmt(x):
+    return f"{x:.1f}x" if isinstance(x, (int, float)) else "-"
+
+
+def main(src):
+    src = Path(src)
+    summary = json.loads(src.read_text())
+    runs_dir = src.parent / summary["runs_dir"]  # relative to the summary, or absolute
+    names = [n for n in ORDER if n in summary["stacks"]]
+    sut = cpus(summary["sut_cpus"])
+    fig, (bars, mem, cpu) = plt.subplots(1, 3, figsize=(16, 4.8))
+    held = [summary["stacks"][n]["sites_sla2"] for n in names]
+    drawn = bars.bar(names, held, color=[COLORS[n] for n in names])
+    for bar, n in zip(drawn, names):
+        usd = summary["stacks"][n].get("usd_per_site_month")
+        label = f"{bar.get_height():.0f}" + (f"\n${usd:.3f}/site-month" if usd else "")
+        bars.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    bars.set_ylabel("sites within SLA-2 and the memory budget")
+    bars.set_title(f"Sites held in {summary['memory_budget_mb']} MiB")
+    for n in names:
+        step, run = best_run(summary, runs_dir, n)
+        if not run:
+            continue
+        samples = run.get("utilization", [])
+        t = [s["t"] for s in samples]
+        pss = [(s.get("sut_pss_bytes") or 0) / 2**20 for s in samples]
+        busy = [sum(s["cpu_busy"][c] for c in sut if c < len(s["cpu_busy"])) for s in samples]
+        label = f"{n}, {step['sites']} sites ({'held' if step['passed'] else 'failed'})"
+        mem.plot(t, pss, color=COLORS[n], label=label)
+        cpu.plot(t, busy, color=COLORS[n], label=label, linewidth=1)
+    mem.axhline(summary["memory_budget_mb"], color="#c1121f", linestyle=":", linewidth=1, label="budget")
+    mem.set_xlabel("seconds")
+    mem.set_ylabel("PSS of the deployment's processes, MiB")
+    mem.set_title("Memory over the run")
+    mem.legend(fontsize=7)
+    cpu.set_xlabel("seconds")
+    cpu.set_ylabel("busy CPUs of the deployment")
+    cpu.set_title("CPU over the run")
+    cpu.legend(fontsize=7)
+    for ax in (bars, mem, cpu):
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(summary.get("machine", ""), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(src.with_suffix(".png"), dpi=130)
+    src.with_suffix(".md").write_text(table(summary))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
