@@ -28,7 +28,8 @@ def work():
 
 def fleet(work, *args, timeout=1800):
     out, summary = work / "fleet", work / "fleet.json"
-    cmd = [str(SPROUT), "cloudstone", "fleet", "--out", str(out), "--json", str(summary), "--port", str(free_port()),
+    cmd = [str(SPROUT), "cloudstone", "fleet", "--out", str(out), "--json", str(summary), "--state", str(work / "state"),
+           "--port", str(free_port()),
            *map(str, args)]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout), out, summary
 

@@ -67,9 +67,13 @@ pub struct FleetArgs {
     pub workload: PathBuf,
     #[arg(long, default_value = "bench/pricing.toml")]
     pub pricing: PathBuf,
-    /// Each run's fleet file, deployment state and report go under OUT/<stack>/<sites>.
+    /// Each run's fleet file and report go under OUT/<stack>/<sites>.
     #[arg(long, default_value = "bench/results/fleet")]
     pub out: PathBuf,
+    /// The deployments' state (databases, logs), one at a time, under STATE/<stack>: outside
+    /// the repository, and traversable by PostgreSQL's and nginx's users.
+    #[arg(long, default_value = "/var/tmp/sprout-fleet")]
+    pub state: PathBuf,
     /// The summary (the plot and the table go beside it).
     #[arg(long, default_value = "bench/results/fleet.json")]
     pub json: PathBuf,
@@ -351,12 +355,17 @@ struct Deployed {
 
 fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<FleetStep> {
     let dir = a.out.join(stack).join(format!("{sites:04}"));
-    let state = dir.join("state");
+    let state = a.state.join(stack);
     olio(exe, &["fleet-down", "--dir"], &state).ok();
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+    for old in [&dir, &state] {
+        if old.exists() {
+            std::fs::remove_dir_all(old).with_context(|| format!("clearing {}", old.display()))?;
+        }
     }
     std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(&a.state)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&a.state, std::fs::Permissions::from_mode(0o755))?; // PostgreSQL's and nginx's users enter it
     let file = a.fleet_of(sites)?;
     eprintln!("    {}", describe(&file));
     let fleet_path = dir.join("fleet.json");
@@ -426,6 +435,8 @@ fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<Fleet
     let down = olio(exe, &["fleet-down", "--dir"], &state);
     let report = run?;
     down?;
+    // A thousand sites' databases take 15 GB: each run's go when it is done.
+    std::fs::remove_dir_all(&state).with_context(|| format!("removing {}", state.display()))?;
     judge(&mut step, &report, budget);
     step.run = Some(format!("{stack}/{sites:04}/fleet-run.json"));
     Ok(step)
