@@ -174,7 +174,8 @@ def up(options, log=_log):
         record["setup_s"] = round(time.monotonic() - begun, 1)
         _save(state, record)
         return {"stack": fd.stack, "url": fd.url, "sites": len(fd.sites), "memory_mb": fd.memory_mb,
-                "cgroup": str(fd.confinement.group) if fd.confinement.group else None, "setup_s": record["setup_s"],
+                "cgroup": str(fd.confinement.group) if fd.confinement.group else None,
+                "memory_cgroup": str(fd.confinement.memory_dir) if fd.confinement.memory_dir else None, "setup_s": record["setup_s"],
                 "hosts": [s.host for s in fd.sites]}
 
 

@@ -160,8 +160,15 @@ class Postgres:
     def stop(self):
         if self.pid() is None:
             return False
-        run([server_binary("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop"], "stopping PostgreSQL",
-            preexec=demote_to(USER) if os.geteuid() == 0 else None, cwd=self.dir, timeout=90)
+        stop = [server_binary("pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "stop"]
+        preexec = demote_to(USER) if os.geteuid() == 0 else None
+        try:
+            run([*stop, "-m", "fast"], "stopping PostgreSQL", preexec=preexec, cwd=self.dir, timeout=90)
+        except DeployError as e:
+            # A server still recovering from a crash (a backend killed at a memory limit) may
+            # not finish a fast shutdown in time: stop it at once (it recovers at next start).
+            self.log(f"{e}; stopping it immediately")
+            run([*stop, "-m", "immediate"], "stopping PostgreSQL immediately", preexec=preexec, cwd=self.dir, timeout=90)
         return True
 
     def _admin(self):

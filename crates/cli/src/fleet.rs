@@ -74,7 +74,12 @@ pub struct FleetArgs {
     /// the repository, and traversable by PostgreSQL's and nginx's users.
     #[arg(long, default_value = "/var/tmp/sprout-fleet")]
     pub state: PathBuf,
-    /// The summary (the plot and the table go beside it).
+    /// Continue the searches of --stacks from the runs the summary recorded (an interrupted
+    /// search); the other flags must be the ones they ran with.
+    #[arg(long)]
+    pub resume: bool,
+    /// The summary (the plot and the table go beside it). Deployments not searched now keep
+    /// the results it holds.
     #[arg(long, default_value = "bench/results/fleet.json")]
     pub json: PathBuf,
 }
@@ -184,6 +189,9 @@ pub struct FleetStep {
     pub peak_mb: Option<f64>,
     pub mean_mb: Option<f64>,
     pub cpu_seconds: Option<f64>,
+    /// Processes the deployment's memory limit killed during the run.
+    #[serde(default)]
+    pub oom_kills: u64,
     pub setup_s: f64,
     /// The run's fleet-run.json, relative to the summary's `runs_dir`.
     pub run: Option<String>,
@@ -216,10 +224,20 @@ pub fn search(a: &FleetArgs) -> Result<()> {
         None => a.max,
     };
     std::fs::create_dir_all(&a.out)?;
-    let mut stacks = serde_json::Map::new();
+    // The summary keeps the last search of every deployment: those not searched now stay;
+    // with --resume, those searched now continue from the runs they recorded.
+    let mut stacks = previous_stacks(a);
     for stack in &a.stacks {
         let mut bracket = Bracket::new(a.start, max, a.resolution, a.min_step);
-        let mut steps = Vec::new();
+        let mut steps: Vec<FleetStep> = match stacks.get(stack) {
+            Some(old) if a.resume => serde_json::from_value::<StackResult>(old.clone()).map(|r| r.steps).unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        for step in &steps {
+            eprintln!("==> {stack}: {} sites {} (recorded)", step.sites, if step.passed { "held" } else { "failed" });
+            bracket.record(step.sites, step.passed);
+        }
+        stacks.remove(stack);
         loop {
             let n = match a.sites {
                 Some(n) if steps.is_empty() => n,
@@ -307,6 +325,24 @@ fn write_summary(
     Ok(summary)
 }
 
+/// The deployments' results in an earlier summary at --json, if it ran with the same budget,
+/// span, sessions, seed and sites (none if it is absent, unreadable or different).
+fn previous_stacks(a: &FleetArgs) -> serde_json::Map<String, serde_json::Value> {
+    let Some(old) = std::fs::read(&a.json).ok().and_then(|text| serde_json::from_slice::<serde_json::Value>(&text).ok()) else {
+        return Default::default();
+    };
+    let same = old["memory_budget_mb"].as_u64() == Some(a.memory_mb)
+        && old["span_s"].as_f64() == a.span_s().ok()
+        && old["session_mean_s"].as_f64() == Some(a.session_mean)
+        && old["seed"].as_u64() == Some(a.seed)
+        && old["fleet_file"].as_str().map(PathBuf::from) == a.fleet.clone();
+    if !same {
+        eprintln!("note: {} ran with other settings; its results are replaced", a.json.display());
+        return Default::default();
+    }
+    old["stacks"].as_object().cloned().unwrap_or_default()
+}
+
 fn json_dir(json: &Path) -> &Path {
     json.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
@@ -350,6 +386,9 @@ fn chrono_free_date() -> String {
 struct Deployed {
     url: String,
     cgroup: Option<String>,
+    /// The memory group whose limit is the budget (the conventional stack's; None where the
+    /// budget is kept by the worker).
+    memory_cgroup: Option<String>,
     setup_s: Option<f64>,
 }
 
@@ -412,6 +451,7 @@ fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<Fleet
         peak_mb: None,
         mean_mb: None,
         cpu_seconds: None,
+        oom_kills: 0,
         setup_s: began.elapsed().as_secs_f64(),
         run: None,
     };
@@ -431,7 +471,10 @@ fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<Fleet
         step.reason = format!("{:.0} MiB resident before any load, over the {budget:.0} MiB budget", step.resident_mb);
         return Ok(step);
     }
+    let memory_group = deployed.memory_cgroup.map(PathBuf::from);
+    let kills_before = memory_group.as_deref().map(oom_kills).unwrap_or(0);
     let run = run_load(a, exe, stack, &deployed.url, &fleet_path, cgroup, &dir);
+    step.oom_kills = memory_group.as_deref().map(oom_kills).unwrap_or(0).saturating_sub(kills_before);
     let down = olio(exe, &["fleet-down", "--dir"], &state);
     let report = run?;
     down?;
@@ -443,7 +486,8 @@ fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<Fleet
 }
 
 /// Pass: every site within SLA-2, every first request after an idle spell within its
-/// operation's limit, and the deployment's memory within the budget throughout.
+/// operation's limit, and the deployment's memory within the budget throughout (its PSS, and
+/// no process killed at the memory limit where the budget is one).
 fn judge(step: &mut FleetStep, report: &serde_json::Value, budget_mb: f64) {
     let mb = |v: &serde_json::Value| v.as_f64().map(|b| b / 1048576.0);
     step.sla1 = report["passed_sla1"].as_bool();
@@ -476,6 +520,9 @@ fn judge(step: &mut FleetStep, report: &serde_json::Value, budget_mb: f64) {
     }
     if let Some(peak) = step.peak_mb.filter(|&p| p > budget_mb) {
         reasons.push(format!("peak memory {peak:.0} MiB over the {budget_mb:.0} MiB budget"));
+    }
+    if step.oom_kills > 0 {
+        reasons.push(format!("{} process(es) killed at the {budget_mb:.0} MiB memory limit", step.oom_kills));
     }
     if step.requests == 0 {
         reasons.push("no requests were made".into());
@@ -520,6 +567,17 @@ fn run_load(
         .with_context(|| format!("parsing {}", path.display()))
 }
 
+/// Processes killed in a memory cgroup by its limit so far (v1 memory.oom_control, v2
+/// memory.events); 0 when it cannot be read.
+fn oom_kills(group: &Path) -> u64 {
+    ["memory.oom_control", "memory.events"]
+        .iter()
+        .filter_map(|name| std::fs::read_to_string(group.join(name)).ok())
+        .flat_map(|text| text.lines().filter_map(|l| l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse().ok())).collect::<Vec<u64>>())
+        .next()
+        .unwrap_or(0)
+}
+
 fn olio(exe: &Path, args: &[&str], state: &Path) -> Result<()> {
     let status =
         Command::new(exe).arg("olio").args(args).arg(state).status().with_context(|| format!("running sprout olio {}", args.join(" ")))?;
@@ -548,6 +606,7 @@ mod tests {
             peak_mb: None,
             mean_mb: None,
             cpu_seconds: None,
+            oom_kills: 0,
             setup_s: 1.0,
             run: None,
         }
@@ -569,5 +628,8 @@ mod tests {
         assert!(!s.passed && s.reason.contains("1 first request"), "{}", s.reason);
         judge(&mut s, &report(true, 5, 3000.0), 2048.0);
         assert!(!s.passed && s.reason.contains("3000 MiB"), "{}", s.reason);
+        s.oom_kills = 1;
+        judge(&mut s, &report(true, 5, 1000.0), 2048.0);
+        assert!(!s.passed && s.reason.contains("killed at the 2048 MiB memory limit"), "{}", s.reason);
     }
 }
