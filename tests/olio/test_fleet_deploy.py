@@ -102,11 +102,17 @@ def fleet(request, workdir):
 
 def test_fleet_up_prints_the_deployment(fleet):
     printed = fleet.printed
-    assert set(printed) == {"stack", "url", "sites", "memory_mb", "cgroup", "setup_s", "hosts"}
+    assert set(printed) == {"stack", "url", "sites", "memory_mb", "cgroup", "memory_cgroup", "setup_s", "hosts"}
     assert printed["stack"] == fleet.stack and printed["sites"] == 3 and printed["memory_mb"] == MEMORY_MB
     assert printed["hosts"] == [host(n) for n in SITES]
     assert printed["url"].startswith("http://127.0.0.1:") and printed["setup_s"] > 0
     assert Path(printed["cgroup"]).is_dir()
+    # The conventional stack's budget is a memory limit (its group is named for the OOM
+    # kills a run counts); the Sprout stacks keep theirs in the worker (on cgroup v1).
+    if fleet.stack == "conventional":
+        group = Path(printed["memory_cgroup"])
+        limit = group / ("memory.limit_in_bytes" if (group / "memory.limit_in_bytes").exists() else "memory.max")
+        assert limit.read_text().strip() == str(MEMORY_MB * 2**20)
 
 
 def test_every_host_answers_from_its_own_database(fleet):
