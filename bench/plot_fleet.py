@@ -42,21 +42,25 @@ def table(summary):
     budget = summary["memory_budget_mb"]
     lines = [f"Cloudstone for a fleet: the most Olio sites within SLA-2 in {budget} MiB on CPU(s) "
              f"{summary['sut_cpus']} (load on CPU(s) {','.join(map(str, summary['agent_cpus']))}), "
-             f"{summary['span_s']:.0f} s runs, {summary['price']['name']} prices.", "",
-             "| deployment | sites at SLA-2 | $ per site-month | runs (sites: result) |", "|---|---|---|---|"]
+             f"{summary['span_s']:.0f} s runs.", "",
+             "| deployment | sites at SLA-2 | $ per site-month (each price in bench/pricing.toml) | runs (sites: result) |",
+             "|---|---|---|---|"]
     for name in ORDER:
         s = summary["stacks"].get(name)
         if not s:
             continue
         runs = "; ".join(f"{st['sites']}: {'held' if st['passed'] else 'failed (' + st['reason'][:80] + ')'}"
                          for st in s["steps"])
-        usd = f"{s['usd_per_site_month']:.3f}" if s.get("usd_per_site_month") else "-"
+        usd = ", ".join(f"{k} ${v:.3f}" for k, v in s.get("usd_per_site_month_by_price", {}).items()) or "-"
         held = f"{s['sites_sla2']}{'+' if s.get('lower_bound') else ''}"
         lines.append(f"| {name} | {held} | {usd} | {runs} |")
     ratios = summary.get("ratios", {})
+    cut = [n for n in ORDER if summary["stacks"].get(n, {}).get("lower_bound")]
     lines.append("")
     lines.append("Ratios: sprout / conventional " + fmt(ratios.get("sprout_vs_conventional"))
-                 + ", sprout / sprout-runc " + fmt(ratios.get("sprout_vs_sprout_runc")) + ".")
+                 + ", sprout / sprout-runc " + fmt(ratios.get("sprout_vs_sprout_runc")) + "."
+                 + (f" A + marks a search that stopped while its last run held ({', '.join(cut)}): a lower bound, "
+                    "so a ratio against it is an upper bound." if cut else ""))
     return "\n".join(lines) + "\n"
 
 
