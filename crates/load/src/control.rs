@@ -202,21 +202,28 @@ pub fn run_agents(exe: &std::path::Path, spec: &Spec, cpus: &[usize]) -> Result<
         child.stdin.take().expect("piped").write_all(serde_json::to_string(&s)?.as_bytes())?;
         children.push(child);
     }
+    let results: Vec<AgentResult> = collect_agents(children, "agent")?;
+    merge(&results)
+}
+
+/// Wait for every agent process and read its result from its stdout; every agent that failed
+/// or sent no result is named in one error.
+pub fn collect_agents<T: serde::de::DeserializeOwned>(children: Vec<std::process::Child>, what: &str) -> Result<Vec<T>> {
     let mut results = Vec::new();
     let mut failures = Vec::new();
     for (i, child) in children.into_iter().enumerate() {
         let out = child.wait_with_output()?;
         if !out.status.success() {
-            failures.push(format!("agent {i} failed ({})", out.status));
+            failures.push(format!("{what} {i} failed ({})", out.status));
             continue;
         }
-        match serde_json::from_slice::<AgentResult>(&out.stdout) {
+        match serde_json::from_slice::<T>(&out.stdout) {
             Ok(r) => results.push(r),
-            Err(e) => failures.push(format!("agent {i} sent no result: {e}")),
+            Err(e) => failures.push(format!("{what} {i} sent no result: {e}")),
         }
     }
     if !failures.is_empty() {
         bail!("{}", failures.join("; "));
     }
-    merge(&results)
+    Ok(results)
 }

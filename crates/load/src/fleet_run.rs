@@ -284,22 +284,7 @@ fn run_agents(opts: &FleetRunOptions, spec: &FleetAgentSpec) -> Result<Vec<Fleet
         child.stdin.take().expect("piped").write_all(serde_json::to_string(&s)?.as_bytes())?;
         children.push(child);
     }
-    let mut results = Vec::new();
-    let mut failures = Vec::new();
-    for (i, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            failures.push(format!("fleet agent {i} failed ({})", out.status));
-            continue;
-        }
-        match serde_json::from_slice::<FleetAgentResult>(&out.stdout) {
-            Ok(r) => results.push(r),
-            Err(e) => failures.push(format!("fleet agent {i} sent no result: {e}")),
-        }
-    }
-    if !failures.is_empty() {
-        bail!("{}", failures.join("; "));
-    }
+    let results: Vec<FleetAgentResult> = crate::control::collect_agents(children, "fleet agent")?;
     Ok(results)
 }
 
