@@ -101,6 +101,11 @@ def test_the_site_answers_with_olio_pages_from_the_loaded_database(stack):
     assert detail.status_code == 200 and "Olio" in detail.text
     assert stack.get("/users/1").status_code == 200
     assert stack.get("/events/999999").status_code == 404
+    if stack.name == "sprout":
+        # Rendered from templates compiled to Python at build, and to bytecode at upload.
+        [published] = (stack.state / "worker" / "registry").glob("olio@*[0-9]")
+        assert (published / "olio" / "compiled_templates" / "jinja2.version").is_file()
+        assert list((published / "olio" / "compiled_templates" / "__pycache__").glob("tmpl_*.pyc"))
 
 
 def test_the_loaded_tables_are_vacuumed_and_analyzed_before_the_site_opens(stack):

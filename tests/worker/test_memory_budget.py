@@ -6,6 +6,9 @@ nor makes the kernel kill anything. The admission rule is unit-tested on synthet
 
 import concurrent.futures
 import os
+import subprocess
+
+import pytest
 
 BUDGET_MB = 160
 HOLDING = """
@@ -70,6 +73,38 @@ def test_a_burst_of_cold_starts_fits_the_budget_evicting_and_waiting_but_failing
     assert f"sprout_memory_budget_bytes {BUDGET_MB << 20}" in metrics
     assert 'sprout_handler_cache_evictions_total{reason="budget"}' in metrics
     assert 'sprout_lambda_memory_estimate_bytes{lambda="holder' in metrics
+
+
+WRITER = """
+def f(event):
+    with open(event["path"], "wb") as out:
+        for _ in range(event["mb"]):
+            out.write(b"x" * (1 << 20))
+    return event["mb"]
+"""
+
+
+def test_page_cache_a_sandbox_leaves_is_not_counted_against_the_budget(make_worker, tmp_path):
+    """Files written through a volume stay charged to the budget's cgroup as page cache,
+    which the kernel drops at the limit: the budget counts what cannot be dropped, so cold
+    starts after a big write still fit without evicting anything."""
+    volume = tmp_path / "rw"
+    volume.mkdir()
+    if subprocess.run(["stat", "-f", "-c", "%T", str(volume)], capture_output=True, text=True).stdout.strip() == "tmpfs":
+        pytest.skip("the volume is on tmpfs: what is written there is memory, not page cache")
+    os.chown(volume, 65534, 65534)
+    volumes = [{"host": str(volume), "path": "/data", "writable": True}]
+    w = make_worker(instances={"memory_budget_mb": BUDGET_MB}, sandbox={"volumes": volumes})
+    w.deploy_source("writer", WRITER)
+    assert w.client.run("writer", {"path": "/data/big", "mb": 120}) == 120
+    names = [f"holder{i}" for i in range(5)]
+    for name in names:
+        w.deploy_source(name, HOLDING.format(mb=12))
+        assert w.client.run(name) == 12
+    budget = w.client.stats()["lambdas"]["memory_budget"]
+    assert budget["evictions"] == 0 and budget["waits"] == 0, budget
+    assert budget["charged_mb"] >= budget["used_mb"], budget
+    assert oom_kills(w) == 0
 
 
 def test_without_a_budget_nothing_is_limited_or_reported(make_worker):

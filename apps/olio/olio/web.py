@@ -9,6 +9,7 @@ import secrets
 import tempfile
 from pathlib import Path
 
+import jinja2
 from flask import Flask, abort, current_app, g, jsonify, render_template, send_from_directory
 from werkzeug.exceptions import HTTPException
 
@@ -22,6 +23,8 @@ log = logging.getLogger("olio")
 
 MAX_REQUEST_BYTES = 16 << 20  # a whole form: an image, a document and the text fields
 STATIC_MAX_AGE = 3600  # seconds browsers may keep static files and uploads before asking again
+# The templates compiled to Python ahead of time (`compile_templates`), when a deployment did.
+COMPILED_TEMPLATES = Path(__file__).resolve().parent / "compiled_templates"
 
 
 def create_app(config=None):
@@ -58,9 +61,29 @@ def create_app(config=None):
     app.register_error_handler(data.StoreError, _store_error)
     for lost in _lost_connection_errors():
         app.register_error_handler(lost, _store_error)
+    _setup_jinja(app, COMPILED_TEMPLATES)
+    return app
+
+
+def _setup_jinja(app, compiled):
     app.jinja_env.filters.update(when=_when, day=_day)
     app.jinja_env.globals.update(file_url=file_url)
-    return app
+    stamp = compiled / "jinja2.version"
+    if stamp.is_file() and stamp.read_text().strip() == jinja2.__version__:
+        # A new process (a Sprout sandbox) imports each page's template instead of compiling it.
+        app.jinja_env.loader = jinja2.ChoiceLoader([jinja2.ModuleLoader(str(compiled)), app.jinja_env.loader])
+
+
+def compile_templates(target):
+    """Compile every template to a Python module in `target`, with the Jinja2 version that
+    did (used only by the same version). The Sprout deployments do, into the lambda's code,
+    which the worker compiles to bytecode at upload; a template missing there is compiled
+    from its source as before."""
+    app = Flask("olio")
+    _setup_jinja(app, Path(target))
+    Path(target).mkdir(parents=True, exist_ok=True)
+    app.jinja_env.compile_templates(str(target), zip=None, ignore_errors=False)
+    (Path(target) / "jinja2.version").write_text(jinja2.__version__ + "\n")
 
 
 def olio(key):

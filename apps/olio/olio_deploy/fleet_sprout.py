@@ -160,6 +160,7 @@ def build_code(fd):
         else:
             shutil.copy2(source, out / "sprout" / name)
     shutil.copy2(requirements, out / "requirements.txt")
+    fd.log(sprout_stack.compile_templates(out / "olio"))
     (out / "f.py").write_text('"""An Olio site of a fleet as one WSGI lambda (olio_deploy builds it)."""\n'
                               "from olio.wsgi import app  # noqa: F401\n")
     buffer = io.BytesIO()

@@ -82,8 +82,12 @@ max_body_mb = {dep.max_body_mb}               # as nginx's client_max_body_size:
 max_per_lambda = {dep.workers}
 # Requests beyond them wait here (gunicorn's backlog is 2048); past it, 429.
 queue_depth = 2048
-# Keep the site's sandboxes through quiet spells (each holds a database connection).
-idle_timeout_s = 3600
+# Elastic: a sandbox idle past the keep-alive window goes (and with it its database
+# connection), so after a burst the site shrinks back to what its load needs. The window is
+# the hybrid histogram policy's, falling back to 60 s (Knative's stable window for scaling
+# down) while the site has too few idle times to judge.
+keep_alive = "histogram"
+idle_timeout_s = 60
 
 [handler_cache]
 # One lambda: an idle sandbox sleeps in a read and costs no CPU, so freezing it would only
@@ -150,9 +154,23 @@ def build_lambda(dep):
         else:
             shutil.copy2(source, out / "sprout" / name)
     shutil.copy2(requirements, out / "requirements.txt")
+    dep.log(compile_templates(out / "olio"))
     (out / "olio.toml").write_text(lambda_config(dep))
     (out / "f.py").write_text('"""The Olio site as one WSGI lambda (olio_deploy builds it)."""\nfrom olio.wsgi import app  # noqa: F401\n')
     return out
+
+
+def compile_templates(olio_dir):
+    """Olio's templates compiled to Python modules in the lambda's olio/compiled_templates
+    (olio.web.compile_templates; the worker compiles them to bytecode at upload), so that a
+    new sandbox imports a page's template instead of compiling it: what was done, or why not
+    (this interpreter lacks Olio's packages: the sandboxes compile them as before)."""
+    try:
+        from olio.web import compile_templates as compile_into
+    except ImportError as e:
+        return f"templates left to be compiled in the sandboxes: {e}"
+    compile_into(olio_dir / "compiled_templates")
+    return f"templates compiled ahead into {olio_dir.name}/compiled_templates"
 
 
 def start(dep):

@@ -50,8 +50,8 @@ pub trait Sandbox: Send + Sync {
     fn pss_bytes(&self) -> u64 {
         crate::memory::pss_of_pids(&self.pids())
     }
-    /// Memory charged to it (its cgroup's usage), cheap to read; PSS where it has no cgroup
-    /// of its own.
+    /// Memory it holds by its cgroup (charged, less page cache no process maps:
+    /// [`crate::memory::in_use`]), cheap to read; PSS where it has no cgroup of its own.
     fn memory_bytes(&self) -> u64 {
         self.pss_bytes()
     }

@@ -156,6 +156,21 @@ impl Layout {
         fs::read_to_string(dir.join(file)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
     }
 
+    /// Memory group `name` and everything below it hold that the kernel cannot simply drop
+    /// ([`crate::memory::in_use`]: charged, less page cache no process maps), in bytes.
+    pub fn memory_in_use_of(&self, name: &str) -> u64 {
+        self.memory_dir_of(name).map(|dir| self.in_use(&dir)).unwrap_or(0)
+    }
+
+    fn in_use(&self, dir: &Path) -> u64 {
+        let v1 = matches!(self, Layout::V1 { .. });
+        let usage = fs::read_to_string(dir.join(if v1 { "memory.usage_in_bytes" } else { "memory.current" }))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        crate::memory::in_use(usage, &fs::read_to_string(dir.join("memory.stat")).unwrap_or_default(), v1)
+    }
+
     /// Controllers whose limits we cannot enforce here (v2 without delegated controllers).
     pub fn missing_controllers(&self) -> Vec<String> {
         match self {
@@ -523,6 +538,11 @@ impl Cgroup {
             Layout::V2 { .. } => "memory.current",
         };
         fs::read_to_string(d.join(file)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+    }
+
+    /// Memory the group holds that the kernel cannot simply drop ([`Layout::memory_in_use_of`]).
+    pub fn memory_in_use(&self) -> u64 {
+        self.memory_dir().map(|d| self.layout.in_use(&d)).unwrap_or(0)
     }
 
     /// Freeze (pause) or thaw every process in the group.

@@ -369,7 +369,7 @@ impl Sandbox for LeanSandbox {
     }
 
     fn memory_bytes(&self) -> u64 {
-        self.cgroup.memory_usage()
+        self.cgroup.memory_in_use()
     }
 
     async fn destroy(self: Box<Self>) {

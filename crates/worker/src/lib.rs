@@ -33,6 +33,7 @@ pub mod app;
 pub mod archive;
 pub mod auth;
 pub mod budget;
+pub mod bytecode;
 pub mod calls;
 pub mod config;
 pub mod daemon;

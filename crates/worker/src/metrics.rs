@@ -88,7 +88,7 @@ impl Collector for BackendCollector {
             all.push(("sprout_memory_budget_waits", "Cold starts that waited for memory", waits));
             gauges.extend([
                 ("sprout_memory_budget_bytes", "The whole worker's memory budget", limit as i64),
-                ("sprout_memory_budget_used_bytes", "Memory the budget's cgroup holds", used as i64),
+                ("sprout_memory_budget_used_bytes", "Memory the budget's cgroup holds, less page cache no process maps", used as i64),
                 ("sprout_memory_budget_pending_bytes", "Memory granted to cold starts under way", pending as i64),
             ]);
         }
@@ -96,7 +96,7 @@ impl Collector for BackendCollector {
             let (ready, memory) = cache.spare_figures();
             gauges.extend([
                 ("sprout_spares_ready", "Spares waiting to be bound, over all Zygotes", ready as i64),
-                ("sprout_spares_memory_bytes", "Memory charged to the spares' cgroup", memory as i64),
+                ("sprout_spares_memory_bytes", "Memory the spares' cgroup holds, less page cache no process maps", memory as i64),
             ]);
         }
         if let Some((paused, pss, _)) = &handler_cache {

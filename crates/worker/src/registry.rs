@@ -3,6 +3,7 @@
 //! Versions are immutable directories, `DIR/registry/<name>@<version>/`, with their metadata
 //! beside them in `<name>@<version>.json`. An upload is unpacked and checked in a staging
 //! directory and published with one rename, so a half-unpacked lambda is never served.
+//! Its Python modules are compiled to bytecode there first ([`crate::bytecode`]).
 //! Replacing a lambda takes effect for the next sandbox; sandboxes still running the old
 //! version keep their code mounted, and the old directory is removed when the last of them
 //! lets go of its [`Lambda`] (an `Arc`). On start the newest version of each name is kept.
@@ -270,6 +271,10 @@ impl Registry {
             }
             Err(_) => Vec::new(),
         };
+        let compiled = crate::bytecode::compile_tree(&self.checker, staging);
+        for failure in &compiled.failures {
+            tracing::warn!(lambda = name, "bytecode left to the sandboxes: {failure}");
+        }
         let dir = self.dir.join(format!("{name}@{version}"));
         let lambda = Lambda {
             name: name.to_string(),

@@ -2,10 +2,10 @@
 //! lambda will run on: the base image's python3, chrooted into the base, as the unprivileged
 //! sandbox user, under CPU, memory and time limits. Only `compile()` runs — never the code.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -64,10 +64,25 @@ impl Checker {
     /// `Ok(None)` when `source` (of the file `file`) compiles, `Ok(Some(error))` when it does
     /// not; `Err` when the check itself could not run.
     pub fn check(&self, file: &str, source: &[u8]) -> anyhow::Result<Option<SyntaxError>> {
+        let output = self
+            .run_in_base(CHECK, &[file], source.to_vec(), Duration::from_secs(15))
+            .map_err(|e| anyhow::anyhow!("checking {file}'s syntax: {e:#}"))?;
+        match output.status.code() {
+            Some(0) => Ok(None),
+            Some(3) => Ok(Some(SyntaxError { file: file.to_string(), ..serde_json::from_slice(&output.stdout)? })),
+            _ => anyhow::bail!("the syntax check failed to run ({}): {}", output.status, String::from_utf8_lossy(&output.stderr).trim()),
+        }
+    }
+
+    /// Run the Python program `script` with `args` in the sandbox base (chrooted, as the
+    /// sandbox user, 512 MiB of address space, 10 s of CPU), `input` on its stdin; killed
+    /// when it takes longer than `deadline`.
+    pub(crate) fn run_in_base(&self, script: &str, args: &[&str], input: Vec<u8>, deadline: Duration) -> anyhow::Result<Output> {
         let base = sprout_sandbox::mounts::cpath(&self.base)?;
         let (uid, gid) = (self.uid, self.gid);
         let mut cmd = Command::new(&self.python);
-        cmd.args(["-I", "-S", "-c", CHECK, file])
+        cmd.args(["-I", "-S", "-c", script])
+            .args(args)
             .env_clear()
             .env("LANG", "C.UTF-8")
             .stdin(Stdio::piped())
@@ -75,7 +90,7 @@ impl Checker {
             .stderr(Stdio::piped());
         // Enter the base, then drop root and cap resources; only raw system calls here. No
         // RLIMIT_NPROC: it counts every process of the sandbox user, so with more handlers
-        // alive than the limit the check itself could not exec (EAGAIN); compile() runs none.
+        // alive than the limit the program itself could not exec (EAGAIN); compile() runs none.
         // SAFETY: the closure runs in the forked child before exec and makes only async-signal-safe
         // system calls (raw setgroups/setgid/setuid, not libc's thread-signalling wrappers) on `base`, a
         // NUL-terminated CString it owns, made before the fork, and on the live local `lim`; nothing allocates.
@@ -100,11 +115,17 @@ impl Checker {
         }
         let mut child = cmd.spawn().with_context(|| format!("running {} in the sandbox base", self.python))?;
         let mut stdin = child.stdin.take().unwrap();
-        let source = source.to_vec();
         let writer = std::thread::spawn(move || {
-            let _ = stdin.write_all(&source);
+            let _ = stdin.write_all(&input);
         });
-        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        // Read stdout while it runs: a program printing more than a pipe holds would block.
+        let mut stdout = child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let _ = stdout.read_to_end(&mut out);
+            out
+        });
+        let deadline = std::time::Instant::now() + deadline;
         loop {
             if child.try_wait()?.is_some() || std::time::Instant::now() > deadline {
                 break;
@@ -114,14 +135,11 @@ impl Checker {
         if child.try_wait()?.is_none() {
             let _ = child.kill();
             let _ = child.wait();
-            anyhow::bail!("checking {file}'s syntax took too long");
+            anyhow::bail!("it took too long");
         }
         let _ = writer.join();
+        let stdout = reader.join().unwrap_or_default();
         let output = child.wait_with_output()?;
-        match output.status.code() {
-            Some(0) => Ok(None),
-            Some(3) => Ok(Some(SyntaxError { file: file.to_string(), ..serde_json::from_slice(&output.stdout)? })),
-            _ => anyhow::bail!("the syntax check failed to run ({}): {}", output.status, String::from_utf8_lossy(&output.stderr).trim()),
-        }
+        Ok(Output { stdout, ..output })
     }
 }

@@ -254,9 +254,9 @@ impl ImportCache {
         Ok(spare)
     }
 
-    /// Memory charged to spares (all of it is theirs: the pages they copied warming up).
+    /// Memory spares hold (all of it theirs: the pages they copied warming up).
     pub fn spares_memory(&self) -> u64 {
-        self.spare_group.get().and_then(|g| g.as_ref()).map(|g| g.memory_usage()).unwrap_or(0)
+        self.spare_group.get().and_then(|g| g.as_ref()).map(|g| g.memory_in_use()).unwrap_or(0)
     }
 
     /// Spares waiting over all Zygotes, and their memory.

@@ -448,7 +448,7 @@ impl Instances {
         let started = Instant::now();
         let mut waited = false;
         loop {
-            let used = layout.memory_usage_of(group).saturating_sub(self.memory.freeing.load(Ordering::Acquire));
+            let used = layout.memory_in_use_of(group).saturating_sub(self.memory.freeing.load(Ordering::Acquire));
             let (admission, doomed) = {
                 let mut pools = self.pools.lock().unwrap();
                 let pending = self.memory.pending.load(Ordering::Acquire);
@@ -687,7 +687,9 @@ impl Instances {
         let (paused, paused_pss) = pools.paused_figures();
         let budget = match (self.cfg.budget, self.budget_figures()) {
             (Some(budget), Some((used, pending, freeing, waits))) => json!({
-                "limit_mb": mb(budget.limit), "reserve_mb": mb(budget.reserve), "used_mb": mb(used), "pending_mb": mb(pending),
+                "limit_mb": mb(budget.limit), "reserve_mb": mb(budget.reserve), "used_mb": mb(used),
+                "charged_mb": mb(self.memory_group.as_ref().map(|(layout, group)| layout.memory_usage_of(group)).unwrap_or(0)),
+                "pending_mb": mb(pending),
                 "freeing_mb": mb(freeing), "waits": waits, "evictions": self.cache.evictions(Eviction::Budget),
                 "sandbox_estimate_mb": mb(self.cfg.sandbox_estimate),
             }),
@@ -731,13 +733,14 @@ impl Instances {
             .collect()
     }
 
-    /// The memory budget's accounts, when there is one: (used by its cgroup, granted to cold
-    /// starts under way, being freed, cold starts that waited for memory).
+    /// The memory budget's accounts, when there is one: (in use in its cgroup — charged, less
+    /// page cache no process maps —, granted to cold starts under way, being freed, cold
+    /// starts that waited for memory).
     pub fn budget_figures(&self) -> Option<(u64, u64, u64, u64)> {
         let (layout, group) = self.memory_group.as_ref()?;
         let m = &self.memory;
         Some((
-            layout.memory_usage_of(group),
+            layout.memory_in_use_of(group),
             m.pending.load(Ordering::Acquire),
             m.freeing.load(Ordering::Acquire),
             m.waits.load(Ordering::Relaxed),

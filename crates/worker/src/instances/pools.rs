@@ -329,13 +329,16 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
     }
 
     /// Every idle sandbox as a candidate for eviction at `now`: its id, the memory
-    /// `bytes_of` reads, and its lambda's requests within [`RECENT`].
+    /// `bytes_of` reads, and its lambda's requests within [`RECENT`] — borne only by the idle
+    /// sandbox its lambda's next request takes (the last to idle): the others can go without
+    /// costing a cold start, so a busy lambda's extra sandboxes go before another's only one.
     pub fn idle_candidates(&self, now: Instant, bytes_of: impl Fn(&O) -> u64) -> Vec<crate::budget::Candidate> {
         self.pools
             .values()
             .flat_map(|p| {
                 let recent_uses = p.recent.iter().filter(|t| now.saturating_duration_since(**t) <= RECENT).count();
-                p.idle.iter().map(move |i| (i, recent_uses))
+                let next = p.idle.len().saturating_sub(1);
+                p.idle.iter().enumerate().map(move |(at, i)| (i, if at == next { recent_uses } else { 0 }))
             })
             .map(|(i, recent_uses)| crate::budget::Candidate { id: i.occupant.id(), bytes: bytes_of(&i.occupant), recent_uses })
             .collect()
@@ -636,6 +639,23 @@ mod tests {
         let doomed = w.pools.evict_ids(&[b, busy.id], Eviction::Budget);
         assert_eq!(ids(&doomed), vec![(b, "budget")], "a busy sandbox is not the pools' to evict");
         assert_eq!((w.pools.total(), w.pools.busy()), (2, 1));
+    }
+
+    #[test]
+    fn only_the_idle_sandbox_a_lambda_takes_next_bears_its_recent_requests() {
+        let mut w = World::new(8, 16, 4);
+        let (one, two) = (w.cold("a", 1), w.cold("a", 1));
+        let (first, second) = (one.id, two.id);
+        assert!(matches!(w.pools.release("a", one, true, w.now), Released::Idle));
+        assert!(matches!(w.pools.release("a", two, true, w.now), Released::Idle));
+        let mut candidates = w.pools.idle_candidates(w.now, |_| 1);
+        candidates.sort_by_key(|c| c.id);
+        let uses = |id: u64| candidates.iter().find(|c| c.id == id).unwrap().recent_uses;
+        assert_eq!((uses(first), uses(second)), (0, 2), "the extra one costs no cold start");
+        match w.acquire("a", 1).0 {
+            Acquired::Warm(idle) => assert_eq!(idle.occupant.id, second, "the one bearing the cost is the one taken"),
+            other => panic!("expected a warm sandbox, got {}", describe(&other)),
+        }
     }
 
     #[test]
