@@ -99,8 +99,10 @@ def summarize(a, profiles):
             instances = math.ceil(peak / cap)
             hourly = hourly_price(price)
             provisioned = instances * hourly * res["seconds"] / 3600
+            pss_peak, pss_end = memory_peak_and_end(r, a.end_window)
             row = {
                 "profile": profile.stem, "stack": stack, "peak_users": peak, "seconds": round(res["seconds"], 1),
+                "pss_peak_mb": pss_peak, "pss_end_mb": pss_end,
                 "cpu_seconds": round(res["cpu_seconds"], 1),
                 "gb_seconds": None if res["gb_seconds"] is None else round(res["gb_seconds"], 1),
                 "used_usd": cost["used_usd"], "sla1": r["sla1_passed"], "sla2": r["sla2_passed"], "ops_per_s": round(r["ops_per_s"], 2),
@@ -117,18 +119,31 @@ def summarize(a, profiles):
     lines = [f"Prices: `{price}` (per-second rates for what was used; per instance-hour for the provisioned stack). "
              f"The conventional stack serves {cap} users per 1-CPU instance at SLA-2; "
              f"deployment on CPU {a.cpus}, generator on CPU {a.agent_cpus}.", "",
-             "| profile | stack | peak users | CPU-s | GB-s | used, per-second billing | "
+             f"Memory is the PSS of every process of the deployment: its peak, and its mean over the last {a.end_window:.0f} s "
+             "(after the burst).", "",
+             "| profile | stack | peak users | CPU-s | GB-s | PSS peak, MiB | PSS at the end, MiB | used, per-second billing | "
              "conventional for peak (instances) | SLA-1 | SLA-2 | ops/s |",
-             "|---|---|---:|---:|---:|---:|---:|:-:|:-:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|:-:|:-:|---:|"]
     for w in rows:
         used = "n/a" if w["used_usd"] is None else f"${w['used_usd']:.5f}"
-        lines.append(f"| {w['profile']} | {w['stack']} | {w['peak_users']} | {w['cpu_seconds']} | {w['gb_seconds']} | {used} | "
+        lines.append(f"| {w['profile']} | {w['stack']} | {w['peak_users']} | {w['cpu_seconds']} | {w['gb_seconds']} | "
+                     f"{w['pss_peak_mb']} | {w['pss_end_mb']} | {used} | "
                      f"${w['provisioned_for_peak_usd']:.5f} ({w['conventional_peak_instances']}) | {'pass' if w['sla1'] else 'fail'} | "
                      f"{'pass' if w['sla2'] else 'fail'} | {w['ops_per_s']} |")
     lines += where_the_time_goes(runs)
     (out / "profiles.md").write_text("\n".join(lines) + "\n")
     plot(runs, out / "profiles.png")
     print("\n".join(lines))
+
+
+def memory_peak_and_end(run, window):
+    """The deployment's peak PSS and its mean over the run's last `window` seconds, MiB."""
+    samples = [(u["t"], u["sut_pss_bytes"]) for u in run["utilization"] if u.get("sut_pss_bytes")]
+    if not samples:
+        return None, None
+    end = samples[-1][0]
+    tail = [b for t, b in samples if t >= end - window]
+    return round(max(b for _, b in samples) / 2**20), round(sum(tail) / len(tail) / 2**20)
 
 
 def repo_relative(path):
@@ -202,6 +217,7 @@ def main():
     p.add_argument("--accounts-per-user", type=int, default=100)
     p.add_argument("--window", type=float, default=60.0, help="SLA window, seconds")
     p.add_argument("--tail", type=float, default=60.0, help="seconds run at the profile's last level")
+    p.add_argument("--end-window", type=float, default=30.0, help="seconds at the end over which memory is averaged")
     p.add_argument("--price", default="m7g.medium-2026")
     p.add_argument("--capacity", type=int, help="users one conventional instance serves at SLA-2")
     p.add_argument("--state-root", default="/tmp")

@@ -18,11 +18,10 @@ import shutil
 import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from . import sprout_stack
 from .fleet_db import database
-from .procs import DeployError, alive, daemon_pid, http_get, read_pid, run, start_daemon, stop, wait_for_port
+from .procs import alive, daemon_pid, http_get, read_pid, run, start_daemon, wait_for_port
 
 STACKS = ("sprout", "sprout-runc")
 DB_SERVICE, CACHE_SERVICE = sprout_stack.DB_SERVICE, sprout_stack.CACHE_SERVICE
@@ -147,20 +146,7 @@ def build_code(fd):
     out = fd.state.lambda_dir
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
-    requirements = fd.app_dir / "requirements.txt"
-    if not requirements.exists():
-        raise DeployError(f"{requirements} is missing: the lambdas' packages are installed from it")
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(fd.app_dir / "olio", out / "olio", ignore=skip)
-    (out / "sprout").mkdir()
-    for name in sprout_stack.SPROUT_MODULES:
-        source = fd.python_dir / "sprout" / name
-        if source.is_dir():
-            shutil.copytree(source, out / "sprout" / name, ignore=skip)
-        else:
-            shutil.copy2(source, out / "sprout" / name)
-    shutil.copy2(requirements, out / "requirements.txt")
-    fd.log(sprout_stack.compile_templates(out / "olio"))
+    sprout_stack.copy_code(fd, out)
     (out / "f.py").write_text('"""An Olio site of a fleet as one WSGI lambda (olio_deploy builds it)."""\n'
                               "from olio.wsgi import app  # noqa: F401\n")
     buffer = io.BytesIO()
@@ -251,32 +237,12 @@ def expected(fd):
 
 
 def stop_all(fd):
-    stopped = []
-    sprout = str(fd.sprout_bin)
-    if (fd.state.worker / "config.toml").exists():
-        out = run([sprout, "worker", "down", str(fd.state.worker), "--grace", "30"], "stopping the Sprout worker", timeout=300)
-        if "stopped" in out:
-            stopped.append("worker")
-        if leftovers(fd):
-            run([sprout, "worker", "cleanup", str(fd.state.worker)], "cleaning up after the Sprout worker", timeout=300)
-    pid = daemon_pid(fd.state.run / "cache.pid")
-    if pid:
-        stop(pid, grace=10)
-        stopped.append("cache")
-    return stopped
+    return sprout_stack.stop_all(fd, cgroup_names(fd), timeout=300)
 
 
 def leftovers(fd):
     """Mounts under the worker's directory and its cgroups that still exist."""
-    left = []
-    with open("/proc/self/mountinfo") as f:
-        left += [line.split()[4] for line in f if line.split()[4].startswith(str(fd.state.worker))]
-    roots = [p for p in Path("/sys/fs/cgroup").iterdir() if p.is_dir()]
-    if fd.confinement.worker_v2_root:
-        roots.append(fd.confinement.worker_v2_root)
-    for name in cgroup_names(fd):
-        left += [str(r / name) for r in roots if (r / name).exists()]
-    return left
+    return sprout_stack.leftovers(fd, cgroup_names(fd))
 
 
 def status(fd):

@@ -137,10 +137,19 @@ def lambda_config(dep):
 
 
 def build_lambda(dep):
-    """STATE/lambda: f.py, olio/, the parts of sprout/ it imports, requirements.txt, olio.toml."""
+    """STATE/lambda: f.py, the code (`copy_code`), olio.toml."""
     out = dep.state.lambda_dir
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
+    copy_code(dep, out)
+    (out / "olio.toml").write_text(lambda_config(dep))
+    (out / "f.py").write_text('"""The Olio site as one WSGI lambda (olio_deploy builds it)."""\nfrom olio.wsgi import app  # noqa: F401\n')
+    return out
+
+
+def copy_code(dep, out):
+    """Into `out`: olio/ (its templates compiled ahead), the parts of sprout/ it imports and
+    requirements.txt, from `dep`'s app_dir and python_dir."""
     requirements = dep.app_dir / "requirements.txt"
     if not requirements.exists():
         raise DeployError(f"{requirements} is missing: the lambda's packages are installed from it")
@@ -155,9 +164,6 @@ def build_lambda(dep):
             shutil.copy2(source, out / "sprout" / name)
     shutil.copy2(requirements, out / "requirements.txt")
     dep.log(compile_templates(out / "olio"))
-    (out / "olio.toml").write_text(lambda_config(dep))
-    (out / "f.py").write_text('"""The Olio site as one WSGI lambda (olio_deploy builds it)."""\nfrom olio.wsgi import app  # noqa: F401\n')
-    return out
 
 
 def compile_templates(olio_dir):
@@ -280,15 +286,17 @@ def processes(dep):
     return found
 
 
-def stop_all(dep):
+def stop_all(dep, names=None, timeout=120):
+    """Stop the worker (and clean up after it) and the cache; `names`: the worker's cgroups
+    (default `cgroup_names`)."""
     stopped = []
     sprout = str(dep.sprout_bin)
     if (dep.state.worker / "config.toml").exists():
-        out = run([sprout, "worker", "down", str(dep.state.worker), "--grace", "30"], "stopping the Sprout worker", timeout=120)
+        out = run([sprout, "worker", "down", str(dep.state.worker), "--grace", "30"], "stopping the Sprout worker", timeout=timeout)
         if "stopped" in out:
             stopped.append("worker")
-        if leftovers(dep):
-            run([sprout, "worker", "cleanup", str(dep.state.worker)], "cleaning up after the Sprout worker", timeout=120)
+        if leftovers(dep, names):
+            run([sprout, "worker", "cleanup", str(dep.state.worker)], "cleaning up after the Sprout worker", timeout=timeout)
     pid = daemon_pid(dep.state.run / "cache.pid")
     if pid:
         stop(pid, grace=10)
@@ -296,15 +304,16 @@ def stop_all(dep):
     return stopped
 
 
-def leftovers(dep):
-    """Mounts under the worker's directory and its cgroups that still exist."""
+def leftovers(dep, names=None):
+    """Mounts under the worker's directory and its cgroups (`names`, default `cgroup_names`)
+    that still exist."""
     left = []
     with open("/proc/self/mountinfo") as f:
         left += [line.split()[4] for line in f if line.split()[4].startswith(str(dep.state.worker))]
     roots = [p for p in Path("/sys/fs/cgroup").iterdir() if p.is_dir()]
     if dep.confinement.worker_v2_root:
         roots.append(dep.confinement.worker_v2_root)
-    for name in cgroup_names(dep):
+    for name in names or cgroup_names(dep):
         left += [str(r / name) for r in roots if (r / name).exists()]
     return left
 
