@@ -289,15 +289,20 @@ def start_memcached(dep):
 
 def wait_for_gunicorn(dep, seconds=120):
     """Until gunicorn's socket answers HTTP (any status: the site's own check comes later)."""
-    log = dep.state.logs / "gunicorn.log"
+    wait_for_socket(dep.state.run / "gunicorn.pid", dep.gunicorn_socket, dep.state.logs / "gunicorn.log", "gunicorn", seconds)
+
+
+def wait_for_socket(pidfile, socket, log, what, seconds):
+    """Until the gunicorn of `pidfile` answers HTTP on its Unix `socket` (any status); its
+    `log`'s tail in the error when it exits or does not answer within `seconds`."""
     deadline = time.monotonic() + seconds
     while True:
-        pid = read_pid(dep.state.run / "gunicorn.pid")
+        pid = read_pid(pidfile)
         if pid and not alive(pid):
-            raise DeployError(f"gunicorn exited during start-up:\n{tail(log)}")
-        if pid and dep.gunicorn_socket.exists():
+            raise DeployError(f"{what} exited during start-up:\n{tail(log)}")
+        if pid and socket.exists():
             try:
-                conn = UnixHTTPConnection(dep.gunicorn_socket, timeout=60)
+                conn = UnixHTTPConnection(socket, timeout=60)
                 conn.request("GET", "/static/")
                 conn.getresponse().read()
                 conn.close()
@@ -305,7 +310,7 @@ def wait_for_gunicorn(dep, seconds=120):
             except OSError:
                 pass
         if time.monotonic() > deadline:
-            raise DeployError(f"gunicorn did not answer on {dep.gunicorn_socket} within {seconds} s:\n{tail(log)}")
+            raise DeployError(f"{what} did not answer on {socket} within {seconds} s:\n{tail(log)}")
         time.sleep(0.1)
 
 

@@ -158,7 +158,7 @@ def up(options, log=_log):
             _start(dep, options)
         except BaseException:
             log("start-up failed; stopping what was started")
-            _stop(dep)
+            stop_parts(dep)
             raise
         return dep.site()
 
@@ -244,20 +244,22 @@ def down(state_dir, log=_log):
         if record is None:
             log(f"nothing was deployed in {state.dir}")
             return []
-        return _stop(Deployment(state, record, log))
+        return stop_parts(Deployment(state, record, log))
 
 
-def _stop(dep):
+def stop_parts(dep):
+    """Stop the stack's own parts, PostgreSQL and any stray process of the confinement (a
+    single site's deployment or a fleet's); a Sprout worker must leave no mount or cgroup."""
     stopped = dep.module.stop_all(dep)
     if dep.postgres.stop():
         stopped.append("postgres")
     strays = dep.confinement.destroy()
     if strays:
         dep.log(f"stopped {len(strays)} stray process(es) left in {dep.confinement.group}: {strays}")
-    if dep.stack == "sprout":
-        left = sprout_stack.leftovers(dep)
-        if left:
-            raise DeployError(f"the Sprout worker left {left}; see {dep.state.worker / 'worker.log'}")
+    leftovers = getattr(dep.module, "leftovers", None)
+    left = leftovers(dep) if leftovers else []
+    if left:
+        raise DeployError(f"the Sprout worker left {left}; see {dep.state.worker / 'worker.log'}")
     return stopped
 
 

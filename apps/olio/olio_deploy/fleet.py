@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import confine, conventional, filestore, fleet_conventional, fleet_file, fleet_sprout, procs
+from . import confine, conventional, deploy, filestore, fleet_conventional, fleet_file, fleet_sprout, procs
 from .fleet_db import FleetPostgres
 from .fleet_memory import MIN_MEMORY_MB, FleetConfinement, memory_plan, pss_mib
 from .postgres import server_log
@@ -169,7 +169,7 @@ def up(options, log=_log):
             _start(fd, options, fleet)
         except BaseException:
             log("start-up failed; stopping what was started")
-            _stop(fd)
+            deploy.stop_parts(fd)
             raise
         record["setup_s"] = round(time.monotonic() - begun, 1)
         _save(state, record)
@@ -249,21 +249,9 @@ def down(state_dir, log=_log):
         if record is None:
             log(f"no fleet was deployed in {state.dir}")
             return []
-        return _stop(FleetDeployment(state, record, log))
+        return deploy.stop_parts(FleetDeployment(state, record, log))
 
 
-def _stop(fd):
-    stopped = fd.module.stop_all(fd)
-    if fd.postgres.stop():
-        stopped.append("postgres")
-    strays = fd.confinement.destroy()
-    if strays:
-        fd.log(f"stopped {len(strays)} stray process(es) left in {fd.confinement.group}: {strays}")
-    if fd.module is fleet_sprout:
-        left = fleet_sprout.leftovers(fd)
-        if left:
-            raise DeployError(f"the Sprout worker left {left}; see {fd.state.worker / 'worker.log'}")
-    return stopped
 
 
 def status(state_dir):

@@ -25,7 +25,6 @@ from .conventional import MEMCACHED, NGINX, WEB_USER
 from .fleet_db import database
 from .procs import (
     DeployError,
-    UnixHTTPConnection,
     alive,
     children,
     daemon_pid,
@@ -34,7 +33,6 @@ from .procs import (
     read_pid,
     run,
     stop,
-    tail,
     wait_for_port,
 )
 
@@ -290,24 +288,8 @@ def start_gunicorns(fd, user):
 
 def wait_for_gunicorn(fd, site, seconds=120):
     d = site_dir(fd, site)
-    log = fd.state.logs / "sites" / f"{site.name}.log"
-    deadline = time.monotonic() + seconds
-    while True:
-        pid = read_pid(d / "gunicorn.pid")
-        if pid and not alive(pid):
-            raise DeployError(f"site {site.name}'s gunicorn exited during start-up:\n{tail(log)}")
-        if pid and (d / "gunicorn.sock").exists():
-            try:
-                conn = UnixHTTPConnection(d / "gunicorn.sock", timeout=60)
-                conn.request("GET", "/static/")
-                conn.getresponse().read()
-                conn.close()
-                return
-            except OSError:
-                pass
-        if time.monotonic() > deadline:
-            raise DeployError(f"site {site.name}'s gunicorn did not answer within {seconds} s:\n{tail(log)}")
-        time.sleep(0.1)
+    conventional.wait_for_socket(d / "gunicorn.pid", d / "gunicorn.sock", fd.state.logs / "sites" / f"{site.name}.log",
+                                 f"site {site.name}'s gunicorn", seconds)
 
 
 def processes(fd):
