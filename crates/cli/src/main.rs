@@ -78,49 +78,35 @@ enum OlioCommand {
     /// Start a deployment: --stack sprout|conventional --dir STATE [--cpus 0] [--port 8080]
     /// [--cache on|off] [--users N --seed S]; prints the site's URL.
     #[command(disable_help_flag = true)]
-    Up {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<std::ffi::OsString>,
-    },
+    Up(PassThrough),
     /// Stop everything of a deployment: --dir STATE.
     #[command(disable_help_flag = true)]
-    Down {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<std::ffi::OsString>,
-    },
+    Down(PassThrough),
     /// A deployment's state as JSON: --dir STATE (exit 0 up, 3 down, 4 part of it runs).
     #[command(disable_help_flag = true)]
-    Status {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<std::ffi::OsString>,
-    },
+    Status(PassThrough),
     /// Start a fleet of Olio sites on one port, told apart by Host: --stack
     /// sprout|sprout-runc|conventional --dir STATE --fleet FILE [--cpus 0] [--port 8080]
     /// [--memory-mb 2048]; prints one line of JSON.
     #[command(disable_help_flag = true)]
-    FleetUp {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<std::ffi::OsString>,
-    },
+    FleetUp(PassThrough),
     /// Stop everything of a fleet: --dir STATE.
     #[command(disable_help_flag = true)]
-    FleetDown {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<std::ffi::OsString>,
-    },
+    FleetDown(PassThrough),
     /// A fleet's state as JSON: --dir STATE (exit 0 up, 3 down, 4 part of it runs).
     #[command(disable_help_flag = true)]
-    FleetStatus {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<std::ffi::OsString>,
-    },
+    FleetStatus(PassThrough),
     /// Fill a database with Olio's data: --users N | --concurrent C, --seed S, --db URL,
     /// --files DIR [--today YYYY-MM-DD] [--recreate] [--allow-small] [--quiet].
     #[command(disable_help_flag = true)]
-    Load {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<std::ffi::OsString>,
-    },
+    Load(PassThrough),
+}
+
+/// The arguments of an `olio` command, passed to its Python tool as they are.
+#[derive(clap::Args)]
+struct PassThrough {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<std::ffi::OsString>,
 }
 
 #[derive(Subcommand)]
@@ -544,13 +530,13 @@ fn run(cli: Cli) -> Result<()> {
         Command::Cloudstone(command) => load::cloudstone(command)?,
         Command::Olio(command) => {
             let (module, verb, args) = match command {
-                OlioCommand::Up { args } => ("olio_deploy", Some("up"), args),
-                OlioCommand::Down { args } => ("olio_deploy", Some("down"), args),
-                OlioCommand::Status { args } => ("olio_deploy", Some("status"), args),
-                OlioCommand::FleetUp { args } => ("olio_deploy", Some("fleet-up"), args),
-                OlioCommand::FleetDown { args } => ("olio_deploy", Some("fleet-down"), args),
-                OlioCommand::FleetStatus { args } => ("olio_deploy", Some("fleet-status"), args),
-                OlioCommand::Load { args } => ("olio.loader", None, args),
+                OlioCommand::Up(PassThrough { args }) => ("olio_deploy", Some("up"), args),
+                OlioCommand::Down(PassThrough { args }) => ("olio_deploy", Some("down"), args),
+                OlioCommand::Status(PassThrough { args }) => ("olio_deploy", Some("status"), args),
+                OlioCommand::FleetUp(PassThrough { args }) => ("olio_deploy", Some("fleet-up"), args),
+                OlioCommand::FleetDown(PassThrough { args }) => ("olio_deploy", Some("fleet-down"), args),
+                OlioCommand::FleetStatus(PassThrough { args }) => ("olio_deploy", Some("fleet-status"), args),
+                OlioCommand::Load(PassThrough { args }) => ("olio.loader", None, args),
             };
             return Err(olio::exec_python(module, verb, &args));
         }
