@@ -124,10 +124,16 @@ pub fn run_agent(spec: &Spec) -> Result<AgentResult> {
 
 /// `sprout load agent`: read a spec from stdin, run, write the result to stdout.
 pub fn agent_main() -> Result<()> {
+    agent_io("the agent's spec (JSON on stdin)", run_agent)
+}
+
+/// An agent process's life: its spec (`what`) as JSON from stdin, `run` on it, the result as
+/// one line of JSON on stdout.
+pub fn agent_io<S: serde::de::DeserializeOwned, R: serde::Serialize>(what: &str, run: impl FnOnce(&S) -> Result<R>) -> Result<()> {
     let mut input = String::new();
     std::io::stdin().read_to_string(&mut input)?;
-    let spec: Spec = serde_json::from_str(&input).context("the agent's spec (JSON on stdin)")?;
-    let result = run_agent(&spec)?;
+    let spec: S = serde_json::from_str(&input).context(what.to_string())?;
+    let result = run(&spec)?;
     let mut out = std::io::stdout().lock();
     serde_json::to_writer(&mut out, &result)?;
     out.write_all(b"\n")?;

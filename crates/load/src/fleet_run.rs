@@ -4,7 +4,7 @@
 //! every site, and write fleet-run.json.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -93,14 +93,7 @@ pub fn run_fleet_agent(spec: &FleetAgentSpec) -> Result<FleetAgentResult> {
 
 /// `sprout load fleet-agent`: read a spec from stdin, run, write the result to stdout.
 pub fn fleet_agent_main() -> Result<()> {
-    let mut input = String::new();
-    std::io::stdin().read_to_string(&mut input)?;
-    let spec: FleetAgentSpec = serde_json::from_str(&input).context("the fleet agent's spec (JSON on stdin)")?;
-    let result = run_fleet_agent(&spec)?;
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer(&mut out, &result)?;
-    out.write_all(b"\n")?;
-    Ok(())
+    crate::control::agent_io("the fleet agent's spec (JSON on stdin)", run_fleet_agent)
 }
 
 #[derive(Debug, Clone)]
