@@ -78,9 +78,13 @@ def main(src):
     held = [summary["stacks"][n]["sites_sla2"] for n in names]
     drawn = bars.bar(names, held, color=[COLORS[n] for n in names])
     for bar, n in zip(drawn, names):
-        usd = summary["stacks"][n].get("usd_per_site_month")
-        label = f"{bar.get_height():.0f}" + (f"\n${usd:.3f}/site-month" if usd else "")
+        stack = summary["stacks"][n]
+        usd = stack.get("usd_per_site_month")
+        # A search that stopped while its last run held is a lower bound (+), its price an upper one.
+        label = f"{bar.get_height():.0f}{'+' if stack.get('lower_bound') else ''}" + (
+            f"\n${usd:.3f}/site-month ({summary['price']['name']})" if usd else "")
         bars.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    bars.set_ylim(0, max(held + [1]) * 1.18)  # room for the labels above the tallest bar
     bars.set_ylabel("sites within SLA-2 and the memory budget")
     bars.set_title(f"Sites held in {summary['memory_budget_mb']} MiB")
     for n in names:
