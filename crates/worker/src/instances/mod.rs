@@ -28,7 +28,6 @@ mod prepare;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -106,23 +105,6 @@ pub struct Invocation {
 struct Kept {
     sandbox: Box<dyn Sandbox>,
     lambda: Arc<Lambda>,
-    _made: Made,
-}
-
-/// One sandbox of a lambda counted as made while it exists ([`Instances::made_of`]).
-struct Made(Arc<AtomicUsize>);
-
-impl Made {
-    fn new(count: Arc<AtomicUsize>) -> Made {
-        count.fetch_add(1, Ordering::AcqRel);
-        Made(count)
-    }
-}
-
-impl Drop for Made {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 impl Occupant for Kept {
@@ -218,20 +200,6 @@ struct MemoryAccounts {
     freeing: Arc<AtomicU64>,
     /// Cold starts that had to wait for memory.
     waits: AtomicU64,
-    /// Requests queued for their lambda's sandbox rather than a cold start that would evict.
-    queued_instead: AtomicU64,
-    /// Each lambda's sandboxes that exist (made past admission, not yet destroyed).
-    made: Mutex<HashMap<String, Arc<AtomicUsize>>>,
-}
-
-/// What a cold start's admission to the memory budget came to.
-enum Admitted {
-    /// Go ahead: these bytes were granted (pending until the sandbox exists).
-    Granted(u64),
-    /// Its room was given back; it waits here for one of its lambda's sandboxes.
-    Queued(oneshot::Receiver<Grant<Kept>>),
-    /// Its room was given back for this idle sandbox of its lambda, released meanwhile.
-    Warm(Idle<Kept>),
 }
 
 impl Instances {
@@ -399,7 +367,7 @@ impl Instances {
                 self.figures.state(SandboxState::Busy, 1);
                 self.warm(idle, lambda).await
             }
-            Acquired::Create => self.create(lambda, Instant::now() + wait).await,
+            Acquired::Create => self.create(lambda).await,
             Acquired::Full => Err(Failure::QueueFull(self.cfg.queue_depth)),
             Acquired::Queued => self.wait(handoff.expect("queued with a hand-off"), lambda, wait).await,
         }
@@ -422,14 +390,13 @@ impl Instances {
             self.cache.evicted(Eviction::Dead, 1);
             self.figures.state(SandboxState::Busy, -1);
             self.destroy(kept.sandbox);
-            return self.create(lambda, Instant::now() + self.cfg.timeout).await;
+            return self.create(lambda).await;
         }
         Ok(Lease { kept, cold: false })
     }
 
     /// Wait up to `wait` for a sandbox or room to be handed over.
     async fn wait(&self, mut rx: oneshot::Receiver<Grant<Kept>>, lambda: &Arc<Lambda>, wait: Duration) -> Result<Lease, Failure> {
-        let deadline = Instant::now() + wait;
         let granted = tokio::select! {
             grant = &mut rx => grant,
             _ = tokio::time::sleep(wait) => {
@@ -449,29 +416,17 @@ impl Instances {
                 // A sandbox of another version: swap it for room to make a current one.
                 self.figures.state(SandboxState::Busy, -1);
                 self.destroy(kept.sandbox);
-                self.create(lambda, deadline).await
+                self.create(lambda).await
             }
-            Ok(Grant::Room) => self.create(lambda, deadline).await,
+            Ok(Grant::Room) => self.create(lambda).await,
             Err(_) => Err(Failure::ShuttingDown),
         }
     }
 
-    /// Provision a sandbox for `lambda`, room for it already counted — or, when the memory
-    /// budget would have it evict and the lambda has another sandbox, wait until `deadline`
-    /// for that one instead ([`Pools::queue_instead`]).
-    async fn create(&self, lambda: &Arc<Lambda>, deadline: Instant) -> Result<Lease, Failure> {
+    /// Provision a sandbox for `lambda`; room for it is already counted.
+    async fn create(&self, lambda: &Arc<Lambda>) -> Result<Lease, Failure> {
         let granted = match self.admit(lambda).await {
-            Ok(Admitted::Granted(granted)) => granted,
-            Ok(Admitted::Queued(rx)) => {
-                self.memory.queued_instead.fetch_add(1, Ordering::Relaxed);
-                return Box::pin(self.wait(rx, lambda, deadline.saturating_duration_since(Instant::now()))).await;
-            }
-            Ok(Admitted::Warm(idle)) => {
-                self.memory.queued_instead.fetch_add(1, Ordering::Relaxed);
-                self.figures.state(SandboxState::Idle, -1);
-                self.figures.state(SandboxState::Busy, 1);
-                return Box::pin(self.warm(idle, lambda)).await;
-            }
+            Ok(granted) => granted,
             Err(failure) => {
                 self.pools.lock().unwrap().give_back_room(&lambda.name);
                 return Err(failure);
@@ -484,13 +439,10 @@ impl Instances {
 
     /// Wait until a new sandbox of `lambda` fits in the memory budget, evicting idle
     /// sandboxes to make room ([`memory_budget::admit`]); returns the bytes granted (counted
-    /// as pending until the sandbox exists). Without a budget, at once. When it does not fit
-    /// as things are and the lambda has another sandbox, the request is queued for that one
-    /// instead: growing a lambda by evicting others' sandboxes is how a full worker thrashes
-    /// (each eviction a cold start to come, each cold start CPU the busy sandboxes needed).
-    async fn admit(&self, lambda: &Arc<Lambda>) -> Result<Admitted, Failure> {
+    /// as pending until the sandbox exists). Without a budget, at once.
+    async fn admit(&self, lambda: &Arc<Lambda>) -> Result<u64, Failure> {
         let (Some(budget), Some((layout, group))) = (self.cfg.budget, &self.memory_group) else {
-            return Ok(Admitted::Granted(0));
+            return Ok(0);
         };
         let need = self.memory.estimates.lock().unwrap().of(&lambda.name, self.cfg.sandbox_estimate);
         let started = Instant::now();
@@ -503,12 +455,6 @@ impl Instances {
                 let admission = if memory_budget::fits(&budget, used, pending, need) {
                     Admission::Go
                 } else {
-                    let (tx, rx) = oneshot::channel();
-                    match pools.queue_instead(&lambda.name, lambda.version, self.made_of(&lambda.name).load(Ordering::Acquire), tx) {
-                        Acquired::Queued => return Ok(Admitted::Queued(rx)),
-                        Acquired::Warm(idle) => return Ok(Admitted::Warm(idle)),
-                        _ => {}
-                    }
                     let idle = pools.idle_candidates(Instant::now(), |kept| kept.sandbox.memory_bytes());
                     memory_budget::admit(&budget, used, pending, need, &idle, pools.busy().saturating_sub(1))
                 };
@@ -523,7 +469,7 @@ impl Instances {
             };
             self.evict(doomed);
             if !matches!(admission, Admission::Wait(_)) {
-                return Ok(Admitted::Granted(need));
+                return Ok(need);
             }
             if !waited {
                 waited = true;
@@ -551,8 +497,7 @@ impl Instances {
             Ok(sandbox) => {
                 self.figures.started(sandbox.startup());
                 self.figures.state(SandboxState::Busy, 1);
-                let made = Made::new(self.made_of(&lambda.name));
-                Ok(Lease { kept: Kept { sandbox, lambda: lambda.clone(), _made: made }, cold: true })
+                Ok(Lease { kept: Kept { sandbox, lambda: lambda.clone() }, cold: true })
             }
             Err(failure) => {
                 self.pools.lock().unwrap().give_back_room(&lambda.name);
@@ -670,7 +615,7 @@ impl Instances {
                 me.prewarms.skipped.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            match me.create(&lambda, Instant::now() + me.cfg.timeout).await {
+            match me.create(&lambda).await {
                 Ok(lease) => {
                     me.prewarms.made.fetch_add(1, Ordering::Relaxed);
                     me.release_to(lease, true, None);
@@ -746,7 +691,6 @@ impl Instances {
                 "charged_mb": mb(self.memory_group.as_ref().map(|(layout, group)| layout.memory_usage_of(group)).unwrap_or(0)),
                 "pending_mb": mb(pending),
                 "freeing_mb": mb(freeing), "waits": waits, "evictions": self.cache.evictions(Eviction::Budget),
-                "queued_instead": self.memory.queued_instead.load(Ordering::Relaxed),
                 "sandbox_estimate_mb": mb(self.cfg.sandbox_estimate),
             }),
             _ => Value::Null,
@@ -787,16 +731,6 @@ impl Instances {
                 }
             })
             .collect()
-    }
-
-    /// The count of `name`'s sandboxes that exist (each [`Kept`] holds one [`Made`]); a
-    /// lambda without any is forgotten on the next call for another.
-    fn made_of(&self, name: &str) -> Arc<AtomicUsize> {
-        let mut made = self.memory.made.lock().unwrap();
-        if made.len() > 1024 {
-            made.retain(|_, count| count.load(Ordering::Acquire) > 0 || Arc::strong_count(count) > 1);
-        }
-        made.entry(name.to_string()).or_default().clone()
     }
 
     /// The memory budget's accounts, when there is one: (in use in its cgroup — charged, less

@@ -218,33 +218,6 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
         }
     }
 
-    /// Instead of making a sandbox with the room it was granted, serve a request of `version`
-    /// of `name` with one the lambda has: under a full memory budget, waiting for a sandbox
-    /// that is serving costs less than a cold start that evicts another lambda's. `made`
-    /// counts the lambda's sandboxes that exist or are being made past admission (rooms
-    /// held by requests still deciding are no sandbox to wait for: two of them would hand
-    /// their rooms back and forth). An idle one of its version is taken (`Warm`), else the
-    /// request is queued (`Queued`) for the next one released; either way its room goes
-    /// back. `Create` (the room kept) when there is none to wait for, or the queue is full.
-    pub fn queue_instead(&mut self, name: &str, version: u64, made: usize, waiter: W) -> Acquired<O> {
-        let Some(pool) = self.pools.get_mut(name) else { return Acquired::Create };
-        if made == 0 {
-            return Acquired::Create;
-        }
-        if let Some(at) = pool.idle.iter().rposition(|i| i.occupant.version() == version) {
-            let idle = pool.idle.remove(at);
-            self.give_back_room(name);
-            return Acquired::Warm(idle);
-        }
-        pool.waiters.retain(|w| !w.is_gone());
-        if pool.waiters.len() >= self.bounds.queue_depth {
-            return Acquired::Create;
-        }
-        self.give_back_room(name);
-        pool_of(&mut self.pools, name).waiters.push_back(waiter);
-        Acquired::Queued
-    }
-
     /// Evict the least recently used idle sandbox of any lambda; false when none is idle.
     fn evict_lru(&mut self, doomed: &mut Vec<(O, Eviction)>) -> bool {
         let oldest = self
@@ -666,36 +639,6 @@ mod tests {
         let doomed = w.pools.evict_ids(&[b, busy.id], Eviction::Budget);
         assert_eq!(ids(&doomed), vec![(b, "budget")], "a busy sandbox is not the pools' to evict");
         assert_eq!((w.pools.total(), w.pools.busy()), (2, 1));
-    }
-
-    #[test]
-    fn a_request_queues_instead_for_its_lambdas_sandbox_and_gets_it_when_it_ends() {
-        let mut w = World::new(8, 16, 4);
-        assert!(matches!(w.acquire("a", 1).0, Acquired::Create));
-        // No sandbox made yet (another request's room is none to wait for): the room is kept.
-        assert!(matches!(w.pools.queue_instead("a", 1, 0, Slot::default()), Acquired::Create));
-        assert_eq!(w.pools.total(), 1);
-        let busy = w.sandbox("a", 1);
-        let busy_id = busy.id;
-        // A second request gives its room back and waits for the first one's sandbox.
-        assert!(matches!(w.acquire("a", 1).0, Acquired::Create));
-        let slot = Slot::default();
-        assert!(matches!(w.pools.queue_instead("a", 1, 1, slot.clone()), Acquired::Queued));
-        assert_eq!((w.pools.total(), w.pools.busy()), (1, 1));
-        assert!(matches!(w.pools.release("a", busy, true, w.now), Released::Handed));
-        assert_eq!(slot.taken(), Some(Granted::Sandbox(busy_id)), "handed the sandbox that ended");
-        // Released between a request's room and its decision, the sandbox is taken at once;
-        // the room goes back.
-        let mut w = World::new(8, 16, 4);
-        let first = w.cold("a", 1);
-        let first_id = first.id;
-        assert!(matches!(w.acquire("a", 1).0, Acquired::Create));
-        assert!(matches!(w.pools.release("a", first, true, w.now), Released::Idle));
-        match w.pools.queue_instead("a", 1, 1, Slot::default()) {
-            Acquired::Warm(idle) => assert_eq!(idle.occupant.id, first_id),
-            other => panic!("expected the idle sandbox, got {}", describe(&other)),
-        }
-        assert_eq!((w.pools.total(), w.pools.busy()), (1, 1));
     }
 
     #[test]
