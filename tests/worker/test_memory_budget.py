@@ -75,6 +75,42 @@ def test_a_burst_of_cold_starts_fits_the_budget_evicting_and_waiting_but_failing
     assert 'sprout_lambda_memory_estimate_bytes{lambda="holder' in metrics
 
 
+SLOW = """
+import time
+HELD = bytearray(8 << 20)
+for i in range(0, len(HELD), 4096):
+    HELD[i] = 1
+
+def f(event):
+    time.sleep(0.4)
+    return "done"
+"""
+
+
+def test_under_a_full_budget_a_busy_lambda_queues_for_its_sandbox_instead_of_evicting(make_worker):
+    """A request that finds its lambda's sandbox busy, when a new one would not fit without
+    evicting another lambda's, waits for that sandbox (queued_instead) and evicts nothing;
+    the worker serves on afterwards."""
+    w = make_worker(instances={"memory_budget_mb": BUDGET_MB, "max_per_lambda": 4})
+    names = [f"holder{i}" for i in range(12)]
+    for name in names:
+        w.deploy_source(name, HOLDING.format(mb=12))
+    w.deploy_source("slow", SLOW)
+    for name in names:  # fill the budget with idle sandboxes of other lambdas
+        assert w.client.run(name) == 12
+    assert w.client.run("slow") == "done"  # its one sandbox, made by evicting if need be
+    before = w.client.stats()["lambdas"]["memory_budget"]
+    # Eight at once: several wait for the one sandbox together (rooms they give back must
+    # not pass between them for ever, a livelock an earlier version had).
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(lambda _: w.client.run("slow"), range(8))) == ["done"] * 8
+    after = w.client.stats()["lambdas"]["memory_budget"]
+    assert after["queued_instead"] > before["queued_instead"], after
+    assert after["evictions"] == before["evictions"], (before, after)
+    assert oom_kills(w) == 0
+    assert w.client.run("holder0") == 12
+
+
 WRITER = """
 def f(event):
     with open(event["path"], "wb") as out:

@@ -236,7 +236,7 @@ pub fn run_fleet(opts: &FleetRunOptions) -> Result<FleetReport> {
         opts.agent_cpus,
         opts.sut_cpus
     );
-    let sampler = Sampler::start(Duration::from_secs(1), opts.sut_cgroup.clone().map(SutProcesses));
+    let sampler = Sampler::start(Duration::from_secs(1), opts.sut_cgroup.clone().map(SutProcesses), opts.agent_cpus.first().copied());
     let results = run_agents(opts, &spec);
     let (samples, _) = sampler.stop();
     let merged = merge(fleet.sites.len(), results?)?;

@@ -57,7 +57,7 @@ pub fn run(opts: &RunOptions) -> Result<RunReport> {
         opts.spec.ramp_down_s,
         opts.sut_cpus
     );
-    let sampler = Sampler::start(Duration::from_secs(1), opts.sut_cgroup.clone().map(SutProcesses));
+    let sampler = Sampler::start(Duration::from_secs(1), opts.sut_cgroup.clone().map(SutProcesses), opts.agent_cpus.first().copied());
     let merged = control::run_agents(&opts.exe, &opts.spec, &opts.agent_cpus);
     let (samples, cpu_by_process) = sampler.stop();
     let merged = merged?;

@@ -264,10 +264,16 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    pub fn start(interval: Duration, sut: Option<SutProcesses>) -> Sampler {
+    /// Sample every `interval` (and `sut`'s processes), on a thread pinned to `cpu` when
+    /// given — the load's CPU: reading every process's smaps each second is work that must
+    /// not land on the deployment's CPUs.
+    pub fn start(interval: Duration, sut: Option<SutProcesses>, cpu: Option<usize>) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
+            if let Some(cpu) = cpu {
+                let _ = sprout_runtime::pin_to(cpu);
+            }
             let begin = Instant::now();
             let mut samples = Vec::new();
             let mut processes = ProcessCpu::default();
@@ -332,7 +338,7 @@ mod tests {
     #[test]
     fn a_busy_thread_shows_on_its_cpu() {
         // Spin on CPU 0 for a second while sampling: CPU 0 reads mostly busy.
-        let sampler = Sampler::start(Duration::from_millis(250), Some(SutProcesses(PathBuf::from("/nonexistent"))));
+        let sampler = Sampler::start(Duration::from_millis(250), Some(SutProcesses(PathBuf::from("/nonexistent"))), None);
         let spin = std::thread::spawn(|| {
             let _ = sprout_runtime::pin_to(0);
             let end = Instant::now() + Duration::from_millis(1100);
@@ -362,7 +368,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sprout-load-cg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("cgroup.procs"), format!("{}\n", std::process::id())).unwrap();
-        let sampler = Sampler::start(Duration::from_millis(100), Some(SutProcesses(dir.clone())));
+        let sampler = Sampler::start(Duration::from_millis(100), Some(SutProcesses(dir.clone())), None);
         std::thread::sleep(Duration::from_millis(150));
         let end = Instant::now() + Duration::from_millis(600);
         let mut x = 0u64;

@@ -284,7 +284,8 @@ fn thaw_tree(dir: &Path) {
     }
 }
 
-fn remove_group_tree(dir: &Path) -> io::Result<()> {
+/// Remove the cgroup directory `dir` and every group below it, killing what runs there.
+pub fn remove_group_tree(dir: &Path) -> io::Result<()> {
     if let Ok(entries) = fs::read_dir(dir) {
         for e in entries.flatten() {
             if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {

@@ -84,8 +84,14 @@ impl Collector for BackendCollector {
         }
         // Gauges without labels, of the parts that are there.
         let mut gauges: Vec<(&str, &str, i64)> = Vec::new();
-        if let (Some(limit), Some((used, pending, _, waits))) = (self.instances.budget_limit(), self.instances.budget_figures()) {
-            all.push(("sprout_memory_budget_waits", "Cold starts that waited for memory", waits));
+        if let (Some(limit), Some(budget)) = (self.instances.budget_limit(), self.instances.budget_figures()) {
+            let (used, pending) = (budget.used, budget.pending);
+            all.push(("sprout_memory_budget_waits", "Cold starts that waited for memory", budget.waits));
+            all.push((
+                "sprout_memory_budget_queued_instead",
+                "Requests that waited for their lambda's busy sandbox rather than evict another lambda's",
+                budget.queued_instead,
+            ));
             gauges.extend([
                 ("sprout_memory_budget_bytes", "The whole worker's memory budget", limit as i64),
                 ("sprout_memory_budget_used_bytes", "Memory the budget's cgroup holds, less page cache no process maps", used as i64),

@@ -20,6 +20,7 @@
 //! module carries its decisions out against a [`Backend`], never holding the mutex across a
 //! sandbox operation other than pausing.
 
+mod admission;
 #[cfg(test)]
 mod fake;
 mod figures;
@@ -41,12 +42,13 @@ use tokio::sync::oneshot;
 pub use figures::{InstanceFigures, SandboxState};
 pub use prepare::{Prepare, Provisioning};
 
-use crate::budget::{self as memory_budget, Admission, Budget, Estimates};
+use crate::budget::Budget;
 use crate::handler_cache::{self, Eviction, HandlerCacheConfig};
 use crate::keepalive::Tracker;
 use crate::packages::InstallError;
 use crate::registry::Lambda;
 use crate::retry;
+use admission::{Admitted, MemoryAccounts};
 use pools::{Acquired, Bounds, Grant, Idle, Occupant, Pools, Released, Waiter};
 
 /// How often every paused sandbox's PSS is measured again.
@@ -105,6 +107,8 @@ pub struct Invocation {
 struct Kept {
     sandbox: Box<dyn Sandbox>,
     lambda: Arc<Lambda>,
+    /// Counts it among its lambda's sandboxes while it exists.
+    _made: admission::Made,
 }
 
 impl Occupant for Kept {
@@ -141,6 +145,13 @@ impl Drop for Running<'_> {
     fn drop(&mut self) {
         self.idle_times.lock().unwrap().ended(self.name, Instant::now());
     }
+}
+
+/// How a request is to get its sandbox next ([`Instances::obtain`]).
+enum Step {
+    Warm(Idle<Kept>),
+    Create,
+    Wait(oneshot::Receiver<Grant<Kept>>),
 }
 
 /// A sandbox lent to one request.
@@ -188,18 +199,6 @@ pub struct LambdaFigures {
     pub prewarm: Duration,
     pub keep_alive: Duration,
     pub memory_estimate: Option<u64>,
-}
-
-/// The memory budget's running accounts.
-#[derive(Default)]
-struct MemoryAccounts {
-    estimates: Mutex<Estimates>,
-    /// Granted to cold starts under way (not yet in the cgroup's usage).
-    pending: AtomicU64,
-    /// Held by sandboxes evicted for the budget and still being destroyed.
-    freeing: Arc<AtomicU64>,
-    /// Cold starts that had to wait for memory.
-    waits: AtomicU64,
 }
 
 impl Instances {
@@ -361,20 +360,64 @@ impl Instances {
             &mut doomed,
         );
         self.evict(doomed);
-        match acquired {
+        let step = match acquired {
             Acquired::Warm(idle) => {
                 self.figures.state(SandboxState::Idle, -1);
                 self.figures.state(SandboxState::Busy, 1);
-                self.warm(idle, lambda).await
+                Step::Warm(idle)
             }
-            Acquired::Create => self.create(lambda).await,
-            Acquired::Full => Err(Failure::QueueFull(self.cfg.queue_depth)),
-            Acquired::Queued => self.wait(handoff.expect("queued with a hand-off"), lambda, wait).await,
+            Acquired::Create => Step::Create,
+            Acquired::Full => return Err(Failure::QueueFull(self.cfg.queue_depth)),
+            Acquired::Queued => Step::Wait(handoff.expect("queued with a hand-off")),
+        };
+        self.obtain(lambda, step, wait).await
+    }
+
+    /// Follow a request's steps to a sandbox: an idle one resumed, a new one made, or one (or
+    /// room for one) handed over within `wait`. A loop, not recursion: under a full memory
+    /// budget a request may go from making a sandbox to waiting for one and back.
+    async fn obtain(&self, lambda: &Arc<Lambda>, mut step: Step, wait: Duration) -> Result<Lease, Failure> {
+        let deadline = Instant::now() + wait;
+        loop {
+            step = match step {
+                Step::Warm(idle) => match self.warm(idle) {
+                    Some(lease) => return Ok(lease),
+                    None => Step::Create,
+                },
+                Step::Create => match self.admit(lambda).await {
+                    Ok(Admitted::Granted(granted)) => {
+                        let lease = self.create_admitted(lambda).await;
+                        self.memory.pending.fetch_sub(granted, Ordering::AcqRel);
+                        return lease;
+                    }
+                    Ok(Admitted::Queued(rx)) => Step::Wait(rx),
+                    Ok(Admitted::Warm(idle)) => {
+                        self.figures.state(SandboxState::Idle, -1);
+                        self.figures.state(SandboxState::Busy, 1);
+                        Step::Warm(idle)
+                    }
+                    Err(failure) => {
+                        self.pools.lock().unwrap().give_back_room(&lambda.name);
+                        return Err(failure);
+                    }
+                },
+                Step::Wait(rx) => match self.wait(rx, lambda, deadline, wait).await? {
+                    Grant::Sandbox(kept) if kept.lambda.version == lambda.version => return Ok(Lease { kept, cold: false }),
+                    Grant::Sandbox(kept) => {
+                        // A sandbox of another version: swap it for room to make a current one.
+                        self.figures.state(SandboxState::Busy, -1);
+                        self.destroy(kept.sandbox);
+                        Step::Create
+                    }
+                    Grant::Room => Step::Create,
+                },
+            };
         }
     }
 
-    /// Resume an idle sandbox for a request; one that died while idle is replaced by a new one.
-    async fn warm(&self, idle: Idle<Kept>, lambda: &Arc<Lambda>) -> Result<Lease, Failure> {
+    /// Resume an idle sandbox for a request; None when it died while idle (e.g. with its
+    /// Zygote): it is destroyed and its room kept for a new one.
+    fn warm(&self, idle: Idle<Kept>) -> Option<Lease> {
         let Idle { occupant: kept, paused, .. } = idle;
         let killed = paused && kept.sandbox.killed_while_paused();
         if paused {
@@ -386,99 +429,35 @@ impl Instances {
             }
         }
         if killed || !kept.sandbox.reusable() {
-            // It died while idle (e.g. with its Zygote): make a new one in its place.
             self.cache.evicted(Eviction::Dead, 1);
             self.figures.state(SandboxState::Busy, -1);
             self.destroy(kept.sandbox);
-            return self.create(lambda).await;
+            return None;
         }
-        Ok(Lease { kept, cold: false })
+        Some(Lease { kept, cold: false })
     }
 
-    /// Wait up to `wait` for a sandbox or room to be handed over.
-    async fn wait(&self, mut rx: oneshot::Receiver<Grant<Kept>>, lambda: &Arc<Lambda>, wait: Duration) -> Result<Lease, Failure> {
-        let granted = tokio::select! {
-            grant = &mut rx => grant,
-            _ = tokio::time::sleep(wait) => {
+    /// Wait until `deadline` (`wait` after the request came) for a sandbox or room to be
+    /// handed over.
+    async fn wait(
+        &self,
+        mut rx: oneshot::Receiver<Grant<Kept>>,
+        lambda: &Arc<Lambda>,
+        deadline: Instant,
+        wait: Duration,
+    ) -> Result<Grant<Kept>, Failure> {
+        tokio::select! {
+            grant = &mut rx => grant.map_err(|_| Failure::ShuttingDown),
+            _ = tokio::time::sleep_until(deadline.into()) => {
                 // A grant may have arrived just now: never lose it.
                 rx.close();
                 match rx.try_recv() {
-                    Ok(Grant::Room) => self.pools.lock().unwrap().give_back_room(&lambda.name),
+                    Ok(Grant::Room) => self.pools.lock().unwrap().sandbox_gone(&lambda.name),
                     Ok(Grant::Sandbox(kept)) => self.release(Lease { kept, cold: false }, true),
                     Err(_) => {}
                 }
-                return Err(Failure::QueueTimeout(wait));
+                Err(Failure::QueueTimeout(wait))
             }
-        };
-        match granted {
-            Ok(Grant::Sandbox(kept)) if kept.lambda.version == lambda.version => Ok(Lease { kept, cold: false }),
-            Ok(Grant::Sandbox(kept)) => {
-                // A sandbox of another version: swap it for room to make a current one.
-                self.figures.state(SandboxState::Busy, -1);
-                self.destroy(kept.sandbox);
-                self.create(lambda).await
-            }
-            Ok(Grant::Room) => self.create(lambda).await,
-            Err(_) => Err(Failure::ShuttingDown),
-        }
-    }
-
-    /// Provision a sandbox for `lambda`; room for it is already counted.
-    async fn create(&self, lambda: &Arc<Lambda>) -> Result<Lease, Failure> {
-        let granted = match self.admit(lambda).await {
-            Ok(granted) => granted,
-            Err(failure) => {
-                self.pools.lock().unwrap().give_back_room(&lambda.name);
-                return Err(failure);
-            }
-        };
-        let lease = self.create_admitted(lambda).await;
-        self.memory.pending.fetch_sub(granted, Ordering::AcqRel);
-        lease
-    }
-
-    /// Wait until a new sandbox of `lambda` fits in the memory budget, evicting idle
-    /// sandboxes to make room ([`memory_budget::admit`]); returns the bytes granted (counted
-    /// as pending until the sandbox exists). Without a budget, at once.
-    async fn admit(&self, lambda: &Arc<Lambda>) -> Result<u64, Failure> {
-        let (Some(budget), Some((layout, group))) = (self.cfg.budget, &self.memory_group) else {
-            return Ok(0);
-        };
-        let need = self.memory.estimates.lock().unwrap().of(&lambda.name, self.cfg.sandbox_estimate);
-        let started = Instant::now();
-        let mut waited = false;
-        loop {
-            let used = layout.memory_in_use_of(group).saturating_sub(self.memory.freeing.load(Ordering::Acquire));
-            let (admission, doomed) = {
-                let mut pools = self.pools.lock().unwrap();
-                let pending = self.memory.pending.load(Ordering::Acquire);
-                let admission = if memory_budget::fits(&budget, used, pending, need) {
-                    Admission::Go
-                } else {
-                    let idle = pools.idle_candidates(Instant::now(), |kept| kept.sandbox.memory_bytes());
-                    memory_budget::admit(&budget, used, pending, need, &idle, pools.busy().saturating_sub(1))
-                };
-                let doomed = match &admission {
-                    Admission::Go => Vec::new(),
-                    Admission::Evict(ids) | Admission::Wait(ids) => pools.evict_ids(ids, Eviction::Budget),
-                };
-                if !matches!(admission, Admission::Wait(_)) {
-                    self.memory.pending.fetch_add(need, Ordering::AcqRel);
-                }
-                (admission, doomed)
-            };
-            self.evict(doomed);
-            if !matches!(admission, Admission::Wait(_)) {
-                return Ok(need);
-            }
-            if !waited {
-                waited = true;
-                self.memory.waits.fetch_add(1, Ordering::Relaxed);
-            }
-            if started.elapsed() >= self.cfg.timeout {
-                return Err(Failure::NoMemory(self.cfg.timeout));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -497,7 +476,8 @@ impl Instances {
             Ok(sandbox) => {
                 self.figures.started(sandbox.startup());
                 self.figures.state(SandboxState::Busy, 1);
-                Ok(Lease { kept: Kept { sandbox, lambda: lambda.clone() }, cold: true })
+                let made = self.memory.made(&lambda.name);
+                Ok(Lease { kept: Kept { sandbox, lambda: lambda.clone(), _made: made }, cold: true })
             }
             Err(failure) => {
                 self.pools.lock().unwrap().give_back_room(&lambda.name);
@@ -615,7 +595,7 @@ impl Instances {
                 me.prewarms.skipped.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            match me.create(&lambda).await {
+            match me.obtain(&lambda, Step::Create, me.cfg.timeout).await {
                 Ok(lease) => {
                     me.prewarms.made.fetch_add(1, Ordering::Relaxed);
                     me.release_to(lease, true, None);
@@ -686,11 +666,12 @@ impl Instances {
             .collect();
         let (paused, paused_pss) = pools.paused_figures();
         let budget = match (self.cfg.budget, self.budget_figures()) {
-            (Some(budget), Some((used, pending, freeing, waits))) => json!({
-                "limit_mb": mb(budget.limit), "reserve_mb": mb(budget.reserve), "used_mb": mb(used),
+            (Some(budget), Some(f)) => json!({
+                "limit_mb": mb(budget.limit), "reserve_mb": mb(budget.reserve), "used_mb": mb(f.used),
                 "charged_mb": mb(self.memory_group.as_ref().map(|(layout, group)| layout.memory_usage_of(group)).unwrap_or(0)),
-                "pending_mb": mb(pending),
-                "freeing_mb": mb(freeing), "waits": waits, "evictions": self.cache.evictions(Eviction::Budget),
+                "pending_mb": mb(f.pending),
+                "freeing_mb": mb(f.freeing), "waits": f.waits, "evictions": self.cache.evictions(Eviction::Budget),
+                "queued_instead": f.queued_instead,
                 "sandbox_estimate_mb": mb(self.cfg.sandbox_estimate),
             }),
             _ => Value::Null,
@@ -731,20 +712,6 @@ impl Instances {
                 }
             })
             .collect()
-    }
-
-    /// The memory budget's accounts, when there is one: (in use in its cgroup — charged, less
-    /// page cache no process maps —, granted to cold starts under way, being freed, cold
-    /// starts that waited for memory).
-    pub fn budget_figures(&self) -> Option<(u64, u64, u64, u64)> {
-        let (layout, group) = self.memory_group.as_ref()?;
-        let m = &self.memory;
-        Some((
-            layout.memory_in_use_of(group),
-            m.pending.load(Ordering::Acquire),
-            m.freeing.load(Ordering::Acquire),
-            m.waits.load(Ordering::Relaxed),
-        ))
     }
 
     /// The memory budget in bytes, when there is one.

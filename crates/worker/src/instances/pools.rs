@@ -83,7 +83,11 @@ struct Pool<O, W> {
     idle: Vec<Idle<O>>,
     /// Sandboxes of this lambda that exist or are being made.
     live: usize,
+    /// Requests waiting for a sandbox of this lambda or room to make one.
     waiters: VecDeque<W>,
+    /// Requests waiting only for a sandbox of this lambda ([`Pools::queue_instead`]): room
+    /// reaches them only when one of its sandboxes is destroyed.
+    for_sandbox: VecDeque<W>,
     served: u64,
     /// When its recent requests came (within [`RECENT`]): the cost of evicting its sandboxes.
     recent: VecDeque<Instant>,
@@ -91,7 +95,7 @@ struct Pool<O, W> {
 
 impl<O, W> Default for Pool<O, W> {
     fn default() -> Self {
-        Pool { idle: Vec::new(), live: 0, waiters: VecDeque::new(), served: 0, recent: VecDeque::new() }
+        Pool { idle: Vec::new(), live: 0, waiters: VecDeque::new(), for_sandbox: VecDeque::new(), served: 0, recent: VecDeque::new() }
     }
 }
 
@@ -165,7 +169,8 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
         }
         let pool = self.pools.get_mut(name).expect("the pool was made above");
         pool.waiters.retain(|w| !w.is_gone());
-        if pool.waiters.len() >= self.bounds.queue_depth {
+        pool.for_sandbox.retain(|w| !w.is_gone());
+        if pool.waiters.len() + pool.for_sandbox.len() >= self.bounds.queue_depth {
             return Acquired::Full;
         }
         pool.waiters.push_back(waiter());
@@ -173,17 +178,17 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
     }
 
     /// Take back a sandbox after its request. Kept (`keep`), it goes to the longest-waiting
-    /// request of its lambda or into the idle set; otherwise the caller destroys it and its
-    /// room goes to a waiting request.
+    /// request of its lambda (those waiting only for a sandbox first) or into the idle set;
+    /// otherwise the caller destroys it and its room goes to a waiting request.
     pub fn release(&mut self, name: &str, occupant: O, keep: bool, now: Instant) -> Released<O> {
         let pool = pool_of(&mut self.pools, name);
         pool.served += 1;
         if !keep {
-            self.give_back_room(name);
+            self.sandbox_gone(name);
             return Released::Destroy(occupant);
         }
         let mut grant = Grant::Sandbox(occupant);
-        while let Some(waiter) = pool.waiters.pop_front() {
+        while let Some(waiter) = pool.for_sandbox.pop_front().or_else(|| pool.waiters.pop_front()) {
             match waiter.grant(grant) {
                 Ok(()) => return Released::Handed,
                 Err(returned) => grant = returned,
@@ -194,9 +199,19 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
         Released::Idle
     }
 
-    /// One sandbox of `name` is gone (destroyed, or never made): its room goes to a waiting
-    /// request, of this lambda first, then of any lambda with room of its own.
+    /// Room for a sandbox of `name` that was never made goes back: to a request waiting for
+    /// room, of this lambda first, then of any lambda with room of its own.
     pub fn give_back_room(&mut self, name: &str) {
+        self.hand_on_room(name, false);
+    }
+
+    /// A sandbox of `name` was destroyed: its room goes to a request waiting for one of the
+    /// lambda's sandboxes (there may be none left to wait for), else as [`Pools::give_back_room`].
+    pub fn sandbox_gone(&mut self, name: &str) {
+        self.hand_on_room(name, true);
+    }
+
+    fn hand_on_room(&mut self, name: &str, to_its_sandbox_waiters: bool) {
         if let Some(pool) = self.pools.get_mut(name) {
             pool.live -= 1;
         }
@@ -208,7 +223,8 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
             if pool.live >= self.bounds.max_per_lambda || self.total >= self.bounds.max_total {
                 continue;
             }
-            while let Some(waiter) = pool.waiters.pop_front() {
+            let own = to_its_sandbox_waiters && key == name;
+            while let Some(waiter) = if own { pool.for_sandbox.pop_front() } else { None }.or_else(|| pool.waiters.pop_front()) {
                 if waiter.grant(Grant::Room).is_ok() {
                     pool.live += 1;
                     self.total += 1;
@@ -216,6 +232,35 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
                 }
             }
         }
+    }
+
+    /// Instead of making a sandbox with the room it was granted, serve a request of `version`
+    /// of `name` with one the lambda has: under a full memory budget, waiting for a sandbox
+    /// that is serving costs less than a cold start that evicts another lambda's. `made`
+    /// counts the lambda's sandboxes that exist (rooms held by requests still deciding are
+    /// no sandbox to wait for). An idle one of its version is taken (`Warm`), else the request
+    /// waits for the next one released (`Queued`), taking no room meanwhile: its room goes
+    /// to a request waiting for room, never to one waiting only for a sandbox, so rooms are
+    /// not handed back and forth. `Create` (the room kept) when there is none to wait for,
+    /// or the queue is full.
+    pub fn queue_instead(&mut self, name: &str, version: u64, made: usize, waiter: W) -> Acquired<O> {
+        let Some(pool) = self.pools.get_mut(name) else { return Acquired::Create };
+        if made == 0 {
+            return Acquired::Create;
+        }
+        if let Some(at) = pool.idle.iter().rposition(|i| i.occupant.version() == version) {
+            let idle = pool.idle.remove(at);
+            self.give_back_room(name);
+            return Acquired::Warm(idle);
+        }
+        pool.waiters.retain(|w| !w.is_gone());
+        pool.for_sandbox.retain(|w| !w.is_gone());
+        if pool.waiters.len() + pool.for_sandbox.len() >= self.bounds.queue_depth {
+            return Acquired::Create;
+        }
+        pool.for_sandbox.push_back(waiter);
+        self.give_back_room(name);
+        Acquired::Queued
     }
 
     /// Evict the least recently used idle sandbox of any lambda; false when none is idle.
@@ -297,6 +342,7 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
         let mut all = Vec::new();
         for pool in self.pools.values_mut() {
             pool.waiters.clear();
+            pool.for_sandbox.clear();
             pool.live -= pool.idle.len();
             self.total -= pool.idle.len();
             all.extend(pool.idle.drain(..).map(|i| i.occupant));
@@ -307,7 +353,10 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
     /// Each lambda's figures.
     pub fn figures(&self) -> impl Iterator<Item = (&str, PoolFigures)> {
         self.pools.iter().map(|(name, p)| {
-            (name.as_str(), PoolFigures { sandboxes: p.live, idle: p.idle.len(), queued: p.waiters.len(), served: p.served })
+            (
+                name.as_str(),
+                PoolFigures { sandboxes: p.live, idle: p.idle.len(), queued: p.waiters.len() + p.for_sandbox.len(), served: p.served },
+            )
         })
     }
 
@@ -364,7 +413,7 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
     }
 
     fn forget_empty(&mut self) {
-        self.pools.retain(|_, p| p.live > 0 || !p.waiters.is_empty());
+        self.pools.retain(|_, p| p.live > 0 || !p.waiters.is_empty() || !p.for_sandbox.is_empty());
     }
 }
 
@@ -639,6 +688,69 @@ mod tests {
         let doomed = w.pools.evict_ids(&[b, busy.id], Eviction::Budget);
         assert_eq!(ids(&doomed), vec![(b, "budget")], "a busy sandbox is not the pools' to evict");
         assert_eq!((w.pools.total(), w.pools.busy()), (2, 1));
+    }
+
+    #[test]
+    fn a_request_queues_instead_for_its_lambdas_sandbox_and_gets_it_when_it_ends() {
+        let mut w = World::new(8, 16, 4);
+        assert!(matches!(w.acquire("a", 1).0, Acquired::Create));
+        // No sandbox made yet (another request's room is none to wait for): the room is kept.
+        assert!(matches!(w.pools.queue_instead("a", 1, 0, Slot::default()), Acquired::Create));
+        assert_eq!(w.pools.total(), 1);
+        let busy = w.sandbox("a", 1);
+        let busy_id = busy.id;
+        // A second request gives its room back and waits for the first one's sandbox.
+        assert!(matches!(w.acquire("a", 1).0, Acquired::Create));
+        let slot = Slot::default();
+        assert!(matches!(w.pools.queue_instead("a", 1, 1, slot.clone()), Acquired::Queued));
+        assert_eq!((w.pools.total(), w.pools.busy()), (1, 1));
+        assert_eq!(w.pools.figures().next().map(|(_, f)| f.queued), Some(1));
+        assert!(matches!(w.pools.release("a", busy, true, w.now), Released::Handed));
+        assert_eq!(slot.taken(), Some(Granted::Sandbox(busy_id)), "handed the sandbox that ended");
+        // Released between a request's room and its decision, the sandbox is taken at once;
+        // the room goes back.
+        let mut w = World::new(8, 16, 4);
+        let first = w.cold("a", 1);
+        let first_id = first.id;
+        assert!(matches!(w.acquire("a", 1).0, Acquired::Create));
+        assert!(matches!(w.pools.release("a", first, true, w.now), Released::Idle));
+        match w.pools.queue_instead("a", 1, 1, Slot::default()) {
+            Acquired::Warm(idle) => assert_eq!(idle.occupant.id, first_id),
+            other => panic!("expected the idle sandbox, got {}", describe(&other)),
+        }
+        assert_eq!((w.pools.total(), w.pools.busy()), (1, 1));
+    }
+
+    #[test]
+    fn a_room_given_back_to_wait_never_reaches_a_request_waiting_only_for_a_sandbox() {
+        // Requests of "a" wait for its one busy sandbox, each giving its room back. Handed to
+        // one of them, a room would come straight back (the budget is still full): requests
+        // would pass it around for ever.
+        let mut w = World::new(8, 3, 4);
+        let busy = w.cold("a", 1);
+        let mut waiting = Vec::new();
+        let mut queue_instead = |w: &mut World| {
+            let slot = Slot::default();
+            assert!(matches!(w.pools.queue_instead("a", 1, 1, slot.clone()), Acquired::Queued));
+            waiting.push(slot);
+        };
+        for _ in 0..2 {
+            assert!(matches!(w.acquire("a", 1).0, Acquired::Create));
+            queue_instead(&mut w);
+        }
+        assert!(matches!(w.acquire("a", 1).0, Acquired::Create));
+        w.cold("c", 1);
+        let (queued, _, for_room) = w.acquire("b", 1);
+        assert!(matches!(queued, Acquired::Queued), "the worker is full");
+        // The third request of "a" gives its room back: it goes to b, waiting for room.
+        queue_instead(&mut w);
+        assert_eq!(for_room.taken(), Some(Granted::Room));
+        assert!(waiting.iter().all(|s| s.taken().is_none()));
+        // When a's only sandbox is destroyed, the first request waiting for it gets its room.
+        assert!(matches!(w.pools.release("a", busy, false, w.now), Released::Destroy(_)));
+        assert_eq!(waiting[0].taken(), Some(Granted::Room));
+        assert!(waiting[1..].iter().all(|s| s.taken().is_none()));
+        assert_eq!(w.pools.total(), 3, "b's new room, c's sandbox, a's room for a new one");
     }
 
     #[test]
