@@ -32,11 +32,12 @@ pub(super) struct MemoryAccounts {
     pub(super) waits: AtomicU64,
     /// Requests that waited for their lambda's sandbox rather than evict another's.
     pub(super) queued_instead: AtomicU64,
-    /// Each lambda's sandboxes that exist (made, not yet dropped).
+    /// Each lambda's sandboxes that exist or are being made past admission.
     made: Mutex<HashMap<String, Arc<AtomicUsize>>>,
 }
 
-/// One sandbox of a lambda, counted while it exists (held by its [`Kept`]).
+/// One sandbox of a lambda, counted from its admission while it is made and exists (held
+/// by its [`Kept`]).
 pub(super) struct Made(Arc<AtomicUsize>);
 
 impl Drop for Made {
@@ -61,8 +62,9 @@ pub struct BudgetFigures {
 
 /// What a cold start's admission to the memory budget came to.
 pub(super) enum Admitted {
-    /// Go ahead: these bytes were granted (pending until the sandbox exists).
-    Granted(u64),
+    /// Go ahead: `bytes` were granted (pending until the sandbox exists), and the sandbox to
+    /// be made counts among its lambda's from now (others wait for it rather than evict).
+    Granted { bytes: u64, made: Made },
     /// Its room was given back; it waits here for one of its lambda's sandboxes.
     Queued(oneshot::Receiver<Grant<Kept>>),
     /// Its room was given back for this idle sandbox of its lambda, released meanwhile.
@@ -100,16 +102,17 @@ impl Instances {
     /// eviction a cold start to come, each cold start CPU the busy sandboxes needed).
     pub(super) async fn admit(&self, lambda: &Arc<Lambda>) -> Result<Admitted, Failure> {
         let (Some(budget), Some((layout, group))) = (self.cfg.budget, &self.memory_group) else {
-            return Ok(Admitted::Granted(0));
+            return Ok(Admitted::Granted { bytes: 0, made: self.memory.made(&lambda.name) });
         };
         let need = self.memory.estimates.lock().unwrap().of(&lambda.name, self.cfg.sandbox_estimate);
         let started = Instant::now();
         let mut waited = false;
         loop {
             let used = layout.memory_in_use_of(group).saturating_sub(self.memory.freeing.load(Ordering::Acquire));
-            let made = self.memory.made_of(&lambda.name);
-            let (admission, doomed) = {
+            let (granted, doomed) = {
+                // Under the pools' lock, so two requests of a lambda decide one after the other.
                 let mut pools = self.pools.lock().unwrap();
+                let made = self.memory.made_of(&lambda.name);
                 let pending = self.memory.pending.load(Ordering::Acquire);
                 let admission = if memory_budget::fits(&budget, used, pending, need) {
                     Admission::Go
@@ -127,14 +130,15 @@ impl Instances {
                     Admission::Go => Vec::new(),
                     Admission::Evict(ids) | Admission::Wait(ids) => pools.evict_ids(ids, Eviction::Budget),
                 };
-                if !matches!(admission, Admission::Wait(_)) {
+                let granted = (!matches!(admission, Admission::Wait(_))).then(|| {
                     self.memory.pending.fetch_add(need, Ordering::AcqRel);
-                }
-                (admission, doomed)
+                    self.memory.made(&lambda.name)
+                });
+                (granted, doomed)
             };
             self.evict(doomed);
-            if !matches!(admission, Admission::Wait(_)) {
-                return Ok(Admitted::Granted(need));
+            if let Some(made) = granted {
+                return Ok(Admitted::Granted { bytes: need, made });
             }
             if !waited {
                 waited = true;

@@ -385,9 +385,9 @@ impl Instances {
                     None => Step::Create,
                 },
                 Step::Create => match self.admit(lambda).await {
-                    Ok(Admitted::Granted(granted)) => {
-                        let lease = self.create_admitted(lambda).await;
-                        self.memory.pending.fetch_sub(granted, Ordering::AcqRel);
+                    Ok(Admitted::Granted { bytes, made }) => {
+                        let lease = self.create_admitted(lambda, made).await;
+                        self.memory.pending.fetch_sub(bytes, Ordering::AcqRel);
                         return lease;
                     }
                     Ok(Admitted::Queued(rx)) => Step::Wait(rx),
@@ -462,7 +462,7 @@ impl Instances {
     }
 
     /// Provision a sandbox for `lambda` once admitted; room for it is already counted.
-    async fn create_admitted(&self, lambda: &Arc<Lambda>) -> Result<Lease, Failure> {
+    async fn create_admitted(&self, lambda: &Arc<Lambda>, made: admission::Made) -> Result<Lease, Failure> {
         self.figures.state(SandboxState::Starting, 1);
         let created = match self.prepare.spec(lambda, self.cfg.limits).await {
             Ok(spec) => self.backend.create(&spec).await.map_err(|e| match e {
@@ -476,11 +476,12 @@ impl Instances {
             Ok(sandbox) => {
                 self.figures.started(sandbox.startup());
                 self.figures.state(SandboxState::Busy, 1);
-                let made = self.memory.made(&lambda.name);
                 Ok(Lease { kept: Kept { sandbox, lambda: lambda.clone(), _made: made }, cold: true })
             }
             Err(failure) => {
-                self.pools.lock().unwrap().give_back_room(&lambda.name);
+                // Requests waiting for this one get its room instead.
+                drop(made);
+                self.pools.lock().unwrap().sandbox_gone(&lambda.name);
                 Err(failure)
             }
         }
