@@ -30,6 +30,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 SPROUT = REPO / "target/release/sprout"
 COLORS = {"sprout": "#2a9d8f", "conventional": "#e76f51"}
+# The processes that run the application's code, in each stack: its sandboxes (and their
+# Zygotes), or gunicorn's master and workers.
+APP_KIND = {"sprout": "python helper.py", "conventional": "python -m gunicorn"}
 
 
 def profile_points(path):
@@ -100,9 +103,11 @@ def summarize(a, profiles):
             hourly = hourly_price(price)
             provisioned = instances * hourly * res["seconds"] / 3600
             pss_peak, pss_end = memory_peak_and_end(r, a.end_window)
+            kinds_peak, kinds_end = kinds_at_peak_and_end(r, a.end_window)
             row = {
                 "profile": profile.stem, "stack": stack, "peak_users": peak, "seconds": round(res["seconds"], 1),
                 "pss_peak_mb": pss_peak, "pss_end_mb": pss_end,
+                "pss_by_kind_peak_mb": kinds_peak, "pss_by_kind_end_mb": kinds_end,
                 "cpu_seconds": round(res["cpu_seconds"], 1),
                 "gb_seconds": None if res["gb_seconds"] is None else round(res["gb_seconds"], 1),
                 "used_usd": cost["used_usd"], "sla1": r["sla1_passed"], "sla2": r["sla2_passed"], "ops_per_s": round(r["ops_per_s"], 2),
@@ -130,6 +135,7 @@ def summarize(a, profiles):
                      f"{w['pss_peak_mb']} | {w['pss_end_mb']} | {used} | "
                      f"${w['provisioned_for_peak_usd']:.5f} ({w['conventional_peak_instances']}) | {'pass' if w['sla1'] else 'fail'} | "
                      f"{'pass' if w['sla2'] else 'fail'} | {w['ops_per_s']} |")
+    lines += what_holds_the_memory(rows)
     lines += where_the_time_goes(runs)
     (out / "profiles.md").write_text("\n".join(lines) + "\n")
     plot(runs, out / "profiles.png")
@@ -144,6 +150,44 @@ def memory_peak_and_end(run, window):
     end = samples[-1][0]
     tail = [b for t, b in samples if t >= end - window]
     return round(max(b for _, b in samples) / 2**20), round(sum(tail) / len(tail) / 2**20)
+
+
+def kinds_at_peak_and_end(run, window):
+    """PSS by kind of process (MiB): its mean while the most users were active, and over the
+    run's last `window` seconds; None for runs sampled without the breakdown."""
+    samples = [(u["t"], u["sut_pss_by_kind"]) for u in run["utilization"] if u.get("sut_pss_by_kind")]
+    steps = run.get("active_users") or []
+    if not samples or not steps:
+        return None, None
+    most = max(u for _, u in steps)
+    spans = [(t, steps[i + 1][0] if i + 1 < len(steps) else math.inf) for i, (t, u) in enumerate(steps) if u == most]
+    at_peak = [k for t, k in samples if any(a <= t < b for a, b in spans)] or [samples[-1][1]]
+    end = samples[-1][0]
+    tail = [k for t, k in samples if t >= end - window]
+    kinds = sorted({k for s in at_peak + tail for k in s})
+    mib = 2**20
+
+    def mean(group):
+        return {k: round(sum(s.get(k, 0) for s in group) / len(group) / mib) for k in kinds}
+
+    return mean(at_peak), mean(tail)
+
+
+def what_holds_the_memory(rows):
+    """A table of PSS by kind of process at the peak and at the end, for runs that have it."""
+    lines = []
+    for w in rows:
+        peak, end = w.get("pss_by_kind_peak_mb"), w.get("pss_by_kind_end_mb")
+        if not peak:
+            continue
+        if not lines:
+            lines = ["", "What held the memory: PSS by kind of process, MiB, its mean while the most users were "
+                         "active and over the last seconds (kinds of 1 MiB or more):", "",
+                     "| profile | stack | process | at the peak of users | at the end |", "|---|---|---|---:|---:|"]
+        for kind in sorted(peak, key=lambda k: -max(peak[k], end.get(k, 0))):
+            if max(peak[kind], end.get(kind, 0)) >= 1:
+                lines.append(f"| {w['profile']} | {w['stack']} | {kind} | {peak[kind]} | {end.get(kind, 0)} |")
+    return lines
 
 
 def repo_relative(path):
@@ -195,6 +239,10 @@ def plot(runs, path):
             busy = [100 * sum(s["cpu_busy"][c] for c in cpus) / len(cpus) for s in r["utilization"]]
             axes[1][col].plot(ts, busy, color=color, linewidth=0.8, label=stack)
             axes[2][col].plot(ts, [(s.get("sut_pss_bytes") or 0) / 2**20 for s in r["utilization"]], color=color, label=stack)
+            app = APP_KIND.get(stack)
+            if app and any(s.get("sut_pss_by_kind") for s in r["utilization"]):
+                held = [(s.get("sut_pss_by_kind") or {}).get(app, 0) / 2**20 for s in r["utilization"]]
+                axes[2][col].plot(ts, held, color=color, linestyle="--", linewidth=1, label=f"{stack}: {app}")
         axes[0][col].set_title(f"{name}")
         axes[0][col].set_ylabel("active users")
         axes[1][col].set_ylabel("deployment CPU busy, %")

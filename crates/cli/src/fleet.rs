@@ -248,13 +248,14 @@ pub fn search(a: &FleetArgs) -> Result<()> {
                 },
             };
             eprintln!("==> {stack}: {n} sites");
-            let step = one_run(a, &exe, stack, n)?;
+            let (step, teardown) = one_run(a, &exe, stack, n)?;
             eprintln!("==> {stack}: {n} sites {} {}", if step.passed { "held" } else { "failed:" }, step.reason);
             bracket.record(n, step.passed);
             steps.push(step);
             let partial = stack_result(&steps, &bracket, &pricing, &price, a);
             stacks.insert(stack.clone(), serde_json::to_value(&partial)?);
             write_summary(a, &stacks, &price)?;
+            teardown.context("taking the fleet down after its run (recorded; continue with --resume once it is down)")?;
         }
     }
     let summary = write_summary(a, &stacks, &price)?;
@@ -392,7 +393,9 @@ struct Deployed {
     setup_s: Option<f64>,
 }
 
-fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<FleetStep> {
+/// Deploy `sites` sites of `stack`, drive and judge them, and take them down: the run's step,
+/// and how its teardown went.
+fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<(FleetStep, Result<()>)> {
     let dir = a.out.join(stack).join(format!("{sites:04}"));
     let state = a.state.join(stack);
     olio(exe, &["fleet-down", "--dir"], &state).ok();
@@ -458,7 +461,7 @@ fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<Fleet
     if !up.status.success() {
         olio(exe, &["fleet-down", "--dir"], &state).ok();
         step.reason = format!("the deployment did not start ({}): {last_lines}", up.status);
-        return Ok(step);
+        return Ok((step, Ok(())));
     }
     let deployed: Deployed = serde_json::from_slice(up.stdout.trim_ascii())
         .with_context(|| format!("sprout olio fleet-up printed {:?}", String::from_utf8_lossy(&up.stdout)))?;
@@ -467,9 +470,9 @@ fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<Fleet
     step.resident_mb = cgroup.as_deref().map(sprout_load::utilization::pss_of_cgroup).unwrap_or(0) as f64 / 1048576.0;
     let budget = a.memory_mb as f64;
     if step.resident_mb > budget {
-        olio(exe, &["fleet-down", "--dir"], &state)?;
+        let teardown = olio(exe, &["fleet-down", "--dir"], &state).map(|_| ());
         step.reason = format!("{:.0} MiB resident before any load, over the {budget:.0} MiB budget", step.resident_mb);
-        return Ok(step);
+        return Ok((step, teardown));
     }
     let memory_group = deployed.memory_cgroup.map(PathBuf::from);
     let kills_before = memory_group.as_deref().map(oom_kills).unwrap_or(0);
@@ -477,12 +480,14 @@ fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<Fleet
     step.oom_kills = memory_group.as_deref().map(oom_kills).unwrap_or(0).saturating_sub(kills_before);
     let down = olio(exe, &["fleet-down", "--dir"], &state);
     let report = run?;
-    down?;
-    // A thousand sites' databases take 15 GB: each run's go when it is done.
-    std::fs::remove_dir_all(&state).with_context(|| format!("removing {}", state.display()))?;
     judge(&mut step, &report, budget);
     step.run = Some(format!("{stack}/{sites:04}/fleet-run.json"));
-    Ok(step)
+    // The run is judged and kept even when the teardown fails (the search stops after it).
+    let teardown = down.map(|_| ()).and_then(|()| {
+        // A thousand sites' databases take 15 GB: each run's go when it is done.
+        std::fs::remove_dir_all(&state).with_context(|| format!("removing {}", state.display()))
+    });
+    Ok((step, teardown))
 }
 
 /// Pass: every site within SLA-2, every first request after an idle spell within its

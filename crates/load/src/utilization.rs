@@ -30,6 +30,9 @@ pub struct Sample {
     pub net_tx_bytes_per_s: f64,
     /// Sum of the PSS of the deployment's processes, when they are known.
     pub sut_pss_bytes: Option<u64>,
+    /// The same by kind of process ([`process_kind`]): what holds the memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sut_pss_by_kind: Option<BTreeMap<String, u64>>,
 }
 
 /// Where the deployment's processes are listed: a cgroup directory (its `cgroup.procs`, and
@@ -55,13 +58,18 @@ impl SutProcesses {
 
 /// Sum of these processes' PSS (a page shared by n processes counts 1/n to each).
 fn pss_of(pids: &[u32]) -> u64 {
+    pss_each(pids).iter().map(|(_, bytes)| bytes).sum()
+}
+
+/// Each of these processes' PSS in bytes (those gone meanwhile left out).
+fn pss_each(pids: &[u32]) -> Vec<(u32, u64)> {
     pids.iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
-        .filter_map(|text| {
-            text.lines().find(|l| l.starts_with("Pss:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<u64>().ok())
+        .filter_map(|&pid| {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+            let kb = text.lines().find(|l| l.starts_with("Pss:"))?.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+            Some((pid, kb * 1024))
         })
-        .sum::<u64>()
-        * 1024
+        .collect()
 }
 
 /// The summed PSS, in bytes, of the processes in the cgroup directory `dir` and its
@@ -79,6 +87,8 @@ struct ProcessCpu {
     /// (pid, start time: a reused pid is another process) -> (what it is, ticks when first
     /// seen, ticks when last seen)
     seen: HashMap<(u32, u64), (String, u64, u64)>,
+    /// What each pid last looked at is.
+    kinds: HashMap<u32, String>,
     looked: bool,
 }
 
@@ -89,9 +99,25 @@ impl ProcessCpu {
                 continue;
             };
             let appeared_later = self.looked;
-            self.seen.entry((pid, started)).or_insert_with(|| (process_name(pid), if appeared_later { 0 } else { ticks }, ticks)).2 = ticks;
+            let seen =
+                self.seen.entry((pid, started)).or_insert_with(|| (process_name(pid), if appeared_later { 0 } else { ticks }, ticks));
+            seen.2 = ticks;
+            if self.kinds.get(&pid) != Some(&seen.0) {
+                self.kinds.insert(pid, seen.0.clone());
+            }
         }
+        self.kinds.retain(|pid, _| pids.contains(pid));
         self.looked = true;
+    }
+
+    /// Bytes per kind of process, of `each` (pid, bytes) of processes looked at.
+    fn by_kind(&self, each: &[(u32, u64)]) -> BTreeMap<String, u64> {
+        let mut by = BTreeMap::new();
+        for (pid, bytes) in each {
+            let kind = self.kinds.get(pid).map_or("other", String::as_str);
+            *by.entry(kind.to_string()).or_insert(0) += bytes;
+        }
+        by
     }
 
     fn seconds_by_kind(&self) -> BTreeMap<String, f64> {
@@ -220,7 +246,7 @@ fn meminfo() -> (u64, u64) {
     (total.saturating_sub(get("MemAvailable:")), total)
 }
 
-fn sample(prev: &Counters, now: &Counters, secs: f64, t: f64, sut_pids: Option<&[u32]>) -> Sample {
+fn sample(prev: &Counters, now: &Counters, secs: f64, t: f64, sut_pss: Option<u64>) -> Sample {
     let cpu_busy = now
         .cpus
         .iter()
@@ -250,7 +276,8 @@ fn sample(prev: &Counters, now: &Counters, secs: f64, t: f64, sut_pids: Option<&
         disk_util: util.min(1.0),
         net_rx_bytes_per_s: rate(now.net_rx, prev.net_rx),
         net_tx_bytes_per_s: rate(now.net_tx, prev.net_tx),
-        sut_pss_bytes: sut_pids.map(pss_of),
+        sut_pss_bytes: sut_pss,
+        sut_pss_by_kind: None,
     }
 }
 
@@ -291,11 +318,15 @@ impl Sampler {
                 let secs = prev_at.elapsed().as_secs_f64();
                 // The deployment's processes, listed once for both their memory and their CPU.
                 let pids = sut.as_ref().map(SutProcesses::pids);
-                if secs > 0.05 {
-                    samples.push(sample(&prev, &now, secs, begin.elapsed().as_secs_f64(), pids.as_deref()));
-                }
                 if let Some(pids) = &pids {
                     processes.look(pids);
+                }
+                if secs > 0.05 {
+                    let pss = pids.as_deref().map(pss_each);
+                    let total = pss.as_ref().map(|each| each.iter().map(|(_, bytes)| bytes).sum());
+                    let mut s = sample(&prev, &now, secs, begin.elapsed().as_secs_f64(), total);
+                    s.sut_pss_by_kind = pss.map(|each| processes.by_kind(&each));
+                    samples.push(s);
                 }
                 prev = now;
                 prev_at = Instant::now();
@@ -376,11 +407,17 @@ mod tests {
             x = x.wrapping_add(1);
         }
         std::thread::sleep(Duration::from_millis(250));
-        let (_, by_process) = sampler.stop();
+        let (samples, by_process) = sampler.stop();
         std::fs::remove_dir_all(&dir).unwrap();
         let total: f64 = by_process.values().sum();
         assert!(x > 0 && (0.5..3.0).contains(&total), "{by_process:?}");
         assert_eq!(by_process.len(), 1, "{by_process:?}");
+        // Its memory shows under the same kind, and adds up to the total.
+        let kind = by_process.keys().next().unwrap();
+        let last = samples.last().unwrap();
+        let by_kind = last.sut_pss_by_kind.as_ref().unwrap();
+        assert!(by_kind[kind] > 1_000_000, "{by_kind:?}");
+        assert_eq!(by_kind.values().sum::<u64>(), last.sut_pss_bytes.unwrap());
     }
 
     #[test]
@@ -420,6 +457,7 @@ mod tests {
             net_rx_bytes_per_s: 0.0,
             net_tx_bytes_per_s: 0.0,
             sut_pss_bytes: Some(pss),
+            sut_pss_by_kind: None,
         };
         let samples = [s(1.0, 0.5, 1_000_000_000), s(3.0, 0.25, 2_000_000_000)];
         let (cpu, gb) = integrate(&samples, &[0]);

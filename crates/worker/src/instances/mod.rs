@@ -9,7 +9,9 @@
 //! `reuse-sandbox: false`, or any with `keep_warm = false` is destroyed in the background; a request whose sandbox died before answering runs once more on another when
 //! that is safe ([`crate::retry`]). Idle sandboxes are destroyed after their lambda's
 //! keep-alive window (from its idle times, [`crate::keepalive`], or `idle_timeout`), and
-//! evicted least recently used first when the worker needs room for another lambda.
+//! evicted least recently used first when the worker needs room for another lambda. Under a
+//! memory budget a cold start is admitted first ([`admission`]): it evicts idle sandboxes,
+//! waits for memory, or waits for a sandbox its lambda already has.
 //!
 //! Idle sandboxes are SOCK's handler cache: each is paused as it goes idle and resumed for
 //! the next request; when paused sandboxes together pass their memory limit (PSS, measured
