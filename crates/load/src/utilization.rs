@@ -87,13 +87,14 @@ struct ProcessCpu {
     /// (pid, start time: a reused pid is another process) -> (what it is, ticks when first
     /// seen, ticks when last seen)
     seen: HashMap<(u32, u64), (String, u64, u64)>,
-    /// What each pid last looked at is.
+    /// What each process of the last look is, by pid.
     kinds: HashMap<u32, String>,
     looked: bool,
 }
 
 impl ProcessCpu {
     fn look(&mut self, pids: &[u32]) {
+        self.kinds.clear();
         for &pid in pids {
             let Some((started, ticks)) = process_ticks(pid) else {
                 continue;
@@ -102,11 +103,8 @@ impl ProcessCpu {
             let seen =
                 self.seen.entry((pid, started)).or_insert_with(|| (process_name(pid), if appeared_later { 0 } else { ticks }, ticks));
             seen.2 = ticks;
-            if self.kinds.get(&pid) != Some(&seen.0) {
-                self.kinds.insert(pid, seen.0.clone());
-            }
+            self.kinds.insert(pid, seen.0.clone());
         }
-        self.kinds.retain(|pid, _| pids.contains(pid));
         self.looked = true;
     }
 

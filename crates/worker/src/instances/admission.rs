@@ -79,14 +79,17 @@ impl MemoryAccounts {
         Made(count)
     }
 
-    /// How many sandboxes of `name` exist.
+    /// How many sandboxes of `name` exist or are being made past admission.
     fn made_of(&self, name: &str) -> usize {
-        self.count_of(name).load(Ordering::Acquire)
+        self.made.lock().unwrap().get(name).map_or(0, |count| count.load(Ordering::Acquire))
     }
 
     fn count_of(&self, name: &str) -> Arc<AtomicUsize> {
         let mut made = self.made.lock().unwrap();
-        if made.len() > MAX_COUNTED {
+        if let Some(count) = made.get(name) {
+            return count.clone();
+        }
+        if made.len() >= MAX_COUNTED {
             made.retain(|_, count| count.load(Ordering::Acquire) > 0 || Arc::strong_count(count) > 1);
         }
         made.entry(name.to_string()).or_default().clone()

@@ -237,8 +237,8 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
     /// Instead of making a sandbox with the room it was granted, serve a request of `version`
     /// of `name` with one the lambda has: under a full memory budget, waiting for a sandbox
     /// that is serving costs less than a cold start that evicts another lambda's. `made`
-    /// counts the lambda's sandboxes that exist (rooms held by requests still deciding are
-    /// no sandbox to wait for). An idle one of its version is taken (`Warm`), else the request
+    /// counts the lambda's sandboxes that exist or are being made past admission (rooms held
+    /// by requests still deciding are no sandbox to wait for). An idle one of its version is taken (`Warm`), else the request
     /// waits for the next one released (`Queued`), taking no room meanwhile: its room goes
     /// to a request waiting for room, never to one waiting only for a sandbox, so rooms are
     /// not handed back and forth. `Create` (the room kept) when there is none to wait for,
