@@ -20,6 +20,8 @@
 //!   the services the operator allows.
 //! * [`seccomp`] filters the system calls of every sandbox process.
 //! * [`oneshot`] runs one program (pip) in a sandbox of its own, with limits.
+//! * [`vm`] is the microVM back-end: each sandbox a KVM guest run by `sprout-vmm`
+//!   (crates/vmm), with the guest kernel and root disk it boots.
 //! * [`base`] builds the read-only Debian base image; [`cleanup`] removes what a crashed
 //!   worker left behind.
 
@@ -46,6 +48,7 @@ pub mod sock;
 pub mod spec;
 pub mod stage;
 pub mod userns;
+pub mod vm;
 pub mod zygote;
 
 pub use backend::{Backend, Sandbox};

@@ -31,6 +31,7 @@ pub struct Config {
     pub base: BaseSection,
     pub runc: RuncSection,
     pub docker: DockerSection,
+    pub vm: VmSection,
     pub packages: PackagesSection,
     pub import_cache: ImportCacheSection,
     pub handler_cache: HandlerCacheSection,
@@ -153,6 +154,22 @@ impl Default for RuncSection {
     }
 }
 
+/// The `vm` back-end's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VmSection {
+    /// Where the guest kernel and root disks are built and kept, shared by all workers.
+    pub dir: PathBuf,
+    /// The VMM program; empty: `sprout-vmm` beside the `sprout` binary.
+    pub vmm: String,
+}
+
+impl Default for VmSection {
+    fn default() -> Self {
+        VmSection { dir: PathBuf::from("/var/lib/sprout/vm"), vmm: String::new() }
+    }
+}
+
 impl Default for DockerSection {
     fn default() -> Self {
         DockerSection { socket: PathBuf::from("/var/run/docker.sock"), image: "sprout-base:bookworm".into() }
@@ -180,10 +197,13 @@ pub enum BackendKind {
     Runc,
     #[serde(rename = "docker")]
     Docker,
+    #[serde(rename = "vm")]
+    Vm,
 }
 
 impl BackendKind {
-    pub const ALL: [BackendKind; 4] = [BackendKind::Sock, BackendKind::SockNoZygote, BackendKind::Runc, BackendKind::Docker];
+    pub const ALL: [BackendKind; 5] =
+        [BackendKind::Sock, BackendKind::SockNoZygote, BackendKind::Runc, BackendKind::Docker, BackendKind::Vm];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -191,6 +211,7 @@ impl BackendKind {
             BackendKind::SockNoZygote => "sock-nozygote",
             BackendKind::Runc => "runc",
             BackendKind::Docker => "docker",
+            BackendKind::Vm => "vm",
         }
     }
 }

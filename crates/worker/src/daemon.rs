@@ -20,6 +20,7 @@ use sprout_sandbox::network::{self, Network, NetworkConfig};
 use sprout_sandbox::runc::{RuncBackend, RuncConfig};
 use sprout_sandbox::sock::{LeanConfig, SockBackend};
 use sprout_sandbox::stage::Stage;
+use sprout_sandbox::vm::backend::{VmBackend, VmBackendConfig};
 use sprout_sandbox::{base, cleanup, Backend};
 
 use crate::api::{router, Api};
@@ -62,7 +63,17 @@ pub fn init(dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<InitOutcome> {
         fs::create_dir_all(dir.join(sub))?;
     }
     let mirror = (!config.base.mirror.is_empty()).then_some(config.base.mirror.as_str());
-    base::ensure(&config.base.path, &config.base.suite, mirror, progress)
+    let outcome = base::ensure(&config.base.path, &config.base.suite, mirror, progress)?;
+    // The microVMs' kernel, on machines that can run them (or configured to).
+    if Path::new("/dev/kvm").exists() || config.sandbox.backend == BackendKind::Vm {
+        match sprout_sandbox::vm::kernel::ensure(&config.vm.dir, progress)? {
+            (kernel, sprout_sandbox::vm::kernel::Outcome::Built(t)) => {
+                progress(&format!("guest kernel built in {:.0} s: {}", t.as_secs_f64(), kernel.vmlinux.display()))
+            }
+            (kernel, _) => progress(&format!("guest kernel ready (reused): {}", kernel.vmlinux.display())),
+        }
+    }
+    Ok(outcome)
 }
 
 /// Whether a worker holds `dir`'s lock; returns its pid when it does.
@@ -563,7 +574,45 @@ async fn make_backend(config: &Config, dir: &Path, layout: Arc<Layout>, parents:
             backend.prepare().await?;
             Ok(Arc::new(backend))
         }
+        BackendKind::Vm => Ok(Arc::new(VmBackend::new(vm_config(config, &stage).await?, stage))),
     }
+}
+
+/// The vm back-end's settings, building its guest kernel and root disk first if this
+/// machine has none for this version (the kernel takes minutes; `sprout worker init` builds
+/// it ahead).
+async fn vm_config(config: &Config, stage: &Stage) -> Result<VmBackendConfig> {
+    use sprout_sandbox::vm::KvmHost;
+    match sprout_sandbox::vm::kvm_host() {
+        KvmHost::Hardware => {}
+        KvmHost::Missing => {
+            bail!("the vm back-end needs KVM, and /dev/kvm cannot be opened here (no hardware virtualization, or no permission)")
+        }
+        KvmHost::Pvm => bail!(
+            "the vm back-end needs hardware virtualization (VT-x or AMD-V); this host's KVM is PVM (the kvm_pvm module), \
+             which runs only guest kernels built for PVM, not the stock Linux guest this back-end boots (docs/vm.md)"
+        ),
+    }
+    let (dir, base, runtime) = (config.vm.dir.clone(), config.base.path.clone(), stage.runtime.clone());
+    let (kernel, root_disk) = tokio::task::spawn_blocking(move || -> Result<(PathBuf, PathBuf)> {
+        let mut say = |line: &str| tracing::info!("{line}");
+        let (kernel, _) = sprout_sandbox::vm::kernel::ensure(&dir, &mut say)?;
+        let (disk, _) = sprout_sandbox::vm::rootfs::ensure(&dir, &base, Some(&runtime), &mut say)?;
+        Ok((kernel.vmlinux, disk))
+    })
+    .await??;
+    let vmm = match config.vm.vmm.as_str() {
+        "" => std::env::current_exe()?.with_file_name("sprout-vmm"),
+        path => PathBuf::from(path),
+    };
+    Ok(VmBackendConfig {
+        vmm,
+        kernel,
+        root_disk,
+        python: config.sandbox.python.clone(),
+        start_timeout: config.start_timeout(),
+        max_response: (config.limits.max_response_mb << 20) as u32,
+    })
 }
 
 fn docker_config(config: &Config, dir: &Path) -> DockerConfig {

@@ -2,12 +2,15 @@
 Zygote, provisions new sandboxes by fork (SOCK, section 4.2).
 
 It runs inside a sandbox on the base image's own python3, started with -I -S, so it uses the
-standard library only. Two roles:
+standard library only. Three roles:
 
     helper.py zygote    an initialized interpreter that forks new sandboxes on request
     helper.py handler   loads the lambda's entry module (/handler/f.py, or the file named by
                         OL_ENTRY_FILE) and serves requests for it: f(event), a WSGI app
                         or an ASGI app (see asgi.py)
+    helper.py vm        a microVM's only program (the vm back-end): warms up, waits for the
+                        worker on vsock port 1024, receives the lambda's code into /handler,
+                        then serves as a handler
 
 Both connect to /host/sprout.sock, where the worker listens, and speak frames:
 ``<u32 header length><u32 body length><JSON header><body bytes>`` (little endian). A handler
@@ -523,6 +526,52 @@ def serve_zygote(sock):
             return
 
 
+VSOCK_PORT = 1024
+MAX_CODE_FILES = 10000
+
+
+def receive_code(sock):
+    """A microVM's first frame: ``{"op": "code", "files": [[path, size, mode], ...]}`` with the
+    files' contents one after another as its body, written under /handler (a tmpfs)."""
+    order, body = recv_frame(sock)
+    if order.get("op") != "code":
+        raise ValueError(f"expected the lambda's code, got {order.get('op')!r}")
+    files = order.get("files") or []
+    if len(files) > MAX_CODE_FILES:
+        raise ValueError("too many code files")
+    offset = 0
+    root = os.path.realpath(HANDLER_DIR)
+    for path, size, mode in files:
+        target = os.path.realpath(os.path.join(root, path))
+        if not target.startswith(root + "/") or size < 0 or offset + size > len(body):
+            raise ValueError(f"bad code file entry {path!r}")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as out:
+            out.write(body[offset:offset + size])
+        os.chmod(target, mode & 0o755)
+        offset += size
+
+
+def serve_vm():
+    """The helper of a microVM: init (crates/vmm/guest/init.c) starts it as the guest's only
+    program. It warms up as a Zygote would, then waits on vsock for the worker (a VM restored
+    from a snapshot resumes here, already warm); the first frame is the lambda's code, and
+    from then on it is a handler, over vsock instead of a Unix socket."""
+    import gc
+
+    listener = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    listener.bind((socket.VMADDR_CID_ANY, VSOCK_PORT))
+    listener.listen(1)
+    warm_up()
+    gc.collect()
+    gc.freeze()
+    print("sprout-helper: ready", flush=True)
+    sock, _ = listener.accept()
+    listener.close()
+    receive_code(sock)
+    serve_lambda(sock)
+
+
 def main(argv):
     role = argv[1] if len(argv) > 1 else ""
     sys.stdout.reconfigure(line_buffering=True)  # a pipe to the worker's log
@@ -531,8 +580,10 @@ def main(argv):
         serve_zygote(connect())
     elif role == "handler":
         serve_lambda(connect())
+    elif role == "vm":
+        serve_vm()
     else:
-        sys.exit("usage: helper.py zygote|handler")
+        sys.exit("usage: helper.py zygote|handler|vm")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,148 @@
+"""The microVM back-end's VMM (crates/vmm) and the worker's `vm` back-end.
+
+What runs depends on the host's KVM: without /dev/kvm everything here skips; on PVM (the
+kvm_pvm module, virtualization without VT-x or AMD-V, which this project's CI machine has)
+the VMM boots the guest kernel as far as its console and the worker refuses the back-end
+with the reason; with hardware virtualization the back-end serves lambdas."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import sprout
+from conftest import EXAMPLES, ROOT, Worker
+
+VMM = ROOT / "target" / "release" / "sprout-vmm"
+VM_DIR = Path("/var/lib/sprout/vm")
+
+
+def kvm_host():
+    try:
+        os.close(os.open("/dev/kvm", os.O_RDWR))
+    except OSError:
+        return "missing"
+    return "pvm" if Path("/sys/module/kvm_pvm").exists() else "hardware"
+
+
+needs_kvm = pytest.mark.skipif(kvm_host() == "missing", reason="no /dev/kvm on this host: no microVMs")
+
+
+def guest_kernel():
+    kernels = sorted(VM_DIR.glob("kernel-*/vmlinux"))
+    if not kernels:
+        pytest.fail(f"no guest kernel under {VM_DIR}: `sprout worker init` builds it where /dev/kvm exists (scripts/setup.sh runs it)")
+    return kernels[-1]
+
+
+def vmm(*args, timeout=120):
+    return subprocess.run([str(VMM), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def test_vmm_names_what_is_wrong_with_its_input(tmp_path):
+    missing = vmm("--kernel", tmp_path / "nothing")
+    assert missing.returncode == 1 and "opening the guest kernel" in missing.stderr and "nothing" in missing.stderr
+    not_elf = tmp_path / "kernel.txt"
+    not_elf.write_text("not a kernel\n")
+    if kvm_host() != "missing":
+        bad = vmm("--kernel", not_elf)
+        assert bad.returncode == 1 and "an uncompressed ELF vmlinux" in bad.stderr, bad.stderr
+    small = vmm("--kernel", not_elf, "--memory-mib", "8")
+    assert small.returncode == 1 and "guest memory must be 16 to" in small.stderr, small.stderr
+    no_disk = vmm("--kernel", not_elf, "--disk", tmp_path / "none.img")
+    assert no_disk.returncode == 1 and "none.img" in no_disk.stderr, no_disk.stderr
+
+
+@needs_kvm
+def test_vmm_boots_the_guest_kernel_and_stops_a_console_flood(tmp_path):
+    """The boot path end to end as far as the kernel's first kilobyte of console output: the
+    ELF kernel loaded, entered in long mode with our zero page (it prints our command line and
+    our memory map), the serial console, and the flood limit, which stops the VM (exit 124)."""
+    console = tmp_path / "console.log"
+    run = vmm("--kernel", guest_kernel(), "--memory-mib", "64", "--console", console, "--console-limit", "1024",
+              "--cmdline", "earlyprintk=serial,ttyS0,115200 sprout.test=vmm")
+    assert run.returncode == 124, run.stderr
+    assert "console passed 1024 bytes" in run.stderr
+    text = console.read_text(errors="replace")
+    assert len(console.read_bytes()) == 1024
+    assert text.startswith("[    0.000000] Linux version ")
+    assert "console=ttyS0" in text and "sprout.test=vmm" in text
+    # The e820 map: low memory below the EBDA, then 1 MiB up to the end of the 64 MiB.
+    assert "BIOS-e820: [mem 0x0000000000000000-0x000000000009fbff] usable" in text
+    assert "BIOS-e820: [mem 0x0000000000100000-0x0000000003ffffff] usable" in text
+
+
+@pytest.mark.skipif(kvm_host() != "pvm", reason="only a PVM host refuses the vm back-end")
+def test_worker_refuses_the_vm_backend_on_a_pvm_host(tmp_path):
+    w = Worker(tmp_path / "worker", {"sandbox": {"backend": "vm"}})
+    with pytest.raises(RuntimeError) as failed:
+        w.start()
+    assert "this host's KVM is PVM" in str(failed.value) and "hardware virtualization" in str(failed.value)
+    assert w.leftovers() == []
+
+
+@pytest.fixture
+def vm_worker(make_worker):
+    if kvm_host() != "hardware":
+        pytest.skip(f"this host's KVM is {kvm_host()}: the vm back-end needs hardware virtualization (docs/vm.md)")
+    w = make_worker(sandbox={"backend": "vm", "start_timeout_ms": 60000}, limits={"timeout_ms": 3000, "memory_mb": 128})
+    w.client.deploy(str(EXAMPLES / "echo"))
+    w.client.deploy(str(EXAMPLES / "hello"))
+    w.client.deploy(str(EXAMPLES / "fail"))
+    return w
+
+
+def test_vm_backend_runs_function_and_wsgi_lambdas(vm_worker):
+    assert vm_worker.client.stats()["backend"] == "vm"
+    assert vm_worker.client.run("echo", {"x": [1, 2]}) == {"x": [1, 2]}
+    assert vm_worker.client.request("GET", "hello", "/ada").body == b"<h1>Hello, ada!</h1>\n"
+    second = vm_worker.client.request("POST", "echo", "", b"2")
+    assert second.headers["x-sprout-start"] == "warm" and second.json() == 2
+
+
+def test_vm_backend_reports_handler_errors_and_timeouts(vm_worker):
+    with pytest.raises(sprout.SproutError) as err:
+        vm_worker.client.run("fail")
+    assert err.value.code == "handler_exception" and "RuntimeError" in err.value.traceback
+    vm_worker.deploy_source("badimport", "import nothing_here\ndef f(e):\n    return e\n")
+    with pytest.raises(sprout.SproutError) as err:
+        vm_worker.client.run("badimport")
+    assert err.value.code == "load_error"
+    vm_worker.deploy_test_lambda("sleepy")
+    with pytest.raises(sprout.SproutError) as err:
+        vm_worker.client.run("sleepy", {"seconds": 30})
+    assert err.value.code == "timeout"
+    assert vm_worker.client.run("echo", 5) == 5
+
+
+def load_helper():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sprout_helper", ROOT / "python" / "sprout" / "runtime" / "helper.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_vm_helper_writes_the_lambdas_code_only_under_handler(tmp_path):
+    """The code frame a VM's helper receives first (vm/backend.rs, code_frame): files land
+    under /handler (here a temporary one), and a path leaving it is refused."""
+    import socket
+
+    helper = load_helper()
+    helper.HANDLER_DIR = str(tmp_path / "handler")
+    (tmp_path / "handler").mkdir()
+    worker_end, vm_end = socket.socketpair()
+    with worker_end, vm_end:
+        helper.send_frame(worker_end, {"op": "code", "files": [["f.py", 5, 0o644], ["lib/m.py", 2, 0o755]]}, b"x = 1ab")
+        helper.receive_code(vm_end)
+        assert (tmp_path / "handler" / "f.py").read_bytes() == b"x = 1"
+        assert (tmp_path / "handler" / "lib" / "m.py").read_bytes() == b"ab"
+        helper.send_frame(worker_end, {"op": "code", "files": [["../escape.py", 1, 0o644]]}, b"x")
+        with pytest.raises(ValueError, match="bad code file entry"):
+            helper.receive_code(vm_end)
+        assert not (tmp_path / "escape.py").exists()
+        helper.send_frame(worker_end, {"op": "init"}, b"")
+        with pytest.raises(ValueError, match="expected the lambda's code"):
+            helper.receive_code(vm_end)
