@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pkg in debootstrap runc docker.io postgresql memcached libmemcached-tools nginx acl chromium chromium-driver nftables iproute2 python3-venv binutils librdkafka-dev pkg-config maven linux-source bc flex bison libelf-dev e2fsprogs; do
+for pkg in debootstrap runc docker.io postgresql memcached libmemcached-tools nginx acl chromium chromium-driver nftables iproute2 python3-venv binutils librdkafka-dev pkg-config maven linux-source bc flex bison libelf-dev e2fsprogs haproxy; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -17,6 +17,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
         # Debian's package starts a memcached service on port 11211; the tests and the cache
         # benchmark start their own, on their own ports and cores.
         service memcached stop >/dev/null 2>&1 || true
+    fi
+    if [[ " ${need_apt[*]} " == *" haproxy "* ]]; then
+        # And HAProxy's: `sprout fleet up` starts its own in front of each fleet.
+        service haproxy stop >/dev/null 2>&1 || true
     fi
     if [[ " ${need_apt[*]} " == *" nginx "* ]]; then
         # Likewise nginx on port 80: the Olio deployments start their own (sprout olio up).

@@ -242,9 +242,9 @@ pub enum CloudstoneCommand {
     /// Cloudstone for a fleet: the most mostly idle Olio sites (each its own database, host
     /// name and Azure-drawn load) each deployment holds within SLA-2 and a memory budget on the
     /// same cores, and dollars per site per month; writes --json, its plot and its table.
-    Fleet(Box<crate::fleet::FleetArgs>),
+    Fleet(Box<crate::cloudstone_fleet::FleetArgs>),
     /// Write one fleet file (the sites, their hosts and load profiles) and say how busy it is.
-    FleetFile(crate::fleet::FleetFileArgs),
+    FleetFile(crate::cloudstone_fleet::FleetFileArgs),
 }
 
 #[derive(Args, Clone)]
@@ -391,8 +391,8 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
             );
             Ok(())
         }
-        CloudstoneCommand::Fleet(a) => crate::fleet::search(&a),
-        CloudstoneCommand::FleetFile(a) => crate::fleet::write_file(&a),
+        CloudstoneCommand::Fleet(a) => crate::cloudstone_fleet::search(&a),
+        CloudstoneCommand::FleetFile(a) => crate::cloudstone_fleet::write_file(&a),
         CloudstoneCommand::Compare { searches, out, json } => {
             if searches.len() < 2 {
                 bail!("compare needs two or more search.json files");

@@ -1,6 +1,7 @@
 //! `sprout`: one command line in front of the worker, its client and its benchmarks.
 
 mod client;
+mod cloudstone_fleet;
 mod fleet;
 mod load;
 mod olio;
@@ -69,6 +70,9 @@ enum Command {
     /// Cloudstone: the search for the most users within the SLA, and comparisons.
     #[command(subcommand)]
     Cloudstone(load::CloudstoneCommand),
+    /// Several workers on this machine, each its own host, behind HAProxy.
+    #[command(subcommand)]
+    Fleet(fleet::FleetCommand),
 }
 
 /// Each runs the Python tool that does the work, with every argument passed through
@@ -528,6 +532,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Load(command) => load::main(command)?,
         Command::Cloudstone(command) => load::cloudstone(command)?,
+        Command::Fleet(command) => fleet::run(command)?,
         Command::Olio(command) => {
             let (module, verb, args) = match command {
                 OlioCommand::Up(PassThrough { args }) => ("olio_deploy", Some("up"), args),

@@ -59,6 +59,11 @@ pub struct Api {
     pub kafka: Arc<crate::kafka::KafkaTriggers>,
     /// The app port's sites by host (None: no app port).
     pub sites: Option<Arc<crate::sites::Sites>>,
+    /// The fleet's shared registry, when this worker belongs to one.
+    pub shared: Option<Arc<crate::shared_registry::SharedRegistry>>,
+    /// This worker's name, sent with every invocation's reply (`x-sprout-worker`), so a
+    /// client behind a load balancer can tell which worker served it.
+    pub worker_name: HeaderValue,
 }
 
 pub(crate) struct ApiError {
@@ -253,6 +258,7 @@ pub(crate) async fn forward(
     let h = response.headers_mut();
     h.insert("x-sprout-start", HeaderValue::from_static(start));
     h.insert("x-sprout-sandbox", HeaderValue::from(invocation.sandbox));
+    h.insert("x-sprout-worker", api.worker_name.clone());
     Ok(response)
 }
 
@@ -315,22 +321,18 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) ->
         Err(e) => return fail(e),
     };
     let registry = api.registry.clone();
+    let data_for_shared = if api.shared.is_some() { data.clone() } else { Default::default() };
     let result = tokio::task::spawn_blocking(move || registry.upload(&name, &data)).await;
     match result {
         Ok(Ok(lambda)) => {
             tracing::info!(lambda = %lambda.name, version = lambda.version, files = lambda.files, "lambda uploaded");
-            if !lambda.parsed_requirements.is_empty() {
-                // Install ahead of the first request; a failure is reported to requests.
-                let (packages, reqs, name) = (api.packages.clone(), lambda.parsed_requirements.clone(), lambda.name.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = packages.prefetch(&reqs).await {
-                        tracing::warn!(lambda = %name, "installing the lambda's packages failed: {e}");
-                    }
-                });
+            uploaded(&api, &lambda);
+            if let Some(shared) = &api.shared {
+                if let Err(e) = shared.publish(&lambda.name, &lambda.sha256, &data_for_shared).await {
+                    let message = format!("the lambda is stored on this worker but not in the fleet's shared registry, so the other workers do not have it; upload it again: {e:#}");
+                    return fail(ApiError::new(ErrorCode::SharedRegistryUnavailable, message).with("lambda", lambda.name.clone()));
+                }
             }
-            // Its Kafka consumers (the replaced version's stop after their message under way).
-            let (kafka_api, name) = (api.clone(), lambda.name.clone());
-            tokio::spawn(async move { kafka_api.kafka.sync(&kafka_api, &name).await });
             (StatusCode::CREATED, axum::Json(json!(*lambda))).into_response()
         }
         Ok(Err(e)) => {
@@ -359,14 +361,45 @@ async fn show_lambda(State(api): State<Api>, Path(name): Path<String>) -> Respon
 }
 
 async fn delete_lambda(State(api): State<Api>, Path(name): Path<String>) -> Response {
-    if api.registry.delete(&name) {
-        api.networks.forget(&name).await;
-        api.kafka.stop(&name).await;
-        tracing::info!(lambda = %name, "lambda deleted");
-        axum::Json(json!({"deleted": name})).into_response()
-    } else {
-        fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}")))
+    if !deleted(&api, &name).await {
+        return fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}")));
     }
+    if let Some(shared) = &api.shared {
+        if let Err(e) = shared.delete(&name).await {
+            let message = format!("the lambda is deleted on this worker but not in the fleet's shared registry; delete it again: {e:#}");
+            return fail(ApiError::new(ErrorCode::SharedRegistryUnavailable, message).with("lambda", name));
+        }
+    }
+    axum::Json(json!({"deleted": name})).into_response()
+}
+
+/// What follows a lambda's (new version's) arrival, from an upload or the shared registry:
+/// its packages installed ahead of its first request, and its Kafka consumers (the replaced
+/// version's stop after their message under way).
+pub(crate) fn uploaded(api: &Api, lambda: &Arc<crate::registry::Lambda>) {
+    if !lambda.parsed_requirements.is_empty() {
+        // A failure is reported to requests.
+        let (packages, reqs, name) = (api.packages.clone(), lambda.parsed_requirements.clone(), lambda.name.clone());
+        tokio::spawn(async move {
+            if let Err(e) = packages.prefetch(&reqs).await {
+                tracing::warn!(lambda = %name, "installing the lambda's packages failed: {e}");
+            }
+        });
+    }
+    let (kafka_api, name) = (api.clone(), lambda.name.clone());
+    tokio::spawn(async move { kafka_api.kafka.sync(&kafka_api, &name).await });
+}
+
+/// Delete a lambda here, with its network namespace and Kafka consumers; false when there
+/// was none.
+pub(crate) async fn deleted(api: &Api, name: &str) -> bool {
+    if !api.registry.delete(name) {
+        return false;
+    }
+    api.networks.forget(name).await;
+    api.kafka.stop(name).await;
+    tracing::info!(lambda = %name, "lambda deleted");
+    true
 }
 
 async fn stats(State(api): State<Api>) -> Response {

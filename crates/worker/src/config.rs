@@ -32,6 +32,7 @@ pub struct Config {
     pub runc: RuncSection,
     pub docker: DockerSection,
     pub vm: VmSection,
+    pub registry: RegistrySection,
     pub packages: PackagesSection,
     pub import_cache: ImportCacheSection,
     pub handler_cache: HandlerCacheSection,
@@ -151,6 +152,23 @@ impl Default for HandlerCacheSection {
 impl Default for RuncSection {
     fn default() -> Self {
         RuncSection { binary: "runc".into() }
+    }
+}
+
+/// Where lambdas' code is kept beyond this worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistrySection {
+    /// A PostgreSQL connection string: the fleet's shared registry, which this worker stores
+    /// its uploads in and follows; empty: this worker's own registry only.
+    pub shared: String,
+    /// How often the shared registry is read when no notification came, milliseconds.
+    pub poll_ms: u64,
+}
+
+impl Default for RegistrySection {
+    fn default() -> Self {
+        RegistrySection { shared: String::new(), poll_ms: 1000 }
     }
 }
 

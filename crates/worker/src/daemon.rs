@@ -318,6 +318,10 @@ pub async fn serve(dir: &Path) -> Result<()> {
         },
     );
     let metrics = Arc::new(Metrics::new(backend.clone(), instances.clone(), packages.clone(), networks.clone()));
+    let shared = match config.registry.shared.as_str() {
+        "" => None,
+        url => Some(Arc::new(crate::shared_registry::SharedRegistry::connect(url).await?)),
+    };
     let api = Api {
         registry: registry.clone(),
         instances: instances.clone(),
@@ -330,8 +334,14 @@ pub async fn serve(dir: &Path) -> Result<()> {
         max_invoke_depth: config.limits.max_invoke_depth,
         kafka: Arc::new(crate::kafka::KafkaTriggers::new(dir.join("kafka-failed.jsonl"), Default::default())),
         sites: app_port.as_ref().map(AppPort::sites),
+        shared: shared.clone(),
+        worker_name: axum::http::HeaderValue::from_str(&config.worker_name(&dir)).unwrap_or(axum::http::HeaderValue::from_static("worker")),
     };
     api.kafka.sync_all(&api).await;
+    if let Some(shared) = &shared {
+        let poll = Duration::from_millis(config.registry.poll_ms.max(10));
+        tokio::spawn(crate::shared_registry::follow(api.clone(), shared.clone(), config.registry.shared.clone(), poll));
+    }
     tracing::info!(
         listen = %config.worker.listen,
         app = %config.app.listen,

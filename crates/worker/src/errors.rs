@@ -59,6 +59,7 @@ error_codes! {
     MemoryBudget = "memory_budget", SERVICE_UNAVAILABLE;
     ShuttingDown = "shutting_down", SERVICE_UNAVAILABLE;
     SandboxStartFailed = "sandbox_start_failed", SERVICE_UNAVAILABLE;
+    SharedRegistryUnavailable = "shared_registry_unavailable", SERVICE_UNAVAILABLE;
     // The lambda (5xx, but a bad event is the caller's: 400).
     LoadError = "load_error", INTERNAL_SERVER_ERROR;
     InstallFailed = "install_failed", INTERNAL_SERVER_ERROR;
@@ -104,7 +105,7 @@ mod tests {
             let status = code.status();
             assert!(status.is_client_error() || status.is_server_error(), "{code}: {status}");
         }
-        assert_eq!(ErrorCode::ALL.len(), 32);
+        assert_eq!(ErrorCode::ALL.len(), 33);
     }
 
     #[test]

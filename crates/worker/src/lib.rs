@@ -49,6 +49,7 @@ pub mod packages;
 pub mod preinstall;
 pub mod registry;
 pub mod retry;
+pub mod shared_registry;
 pub mod site_routes;
 pub mod sites;
 pub mod static_files;

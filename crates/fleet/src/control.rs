@@ -1,0 +1,317 @@
+//! `sprout fleet up | down | status | deploy`: start N workers, each in its own network
+//! namespace pinned to its CPUs with its own memory budget and sharing one API token, then
+//! HAProxy in front of them; stop it all; say how each part is; deploy a lambda to every
+//! worker. What is running is recorded in `DIR/fleet.json`, so `down` finds it again.
+
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::haproxy::{self, Listen, Policy};
+use crate::netns;
+use crate::plan::{Member, Plan, API_PORT};
+use crate::postgres::Cluster;
+
+const STATE: &str = "fleet.json";
+const TOKEN: &str = "api-token";
+
+/// What `up` is asked for.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    pub workers: usize,
+    pub cpus: Vec<usize>,
+    pub memory_mb: u64,
+    pub policy: Policy,
+    pub api: SocketAddr,
+    pub app: Option<SocketAddr>,
+    /// TOML appended to every worker's config.toml (settings of the tests and benchmarks).
+    pub extra_config: String,
+}
+
+/// A running fleet, as `DIR/fleet.json` records it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct State {
+    pub plan: Plan,
+    pub members: Vec<Member>,
+    pub policy: Policy,
+    pub api: SocketAddr,
+    pub app: Option<SocketAddr>,
+    /// The port of the fleet's PostgreSQL (the shared registry).
+    pub pg_port: u16,
+}
+
+impl State {
+    pub fn load(dir: &Path) -> Result<Option<State>> {
+        match fs::read(dir.join(STATE)) {
+            Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("reading {}", dir.join(STATE).display()))?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn save(&self, dir: &Path) -> Result<()> {
+        let tmp = dir.join(format!("{STATE}.tmp"));
+        fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
+        fs::rename(tmp, dir.join(STATE))?;
+        Ok(())
+    }
+
+    fn listen(&self, dir: &Path) -> Listen {
+        Listen { api: self.api, app: self.app, admin_socket: dir.join("haproxy.sock"), routes_map: dir.join("routes.map") }
+    }
+}
+
+/// The `sprout` binary workers are started with.
+fn sprout() -> Result<PathBuf> {
+    std::env::current_exe().context("finding the sprout binary")
+}
+
+fn run(command: &mut Command, what: &str) -> Result<String> {
+    let out = command.output().with_context(|| format!("{what}: starting {command:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{what} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).to_string())
+}
+
+/// A member's worker directory.
+pub fn worker_dir(dir: &Path, m: &Member) -> PathBuf {
+    dir.join(&m.name)
+}
+
+/// The config.toml of a member's worker.
+fn worker_config(plan: &Plan, m: &Member, registry: &str, app: bool, extra: &str) -> String {
+    let mut c = format!(
+        "# Written by `sprout fleet up`: worker {} of fleet {}.\n[worker]\nlisten = \"{}:{API_PORT}\"\nname = \"f{}{}\"\n\n\
+         [sandbox]\ncpuset = \"{}\"\n\n[instances]\nmemory_budget_mb = {}\n\n[registry]\nshared = \"{registry}\"\n",
+        m.name, plan.tag, m.addr, plan.tag, m.name, m.cpus, m.memory_mb
+    );
+    if app {
+        c.push_str(&format!("\n[app]\nlisten = \"{}:{}\"\n", m.addr, crate::plan::APP_PORT));
+    }
+    if !extra.is_empty() {
+        c.push('\n');
+        c.push_str(extra);
+        c.push('\n');
+    }
+    c
+}
+
+/// Start the fleet in `dir`.
+pub fn up(dir: &Path, opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<State> {
+    if opts.workers == 0 {
+        bail!("a fleet needs at least one worker");
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = dir.canonicalize()?;
+    if let Some(state) = State::load(&dir)? {
+        bail!("a fleet of {} workers is already up in {} (`sprout fleet down` it first)", state.members.len(), dir.display());
+    }
+    if Command::new("haproxy").arg("-v").output().is_err() {
+        bail!("haproxy is not installed (apt-get install haproxy, or run scripts/setup.sh)");
+    }
+    let plan = Plan::for_dir(&dir);
+    let members = plan.members(opts.workers, &opts.cpus, opts.memory_mb)?;
+    let pg_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let state = State { plan: plan.clone(), members: members.clone(), policy: opts.policy, api: opts.api, app: opts.app, pg_port };
+    // Recorded before anything starts, so `down` can undo a start-up that fails half-way.
+    state.save(&dir)?;
+    let started = start_all(&dir, &state, opts, progress);
+    if let Err(e) = started {
+        progress("start-up failed; stopping what was started");
+        let _ = down(&dir, progress);
+        return Err(e);
+    }
+    Ok(state)
+}
+
+fn start_all(dir: &Path, state: &State, opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    let token_path = dir.join(TOKEN);
+    if !token_path.exists() {
+        run(Command::new(sprout()?).args(["worker", "init"]).arg(dir.join(".token")), "making the fleet's API token")?;
+        fs::rename(dir.join(".token").join(TOKEN), &token_path)?;
+        let _ = fs::remove_dir_all(dir.join(".token"));
+    }
+    let cluster = Cluster::for_tag(&state.plan.tag, state.pg_port);
+    progress(&format!("starting the fleet's PostgreSQL (the shared registry) on port {}", state.pg_port));
+    cluster.start(state.plan.subnet)?;
+    for m in &state.members {
+        let wdir = worker_dir(dir, m);
+        fs::create_dir_all(&wdir)?;
+        fs::write(
+            wdir.join("config.toml"),
+            worker_config(&state.plan, m, &cluster.url(m.host_addr), state.app.is_some(), &opts.extra_config),
+        )?;
+        fs::copy(&token_path, wdir.join(TOKEN))?;
+        netns::create(m)?;
+        run(Command::new(sprout()?).args(["worker", "init"]).arg(&wdir), "worker init")?;
+        progress(&format!("starting worker {} at {} in namespace {} on CPU {}", m.name, m.addr, m.netns, m.cpus));
+        run(
+            // nsenter enters only the network namespace: `ip netns exec` would also give the
+            // worker a mount namespace with a fresh /sys, hiding the cgroup hierarchies.
+            Command::new("nsenter")
+                .arg(format!("--net=/run/netns/{}", m.netns))
+                .args(["taskset", "-c", &m.cpus])
+                .arg(sprout()?)
+                .args(["worker", "up"])
+                .arg(&wdir)
+                .arg("--detach"),
+            &format!("starting worker {}", m.name),
+        )?;
+    }
+    write_haproxy(dir, state)?;
+    let cfg = dir.join("haproxy.cfg");
+    run(Command::new("haproxy").arg("-c").arg("-f").arg(&cfg), "checking haproxy.cfg")?;
+    run(Command::new("haproxy").args(["-W", "-D", "-f"]).arg(&cfg).arg("-p").arg(dir.join("haproxy.pid")), "starting haproxy")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !all_up(state) {
+        if Instant::now() > deadline {
+            bail!("HAProxy did not see every worker up within 30 s: {}", serde_json::to_string(&status(dir)?)?);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    progress(&format!(
+        "fleet up: {} workers behind HAProxy at http://{} ({} routing)",
+        state.members.len(),
+        state.api,
+        state.policy.name()
+    ));
+    Ok(())
+}
+
+fn write_haproxy(dir: &Path, state: &State) -> Result<()> {
+    let listen = state.listen(dir);
+    if !listen.routes_map.exists() {
+        fs::write(&listen.routes_map, "")?;
+    }
+    fs::write(dir.join("haproxy.cfg"), haproxy::config(&state.members, state.policy, &listen))?;
+    Ok(())
+}
+
+/// Whether every worker answers `GET /status` through HAProxy's health checks.
+fn all_up(state: &State) -> bool {
+    state.members.iter().all(worker_ready)
+}
+
+fn worker_ready(m: &Member) -> bool {
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_millis(500)).build();
+    agent
+        .get(&format!("http://{}:{API_PORT}/status", m.addr))
+        .call()
+        .ok()
+        .and_then(|r| r.into_string().ok())
+        .is_some_and(|s| s == "ready\n")
+}
+
+/// HAProxy's master process, when it runs.
+fn haproxy_pid(dir: &Path) -> Option<i32> {
+    let pid: i32 = fs::read_to_string(dir.join("haproxy.pid")).ok()?.lines().next()?.trim().parse().ok()?;
+    Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
+}
+
+/// Stop everything of the fleet in `dir`; false when nothing was recorded there.
+pub fn down(dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<bool> {
+    let Some(state) = State::load(dir)? else { return Ok(false) };
+    if let Some(pid) = haproxy_pid(dir) {
+        progress("stopping haproxy");
+        if pid > 0 {
+            // SAFETY: kill takes two integers and touches no memory of ours; `pid` is HAProxy's
+            // master, read from its pid file, positive (never 0 or a process group).
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let mut failures = Vec::new();
+    for m in &state.members {
+        let wdir = worker_dir(dir, m);
+        if wdir.join("config.toml").exists() {
+            progress(&format!("stopping worker {}", m.name));
+            // A worker that died (killed, crashed) leaves its sandboxes' mounts and cgroups:
+            // cleanup removes them, and does nothing after a clean stop.
+            let stopped = run(Command::new(sprout()?).args(["worker", "down"]).arg(&wdir), "worker down")
+                .and_then(|_| run(Command::new(sprout()?).args(["worker", "cleanup"]).arg(&wdir), "worker cleanup"));
+            if let Err(e) = stopped {
+                failures.push(format!("{}: {e:#}", m.name));
+            }
+        }
+        netns::remove(m);
+    }
+    progress("stopping the fleet's PostgreSQL");
+    Cluster::for_tag(&state.plan.tag, state.pg_port).remove();
+    let _ = fs::remove_file(dir.join("haproxy.pid"));
+    fs::remove_file(dir.join(STATE))?;
+    if !failures.is_empty() {
+        bail!("stopped the fleet, but: {}", failures.join("; "));
+    }
+    Ok(true)
+}
+
+/// How each part of the fleet is: HAProxy, and each worker's status and its HAProxy state.
+pub fn status(dir: &Path) -> Result<Value> {
+    let Some(state) = State::load(dir)? else { bail!("no fleet is up in {}", dir.display()) };
+    let workers: Vec<Value> = state
+        .members
+        .iter()
+        .map(|m| json!({"name": m.name, "address": m.addr.to_string(), "netns": m.netns, "cpus": m.cpus, "memory_mb": m.memory_mb, "ready": worker_ready(m)}))
+        .collect();
+    Ok(json!({
+        "api": format!("http://{}", state.api),
+        "app": state.app.map(|a| format!("http://{a}")),
+        "policy": state.policy.name(),
+        "haproxy": haproxy_pid(dir).is_some(),
+        "workers": workers,
+    }))
+}
+
+/// Deploy a lambda directory through the fleet's entry point (one worker stores it in the
+/// shared registry), then wait until every worker has this version; returns how long that took.
+pub fn deploy(dir: &Path, lambda_dir: &Path, name: Option<&str>) -> Result<Duration> {
+    let Some(state) = State::load(dir)? else { bail!("no fleet is up in {}", dir.display()) };
+    let token = fs::read_to_string(dir.join(TOKEN))?.trim().to_string();
+    let mut cmd = Command::new(sprout()?);
+    cmd.arg("deploy").arg(lambda_dir).args(["--url", &format!("http://{}", state.api), "--token", &token]);
+    if let Some(name) = name {
+        cmd.args(["--name", name]);
+    }
+    let started = Instant::now();
+    let said = run(&mut cmd, "deploying through the fleet")?;
+    let uploaded: Value = serde_json::from_str(said.trim()).with_context(|| format!("reading what deploy said: {said}"))?;
+    let (name, sha) = (uploaded["name"].as_str().unwrap_or_default(), uploaded["sha256"].as_str().unwrap_or_default());
+    let deadline = started + SPREAD_BOUND;
+    for m in &state.members {
+        while lambda_sha(m, name, &token).as_deref() != Some(sha) {
+            if Instant::now() > deadline {
+                bail!("worker {} did not have {name} (sha256 {sha}) within {SPREAD_BOUND:?} of its upload", m.name);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(started.elapsed())
+}
+
+/// How long a change made through one worker may take to reach every other: the workers'
+/// poll interval (1 s) is the bound when a notification is lost, plus unpacking.
+pub const SPREAD_BOUND: Duration = Duration::from_secs(5);
+
+/// The sha256 of the version of `name` a worker has.
+fn lambda_sha(m: &Member, name: &str, token: &str) -> Option<String> {
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(2)).build();
+    let reply =
+        agent.get(&format!("http://{}:{API_PORT}/registry/{name}", m.addr)).set("Authorization", &format!("Bearer {token}")).call().ok()?;
+    let body: Value = serde_json::from_str(&reply.into_string().ok()?).ok()?;
+    body["sha256"].as_str().map(str::to_string)
+}

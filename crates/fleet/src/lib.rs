@@ -1,0 +1,15 @@
+//! A fleet of Sprout workers on one machine that looks like one platform: each worker its own
+//! host (a network namespace with a veth address, its CPUs, its memory budget), HAProxy from
+//! Debian's packages as the one entry point, routing `/run/<lambda>` by the chosen policy.
+//!
+//! * [`plan`] decides names, addresses and CPUs (pure);
+//! * [`haproxy`] writes HAProxy's configuration for a policy (pure);
+//! * [`netns`] makes and removes a member's namespace and link;
+//! * [`postgres`] runs the fleet's PostgreSQL, which holds the shared registry;
+//! * [`control`] is `sprout fleet up | down | status | deploy`.
+
+pub mod control;
+pub mod haproxy;
+pub mod netns;
+pub mod plan;
+pub mod postgres;

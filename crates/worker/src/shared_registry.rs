@@ -1,0 +1,204 @@
+//! A fleet's one registry: every lambda's archive in one PostgreSQL table, which each worker
+//! of the fleet writes its uploads and deletions to and follows, applying every change to its
+//! own [`crate::registry::Registry`] (which stays its local copy). A change is seen through
+//! LISTEN/NOTIFY at once, and by a poll every `poll` if a notification is lost; so code
+//! replaced through any worker reaches every worker within `poll` plus the time to unpack it.
+//!
+//! Each change takes the next number of one sequence; a worker remembers the last it applied
+//! and asks for the ones after it, so a worker that was down catches up when it starts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use futures_util::StreamExt;
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+
+use crate::api::Api;
+
+const CHANNEL: &str = "sprout_lambdas";
+
+const SCHEMA: &str = "
+CREATE SEQUENCE IF NOT EXISTS sprout_lambda_changes;
+CREATE TABLE IF NOT EXISTS sprout_lambdas (
+    name text PRIMARY KEY,
+    change bigint NOT NULL,
+    sha256 text NOT NULL,
+    archive bytea,
+    updated timestamptz NOT NULL DEFAULT now()
+);";
+
+/// One lambda's latest change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub name: String,
+    pub change: i64,
+    /// Of the archive; empty when deleted.
+    pub sha256: String,
+    pub deleted: bool,
+}
+
+/// The connection to the fleet's registry.
+pub struct SharedRegistry {
+    client: Client,
+}
+
+impl SharedRegistry {
+    /// Connect (a second connection LISTENs for changes: see [`follow`]) and make the table if
+    /// this is the first worker of the fleet.
+    pub async fn connect(url: &str) -> Result<SharedRegistry> {
+        let (mut client, connection) =
+            tokio_postgres::connect(url, NoTls).await.with_context(|| format!("connecting to the shared registry {}", redact(url)))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!("the shared registry's connection ended: {e}");
+            }
+        });
+        // Workers starting together must not race to create the table.
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock(7242017)", &[]).await?;
+        tx.batch_execute(SCHEMA).await.context("making the shared registry's table")?;
+        tx.commit().await?;
+        Ok(SharedRegistry { client })
+    }
+
+    /// Record an upload; returns its change number.
+    pub async fn publish(&self, name: &str, sha256: &str, archive: &[u8]) -> Result<i64> {
+        let row = self
+            .client
+            .query_one(
+                "INSERT INTO sprout_lambdas (name, change, sha256, archive) VALUES ($1, nextval('sprout_lambda_changes'), $2, $3)
+                 ON CONFLICT (name) DO UPDATE SET change = EXCLUDED.change, sha256 = EXCLUDED.sha256, archive = EXCLUDED.archive, updated = now()
+                 RETURNING change",
+                &[&name, &sha256, &archive],
+            )
+            .await
+            .context("storing the lambda in the shared registry")?;
+        self.notify().await;
+        Ok(row.get(0))
+    }
+
+    /// Record a deletion.
+    pub async fn delete(&self, name: &str) -> Result<()> {
+        self.client
+            .execute(
+                "UPDATE sprout_lambdas SET change = nextval('sprout_lambda_changes'), sha256 = '', archive = NULL, updated = now() WHERE name = $1",
+                &[&name],
+            )
+            .await
+            .context("deleting the lambda from the shared registry")?;
+        self.notify().await;
+        Ok(())
+    }
+
+    async fn notify(&self) {
+        // A lost notification costs only a poll interval.
+        let _ = self.client.execute(&format!("NOTIFY {CHANNEL}"), &[]).await;
+    }
+
+    /// Every lambda's change after `after`, oldest first.
+    pub async fn changes_since(&self, after: i64) -> Result<Vec<Change>> {
+        let rows = self
+            .client
+            .query("SELECT name, change, sha256, archive IS NULL FROM sprout_lambdas WHERE change > $1 ORDER BY change", &[&after])
+            .await?;
+        Ok(rows.iter().map(|r| Change { name: r.get(0), change: r.get(1), sha256: r.get(2), deleted: r.get(3) }).collect())
+    }
+
+    /// The archive of `name` as of change `change` (None if it changed again since).
+    pub async fn archive(&self, name: &str, change: i64) -> Result<Option<Vec<u8>>> {
+        let row = self.client.query_opt("SELECT archive FROM sprout_lambdas WHERE name = $1 AND change = $2", &[&name, &change]).await?;
+        Ok(row.and_then(|r| r.get::<_, Option<Vec<u8>>>(0)))
+    }
+}
+
+/// A connection string without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => match url[scheme + 3..at].find(':') {
+            Some(colon) => format!("{}:***{}", &url[..scheme + 3 + colon], &url[at..]),
+            None => url.to_string(),
+        },
+        _ => url.to_string(),
+    }
+}
+
+/// Apply the fleet's changes to this worker's registry, for as long as the worker runs.
+pub async fn follow(api: Api, shared: Arc<SharedRegistry>, url: String, poll: Duration) {
+    let wake = Arc::new(tokio::sync::Notify::new());
+    tokio::spawn(listen(url, wake.clone()));
+    let mut applied = 0i64;
+    loop {
+        match shared.changes_since(applied).await {
+            Ok(changes) => {
+                for change in changes {
+                    if let Err(e) = apply(&api, &shared, &change).await {
+                        tracing::warn!(lambda = %change.name, "applying the shared registry's change {}: {e:#}", change.change);
+                    }
+                    applied = applied.max(change.change);
+                }
+            }
+            Err(e) => tracing::warn!("reading the shared registry: {e:#}"),
+        }
+        let _ = tokio::time::timeout(poll, wake.notified()).await;
+    }
+}
+
+/// LISTEN on a connection of its own and wake the follower at each notification (reconnecting
+/// after a failure; the poll covers the gap).
+async fn listen(url: String, wake: Arc<tokio::sync::Notify>) {
+    loop {
+        if let Ok((client, mut connection)) = tokio_postgres::connect(&url, NoTls).await {
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            let listening = async {
+                client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+                std::future::pending::<Result<(), tokio_postgres::Error>>().await
+            };
+            let receiving = async {
+                while let Some(Ok(message)) = messages.next().await {
+                    if let AsyncMessage::Notification(_) = message {
+                        wake.notify_one();
+                    }
+                }
+            };
+            tokio::select! {
+                _ = listening => {}
+                _ = receiving => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Bring this worker's copy of one lambda to the change.
+async fn apply(api: &Api, shared: &SharedRegistry, change: &Change) -> Result<()> {
+    let local = api.registry.get(&change.name);
+    if change.deleted {
+        if local.is_some() {
+            crate::api::deleted(api, &change.name).await;
+        }
+        return Ok(());
+    }
+    if local.is_some_and(|l| l.sha256 == change.sha256) {
+        return Ok(()); // uploaded here, or already applied
+    }
+    let Some(archive) = shared.archive(&change.name, change.change).await? else {
+        return Ok(()); // changed again since: the next change brings it
+    };
+    let registry = api.registry.clone();
+    let name = change.name.clone();
+    let lambda = tokio::task::spawn_blocking(move || registry.upload(&name, &archive)).await??;
+    tracing::info!(lambda = %lambda.name, change = change.change, "lambda updated from the shared registry");
+    crate::api::uploaded(api, &lambda);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_password_is_kept_out_of_messages() {
+        assert_eq!(super::redact("postgresql://sprout:secret@10.0.0.1:5432/reg"), "postgresql://sprout:***@10.0.0.1:5432/reg");
+        assert_eq!(super::redact("postgresql://sprout@h/reg"), "postgresql://sprout@h/reg");
+        assert_eq!(super::redact("host=/run/postgresql dbname=reg"), "host=/run/postgresql dbname=reg");
+    }
+}

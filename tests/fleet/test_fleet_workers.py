@@ -1,0 +1,186 @@
+"""`sprout fleet`: several workers on this machine, each in its own network namespace on its
+own CPU with its own memory budget, behind HAProxy from Debian's packages, sharing one
+registry in the fleet's PostgreSQL (crates/fleet, crates/worker/src/shared_registry.rs)."""
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, SPROUT, free_port
+
+
+def sprout(*args, check=True, timeout=300):
+    return subprocess.run([str(SPROUT), *map(str, args)], capture_output=True, text=True, check=check, timeout=timeout)
+
+
+def leftovers(directory, state):
+    """Namespaces, links, HAProxy and worker processes of the fleet that still exist."""
+    tag = state["plan"]["tag"]
+    left = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split() if tag in n]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    left += [line.split(":")[1].strip() for line in links.splitlines() if f"sf{tag}" in line]
+    procs = subprocess.run(["pgrep", "-af", f"{directory}|fleet-pg/{tag}"], capture_output=True, text=True).stdout
+    return left + [p for p in procs.splitlines() if "pgrep" not in p]
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    directory = tmp_path / "fleet"
+    port = free_port()
+    up = sprout("fleet", "up", directory, "--workers", 3, "--cpus", "0,1", "--memory-mb", 384, "--listen", f"127.0.0.1:{port}",
+                check=False)
+    assert up.returncode == 0, up.stderr
+    state = json.loads((directory / "fleet.json").read_text())
+    yield directory, f"http://127.0.0.1:{port}", state
+    down = sprout("fleet", "down", directory, check=False)
+    assert down.returncode == 0, down.stderr
+    assert leftovers(directory, state) == []
+    assert not (directory / "fleet.json").exists()
+
+
+def get(url, timeout=30):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.headers.get("x-sprout-worker"), r.read()
+
+
+def test_three_workers_serve_lambdas_through_haproxy_each_lambda_on_its_worker(fleet, tmp_path):
+    directory, url, state = fleet
+    names = {f"f{state['plan']['tag']}{m['name']}" for m in state["members"]}
+    status = json.loads(sprout("fleet", "status", directory).stdout)
+    assert status["haproxy"] and [w["ready"] for w in status["workers"]] == [True] * 3
+    assert len({w["address"] for w in status["workers"]}) == 3 and len({w["netns"] for w in status["workers"]}) == 3
+    sprout("fleet", "deploy", directory, EXAMPLES / "hello")
+    for i in range(12):
+        sprout("fleet", "deploy", directory, EXAMPLES / "echo", "--name", f"echo{i}")
+    assert get(f"{url}/run/hello/ada")[2] == b"<h1>Hello, ada!</h1>\n"
+    homes = {}
+    for i in range(12):
+        served = {get(f"{url}/run/echo{i}")[1] for _ in range(5)}
+        assert len(served) == 1 and served <= names, f"echo{i} went to {served} (consistent hashing keeps a lambda on one worker)"
+        homes[f"echo{i}"] = served.pop()
+    assert len(set(homes.values())) >= 2, f"twelve lambdas all hashed to one worker: {homes}"
+
+
+def test_killing_a_worker_loses_no_idempotent_request(fleet):
+    directory, url, state = fleet
+    sprout("fleet", "deploy", directory, EXAMPLES / "hello")
+    home = get(f"{url}/run/hello/ada")[1]
+    victim = next(m for m in state["members"] if home.endswith(m["name"]))
+    outcomes, served, stop = collections.Counter(), collections.Counter(), threading.Event()
+
+    def load():
+        while not stop.is_set():
+            try:
+                status, worker, _ = get(f"{url}/run/hello/ada")
+                outcomes[status] += 1
+                served[worker] += 1
+            except Exception as e:  # every failure is counted, none expected
+                outcomes[repr(e)[:100]] += 1
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    os.kill(int((directory / victim["name"] / "worker.pid").read_text()), signal.SIGKILL)
+    time.sleep(3)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert set(outcomes) == {200}, outcomes
+    assert len(served) >= 2, f"the load never left the killed worker: {served}"
+    status = json.loads(sprout("fleet", "status", directory).stdout)
+    assert [w["ready"] for w in status["workers"] if w["name"] == victim["name"]] == [False]
+
+
+def test_fleet_commands_say_what_is_wrong(tmp_path):
+    directory = tmp_path / "nofleet"
+    for args, words in [
+        (("fleet", "up", directory, "--workers", 0), "at least one worker"),
+        (("fleet", "up", directory, "--policy", "random"), "unknown routing policy"),
+        (("fleet", "status", directory), "no fleet is up"),
+        (("fleet", "deploy", directory, EXAMPLES / "echo"), "no fleet is up"),
+    ]:
+        run = sprout(*args, check=False)
+        assert run.returncode == 1 and words in run.stderr, (args, run.stderr)
+    assert "no fleet is up" in sprout("fleet", "down", directory).stderr
+
+
+def test_a_second_up_in_the_same_directory_is_refused(fleet):
+    directory, _, _ = fleet
+    again = sprout("fleet", "up", directory, check=False)
+    assert again.returncode == 1 and "already up" in again.stderr
+
+
+def put(url, token, data):
+    request = urllib.request.Request(url, data=data, method="POST", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def delete(url, token):
+    request = urllib.request.Request(url, method="DELETE", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def served_by_every_worker(state, path):
+    """What each worker answers for `path`, asked directly at its own address."""
+    answers = []
+    for m in state["members"]:
+        try:
+            answers.append(get(f"http://{m['addr']}:5000{path}", timeout=10)[2])
+        except urllib.error.HTTPError as e:
+            answers.append(e.code)
+    return answers
+
+
+SPREAD_BOUND_S = 5  # crates/fleet/src/control.rs, SPREAD_BOUND
+
+
+def test_code_replaced_or_deleted_through_one_worker_reaches_every_worker_within_the_bound(fleet):
+    from conftest import targz
+
+    directory, url, state = fleet
+    token = (directory / "api-token").read_text().strip()
+    first, second, third = (f"http://{m['addr']}:5000" for m in state["members"])
+    put(f"{first}/registry/version", token, targz({"f.py": "def f(event):\n    return 'v1'\n"}))
+    deadline = time.time() + SPREAD_BOUND_S
+    while served_by_every_worker(state, "/run/version") != [b'"v1"'] * 3:
+        assert time.time() < deadline, served_by_every_worker(state, "/run/version")
+        time.sleep(0.05)
+    started = time.time()
+    put(f"{second}/registry/version", token, targz({"f.py": "def f(event):\n    return 'v2'\n"}))
+    while served_by_every_worker(state, "/run/version") != [b'"v2"'] * 3:
+        assert time.time() - started < SPREAD_BOUND_S, served_by_every_worker(state, "/run/version")
+        time.sleep(0.05)
+    started = time.time()
+    delete(f"{third}/registry/version", token)
+    while served_by_every_worker(state, "/run/version") != [404] * 3:
+        assert time.time() - started < SPREAD_BOUND_S, served_by_every_worker(state, "/run/version")
+        time.sleep(0.05)
+
+
+def test_an_upload_the_shared_registry_cannot_take_is_refused_with_its_reason(fleet):
+    from conftest import targz
+
+    directory, _, state = fleet
+    token = (directory / "api-token").read_text().strip()
+    data = f"/var/lib/sprout/fleet-pg/{state['plan']['tag']}"
+    pg_ctl = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))[-1]
+    subprocess.run(["runuser", "-u", "postgres", "--", str(pg_ctl), "-D", data, "-m", "fast", "-w", "stop"], check=True,
+                   capture_output=True, cwd="/")
+    first = f"http://{state['members'][0]['addr']}:5000"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        put(f"{first}/registry/lonely", token, targz({"f.py": "def f(event):\n    return 1\n"}))
+    body = json.loads(refused.value.read())
+    assert refused.value.code == 503 and body["error"] == "shared_registry_unavailable", body
+    assert "upload it again" in body["message"]
