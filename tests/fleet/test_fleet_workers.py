@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, SPROUT, free_port
+from conftest import EXAMPLES, LAMBDAS, SPROUT, free_port
 
 
 def sprout(*args, check=True, timeout=300):
@@ -32,19 +32,28 @@ def leftovers(directory, state):
     return left + [p for p in procs.splitlines() if "pgrep" not in p]
 
 
-@pytest.fixture
-def fleet(tmp_path):
-    directory = tmp_path / "fleet"
+def start_fleet(directory, workers, policy):
     port = free_port()
-    up = sprout("fleet", "up", directory, "--workers", 3, "--cpus", "0,1", "--memory-mb", 384, "--listen", f"127.0.0.1:{port}",
-                check=False)
+    up = sprout("fleet", "up", directory, "--workers", workers, "--cpus", "0,1", "--memory-mb", 384, "--policy", policy,
+                "--listen", f"127.0.0.1:{port}", check=False)
     assert up.returncode == 0, up.stderr
-    state = json.loads((directory / "fleet.json").read_text())
-    yield directory, f"http://127.0.0.1:{port}", state
+    return f"http://127.0.0.1:{port}", json.loads((directory / "fleet.json").read_text())
+
+
+def stop_fleet(directory, state):
     down = sprout("fleet", "down", directory, check=False)
     assert down.returncode == 0, down.stderr
     assert leftovers(directory, state) == []
     assert not (directory / "fleet.json").exists()
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    """Three workers, lambdas routed by consistent hashing."""
+    directory = tmp_path / "fleet"
+    url, state = start_fleet(directory, 3, "consistent")
+    yield directory, url, state
+    stop_fleet(directory, json.loads((directory / "fleet.json").read_text()))
 
 
 def get(url, timeout=30):
@@ -184,3 +193,67 @@ def test_an_upload_the_shared_registry_cannot_take_is_refused_with_its_reason(fl
     body = json.loads(refused.value.read())
     assert refused.value.code == 503 and body["error"] == "shared_registry_unavailable", body
     assert "upload it again" in body["message"]
+
+
+def test_a_worker_added_under_load_takes_traffic_and_a_drained_one_finishes_its_requests(tmp_path):
+    directory = tmp_path / "fleet"
+    url, state = start_fleet(directory, 2, "round-robin")
+    try:
+        sprout("fleet", "deploy", directory, EXAMPLES / "hello")
+        sprout("fleet", "deploy", directory, LAMBDAS / "sleepy")
+        outcomes, served, stop = collections.Counter(), collections.Counter(), threading.Event()
+
+        def load():
+            while not stop.is_set():
+                try:
+                    status, worker, _ = get(f"{url}/run/hello/ada")
+                    outcomes[status] += 1
+                    served[worker] += 1
+                except Exception as e:  # every failure is counted, none expected
+                    outcomes[repr(e)[:100]] += 1
+
+        threads = [threading.Thread(target=load) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(1)
+        added = sprout("fleet", "add", directory).stdout.split()[0]
+        time.sleep(2)
+        stop.set()
+        for t in threads:
+            t.join()
+        assert set(outcomes) == {200}, outcomes
+        assert served[f"f{state['plan']['tag']}{added}"] > 0, f"the added worker {added} took no requests: {served}"
+
+        slow = collections.Counter()
+
+        def sleep_request():
+            request = urllib.request.Request(f"{url}/run/sleepy", data=b'{"seconds": 2}', method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=30) as r:
+                    slow[(r.status, r.headers.get("x-sprout-worker"))] += 1
+            except Exception as e:
+                slow[repr(e)[:100]] += 1
+
+        sleepers = [threading.Thread(target=sleep_request) for _ in range(6)]
+        for t in sleepers:
+            t.start()
+        time.sleep(0.5)
+        sprout("fleet", "drain", directory, "w2")
+        for t in sleepers:
+            t.join()
+        drained = f"f{state['plan']['tag']}w2"
+        assert all(isinstance(k, tuple) and k[0] == 200 for k in slow), slow
+        assert slow[(200, drained)] > 0, f"no request under way on w2 when it was drained: {slow}"
+        status = json.loads(sprout("fleet", "status", directory).stdout)
+        assert [w["name"] for w in status["workers"]] == ["w1", added]
+        assert get(f"{url}/run/hello/ada")[0] == 200
+    finally:
+        stop_fleet(directory, json.loads((directory / "fleet.json").read_text()))
+    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if n.endswith(f"{state['plan']['tag']}-w2")]
+
+
+def test_draining_says_what_is_wrong(fleet):
+    directory, _, _ = fleet
+    missing = sprout("fleet", "drain", directory, "w9", check=False)
+    assert missing.returncode == 1 and "no worker \"w9\"" in missing.stderr and "w1, w2, w3" in missing.stderr

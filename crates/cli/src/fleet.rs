@@ -36,6 +36,17 @@ pub enum FleetCommand {
         #[arg(long)]
         worker_config: Option<PathBuf>,
     },
+    /// Start one more worker and route requests to it.
+    Add { dir: PathBuf },
+    /// Stop routing new requests to a worker, let those under way finish, then stop it.
+    Drain {
+        dir: PathBuf,
+        /// The worker, e.g. w2.
+        name: String,
+        /// Seconds to wait for requests under way.
+        #[arg(long, default_value_t = 60)]
+        grace: u64,
+    },
     /// Stop HAProxy and every worker, and remove their namespaces.
     Down { dir: PathBuf },
     /// Each part of the fleet and whether it is up (JSON).
@@ -60,6 +71,13 @@ pub fn run(command: FleetCommand) -> Result<()> {
             let opts = UpOptions { workers, cpus, memory_mb, policy: Policy::parse(&policy)?, api: listen, app: app_listen, extra_config };
             control::up(&dir, &opts, &mut say)?;
             println!("http://{listen}");
+        }
+        FleetCommand::Add { dir } => {
+            let member = sprout_fleet::membership::add(&dir, &mut say)?;
+            println!("{} {}", member.name, member.addr);
+        }
+        FleetCommand::Drain { dir, name, grace } => {
+            sprout_fleet::membership::drain(&dir, &name, std::time::Duration::from_secs(grace), &mut say)?
         }
         FleetCommand::Down { dir } => {
             if !control::down(&dir, &mut say)? {

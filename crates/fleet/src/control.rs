@@ -44,6 +44,10 @@ pub struct State {
     pub app: Option<SocketAddr>,
     /// The port of the fleet's PostgreSQL (the shared registry).
     pub pg_port: u16,
+    /// What members added later get: CPUs dealt in turn, memory, extra configuration.
+    pub cpus: Vec<usize>,
+    pub memory_mb: u64,
+    pub extra_config: String,
 }
 
 impl State {
@@ -55,7 +59,7 @@ impl State {
         }
     }
 
-    fn save(&self, dir: &Path) -> Result<()> {
+    pub(crate) fn save(&self, dir: &Path) -> Result<()> {
         let tmp = dir.join(format!("{STATE}.tmp"));
         fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
         fs::rename(tmp, dir.join(STATE))?;
@@ -124,10 +128,20 @@ pub fn up(dir: &Path, opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Resul
     let plan = Plan::for_dir(&dir);
     let members = plan.members(opts.workers, &opts.cpus, opts.memory_mb)?;
     let pg_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let state = State { plan: plan.clone(), members: members.clone(), policy: opts.policy, api: opts.api, app: opts.app, pg_port };
+    let state = State {
+        plan: plan.clone(),
+        members: members.clone(),
+        policy: opts.policy,
+        api: opts.api,
+        app: opts.app,
+        pg_port,
+        cpus: opts.cpus.clone(),
+        memory_mb: opts.memory_mb,
+        extra_config: opts.extra_config.clone(),
+    };
     // Recorded before anything starts, so `down` can undo a start-up that fails half-way.
     state.save(&dir)?;
-    let started = start_all(&dir, &state, opts, progress);
+    let started = start_all(&dir, &state, progress);
     if let Err(e) = started {
         progress("start-up failed; stopping what was started");
         let _ = down(&dir, progress);
@@ -136,7 +150,7 @@ pub fn up(dir: &Path, opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Resul
     Ok(state)
 }
 
-fn start_all(dir: &Path, state: &State, opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<()> {
+fn start_all(dir: &Path, state: &State, progress: &mut dyn FnMut(&str)) -> Result<()> {
     let token_path = dir.join(TOKEN);
     if !token_path.exists() {
         run(Command::new(sprout()?).args(["worker", "init"]).arg(dir.join(".token")), "making the fleet's API token")?;
@@ -147,28 +161,7 @@ fn start_all(dir: &Path, state: &State, opts: &UpOptions, progress: &mut dyn FnM
     progress(&format!("starting the fleet's PostgreSQL (the shared registry) on port {}", state.pg_port));
     cluster.start(state.plan.subnet)?;
     for m in &state.members {
-        let wdir = worker_dir(dir, m);
-        fs::create_dir_all(&wdir)?;
-        fs::write(
-            wdir.join("config.toml"),
-            worker_config(&state.plan, m, &cluster.url(m.host_addr), state.app.is_some(), &opts.extra_config),
-        )?;
-        fs::copy(&token_path, wdir.join(TOKEN))?;
-        netns::create(m)?;
-        run(Command::new(sprout()?).args(["worker", "init"]).arg(&wdir), "worker init")?;
-        progress(&format!("starting worker {} at {} in namespace {} on CPU {}", m.name, m.addr, m.netns, m.cpus));
-        run(
-            // nsenter enters only the network namespace: `ip netns exec` would also give the
-            // worker a mount namespace with a fresh /sys, hiding the cgroup hierarchies.
-            Command::new("nsenter")
-                .arg(format!("--net=/run/netns/{}", m.netns))
-                .args(["taskset", "-c", &m.cpus])
-                .arg(sprout()?)
-                .args(["worker", "up"])
-                .arg(&wdir)
-                .arg("--detach"),
-            &format!("starting worker {}", m.name),
-        )?;
+        start_member(dir, state, m, progress)?;
     }
     write_haproxy(dir, state)?;
     let cfg = dir.join("haproxy.cfg");
@@ -190,6 +183,62 @@ fn start_all(dir: &Path, state: &State, opts: &UpOptions, progress: &mut dyn FnM
     Ok(())
 }
 
+/// Make a member's namespace and start its worker there (ready when this returns).
+pub(crate) fn start_member(dir: &Path, state: &State, m: &Member, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    let cluster = Cluster::for_tag(&state.plan.tag, state.pg_port);
+    let wdir = worker_dir(dir, m);
+    fs::create_dir_all(&wdir)?;
+    let config = worker_config(&state.plan, m, &cluster.url(m.host_addr), state.app.is_some(), &state.extra_config);
+    fs::write(wdir.join("config.toml"), config)?;
+    fs::copy(dir.join(TOKEN), wdir.join(TOKEN))?;
+    netns::create(m)?;
+    run(Command::new(sprout()?).args(["worker", "init"]).arg(&wdir), "worker init")?;
+    progress(&format!("starting worker {} at {} in namespace {} on CPU {}", m.name, m.addr, m.netns, m.cpus));
+    run(
+        // nsenter enters only the network namespace: `ip netns exec` would also give the
+        // worker a mount namespace with a fresh /sys, hiding the cgroup hierarchies.
+        Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", m.netns))
+            .args(["taskset", "-c", &m.cpus])
+            .arg(sprout()?)
+            .args(["worker", "up"])
+            .arg(&wdir)
+            .arg("--detach"),
+        &format!("starting worker {}", m.name),
+    )?;
+    Ok(())
+}
+
+/// Stop a member's worker, clean up after it, and remove its namespace.
+pub(crate) fn stop_member(dir: &Path, m: &Member, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    let wdir = worker_dir(dir, m);
+    let mut result = Ok(());
+    if wdir.join("config.toml").exists() {
+        progress(&format!("stopping worker {}", m.name));
+        // A worker that died (killed, crashed) leaves its sandboxes' mounts and cgroups:
+        // cleanup removes them, and does nothing after a clean stop.
+        result = run(Command::new(sprout()?).args(["worker", "down"]).arg(&wdir), "worker down")
+            .and_then(|_| run(Command::new(sprout()?).args(["worker", "cleanup"]).arg(&wdir), "worker cleanup"))
+            .map(|_| ());
+    }
+    netns::remove(m);
+    result
+}
+
+/// Rewrite HAProxy's configuration for the members now in `state`, check it, and have
+/// HAProxy's master load it (its old process finishes the requests under way).
+pub(crate) fn reload_haproxy(dir: &Path, state: &State) -> Result<()> {
+    write_haproxy(dir, state)?;
+    run(Command::new("haproxy").arg("-c").arg("-f").arg(dir.join("haproxy.cfg")), "checking haproxy.cfg")?;
+    let Some(pid) = haproxy_pid(dir) else { bail!("HAProxy is not running in {}", dir.display()) };
+    // SAFETY: kill takes two integers and touches no memory of ours; `pid` is HAProxy's
+    // master, read from its pid file, positive.
+    if pid <= 0 || unsafe { libc::kill(pid, libc::SIGUSR2) } != 0 {
+        bail!("could not signal HAProxy's master (pid {pid}) to reload");
+    }
+    Ok(())
+}
+
 fn write_haproxy(dir: &Path, state: &State) -> Result<()> {
     let listen = state.listen(dir);
     if !listen.routes_map.exists() {
@@ -204,7 +253,7 @@ fn all_up(state: &State) -> bool {
     state.members.iter().all(worker_ready)
 }
 
-fn worker_ready(m: &Member) -> bool {
+pub(crate) fn worker_ready(m: &Member) -> bool {
     let agent = ureq::AgentBuilder::new().timeout(Duration::from_millis(500)).build();
     agent
         .get(&format!("http://{}:{API_PORT}/status", m.addr))
@@ -215,7 +264,7 @@ fn worker_ready(m: &Member) -> bool {
 }
 
 /// HAProxy's master process, when it runs.
-fn haproxy_pid(dir: &Path) -> Option<i32> {
+pub(crate) fn haproxy_pid(dir: &Path) -> Option<i32> {
     let pid: i32 = fs::read_to_string(dir.join("haproxy.pid")).ok()?.lines().next()?.trim().parse().ok()?;
     Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
 }
@@ -237,18 +286,9 @@ pub fn down(dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<bool> {
     }
     let mut failures = Vec::new();
     for m in &state.members {
-        let wdir = worker_dir(dir, m);
-        if wdir.join("config.toml").exists() {
-            progress(&format!("stopping worker {}", m.name));
-            // A worker that died (killed, crashed) leaves its sandboxes' mounts and cgroups:
-            // cleanup removes them, and does nothing after a clean stop.
-            let stopped = run(Command::new(sprout()?).args(["worker", "down"]).arg(&wdir), "worker down")
-                .and_then(|_| run(Command::new(sprout()?).args(["worker", "cleanup"]).arg(&wdir), "worker cleanup"));
-            if let Err(e) = stopped {
-                failures.push(format!("{}: {e:#}", m.name));
-            }
+        if let Err(e) = stop_member(dir, m, progress) {
+            failures.push(format!("{}: {e:#}", m.name));
         }
-        netns::remove(m);
     }
     progress("stopping the fleet's PostgreSQL");
     Cluster::for_tag(&state.plan.tag, state.pg_port).remove();

@@ -6,10 +6,14 @@
 //! * [`haproxy`] writes HAProxy's configuration for a policy (pure);
 //! * [`netns`] makes and removes a member's namespace and link;
 //! * [`postgres`] runs the fleet's PostgreSQL, which holds the shared registry;
-//! * [`control`] is `sprout fleet up | down | status | deploy`.
+//! * [`control`] is `sprout fleet up | down | status | deploy`;
+//! * [`membership`] adds and drains workers of a running fleet, through HAProxy's
+//!   [`runtime`] API.
 
 pub mod control;
 pub mod haproxy;
+pub mod membership;
 pub mod netns;
 pub mod plan;
 pub mod postgres;
+pub mod runtime;
