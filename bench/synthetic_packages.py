@@ -155,6 +155,8 @@ def main():
             "name": f"h{i}",
             "imports": [module(r) for r in sorted(picked)],
             "requirements": [f"{name(r)}==1.0" for r in closure],
+            # What package-aware routing hashes on (PASch): the import that costs the most.
+            "largest": module(max(sorted(picked), key=lambda r: universe.package(r)["cpu_ms"])),
         })
     reached = sorted(set(r for h in handlers for r in universe.closure(int(m.split("_")[1]) for m in h["imports"])))
     installed = os.path.join(args.cache, "installed")

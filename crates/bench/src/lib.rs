@@ -24,6 +24,7 @@ pub mod azure;
 pub mod cache;
 pub mod cache_load;
 pub mod fleet;
+pub mod fleet_routing;
 pub mod isolation;
 pub mod keepalive;
 pub mod packages;

@@ -170,6 +170,11 @@ pub struct Client {
 }
 
 impl Client {
+    /// A client of any worker API (a load balancer's, say) with `token`.
+    pub fn new(url: &str, token: &str, timeout: Duration) -> Client {
+        Client { agent: ureq::AgentBuilder::new().timeout(timeout).build(), url: url.to_string(), authorization: format!("Bearer {token}") }
+    }
+
     pub fn invoke(&self, name: &str, body: &[u8]) -> Result<Reply> {
         invoke_with(&self.agent, &self.url, name, body)
     }

@@ -192,6 +192,39 @@ enum WorkerCommand {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Routing policies compared on a fleet of workers behind HAProxy (round-robin,
+    /// least-conn, consistent, package-aware), on the synthetic package workload.
+    Fleet {
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+        #[arg(long, default_value_t = 4)]
+        workers: usize,
+        #[arg(long, default_value_t = 300)]
+        handlers: usize,
+        #[arg(long, default_value_t = 10)]
+        clients: usize,
+        #[arg(long, default_value_t = 20.0)]
+        warmup_s: f64,
+        /// Seconds measured per policy.
+        #[arg(long, default_value_t = 60.0)]
+        seconds: f64,
+        /// Each worker's memory budget, MiB.
+        #[arg(long, default_value_t = 512)]
+        worker_memory_mb: u64,
+        /// Each worker's handler cache and import cache, MiB each.
+        #[arg(long, default_value_t = 64)]
+        cache_mb: u64,
+        /// CPU of every worker.
+        #[arg(long, default_value_t = 0)]
+        worker_cpu: usize,
+        /// CPU of HAProxy, PostgreSQL and the clients.
+        #[arg(long, default_value_t = 1)]
+        client_cpu: usize,
+        #[arg(long, default_value = "/var/tmp/sprout-bench-fleet")]
+        work_dir: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// The hybrid histogram keep-alive policy against a fixed 10-minute window (and keeping
     /// everything loaded), replayed over a synthetic week of Azure-like applications.
     Keepalive {
@@ -444,6 +477,40 @@ fn run(cli: Cli) -> Result<()> {
             let url = format!("http://{}", config.worker.listen);
             let token = token.or_else(|| sprout_worker::auth::token::read_token(&dir).ok().map(|t| t.as_str().to_string()));
             print!("{}", client::zygotes(&url, client::find_token(&url, token).as_deref())?);
+        }
+        Command::Bench(BenchCommand::Fleet {
+            out,
+            workers,
+            handlers,
+            clients,
+            warmup_s,
+            seconds,
+            worker_memory_mb,
+            cache_mb,
+            worker_cpu,
+            client_cpu,
+            work_dir,
+            seed,
+        }) => {
+            let opts = sprout_bench::fleet_routing::Options {
+                sprout: std::env::current_exe()?,
+                out: out.clone(),
+                work_dir,
+                workers,
+                handlers,
+                clients,
+                warmup_s,
+                seconds,
+                worker_memory_mb,
+                cache_mb,
+                worker_cpu,
+                client_cpu,
+                seed,
+            };
+            let results = sprout_bench::fleet_routing::run(&opts)?;
+            let md = sprout_bench::fleet_routing::markdown(&results);
+            sprout_bench::report::write(&out, "fleet-routing", &results, &md, "plot_fleet_routing.py")?;
+            println!("{md}");
         }
         Command::Bench(BenchCommand::Keepalive { out, apps, days, seed }) => {
             let results = sprout_bench::keepalive::run(&sprout_bench::keepalive::Options { apps, days, seed, out_dir: out })?;
