@@ -260,3 +260,34 @@ def test_draining_says_what_is_wrong(fleet):
     directory, _, _ = fleet
     missing = sprout("fleet", "drain", directory, "w9", check=False)
     assert missing.returncode == 1 and "no worker \"w9\"" in missing.stderr and "w1, w2, w3" in missing.stderr
+
+
+def test_package_aware_routing_sends_lambdas_sharing_a_package_to_one_worker(tmp_path, wheel_dir):
+    directory = tmp_path / "fleet"
+    config = tmp_path / "worker.toml"
+    config.write_text(f'[packages]\nwheel_dir = "{wheel_dir}"\noffline = true\n')
+    port = free_port()
+    up = sprout("fleet", "up", directory, "--workers", 3, "--cpus", "0,1", "--memory-mb", 384, "--policy", "package-aware",
+                "--listen", f"127.0.0.1:{port}", "--worker-config", config, check=False)
+    assert up.returncode == 0, up.stderr
+    state = json.loads((directory / "fleet.json").read_text())
+    try:
+        for name, requirement in [("big1", "bigpkg==1.0"), ("big2", "bigpkg==1.0"), ("big3", "bigpkg==1.0"), ("plain", "")]:
+            lambda_dir = tmp_path / name
+            lambda_dir.mkdir()
+            (lambda_dir / "f.py").write_text("def f(event):\n    return 1\n")
+            if requirement:
+                (lambda_dir / "requirements.txt").write_text(requirement + "\n")
+            sprout("fleet", "deploy", directory, lambda_dir)
+        routes = dict(line.split() for line in (directory / "routes.map").read_text().splitlines())
+        assert routes == {"big1": "bigpkg==1.0", "big2": "bigpkg==1.0", "big3": "bigpkg==1.0"}, routes
+        homes = set()
+        for name in ("big1", "big2", "big3"):
+            served = collections.Counter(get(f"http://127.0.0.1:{port}/run/{name}")[1] for _ in range(6))
+            home, count = served.most_common(1)[0]
+            assert count >= 4, f"{name} went to {served}"
+            homes.add(home)
+        assert len(homes) == 1, f"lambdas sharing bigpkg went to {homes}"
+    finally:
+        stop_fleet(directory, json.loads((directory / "fleet.json").read_text()))
+    assert leftovers(directory, state) == []

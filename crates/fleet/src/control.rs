@@ -340,7 +340,61 @@ pub fn deploy(dir: &Path, lambda_dir: &Path, name: Option<&str>) -> Result<Durat
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    Ok(started.elapsed())
+    let took = started.elapsed();
+    if let Some(key) = route_key(&state.members[0], &uploaded, &token) {
+        set_route(dir, name, &key)?;
+    }
+    Ok(took)
+}
+
+/// What the package-aware policy hashes a lambda on: the largest package it needs (by the
+/// install cache's size, once a worker installed it), else its whole package set; None for a
+/// lambda without packages (hashed on its name).
+fn route_key(m: &Member, uploaded: &Value, token: &str) -> Option<String> {
+    let requirements: Vec<String> = uploaded["requirements"].as_array()?.iter().filter_map(|r| r.as_str().map(str::to_string)).collect();
+    if requirements.is_empty() {
+        return None;
+    }
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(5)).build();
+    let installed: Value = agent
+        .get(&format!("http://{}:{API_PORT}/packages", m.addr))
+        .set("Authorization", &format!("Bearer {token}"))
+        .call()
+        .ok()
+        .and_then(|r| r.into_json().ok())
+        .unwrap_or(Value::Null);
+    let size = |key: &str| installed.as_array()?.iter().find(|p| p["key"].as_str() == Some(key))?["size_bytes"].as_u64();
+    // The install cache's key: the name normalized (PEP 503), the version as pinned.
+    let normalized = |r: &String| match r.split_once("==") {
+        Some((name, version)) => format!("{}=={version}", name.to_ascii_lowercase().replace(['_', '.'], "-")),
+        None => r.to_ascii_lowercase(),
+    };
+    let sized: Vec<(u64, String)> = requirements.iter().filter_map(|r| size(&normalized(r)).map(|s| (s, normalized(r)))).collect();
+    match sized.into_iter().max() {
+        Some((_, largest)) => Some(largest),
+        None => Some(requirements.join(",")),
+    }
+}
+
+/// Route `lambda` by `key` from now on: in `DIR/routes.map` (read when HAProxy starts) and in
+/// the running HAProxy's copy (its runtime API).
+fn set_route(dir: &Path, lambda: &str, key: &str) -> Result<()> {
+    let map = dir.join("routes.map");
+    let mut lines: Vec<String> = fs::read_to_string(&map)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.split_whitespace().next() != Some(lambda))
+        .map(str::to_string)
+        .collect();
+    lines.push(format!("{lambda} {key}"));
+    fs::write(&map, lines.join("\n") + "\n")?;
+    let socket = dir.join("haproxy.sock");
+    let _ = crate::runtime::command(&socket, &format!("del map {} {lambda}", map.display()));
+    let answer = crate::runtime::command(&socket, &format!("add map {} {lambda} {key}", map.display()))?;
+    if !answer.trim().is_empty() {
+        bail!("HAProxy did not take the route of {lambda}: {}", answer.trim());
+    }
+    Ok(())
 }
 
 /// How long a change made through one worker may take to reach every other: the workers'
