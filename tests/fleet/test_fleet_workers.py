@@ -110,7 +110,8 @@ def test_killing_a_worker_loses_no_idempotent_request(fleet):
     assert set(outcomes) == {200}, outcomes
     assert len(served) >= 2, f"the load never left the killed worker: {served}"
     status = json.loads(sprout("fleet", "status", directory).stdout)
-    assert [w["ready"] for w in status["workers"] if w["name"] == victim["name"]] == [False]
+    assert [(w["ready"], w["haproxy"]) for w in status["workers"] if w["name"] == victim["name"]] == [(False, "DOWN")]
+    assert all(w["haproxy"] == "UP" for w in status["workers"] if w["name"] != victim["name"])
 
 
 def test_fleet_commands_say_what_is_wrong(tmp_path):

@@ -303,10 +303,16 @@ pub fn down(dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<bool> {
 /// How each part of the fleet is: HAProxy, and each worker's status and its HAProxy state.
 pub fn status(dir: &Path) -> Result<Value> {
     let Some(state) = State::load(dir)? else { bail!("no fleet is up in {}", dir.display()) };
+    // HAProxy's own view of each worker (UP, DOWN, DRAIN, MAINT), from its lambda backend.
+    let seen = crate::runtime::servers(&dir.join("haproxy.sock")).unwrap_or_default();
+    let haproxy_state = |name: &str| seen.iter().find(|s| s.backend == "lambdas" && s.server == name).map(|s| s.status.clone());
     let workers: Vec<Value> = state
         .members
         .iter()
-        .map(|m| json!({"name": m.name, "address": m.addr.to_string(), "netns": m.netns, "cpus": m.cpus, "memory_mb": m.memory_mb, "ready": worker_ready(m)}))
+        .map(|m| {
+            json!({"name": m.name, "address": m.addr.to_string(), "netns": m.netns, "cpus": m.cpus, "memory_mb": m.memory_mb,
+                   "ready": worker_ready(m), "haproxy": haproxy_state(&m.name)})
+        })
         .collect();
     Ok(json!({
         "api": format!("http://{}", state.api),
