@@ -3,6 +3,7 @@ own CPU with its own memory budget, behind HAProxy from Debian's packages, shari
 registry in the fleet's PostgreSQL (crates/fleet, crates/worker/src/shared_registry.rs)."""
 
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -61,6 +62,32 @@ def get(url, timeout=30):
         return r.status, r.headers.get("x-sprout-worker"), r.read()
 
 
+@contextlib.contextmanager
+def hello_load(url, clients):
+    """`clients` threads GETting /run/hello/ada through the fleet while the block runs; yields
+    the count of each outcome (200, or the failure) and of each worker that served."""
+    outcomes, served, stop = collections.Counter(), collections.Counter(), threading.Event()
+
+    def load():
+        while not stop.is_set():
+            try:
+                status, worker, _ = get(f"{url}/run/hello/ada")
+                outcomes[status] += 1
+                served[worker] += 1
+            except Exception as e:  # every failure is counted, none expected
+                outcomes[repr(e)[:100]] += 1
+
+    threads = [threading.Thread(target=load) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        yield outcomes, served
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+
 def test_three_workers_serve_lambdas_through_haproxy_each_lambda_mostly_on_its_worker(fleet, tmp_path):
     directory, url, state = fleet
     names = {f"f{state['plan']['tag']}{m['name']}" for m in state["members"]}
@@ -87,26 +114,10 @@ def test_killing_a_worker_loses_no_idempotent_request(fleet):
     sprout("fleet", "deploy", directory, EXAMPLES / "hello")
     home = get(f"{url}/run/hello/ada")[1]
     victim = next(m for m in state["members"] if home.endswith(m["name"]))
-    outcomes, served, stop = collections.Counter(), collections.Counter(), threading.Event()
-
-    def load():
-        while not stop.is_set():
-            try:
-                status, worker, _ = get(f"{url}/run/hello/ada")
-                outcomes[status] += 1
-                served[worker] += 1
-            except Exception as e:  # every failure is counted, none expected
-                outcomes[repr(e)[:100]] += 1
-
-    threads = [threading.Thread(target=load) for _ in range(4)]
-    for t in threads:
-        t.start()
-    time.sleep(1.5)
-    os.kill(int((directory / victim["name"] / "worker.pid").read_text()), signal.SIGKILL)
-    time.sleep(3)
-    stop.set()
-    for t in threads:
-        t.join()
+    with hello_load(url, 4) as (outcomes, served):
+        time.sleep(1.5)
+        os.kill(int((directory / victim["name"] / "worker.pid").read_text()), signal.SIGKILL)
+        time.sleep(3)
     assert set(outcomes) == {200}, outcomes
     assert len(served) >= 2, f"the load never left the killed worker: {served}"
     status = json.loads(sprout("fleet", "status", directory).stdout)
@@ -205,26 +216,10 @@ def test_a_worker_added_under_load_takes_traffic_and_a_drained_one_finishes_its_
     try:
         sprout("fleet", "deploy", directory, EXAMPLES / "hello")
         sprout("fleet", "deploy", directory, LAMBDAS / "sleepy")
-        outcomes, served, stop = collections.Counter(), collections.Counter(), threading.Event()
-
-        def load():
-            while not stop.is_set():
-                try:
-                    status, worker, _ = get(f"{url}/run/hello/ada")
-                    outcomes[status] += 1
-                    served[worker] += 1
-                except Exception as e:  # every failure is counted, none expected
-                    outcomes[repr(e)[:100]] += 1
-
-        threads = [threading.Thread(target=load) for _ in range(3)]
-        for t in threads:
-            t.start()
-        time.sleep(1)
-        added = sprout("fleet", "add", directory).stdout.split()[0]
-        time.sleep(2)
-        stop.set()
-        for t in threads:
-            t.join()
+        with hello_load(url, 3) as (outcomes, served):
+            time.sleep(1)
+            added = sprout("fleet", "add", directory).stdout.split()[0]
+            time.sleep(2)
         assert set(outcomes) == {200}, outcomes
         assert served[f"f{state['plan']['tag']}{added}"] > 0, f"the added worker {added} took no requests: {served}"
 

@@ -305,7 +305,7 @@ pub fn status(dir: &Path) -> Result<Value> {
     let Some(state) = State::load(dir)? else { bail!("no fleet is up in {}", dir.display()) };
     // HAProxy's own view of each worker (UP, DOWN, DRAIN, MAINT), from its lambda backend.
     let seen = crate::runtime::servers(&dir.join("haproxy.sock")).unwrap_or_default();
-    let haproxy_state = |name: &str| seen.iter().find(|s| s.backend == "lambdas" && s.server == name).map(|s| s.status.clone());
+    let haproxy_state = |name: &str| seen.iter().find(|s| s.backend == haproxy::LAMBDAS && s.server == name).map(|s| s.status.clone());
     let workers: Vec<Value> = state
         .members
         .iter()

@@ -48,6 +48,12 @@ impl Policy {
     }
 }
 
+/// The backends of the configuration, by the names the runtime API knows them by: `/run/...`
+/// requests, every other API request, and the app port's sites.
+pub const LAMBDAS: &str = "lambdas";
+pub const WORKERS: &str = "workers";
+pub const SITES: &str = "sites";
+
 /// A hashed worker takes at most this share of the mean load (HAProxy's hash-balance-factor).
 pub const BALANCE_FACTOR: u32 = 150;
 
@@ -80,10 +86,10 @@ pub fn config(members: &[Member], policy: Policy, listen: &Listen) -> String {
     );
     let _ = write!(
         c,
-        "frontend api\n    bind {}\n    use_backend lambdas if {{ path_beg /run/ }}\n    default_backend workers\n\n",
+        "frontend api\n    bind {}\n    use_backend {LAMBDAS} if {{ path_beg /run/ }}\n    default_backend {WORKERS}\n\n",
         listen.api
     );
-    let _ = writeln!(c, "backend lambdas");
+    let _ = writeln!(c, "backend {LAMBDAS}");
     match policy {
         Policy::RoundRobin => c.push_str("    balance roundrobin\n"),
         Policy::LeastConn => c.push_str("    balance leastconn\n"),
@@ -102,12 +108,12 @@ pub fn config(members: &[Member], policy: Policy, listen: &Listen) -> String {
         }
     }
     servers(&mut c, members, API_PORT);
-    c.push_str("\nbackend workers\n    balance roundrobin\n");
+    let _ = write!(c, "\nbackend {WORKERS}\n    balance roundrobin\n");
     servers(&mut c, members, API_PORT);
     if let Some(app) = listen.app {
         let _ = write!(
             c,
-            "\nfrontend app\n    bind {app}\n    default_backend sites\n\nbackend sites\n    balance hdr(host)\n    hash-type consistent\n    hash-balance-factor {BALANCE_FACTOR}\n"
+            "\nfrontend app\n    bind {app}\n    default_backend {SITES}\n\nbackend {SITES}\n    balance hdr(host)\n    hash-type consistent\n    hash-balance-factor {BALANCE_FACTOR}\n"
         );
         servers(&mut c, members, APP_PORT);
     }

@@ -8,14 +8,15 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 
 use crate::control::{self, State};
+use crate::haproxy;
 use crate::plan::Member;
 use crate::runtime;
 
 /// HAProxy's backends a member serves in.
 fn backends(state: &State) -> Vec<&'static str> {
-    let mut b = vec!["lambdas", "workers"];
+    let mut b = vec![haproxy::LAMBDAS, haproxy::WORKERS];
     if state.app.is_some() {
-        b.push("sites");
+        b.push(haproxy::SITES);
     }
     b
 }

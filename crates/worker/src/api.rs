@@ -321,14 +321,14 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) ->
         Err(e) => return fail(e),
     };
     let registry = api.registry.clone();
-    let data_for_shared = if api.shared.is_some() { data.clone() } else { Default::default() };
+    let archive = data.clone(); // Bytes: shared, not copied; for the shared registry
     let result = tokio::task::spawn_blocking(move || registry.upload(&name, &data)).await;
     match result {
         Ok(Ok(lambda)) => {
             tracing::info!(lambda = %lambda.name, version = lambda.version, files = lambda.files, "lambda uploaded");
             uploaded(&api, &lambda);
             if let Some(shared) = &api.shared {
-                if let Err(e) = shared.publish(&lambda.name, &lambda.sha256, &data_for_shared).await {
+                if let Err(e) = shared.publish(&lambda.name, &lambda.sha256, &archive).await {
                     let message = format!("the lambda is stored on this worker but not in the fleet's shared registry, so the other workers do not have it; upload it again: {e:#}");
                     return fail(ApiError::new(ErrorCode::SharedRegistryUnavailable, message).with("lambda", lambda.name.clone()));
                 }
