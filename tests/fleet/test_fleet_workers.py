@@ -16,21 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, LAMBDAS, SPROUT, free_port
-
-
-def sprout(*args, check=True, timeout=300):
-    return subprocess.run([str(SPROUT), *map(str, args)], capture_output=True, text=True, check=check, timeout=timeout)
-
-
-def leftovers(directory, state):
-    """Namespaces, links, HAProxy and worker processes of the fleet that still exist."""
-    tag = state["plan"]["tag"]
-    left = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split() if tag in n]
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    left += [line.split(":")[1].strip() for line in links.splitlines() if f"sf{tag}" in line]
-    procs = subprocess.run(["pgrep", "-af", f"{directory}|fleet-pg/{tag}"], capture_output=True, text=True).stdout
-    return left + [p for p in procs.splitlines() if "pgrep" not in p]
+from conftest import EXAMPLES, LAMBDAS, free_port
+from fleet_helpers import leftovers, sprout, stop_fleet
 
 
 def start_fleet(directory, workers, policy):
@@ -39,13 +26,6 @@ def start_fleet(directory, workers, policy):
                 "--listen", f"127.0.0.1:{port}", check=False)
     assert up.returncode == 0, up.stderr
     return f"http://127.0.0.1:{port}", json.loads((directory / "fleet.json").read_text())
-
-
-def stop_fleet(directory, state):
-    down = sprout("fleet", "down", directory, check=False)
-    assert down.returncode == 0, down.stderr
-    assert leftovers(directory, state) == []
-    assert not (directory / "fleet.json").exists()
 
 
 @pytest.fixture
@@ -127,15 +107,23 @@ def test_killing_a_worker_loses_no_idempotent_request(fleet):
 
 def test_fleet_commands_say_what_is_wrong(tmp_path):
     directory = tmp_path / "nofleet"
+    (tmp_path / "sets-registry.toml").write_text('[registry]\nshared = "postgresql://elsewhere/x"\n')
+    (tmp_path / "broken.toml").write_text("[limits\n")
     for args, words in [
         (("fleet", "up", directory, "--workers", 0), "at least one worker"),
         (("fleet", "up", directory, "--policy", "random"), "unknown routing policy"),
         (("fleet", "status", directory), "no fleet is up"),
         (("fleet", "deploy", directory, EXAMPLES / "echo"), "no fleet is up"),
+        (("fleet", "up", directory, "--service", "olio-db"), "expected NAME=[ADDR:]PORT"),
+        (("fleet", "up", directory, "--service", "db=70000"), "expected NAME=[ADDR:]PORT"),
+        (("fleet", "up", directory, "--worker-config", tmp_path / "sets-registry.toml"), "sets registry.shared"),
+        (("fleet", "up", directory, "--worker-config", tmp_path / "broken.toml"), "not valid TOML"),
+        (("fleet", "up", directory, "--worker-config", tmp_path / "missing.toml"), "missing.toml"),
     ]:
         run = sprout(*args, check=False)
         assert run.returncode == 1 and words in run.stderr, (args, run.stderr)
     assert "no fleet is up" in sprout("fleet", "down", directory).stderr
+    assert not (directory / "fleet.json").exists(), "a refused start-up records nothing"
 
 
 def test_a_second_up_in_the_same_directory_is_refused(fleet):

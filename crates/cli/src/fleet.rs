@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Subcommand;
 use sprout_fleet::control::{self, UpOptions};
 use sprout_fleet::haproxy::Policy;
@@ -32,9 +32,17 @@ pub enum FleetCommand {
         /// HAProxy's app-port entry point (the sites), if any.
         #[arg(long)]
         app_listen: Option<SocketAddr>,
-        /// A file of TOML added to every worker's config.toml.
+        /// A file of TOML every worker's config.toml starts from (the fleet's own settings are
+        /// merged in; setting one of them is an error).
         #[arg(long)]
         worker_config: Option<PathBuf>,
+        /// A service the sandboxes may reach by name, NAME=[ADDR:]PORT[@LAMBDA,...]; without
+        /// ADDR it listens on the fleet's services address (`status` shows it). Repeatable.
+        #[arg(long = "service")]
+        services: Vec<String>,
+        /// The port of the fleet's PostgreSQL (on the services address; default: a free one).
+        #[arg(long)]
+        postgres_port: Option<u16>,
     },
     /// Start one more worker and route requests to it.
     Add { dir: PathBuf },
@@ -63,12 +71,23 @@ pub enum FleetCommand {
 pub fn run(command: FleetCommand) -> Result<()> {
     let mut say = |line: &str| eprintln!("{line}");
     match command {
-        FleetCommand::Up { dir, workers, cpus, memory_mb, policy, listen, app_listen, worker_config } => {
+        FleetCommand::Up { dir, workers, cpus, memory_mb, policy, listen, app_listen, worker_config, services, postgres_port } => {
             let extra_config = match worker_config {
-                Some(path) => std::fs::read_to_string(&path)?,
+                Some(path) => std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
                 None => String::new(),
             };
-            let opts = UpOptions { workers, cpus, memory_mb, policy: Policy::parse(&policy)?, api: listen, app: app_listen, extra_config };
+            let services = services.iter().map(|s| s.parse()).collect::<Result<Vec<_>>>()?;
+            let opts = UpOptions {
+                workers,
+                cpus,
+                memory_mb,
+                policy: Policy::parse(&policy)?,
+                api: listen,
+                app: app_listen,
+                extra_config,
+                services,
+                pg_port: postgres_port,
+            };
             control::up(&dir, &opts, &mut say)?;
             println!("http://{listen}");
         }

@@ -17,9 +17,12 @@ use crate::haproxy::{self, Listen, Policy};
 use crate::netns;
 use crate::plan::{Member, Plan, API_PORT};
 use crate::postgres::Cluster;
+use crate::worker_config::{self, Service};
 
 const STATE: &str = "fleet.json";
 const TOKEN: &str = "api-token";
+/// The password of the fleet's PostgreSQL superuser (its registry's connection), 0600.
+const PG_PASSWORD: &str = "pg-password";
 
 /// What `up` is asked for.
 #[derive(Debug, Clone)]
@@ -30,8 +33,13 @@ pub struct UpOptions {
     pub policy: Policy,
     pub api: SocketAddr,
     pub app: Option<SocketAddr>,
-    /// TOML appended to every worker's config.toml (settings of the tests and benchmarks).
+    /// TOML every worker's config.toml starts from (the operator's settings; the fleet's own
+    /// are merged in: [`crate::worker_config`]).
     pub extra_config: String,
+    /// Services on this host (or elsewhere) every worker's sandboxes may reach by name.
+    pub services: Vec<Service>,
+    /// The fleet's PostgreSQL's port (None: a free one), so a `--service` can name it.
+    pub pg_port: Option<u16>,
 }
 
 /// A running fleet, as `DIR/fleet.json` records it.
@@ -48,6 +56,8 @@ pub struct State {
     pub cpus: Vec<usize>,
     pub memory_mb: u64,
     pub extra_config: String,
+    #[serde(default)]
+    pub services: Vec<Service>,
 }
 
 impl State {
@@ -69,6 +79,18 @@ impl State {
     fn listen(&self, dir: &Path) -> Listen {
         Listen { api: self.api, app: self.app, admin_socket: dir.join("haproxy.sock"), routes_map: dir.join("routes.map") }
     }
+}
+
+/// The fleet's PostgreSQL superuser's password.
+fn pg_password(dir: &Path) -> Result<String> {
+    Ok(fs::read_to_string(dir.join(PG_PASSWORD)).context("reading the fleet's PostgreSQL password")?.trim().to_string())
+}
+
+fn random_hex(bytes: usize) -> Result<String> {
+    let mut buf = vec![0u8; bytes];
+    use std::io::Read;
+    fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(hex::encode(buf))
 }
 
 /// The `sprout` binary workers are started with.
@@ -94,24 +116,6 @@ pub fn worker_dir(dir: &Path, m: &Member) -> PathBuf {
     dir.join(&m.name)
 }
 
-/// The config.toml of a member's worker.
-fn worker_config(plan: &Plan, m: &Member, registry: &str, app: bool, extra: &str) -> String {
-    let mut c = format!(
-        "# Written by `sprout fleet up`: worker {} of fleet {}.\n[worker]\nlisten = \"{}:{API_PORT}\"\nname = \"f{}{}\"\n\n\
-         [sandbox]\ncpuset = \"{}\"\n\n[instances]\nmemory_budget_mb = {}\n\n[registry]\nshared = \"{registry}\"\n",
-        m.name, plan.tag, m.addr, plan.tag, m.name, m.cpus, m.memory_mb
-    );
-    if app {
-        c.push_str(&format!("\n[app]\nlisten = \"{}:{}\"\n", m.addr, crate::plan::APP_PORT));
-    }
-    if !extra.is_empty() {
-        c.push('\n');
-        c.push_str(extra);
-        c.push('\n');
-    }
-    c
-}
-
 /// Start the fleet in `dir`.
 pub fn up(dir: &Path, opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<State> {
     if opts.workers == 0 {
@@ -122,12 +126,16 @@ pub fn up(dir: &Path, opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Resul
     if let Some(state) = State::load(&dir)? {
         bail!("a fleet of {} workers is already up in {} (`sprout fleet down` it first)", state.members.len(), dir.display());
     }
+    worker_config::check_extra(&opts.extra_config)?;
     if Command::new("haproxy").arg("-v").output().is_err() {
         bail!("haproxy is not installed (apt-get install haproxy, or run scripts/setup.sh)");
     }
     let plan = Plan::for_dir(&dir);
     let members = plan.members(opts.workers, &opts.cpus, opts.memory_mb)?;
-    let pg_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let pg_port = match opts.pg_port {
+        Some(port) => port,
+        None => std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port(),
+    };
     let state = State {
         plan: plan.clone(),
         members: members.clone(),
@@ -138,6 +146,7 @@ pub fn up(dir: &Path, opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Resul
         cpus: opts.cpus.clone(),
         memory_mb: opts.memory_mb,
         extra_config: opts.extra_config.clone(),
+        services: opts.services.clone(),
     };
     // Recorded before anything starts, so `down` can undo a start-up that fails half-way.
     state.save(&dir)?;
@@ -157,9 +166,15 @@ fn start_all(dir: &Path, state: &State, progress: &mut dyn FnMut(&str)) -> Resul
         fs::rename(dir.join(".token").join(TOKEN), &token_path)?;
         let _ = fs::remove_dir_all(dir.join(".token"));
     }
+    let password_path = dir.join(PG_PASSWORD);
+    if !password_path.exists() {
+        fs::write(&password_path, random_hex(16)?)?;
+        fs::set_permissions(&password_path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    }
+    netns::create_services(&state.plan.services_label(), state.plan.services_addr())?;
     let cluster = Cluster::for_tag(&state.plan.tag, state.pg_port);
-    progress(&format!("starting the fleet's PostgreSQL (the shared registry) on port {}", state.pg_port));
-    cluster.start(state.plan.subnet)?;
+    progress(&format!("starting the fleet's PostgreSQL (the shared registry) at {}:{}", state.plan.services_addr(), state.pg_port));
+    cluster.start(state.plan.subnet, state.plan.services_addr(), &pg_password(dir)?)?;
     for m in &state.members {
         start_member(dir, state, m, progress)?;
     }
@@ -188,8 +203,11 @@ pub(crate) fn start_member(dir: &Path, state: &State, m: &Member, progress: &mut
     let cluster = Cluster::for_tag(&state.plan.tag, state.pg_port);
     let wdir = worker_dir(dir, m);
     fs::create_dir_all(&wdir)?;
-    let config = worker_config(&state.plan, m, &cluster.url(m.host_addr), state.app.is_some(), &state.extra_config);
+    let registry = cluster.url(state.plan.services_addr(), &pg_password(dir)?);
+    let config = worker_config::render(&state.plan, m, &registry, state.app.is_some(), &state.services, &state.extra_config)?;
+    // It holds the registry's password: the owner's alone.
     fs::write(wdir.join("config.toml"), config)?;
+    fs::set_permissions(wdir.join("config.toml"), std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     fs::copy(dir.join(TOKEN), wdir.join(TOKEN))?;
     netns::create(m)?;
     run(Command::new(sprout()?).args(["worker", "init"]).arg(&wdir), "worker init")?;
@@ -292,6 +310,7 @@ pub fn down(dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<bool> {
     }
     progress("stopping the fleet's PostgreSQL");
     Cluster::for_tag(&state.plan.tag, state.pg_port).remove();
+    netns::remove_services(&state.plan.services_label(), state.plan.services_addr());
     let _ = fs::remove_file(dir.join("haproxy.pid"));
     fs::remove_file(dir.join(STATE))?;
     if !failures.is_empty() {
@@ -320,6 +339,11 @@ pub fn status(dir: &Path) -> Result<Value> {
         "policy": state.policy.name(),
         "haproxy": haproxy_pid(dir).is_some(),
         "workers": workers,
+        "services_address": state.plan.services_addr().to_string(),
+        "postgres": {"address": format!("{}:{}", state.plan.services_addr(), state.pg_port),
+                     "socket_dir": Cluster::for_tag(&state.plan.tag, state.pg_port).data, "user": "postgres",
+                     "password_file": dir.join(PG_PASSWORD)},
+        "services": state.services.iter().map(|s| json!({"name": s.name, "address": format!("{}:{}", s.addr.unwrap_or(state.plan.services_addr()), s.port), "lambdas": s.lambdas})).collect::<Vec<_>>(),
     }))
 }
 
@@ -347,8 +371,11 @@ pub fn deploy(dir: &Path, lambda_dir: &Path, name: Option<&str>) -> Result<Durat
         }
     }
     let took = started.elapsed();
-    if let Some(key) = route_key(&state.members[0], &uploaded, &token) {
-        set_route(dir, name, &key)?;
+    // Only the package-aware policy reads the routes (the others' HAProxy has no map).
+    if state.policy == Policy::PackageAware {
+        if let Some(key) = route_key(&state.members[0], &uploaded, &token) {
+            set_route(dir, name, &key)?;
+        }
     }
     Ok(took)
 }

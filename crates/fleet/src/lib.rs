@@ -6,6 +6,7 @@
 //! * [`haproxy`] writes HAProxy's configuration for a policy (pure);
 //! * [`netns`] makes and removes a member's namespace and link;
 //! * [`postgres`] runs the fleet's PostgreSQL, which holds the shared registry;
+//! * [`worker_config`] writes each worker's config.toml (pure);
 //! * [`control`] is `sprout fleet up | down | status | deploy`;
 //! * [`membership`] adds and drains workers of a running fleet, through HAProxy's
 //!   [`runtime`] API.
@@ -17,3 +18,4 @@ pub mod netns;
 pub mod plan;
 pub mod postgres;
 pub mod runtime;
+pub mod worker_config;

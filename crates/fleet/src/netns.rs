@@ -1,6 +1,6 @@
 //! A member's host: its network namespace, joined to the host's by a veth pair with a /30
 //! (the worker's address and the host side's, its default route), made and removed with
-//! iproute2's `ip`.
+//! iproute2's `ip`; and the fleet's services address, on the host's loopback.
 
 use std::process::Command;
 
@@ -42,7 +42,43 @@ pub fn create(m: &Member) -> Result<()> {
             return Err(e.context(format!("making {}'s network namespace", m.name)));
         }
     }
+    // The member is the machine its sandboxes' connections to services leave by: replies
+    // arrive on its link and are forwarded to the sandbox (as on a real machine whose worker
+    // has services on other hosts; the worker asks for this and warns without it).
+    if let Err(e) = forward_on_link(m) {
+        remove(m);
+        return Err(e.context(format!("letting {}'s link forward", m.name)));
+    }
     Ok(())
+}
+
+fn forward_on_link(m: &Member) -> Result<()> {
+    let setting = format!("net.ipv4.conf.{}.forwarding=1", m.worker_link);
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", m.netns))
+        .args(["sysctl", "-qw", &setting])
+        .output()
+        .context("running nsenter sysctl")?;
+    if !out.status.success() {
+        bail!("sysctl -w {setting}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+/// Make the fleet's services address: `addr`/32 on the host's loopback device, labelled
+/// `label` (the kernel may lack dummy links; a local address on `lo` is reached the same way).
+pub fn create_services(label: &str, addr: std::net::Ipv4Addr) -> Result<()> {
+    remove_services(label, addr);
+    let cidr = format!("{addr}/32");
+    ip(&["addr", "add", &cidr, "dev", "lo", "label", label]).context("making the fleet's services address")
+}
+
+/// Remove the fleet's services address.
+pub fn remove_services(label: &str, addr: std::net::Ipv4Addr) {
+    let shown = Command::new("ip").args(["-o", "-4", "addr", "show", "dev", "lo"]).output();
+    if shown.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(label)) {
+        let _ = ip(&["addr", "del", &format!("{addr}/32"), "dev", "lo", "label", label]);
+    }
 }
 
 /// Remove the member's namespace (its end of the link goes with it, and so the host's).

@@ -65,6 +65,19 @@ impl Plan {
         })
     }
 
+    /// The fleet's own address on this host (`10.200.<subnet>.1`, outside every member's /30),
+    /// on the host's loopback: where the fleet's PostgreSQL and the services its sandboxes
+    /// may reach listen, the same address from every member's namespace (each routes to it
+    /// through its link), as a services machine's address is on a real network.
+    pub fn services_addr(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 200, self.subnet, 1)
+    }
+
+    /// The label of [`Plan::services_addr`] on `lo` (`ip addr` shows it).
+    pub fn services_label(&self) -> String {
+        format!("lo:sf{}s", self.tag)
+    }
+
     /// `count` members, their CPUs dealt round the `cpus` list (one CPU each, in turn).
     pub fn members(&self, count: usize, cpus: &[usize], memory_mb: u64) -> Result<Vec<Member>> {
         if cpus.is_empty() {
@@ -90,7 +103,10 @@ mod tests {
             assert!(m.host_link.len() <= 15 && m.worker_link.len() <= 15, "interface names are at most 15 bytes: {}", m.worker_link);
             assert_eq!(m.addr.octets()[..3], [10, 200, plan.subnet]);
             assert_eq!(u32::from(m.addr) - u32::from(m.host_addr), 1);
+            assert_ne!(m.host_addr, plan.services_addr());
+            assert!(plan.services_label().len() <= 15);
         }
+        assert_eq!(plan.services_addr().octets()[..3], [10, 200, plan.subnet]);
         assert_eq!((members[0].cpus.as_str(), members[1].cpus.as_str(), members[2].cpus.as_str()), ("0", "1", "0"));
     }
 

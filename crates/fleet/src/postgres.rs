@@ -1,7 +1,10 @@
 //! The fleet's PostgreSQL: Debian's server, one cluster per fleet under
 //! `/var/lib/sprout/fleet-pg/<tag>` (owned by the `postgres` user, which must be able to reach
-//! it), listening on the host side of every member's link; it holds the shared registry's
-//! database. Started by `up`, stopped and removed by `down`.
+//! it), listening on the fleet's services address only; it holds the shared registry's
+//! database, and may hold the applications' (one primary for the fleet). The workers' addresses
+//! log in by password (SCRAM), so a lambda allowed to reach an application's database cannot
+//! read or change the registry; local socket connections (the operator, as root) are trusted.
+//! Started by `up`, stopped and removed by `down`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -50,9 +53,9 @@ impl Cluster {
         Cluster { data: PathBuf::from(format!("/var/lib/sprout/fleet-pg/{tag}")), port }
     }
 
-    /// Make the cluster (trusting the fleet's subnet `10.200.<subnet>.0/24`), start it, and
-    /// make the registry's database.
-    pub fn start(&self, subnet: u8) -> Result<()> {
+    /// Make the cluster (its superuser's password `password`, asked of the fleet's subnet
+    /// `10.200.<subnet>.0/24`), start it on `listen`, and make the registry's database.
+    pub fn start(&self, subnet: u8, listen: std::net::Ipv4Addr, password: &str) -> Result<()> {
         self.remove();
         let parent = self.data.parent().expect("has a parent");
         fs::create_dir_all(parent)?;
@@ -62,26 +65,42 @@ impl Cluster {
             bail!("could not give {} to the {USER} user", self.data.display());
         }
         let data = self.data.to_string_lossy().to_string();
-        as_postgres(&binary("initdb")?, &["-D", &data, "-U", USER, "-E", "UTF8", "--locale=C", "--auth=trust", "--no-sync"], "initdb")?;
+        as_postgres(
+            &binary("initdb")?,
+            &["-D", &data, "-U", USER, "-E", "UTF8", "--locale=C", "--auth-local=trust", "--auth-host=scram-sha-256", "--no-sync"],
+            "initdb",
+        )?;
         let hba = self.data.join("pg_hba.conf");
         let mut rules = fs::read_to_string(&hba)?;
-        rules.push_str(&format!("# The fleet's workers, each from its own address.\nhost all all 10.200.{subnet}.0/24 trust\n"));
+        rules.push_str(&format!("# The fleet's workers (and their sandboxes' connections), each from its own address.\nhost all all 10.200.{subnet}.0/24 scram-sha-256\n"));
         fs::write(&hba, rules)?;
-        let options = format!("-p {} -c listen_addresses='*' -k {data}", self.port);
+        let options = format!("-p {} -c listen_addresses='{listen}' -c password_encryption=scram-sha-256 -k {data}", self.port);
         let log = self.data.join("server.log").to_string_lossy().to_string();
         as_postgres(&binary("pg_ctl")?, &["-D", &data, "-l", &log, "-w", "-t", "60", "-o", &options, "start"], "starting PostgreSQL")?;
+        // The password is hex (checked by the caller's making of it), so it needs no quoting.
+        if !password.bytes().all(|b| b.is_ascii_hexdigit()) {
+            bail!("the fleet's PostgreSQL password must be hex");
+        }
+        self.sql(&format!("ALTER ROLE {USER} PASSWORD '{password}'"), "setting the superuser's password")?;
+        self.sql(&format!("CREATE DATABASE {DATABASE}"), "creating the registry's database")?;
+        Ok(())
+    }
+
+    /// Run one statement as the superuser over the cluster's Unix socket.
+    pub fn sql(&self, statement: &str, what: &str) -> Result<()> {
         let out = Command::new(binary("psql")?)
-            .args(["-h", &data, "-p", &self.port.to_string(), "-U", USER, "-d", "postgres", "-c", &format!("CREATE DATABASE {DATABASE}")])
+            .args(["-h", &self.data.to_string_lossy(), "-p", &self.port.to_string(), "-U", USER, "-d", "postgres", "-v", "ON_ERROR_STOP=1"])
+            .args(["-c", statement])
             .output()?;
         if !out.status.success() {
-            bail!("creating the registry's database: {}", String::from_utf8_lossy(&out.stderr).trim());
+            bail!("{what}: {}", String::from_utf8_lossy(&out.stderr).trim());
         }
         Ok(())
     }
 
-    /// The registry's connection string as a worker at the far end of `host_addr` sees it.
-    pub fn url(&self, host_addr: std::net::Ipv4Addr) -> String {
-        format!("postgresql://{USER}@{host_addr}:{}/{DATABASE}", self.port)
+    /// The registry's connection string at `addr` (the fleet's services address).
+    pub fn url(&self, addr: std::net::Ipv4Addr, password: &str) -> String {
+        format!("postgresql://{USER}:{password}@{addr}:{}/{DATABASE}", self.port)
     }
 
     /// Stop the server (if it runs) and remove the cluster.

@@ -1,0 +1,28 @@
+"""Helpers of the fleet tests: run `sprout`, stop a fleet and find what it left behind."""
+
+import subprocess
+
+from conftest import SPROUT
+
+
+def sprout(*args, check=True, timeout=300):
+    return subprocess.run([str(SPROUT), *map(str, args)], capture_output=True, text=True, check=check, timeout=timeout)
+
+
+def leftovers(directory, state):
+    """Namespaces, links, the services address, HAProxy and worker processes of the fleet that still exist."""
+    tag = state["plan"]["tag"]
+    left = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split() if tag in n]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    left += [line.split(":")[1].strip() for line in links.splitlines() if f"sf{tag}" in line]
+    addresses = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
+    left += [line for line in addresses.splitlines() if f"sf{tag}" in line]
+    procs = subprocess.run(["pgrep", "-af", f"{directory}|fleet-pg/{tag}"], capture_output=True, text=True).stdout
+    return left + [p for p in procs.splitlines() if "pgrep" not in p]
+
+
+def stop_fleet(directory, state):
+    down = sprout("fleet", "down", directory, check=False)
+    assert down.returncode == 0, down.stderr
+    assert leftovers(directory, state) == []
+    assert not (directory / "fleet.json").exists()
