@@ -256,15 +256,28 @@ def test_package_aware_routing_sends_lambdas_sharing_a_package_to_one_worker(tmp
     assert up.returncode == 0, up.stderr
     state = json.loads((directory / "fleet.json").read_text())
     try:
-        for name, requirement in [("big1", "bigpkg==1.0"), ("big2", "bigpkg==1.0"), ("big3", "bigpkg==1.0"), ("plain", "")]:
+        token = (directory / "api-token").read_text().strip()
+        lambdas = [("big1", "bigpkg==1.0\n"), ("big2", "bigpkg==1.0\ngamma==1.0\n"), ("big3", "BigPkg==1.0\n"), ("plain", "")]
+        for i, (name, requirements) in enumerate(lambdas):
             lambda_dir = tmp_path / name
             lambda_dir.mkdir()
             (lambda_dir / "f.py").write_text("def f(event):\n    return 1\n")
-            if requirement:
-                (lambda_dir / "requirements.txt").write_text(requirement + "\n")
-            sprout("fleet", "deploy", directory, lambda_dir)
-        routes = dict(line.split() for line in (directory / "routes.map").read_text().splitlines())
+            if requirements:
+                (lambda_dir / "requirements.txt").write_text(requirements)
+            if i % 2:  # uploaded straight to the entry point, as `sprout deploy --url` does
+                sprout("deploy", lambda_dir, "--url", f"http://127.0.0.1:{port}", "--token", token)
+            else:
+                sprout("fleet", "deploy", directory, lambda_dir)
+        # Routed by the largest installed package (3 MiB bigpkg, not gamma), whichever worker
+        # took the upload; a route reaches HAProxy once the packages are installed.
+        deadline = time.monotonic() + 60
+        while (routes := json.loads(sprout("fleet", "status", directory).stdout)["routes"]) != {
+                "big1": "bigpkg==1.0", "big2": "bigpkg==1.0", "big3": "bigpkg==1.0"} and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert routes == {"big1": "bigpkg==1.0", "big2": "bigpkg==1.0", "big3": "bigpkg==1.0"}, routes
+        # A worker added now gets them too (HAProxy's reload reads the routes the workers set).
+        sprout("fleet", "add", directory)
+        assert json.loads(sprout("fleet", "status", directory).stdout)["routes"] == routes
         homes = set()
         for name in ("big1", "big2", "big3"):
             served = collections.Counter(get(f"http://127.0.0.1:{port}/run/{name}")[1] for _ in range(6))

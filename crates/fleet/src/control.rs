@@ -204,7 +204,14 @@ pub(crate) fn start_member(dir: &Path, state: &State, m: &Member, progress: &mut
     let wdir = worker_dir(dir, m);
     fs::create_dir_all(&wdir)?;
     let registry = cluster.url(state.plan.services_addr(), &pg_password(dir)?);
-    let config = worker_config::render(&state.plan, m, &registry, state.app.is_some(), &state.services, &state.extra_config)?;
+    let listen = state.listen(dir);
+    let fleetwide = worker_config::Fleetwide {
+        registry: &registry,
+        app: state.app.is_some(),
+        routes: (state.policy == Policy::PackageAware).then_some((listen.admin_socket.as_path(), listen.routes_map.as_path())),
+        services: &state.services,
+    };
+    let config = worker_config::render(&state.plan, m, &fleetwide, &state.extra_config)?;
     // It holds the registry's password: the owner's alone.
     fs::write(wdir.join("config.toml"), config)?;
     fs::set_permissions(wdir.join("config.toml"), std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
@@ -246,6 +253,11 @@ pub(crate) fn stop_member(dir: &Path, m: &Member, progress: &mut dyn FnMut(&str)
 /// Rewrite HAProxy's configuration for the members now in `state`, check it, and have
 /// HAProxy's master load it (its old process finishes the requests under way).
 pub(crate) fn reload_haproxy(dir: &Path, state: &State) -> Result<()> {
+    if state.policy == Policy::PackageAware {
+        // The workers keep the routes in the running HAProxy: the new one reads them from the file.
+        let lines: String = routes(dir)?.iter().map(|(lambda, key)| format!("{lambda} {key}\n")).collect();
+        fs::write(dir.join("routes.map"), lines)?;
+    }
     write_haproxy(dir, state)?;
     run(Command::new("haproxy").arg("-c").arg("-f").arg(dir.join("haproxy.cfg")), "checking haproxy.cfg")?;
     let Some(pid) = haproxy_pid(dir) else { bail!("HAProxy is not running in {}", dir.display()) };
@@ -343,6 +355,7 @@ pub fn status(dir: &Path) -> Result<Value> {
         "postgres": {"address": format!("{}:{}", state.plan.services_addr(), state.pg_port),
                      "socket_dir": Cluster::for_tag(&state.plan.tag, state.pg_port).data, "user": "postgres",
                      "password_file": dir.join(PG_PASSWORD)},
+        "routes": (state.policy == Policy::PackageAware).then(|| routes(dir).ok()).flatten(),
         "services": state.services.iter().map(|s| json!({"name": s.name, "address": format!("{}:{}", s.addr.unwrap_or(state.plan.services_addr()), s.port), "lambdas": s.lambdas})).collect::<Vec<_>>(),
     }))
 }
@@ -371,64 +384,34 @@ pub fn deploy(dir: &Path, lambda_dir: &Path, name: Option<&str>) -> Result<Durat
         }
     }
     let took = started.elapsed();
-    // Only the package-aware policy reads the routes (the others' HAProxy has no map).
-    if state.policy == Policy::PackageAware {
-        if let Some(key) = route_key(&state.members[0], &uploaded, &token) {
-            set_route(dir, name, &key)?;
+    // The worker that took the upload routes it once its packages are installed
+    // (crates/worker/src/fleet_routes.rs): wait for that, so requests from now on find it.
+    if state.policy == Policy::PackageAware && uploaded["requirements"].as_array().is_some_and(|r| !r.is_empty()) {
+        let deadline = Instant::now() + ROUTE_BOUND;
+        while !routes(dir)?.contains_key(name) {
+            if Instant::now() > deadline {
+                bail!("{name} has no package-aware route {ROUTE_BOUND:?} after its upload (see the workers' logs)");
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
     Ok(took)
 }
 
-/// What the package-aware policy hashes a lambda on: the largest package it needs (by the
-/// install cache's size, once a worker installed it), else its whole package set; None for a
-/// lambda without packages (hashed on its name).
-fn route_key(m: &Member, uploaded: &Value, token: &str) -> Option<String> {
-    let requirements: Vec<String> = uploaded["requirements"].as_array()?.iter().filter_map(|r| r.as_str().map(str::to_string)).collect();
-    if requirements.is_empty() {
-        return None;
+/// The package-aware routes the running HAProxy holds: lambda -> key.
+pub fn routes(dir: &Path) -> Result<std::collections::BTreeMap<String, String>> {
+    let answer = crate::runtime::command(&dir.join("haproxy.sock"), &format!("show map {}", dir.join("routes.map").display()))?;
+    // Each entry's line: its id (0x...), the key, the value; anything else is an error.
+    if !answer.trim().is_empty() && !answer.starts_with("0x") {
+        bail!("HAProxy did not list the routes: {}", answer.trim());
     }
-    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(5)).build();
-    let installed: Value = agent
-        .get(&format!("http://{}:{API_PORT}/packages", m.addr))
-        .set("Authorization", &format!("Bearer {token}"))
-        .call()
-        .ok()
-        .and_then(|r| r.into_json().ok())
-        .unwrap_or(Value::Null);
-    let size = |key: &str| installed.as_array()?.iter().find(|p| p["key"].as_str() == Some(key))?["size_bytes"].as_u64();
-    // The install cache's key: the name normalized (PEP 503), the version as pinned.
-    let normalized = |r: &String| match r.split_once("==") {
-        Some((name, version)) => format!("{}=={version}", name.to_ascii_lowercase().replace(['_', '.'], "-")),
-        None => r.to_ascii_lowercase(),
-    };
-    let sized: Vec<(u64, String)> = requirements.iter().filter_map(|r| size(&normalized(r)).map(|s| (s, normalized(r)))).collect();
-    match sized.into_iter().max() {
-        Some((_, largest)) => Some(largest),
-        None => Some(requirements.join(",")),
-    }
+    let entries = answer.lines().filter_map(|l| l.split_once(' ').and_then(|(_, rest)| rest.split_once(' ')));
+    Ok(entries.map(|(k, v)| (k.to_string(), v.trim().to_string())).collect())
 }
 
-/// Route `lambda` by `key` from now on: in `DIR/routes.map` (read when HAProxy starts) and in
-/// the running HAProxy's copy (its runtime API).
-fn set_route(dir: &Path, lambda: &str, key: &str) -> Result<()> {
-    let map = dir.join("routes.map");
-    let mut lines: Vec<String> = fs::read_to_string(&map)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.split_whitespace().next() != Some(lambda))
-        .map(str::to_string)
-        .collect();
-    lines.push(format!("{lambda} {key}"));
-    fs::write(&map, lines.join("\n") + "\n")?;
-    let socket = dir.join("haproxy.sock");
-    let _ = crate::runtime::command(&socket, &format!("del map {} {lambda}", map.display()));
-    let answer = crate::runtime::command(&socket, &format!("add map {} {lambda} {key}", map.display()))?;
-    if !answer.trim().is_empty() {
-        bail!("HAProxy did not take the route of {lambda}: {}", answer.trim());
-    }
-    Ok(())
-}
+/// How long `deploy` waits for a package-aware route: the lambda's packages are installed
+/// first (pip, when the install cache does not have them).
+const ROUTE_BOUND: Duration = Duration::from_secs(120);
 
 /// How long a change made through one worker may take to reach every other: the workers'
 /// poll interval (1 s) is the bound when a notification is lost, plus unpacking.

@@ -3,6 +3,7 @@
 //! into the operator's own TOML (`--worker-config`), which may set anything else. Pure.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::Path;
 use std::str::FromStr;
 
 use anyhow::{bail, Context, Result};
@@ -46,14 +47,27 @@ impl FromStr for Service {
 }
 
 /// The keys the fleet decides, which `--worker-config` may not set.
-const FLEET_KEYS: [(&str, &str); 6] = [
+const FLEET_KEYS: [(&str, &str); 8] = [
     ("worker", "listen"),
     ("worker", "name"),
     ("sandbox", "cpuset"),
     ("instances", "memory_budget_mb"),
     ("registry", "shared"),
+    ("registry", "routes_socket"),
+    ("registry", "routes_map"),
     ("app", "listen"),
 ];
+
+/// What every member's config gets from the fleet.
+pub struct Fleetwide<'a> {
+    /// The shared registry's connection string.
+    pub registry: &'a str,
+    /// Whether the members serve an app port.
+    pub app: bool,
+    /// HAProxy's runtime API socket and routes map, for package-aware routing.
+    pub routes: Option<(&'a Path, &'a Path)>,
+    pub services: &'a [Service],
+}
 
 /// Parse the operator's TOML and check it sets none of the fleet's own keys.
 pub fn check_extra(extra: &str) -> Result<Table> {
@@ -80,7 +94,8 @@ fn section<'a>(table: &'a mut Table, name: &str) -> Result<&'a mut Table> {
 }
 
 /// Member `m`'s config.toml.
-pub fn render(plan: &Plan, m: &Member, registry: &str, app: bool, services: &[Service], extra: &str) -> Result<String> {
+pub fn render(plan: &Plan, m: &Member, fleet: &Fleetwide, extra: &str) -> Result<String> {
+    let (registry, app, services) = (fleet.registry, fleet.app, fleet.services);
     let mut table = check_extra(extra)?;
     let set = |table: &mut Table, name: &str, key: &str, value: Value| -> Result<()> {
         section(table, name)?.insert(key.to_string(), value);
@@ -91,6 +106,10 @@ pub fn render(plan: &Plan, m: &Member, registry: &str, app: bool, services: &[Se
     set(&mut table, "sandbox", "cpuset", Value::from(m.cpus.clone()))?;
     set(&mut table, "instances", "memory_budget_mb", Value::Integer(m.memory_mb as i64))?;
     set(&mut table, "registry", "shared", Value::from(registry))?;
+    if let Some((socket, map)) = fleet.routes {
+        set(&mut table, "registry", "routes_socket", Value::from(socket.to_string_lossy().to_string()))?;
+        set(&mut table, "registry", "routes_map", Value::from(map.to_string_lossy().to_string()))?;
+    }
     if app {
         set(&mut table, "app", "listen", Value::from(SocketAddrV4::new(m.addr, APP_PORT).to_string()))?;
     }
@@ -116,9 +135,11 @@ pub fn render(plan: &Plan, m: &Member, registry: &str, app: bool, services: &[Se
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use super::*;
+
+    fn fleet<'a>(app: bool, services: &'a [Service]) -> Fleetwide<'a> {
+        Fleetwide { registry: "postgresql://r", app, routes: None, services }
+    }
 
     fn member() -> (Plan, Member) {
         let plan = Plan::for_dir(Path::new("/var/tmp/fleet-a"));
@@ -144,7 +165,7 @@ mod tests {
         let extra = "[app]\nlambda = \"olio\"\n[sandbox]\nvolumes = [{ host = \"/srv/f\", path = \"/f\", writable = true }]\n\
                      [[network.allow]]\nname = \"mail\"\naddress = \"10.0.0.9:25\"\n";
         let services = ["olio-db=5432@olio".parse().unwrap()];
-        let text = render(&plan, &m, "postgresql://r", true, &services, extra).unwrap();
+        let text = render(&plan, &m, &fleet(true, &services), extra).unwrap();
         let t: Table = text.parse().unwrap();
         assert_eq!(t["app"]["lambda"].as_str(), Some("olio"));
         assert_eq!(t["app"]["listen"].as_str().unwrap(), format!("{}:{APP_PORT}", m.addr));
@@ -158,13 +179,29 @@ mod tests {
     }
 
     #[test]
+    fn package_aware_fleets_tell_workers_where_the_routes_are() {
+        let (plan, m) = member();
+        let (socket, map) = (Path::new("/f/haproxy.sock"), Path::new("/f/routes.map"));
+        let routed = Fleetwide { registry: "r", app: false, routes: Some((socket, map)), services: &[] };
+        let t: Table = render(&plan, &m, &routed, "").unwrap().parse().unwrap();
+        assert_eq!(
+            (t["registry"]["routes_socket"].as_str(), t["registry"]["routes_map"].as_str()),
+            (Some("/f/haproxy.sock"), Some("/f/routes.map"))
+        );
+        let t: Table = render(&plan, &m, &fleet(false, &[]), "").unwrap().parse().unwrap();
+        assert!(t["registry"].get("routes_socket").is_none());
+        let e = render(&plan, &m, &routed, "[registry]\nroutes_map = \"/x\"\n").unwrap_err().to_string();
+        assert!(e.contains("registry.routes_map"), "{e}");
+    }
+
+    #[test]
     fn the_operator_may_not_set_what_the_fleet_decides() {
         let (plan, m) = member();
-        let e = render(&plan, &m, "r", false, &[], "[registry]\nshared = \"x\"\n").unwrap_err().to_string();
+        let e = render(&plan, &m, &fleet(false, &[]), "[registry]\nshared = \"x\"\n").unwrap_err().to_string();
         assert!(e.contains("registry.shared"), "{e}");
-        let e = render(&plan, &m, "r", false, &[], "[worker\n").unwrap_err();
+        let e = render(&plan, &m, &fleet(false, &[]), "[worker\n").unwrap_err();
         assert!(format!("{e:#}").contains("not valid TOML"), "{e:#}");
-        let e = render(&plan, &m, "r", false, &[], "network = { allow = 3 }\n").unwrap_err().to_string();
+        let e = render(&plan, &m, &fleet(false, &[]), "network = { allow = 3 }\n").unwrap_err().to_string();
         assert!(e.contains("array of tables"), "{e}");
     }
 }

@@ -61,6 +61,8 @@ pub struct Api {
     pub sites: Option<Arc<crate::sites::Sites>>,
     /// The fleet's shared registry, when this worker belongs to one.
     pub shared: Option<Arc<crate::shared_registry::SharedRegistry>>,
+    /// The fleet HAProxy's routes map, kept for the lambdas uploaded or deleted here.
+    pub routes: Option<crate::fleet_routes::FleetRoutes>,
     /// This worker's name, sent with every invocation's reply (`x-sprout-worker`), so a
     /// client behind a load balancer can tell which worker served it.
     pub worker_name: HeaderValue,
@@ -327,6 +329,7 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) ->
         Ok(Ok(lambda)) => {
             tracing::info!(lambda = %lambda.name, version = lambda.version, files = lambda.files, "lambda uploaded");
             uploaded(&api, &lambda);
+            route(&api, &lambda);
             if let Some(shared) = &api.shared {
                 if let Err(e) = shared.publish(&lambda.name, &lambda.sha256, &archive).await {
                     let message = format!("the lambda is stored on this worker but not in the fleet's shared registry, so the other workers do not have it; upload it again: {e:#}");
@@ -364,6 +367,12 @@ async fn delete_lambda(State(api): State<Api>, Path(name): Path<String>) -> Resp
     if !deleted(&api, &name).await {
         return fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}")));
     }
+    if let Some(routes) = api.routes.clone() {
+        let lambda = name.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || routes.set(&lambda, None)).await {
+            tracing::warn!(lambda = %name, "removing the lambda's route from the fleet's HAProxy: {e}");
+        }
+    }
     if let Some(shared) = &api.shared {
         if let Err(e) = shared.delete(&name).await {
             let message = format!("the lambda is deleted on this worker but not in the fleet's shared registry; delete it again: {e:#}");
@@ -388,6 +397,24 @@ pub(crate) fn uploaded(api: &Api, lambda: &Arc<crate::registry::Lambda>) {
     }
     let (kafka_api, name) = (api.clone(), lambda.name.clone());
     tokio::spawn(async move { kafka_api.kafka.sync(&kafka_api, &name).await });
+}
+
+/// Keep the fleet's route of a lambda uploaded here: once its packages are installed (the
+/// same install `uploaded` began; concurrent callers share it), by its largest one.
+fn route(api: &Api, lambda: &Arc<crate::registry::Lambda>) {
+    let Some(routes) = api.routes.clone() else { return };
+    let (packages, reqs, name) = (api.packages.clone(), lambda.parsed_requirements.clone(), lambda.name.clone());
+    tokio::spawn(async move {
+        let _ = packages.prefetch(&reqs).await; // a failed install is routed by its package set
+        let done = tokio::task::spawn_blocking(move || {
+            let key = crate::fleet_routes::route_key(&reqs, &packages.cache().list());
+            routes.set(&name, key.as_deref()).map_err(|e| (name, e))
+        })
+        .await;
+        if let Ok(Err((name, e))) = done {
+            tracing::warn!(lambda = %name, "keeping the lambda's route in the fleet's HAProxy: {e}");
+        }
+    });
 }
 
 /// Delete a lambda here, with its network namespace and Kafka consumers; false when there

@@ -164,11 +164,16 @@ pub struct RegistrySection {
     pub shared: String,
     /// How often the shared registry is read when no notification came, milliseconds.
     pub poll_ms: u64,
+    /// Package-aware routing: the fleet HAProxy's runtime API socket and its routes map, where
+    /// a lambda uploaded through this worker is routed by its largest package (`fleet_routes`).
+    /// Empty: none.
+    pub routes_socket: String,
+    pub routes_map: String,
 }
 
 impl Default for RegistrySection {
     fn default() -> Self {
-        RegistrySection { shared: String::new(), poll_ms: 1000 }
+        RegistrySection { shared: String::new(), poll_ms: 1000, routes_socket: String::new(), routes_map: String::new() }
     }
 }
 

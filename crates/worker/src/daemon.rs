@@ -335,6 +335,10 @@ pub async fn serve(dir: &Path) -> Result<()> {
         kafka: Arc::new(crate::kafka::KafkaTriggers::new(dir.join("kafka-failed.jsonl"), Default::default())),
         sites: app_port.as_ref().map(AppPort::sites),
         shared: shared.clone(),
+        routes: (!config.registry.routes_socket.is_empty()).then(|| crate::fleet_routes::FleetRoutes {
+            socket: config.registry.routes_socket.clone().into(),
+            map: config.registry.routes_map.clone().into(),
+        }),
         worker_name: axum::http::HeaderValue::from_str(&config.worker_name(&dir)).unwrap_or(axum::http::HeaderValue::from_static("worker")),
     };
     api.kafka.sync_all(&api).await;

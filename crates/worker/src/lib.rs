@@ -38,6 +38,7 @@ pub mod calls;
 pub mod config;
 pub mod daemon;
 pub mod errors;
+pub mod fleet_routes;
 pub mod handler_cache;
 pub mod instances;
 pub mod kafka;
