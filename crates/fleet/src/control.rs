@@ -356,7 +356,7 @@ pub fn status(dir: &Path) -> Result<Value> {
                      "socket_dir": Cluster::for_tag(&state.plan.tag, state.pg_port).data, "user": "postgres",
                      "password_file": dir.join(PG_PASSWORD)},
         "routes": (state.policy == Policy::PackageAware).then(|| routes(dir).ok()).flatten(),
-        "services": state.services.iter().map(|s| json!({"name": s.name, "address": format!("{}:{}", s.addr.unwrap_or(state.plan.services_addr()), s.port), "lambdas": s.lambdas})).collect::<Vec<_>>(),
+        "services": state.services.iter().map(|s| json!({"name": s.name, "address": s.endpoint(&state.plan).to_string(), "lambdas": s.lambdas})).collect::<Vec<_>>(),
     }))
 }
 

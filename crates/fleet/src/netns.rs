@@ -73,12 +73,9 @@ pub fn create_services(label: &str, addr: std::net::Ipv4Addr) -> Result<()> {
     ip(&["addr", "add", &cidr, "dev", "lo", "label", label]).context("making the fleet's services address")
 }
 
-/// Remove the fleet's services address.
+/// Remove the fleet's services address (nothing when there is none).
 pub fn remove_services(label: &str, addr: std::net::Ipv4Addr) {
-    let shown = Command::new("ip").args(["-o", "-4", "addr", "show", "dev", "lo"]).output();
-    if shown.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(label)) {
-        let _ = ip(&["addr", "del", &format!("{addr}/32"), "dev", "lo", "label", label]);
-    }
+    let _ = ip(&["addr", "del", &format!("{addr}/32"), "dev", "lo", "label", label]);
 }
 
 /// Remove the member's namespace (its end of the link goes with it, and so the host's).

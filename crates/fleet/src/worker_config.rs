@@ -46,6 +46,13 @@ impl FromStr for Service {
     }
 }
 
+impl Service {
+    /// Where it listens in the fleet `plan`.
+    pub fn endpoint(&self, plan: &Plan) -> SocketAddrV4 {
+        SocketAddrV4::new(self.addr.unwrap_or(plan.services_addr()), self.port)
+    }
+}
+
 /// The keys the fleet decides, which `--worker-config` may not set.
 const FLEET_KEYS: [(&str, &str); 8] = [
     ("worker", "listen"),
@@ -119,7 +126,7 @@ pub fn render(plan: &Plan, m: &Member, fleet: &Fleetwide, extra: &str) -> Result
         for s in services {
             let mut rule = Table::new();
             rule.insert("name".into(), Value::from(s.name.clone()));
-            rule.insert("address".into(), Value::from(SocketAddrV4::new(s.addr.unwrap_or(plan.services_addr()), s.port).to_string()));
+            rule.insert("address".into(), Value::from(s.endpoint(plan).to_string()));
             if !s.lambdas.is_empty() {
                 rule.insert("lambdas".into(), Value::Array(s.lambdas.iter().cloned().map(Value::from).collect()));
             }

@@ -328,8 +328,7 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) ->
     match result {
         Ok(Ok(lambda)) => {
             tracing::info!(lambda = %lambda.name, version = lambda.version, files = lambda.files, "lambda uploaded");
-            uploaded(&api, &lambda);
-            route(&api, &lambda);
+            uploaded(&api, &lambda, true);
             if let Some(shared) = &api.shared {
                 if let Err(e) = shared.publish(&lambda.name, &lambda.sha256, &archive).await {
                     let message = format!("the lambda is stored on this worker but not in the fleet's shared registry, so the other workers do not have it; upload it again: {e:#}");
@@ -384,37 +383,31 @@ async fn delete_lambda(State(api): State<Api>, Path(name): Path<String>) -> Resp
 
 /// What follows a lambda's (new version's) arrival, from an upload or the shared registry:
 /// its packages installed ahead of its first request, and its Kafka consumers (the replaced
-/// version's stop after their message under way).
-pub(crate) fn uploaded(api: &Api, lambda: &Arc<crate::registry::Lambda>) {
-    if !lambda.parsed_requirements.is_empty() {
-        // A failure is reported to requests.
+/// version's stop after their message under way). `took_upload`: this worker took it, so it
+/// also keeps the lambda's route in the fleet's HAProxy (`fleet_routes`), once the packages
+/// are installed.
+pub(crate) fn uploaded(api: &Api, lambda: &Arc<crate::registry::Lambda>, took_upload: bool) {
+    let routes = api.routes.clone().filter(|_| took_upload);
+    if !lambda.parsed_requirements.is_empty() || routes.is_some() {
         let (packages, reqs, name) = (api.packages.clone(), lambda.parsed_requirements.clone(), lambda.name.clone());
         tokio::spawn(async move {
             if let Err(e) = packages.prefetch(&reqs).await {
+                // Reported to requests; the route falls back to the package set.
                 tracing::warn!(lambda = %name, "installing the lambda's packages failed: {e}");
+            }
+            let Some(routes) = routes else { return };
+            let done = tokio::task::spawn_blocking(move || {
+                let key = crate::fleet_routes::route_key(&reqs, &packages.cache().list());
+                routes.set(&name, key.as_deref()).map_err(|e| (name, e))
+            })
+            .await;
+            if let Ok(Err((name, e))) = done {
+                tracing::warn!(lambda = %name, "keeping the lambda's route in the fleet's HAProxy: {e}");
             }
         });
     }
     let (kafka_api, name) = (api.clone(), lambda.name.clone());
     tokio::spawn(async move { kafka_api.kafka.sync(&kafka_api, &name).await });
-}
-
-/// Keep the fleet's route of a lambda uploaded here: once its packages are installed (the
-/// same install `uploaded` began; concurrent callers share it), by its largest one.
-fn route(api: &Api, lambda: &Arc<crate::registry::Lambda>) {
-    let Some(routes) = api.routes.clone() else { return };
-    let (packages, reqs, name) = (api.packages.clone(), lambda.parsed_requirements.clone(), lambda.name.clone());
-    tokio::spawn(async move {
-        let _ = packages.prefetch(&reqs).await; // a failed install is routed by its package set
-        let done = tokio::task::spawn_blocking(move || {
-            let key = crate::fleet_routes::route_key(&reqs, &packages.cache().list());
-            routes.set(&name, key.as_deref()).map_err(|e| (name, e))
-        })
-        .await;
-        if let Ok(Err((name, e))) = done {
-            tracing::warn!(lambda = %name, "keeping the lambda's route in the fleet's HAProxy: {e}");
-        }
-    });
 }
 
 /// Delete a lambda here, with its network namespace and Kafka consumers; false when there

@@ -189,7 +189,7 @@ async fn apply(api: &Api, shared: &SharedRegistry, change: &Change) -> Result<()
     let name = change.name.clone();
     let lambda = tokio::task::spawn_blocking(move || registry.upload(&name, &archive)).await??;
     tracing::info!(lambda = %lambda.name, change = change.change, "lambda updated from the shared registry");
-    crate::api::uploaded(api, &lambda);
+    crate::api::uploaded(api, &lambda, false);
     Ok(())
 }
 
