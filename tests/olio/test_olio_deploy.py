@@ -223,6 +223,14 @@ def _sha256(path):
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def _exe(pid):
+    """What process `pid` runs ("" once it has ended: sandboxes come and go while we look)."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except FileNotFoundError:
+        return ""
+
+
 def test_every_python_process_runs_the_sandbox_bases_interpreter_build(stack):
     """The Cloudstone comparison's footing: both stacks run one CPython build. Every Python
     process of the stack (found from the pid files, hashed here from /proc) runs the very
@@ -232,11 +240,14 @@ def test_every_python_process_runs_the_sandbox_bases_interpreter_build(stack):
     base = Path(sprout_stack.SANDBOX_BASE)
     base_python = (base / "usr/bin/python3").resolve()  # -> python3.11, a relative link
     want = _sha256(base_python)
-    python = {p for p in stack.pids_from_pidfiles() if Path(os.readlink(f"/proc/{p}/exe")).name.startswith("python")}
+    python = {p for p in stack.pids_from_pidfiles() if Path(_exe(p)).name.startswith("python")}
     assert len(python) >= (4 if stack.name == "conventional" else 2), {p: _command(p) for p in python}
     for pid in python:
-        assert _sha256(f"/proc/{pid}/exe") == want, f"{_command(pid)} runs {os.readlink(f'/proc/{pid}/exe')}, not {base_python}"
-        maps = Path(f"/proc/{pid}/maps").read_text()
+        try:
+            exe_sha, maps = _sha256(f"/proc/{pid}/exe"), Path(f"/proc/{pid}/maps").read_text()
+        except FileNotFoundError:
+            continue  # a sandbox that ended since it was listed
+        assert exe_sha == want, f"{_command(pid)} runs {_exe(pid)}, not {base_python}"
         assert "libpython" not in maps, "Debian's python3.11 links libpython statically"
     status = cli("status", "--dir", str(stack.state), binary=True)
     record = json.loads(status.stdout)["interpreter"]
