@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from cloudstone_report import interpreter_text
+from cloudstone_report import existing, interpreter_text, read_json
 
 PARTS = (
     ("Olio's Python (sandboxes / gunicorn's workers)", ("python helper.py", "python -m gunicorn")),
@@ -37,10 +37,10 @@ def per_operation(run):
 
 
 def runs(search_dir):
-    """{users: [run.json, ...]} of a search (repeats included)."""
+    """{users: [run.json, ...]} of a search (repeats included; a run.json may be kept gzipped)."""
     found = {}
-    for path in sorted(Path(search_dir).glob("run-*/run.json")):
-        run = json.loads(path.read_text())
+    for path in sorted(filter(None, (existing(d / "run.json") for d in Path(search_dir).glob("run-*")))):
+        run = read_json(path)
         found.setdefault(run["users"], []).append((path, run))
     return found
 

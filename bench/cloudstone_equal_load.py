@@ -29,6 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from cloudstone_breakdown import PARTS, per_operation  # noqa: E402
+from cloudstone_report import existing, read_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SPROUT = REPO / "target/release/sprout"
@@ -80,8 +81,8 @@ def summarize(out):
     configs = {}
     for name in CONFIGS:
         rounds = []
-        for path in sorted((out / name).glob("round-*/run.json")):
-            run = json.loads(path.read_text())
+        for path in sorted(filter(None, (existing(d / "run.json") for d in (out / name).glob("round-*")))):
+            run = read_json(path)
             parts, ops = per_operation(run)
             rounds.append({"run": str(path.relative_to(REPO) if path.is_relative_to(REPO) else path), "users": run["users"],
                            "operations": ops, "ops_per_s": run["ops_per_s"], "cpu_ms_per_op": parts,

@@ -27,6 +27,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from cloudstone_report import existing, read_json  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 SPROUT = REPO / "target/release/sprout"
 COLORS = {"sprout": "#2a9d8f", "conventional": "#e76f51"}
@@ -93,10 +95,10 @@ def summarize(a, profiles):
         points = profile_points(profile)
         peak = max(u for _, u in points)
         for stack in a.stacks:
-            path = Path(a.out) / profile.stem / stack / "run.json"
-            if not path.exists():
+            path = existing(Path(a.out) / profile.stem / stack / "run.json")  # or run.json.gz
+            if path is None:
                 continue
-            r = json.loads(path.read_text())
+            r = read_json(path)
             res = r["resources"]
             cost = res["costs"][price]
             instances = math.ceil(peak / cap)

@@ -3,8 +3,10 @@ response-time percentiles over time per operation, throughput and active users, 
 utilization of the system under test; tables of per-operation statistics and checks.
 
 usage: python3 bench/cloudstone_report.py RUN_DIR/run.json   (writes RUN_DIR/report.html)
+       python3 bench/cloudstone_report.py RUN_DIR/run.json.gz   (a run kept gzipped, as in bench/results)
 """
 
+import gzip
 import html
 import json
 import sys
@@ -16,6 +18,21 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 COLORS = ["#264653", "#2a9d8f", "#e9c46a", "#f4a261", "#e76f51", "#6d597a", "#118ab2"]
+
+
+def read_json(path):
+    """A JSON file, read through gzip when its name ends in .gz (bench/results keeps large runs so)."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    return json.loads(path.read_text())
+
+
+def existing(path):
+    """`path` if it exists, else its gzipped copy `path`.gz if that does; None if neither does."""
+    path = Path(path)
+    return next((p for p in (path, path.with_name(path.name + ".gz")) if p.exists()), None)
 
 
 
@@ -191,7 +208,7 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child,th
 
 def main(path):
     path = Path(path)
-    render(json.loads(path.read_text()), path.parent)
+    render(read_json(path), path.parent)
     print(f"wrote {path.parent / 'report.html'}")
 
 

@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from cloudstone_breakdown import per_operation  # noqa: E402
-from cloudstone_report import interpreter_text  # noqa: E402
+from cloudstone_report import existing, interpreter_text, read_json  # noqa: E402
 
 COLORS = {"sprout": "#2a9d8f", "conventional": "#e76f51"}
 
@@ -92,12 +92,12 @@ def report_link(report, out):
 
 def cpu_per_operation(report):
     """The deployment's CPU milliseconds per operation in a run (from the run.json beside its
-    report), as text; empty when the run has none. Runs whose figure departs from their
+    report, or run.json.gz), as text; empty when the run has none. Runs whose figure departs from their
     neighbours' ran on a contended host."""
     for candidate in (Path(report), Path(__file__).resolve().parent.parent / report):
-        run = candidate.with_name("run.json")
-        if run.exists():
-            parts, _ = per_operation(json.loads(run.read_text()))
+        run = existing(candidate.with_name("run.json"))
+        if run:
+            parts, _ = per_operation(read_json(run))
             return f"{sum(parts.values()):.2f}"
     return ""
 

@@ -14,6 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from cloudstone_report import existing, read_json  # noqa: E402
+
 ORDER = ["sprout", "sprout-runc", "conventional"]
 COLORS = {"sprout": "#2a9d8f", "sprout-runc": "#e9c46a", "conventional": "#8d99ae"}
 
@@ -27,15 +29,15 @@ def cpus(text):
 
 
 def best_run(summary, runs_dir, name):
-    """The fleet-run.json of the stack's largest passing fleet (or its smallest run)."""
+    """The fleet-run.json (or fleet-run.json.gz) of the stack's largest passing fleet (or its smallest run)."""
     steps = summary["stacks"][name]["steps"]
     passed = [s for s in steps if s["passed"] and s.get("run")]
     pick = max(passed, key=lambda s: s["sites"]) if passed else min((s for s in steps if s.get("run")),
                                                                       key=lambda s: s["sites"], default=None)
     if pick is None:
         return None, None
-    path = runs_dir / pick["run"]
-    return pick, (json.loads(path.read_text()) if path.exists() else None)
+    path = existing(runs_dir / pick["run"])
+    return pick, (read_json(path) if path else None)
 
 
 def table(summary):

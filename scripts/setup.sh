@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pkg in debootstrap runc docker.io postgresql memcached libmemcached-tools nginx acl chromium chromium-driver nftables iproute2 python3-venv binutils librdkafka-dev pkg-config maven linux-source bc flex bison libelf-dev e2fsprogs haproxy; do
+for pkg in debootstrap runc docker.io postgresql memcached libmemcached-tools nginx acl chromium chromium-driver nftables iproute2 python3-venv binutils librdkafka-dev pkg-config maven linux-source bc flex bison libelf-dev e2fsprogs haproxy prometheus; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -25,6 +25,13 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     if [[ " ${need_apt[*]} " == *" nginx "* ]]; then
         # Likewise nginx on port 80: the Olio deployments start their own (sprout olio up).
         service nginx stop >/dev/null 2>&1 || true
+    fi
+    if [[ " ${need_apt[*]} " == *" prometheus "* ]]; then
+        # And Prometheus on port 9090 (without recommends it pulls in no node exporter; stopped
+        # all the same in case one was there): tests/worker/test_prometheus.py starts its own
+        # server, scraping a worker, on a free port.
+        service prometheus stop >/dev/null 2>&1 || true
+        service prometheus-node-exporter stop >/dev/null 2>&1 || true
     fi
 fi
 

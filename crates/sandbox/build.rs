@@ -24,11 +24,13 @@ fn main() {
 fn embed_python_package() {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap()).join("../../python");
     let package = root.join("sprout");
-    println!("cargo:rerun-if-changed={}", package.display());
+    // Only the modules are watched, not their directories: Cargo counts a directory changed
+    // when anything in it is newer, and running Python (the tests do) writes `__pycache__`
+    // there, which would rebuild the worker after every test run. A module added to the
+    // package is picked up once its package's `__init__.py` (or this file) changes.
     let mut files = Vec::new();
     let mut stack = vec![package.clone()];
     while let Some(dir) = stack.pop() {
-        println!("cargo:rerun-if-changed={}", dir.display());
         for entry in std::fs::read_dir(&dir).expect("reading python/sprout") {
             let path = entry.expect("a directory entry").path();
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");

@@ -41,6 +41,11 @@ class SproutError(Exception):
         self.body = body or {}
 
     @property
+    def request_id(self):
+        """The worker's id of the failed request (its log entries carry it)."""
+        return self.body.get("request_id")
+
+    @property
     def traceback(self):
         return self.body.get("traceback")
 
@@ -203,3 +208,23 @@ class Client:
     def packages(self):
         """The install cache's packages: [{"key": "name==version", "top_level": [...], ...}]."""
         return self._check(self._call("GET", "/packages")).json()
+
+    def logs(self, name, since=None, limit=None, request=None):
+        """Lambda ``name``'s log entries, oldest first: the newest ``limit`` (default 100)
+        from ``since`` ("10m", Unix seconds or an RFC 3339 time), or only request ``request``'s.
+        Each is a dict: ``type`` (start, out, error, report, dropped), ``message``,
+        ``request_id``, ``time``..."""
+        query = {k: v for k, v in (("since", since), ("limit", limit), ("request", request)) if v is not None}
+        path = f"/logs/{urllib.parse.quote(name, safe='')}"
+        if query:
+            path += "?" + urllib.parse.urlencode(query)
+        return self._check(self._call("GET", path)).json()["entries"]
+
+    def request_logs(self, request_id):
+        """The log entries of one request, whatever its lambda."""
+        path = "/logs?" + urllib.parse.urlencode({"request": request_id})
+        return self._check(self._call("GET", path)).json()["entries"]
+
+    def history(self):
+        """Each lambda's last hour, minute by minute (``GET /stats/history``)."""
+        return self._check(self._call("GET", "/stats/history")).json()

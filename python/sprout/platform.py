@@ -55,6 +55,13 @@ def _channel():
     return channel
 
 
+def request_id():
+    """The id of the request this handler serves (its `X-Sprout-Request-Id`, the one its log
+    lines carry); "" outside a request or a sandbox."""
+    channel = sys.modules.get("_sprout_sandbox")
+    return getattr(channel, "request_id", "") if channel is not None else ""
+
+
 def invoke(name, event=None):
     """Run the lambda `name` on `event` (anything JSON encodes) and return its result."""
     if not isinstance(name, str) or not name:

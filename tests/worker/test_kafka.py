@@ -104,6 +104,12 @@ def test_each_message_runs_the_lambda_once_with_openlambdas_metadata(broker, tmp
         assert len(seen(data_dir, "orders.jsonl", 3)) == 3  # once each
         stats = w.client.stats()["kafka"]["orders"]
         assert stats == {"consuming": True, "received": 3, "succeeded": 3, "retried": 0, "failed": 0}
+        # Kafka deliveries take the one invocation path: counted, and logged with a request id.
+        metrics = w.client.metrics()
+        assert 'sprout_invocations_total{lambda="orders",start="cold",outcome="ok"} 1' in metrics, metrics
+        assert 'sprout_invocations_total{lambda="orders",start="warm",outcome="ok"} 2' in metrics, metrics
+        starts = [e for e in w.client.logs("orders") if e["type"] == "start"]
+        assert len(starts) == 3 and all(e["trigger"] == "kafka" and e["request_id"] for e in starts)
     finally:
         w.stop()
     assert w.leftovers() == []

@@ -1,4 +1,4 @@
-//! `sprout bench keepalive`: the hybrid histogram policy ([`sprout_worker::keepalive`], the
+//! `sprout bench keepalive`: the hybrid histogram policy ([`sprout_worker::KeepAliveTracker`], the
 //! worker's own code) against a fixed 10-minute keep-alive, and against keeping every
 //! application loaded as a conventional host does, over a week of a synthetic Azure
 //! population ([`crate::azure`]). As the paper evaluates its policies (Serverless in the Wild,
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use serde_json::{json, Value};
-use sprout_worker::keepalive::{Policy, Tracker};
+use sprout_worker::{KeepAlivePolicy as Policy, KeepAliveTracker as Tracker};
 
 use crate::azure::{self, Rng};
 use crate::report;

@@ -16,6 +16,8 @@
 //!   ([`azure`]).
 //! * [`fleet`]: Cloudstone for a fleet of mostly idle sites: their load profiles, drawn
 //!   from [`azure`], and the search for the most sites a deployment holds.
+//! * [`neighbours`]: noisy neighbours: a victim lambda's warm latency alone and beside lambdas
+//!   flooding stdout, spinning the CPU or churning memory, on one worker.
 //! * [`primitives`]: SOCK section 2 (figures 1-5) on this kernel: bind against overlay
 //!   mounts, namespace creation and teardown, cgroup reuse against creation.
 
@@ -27,6 +29,7 @@ pub mod fleet;
 pub mod fleet_routing;
 pub mod isolation;
 pub mod keepalive;
+pub mod neighbours;
 pub mod packages;
 pub mod primitives;
 pub mod report;

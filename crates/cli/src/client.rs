@@ -40,27 +40,45 @@ pub fn pack(dir: &Path) -> Result<Vec<u8>> {
     Ok(tar.into_inner()?.finish()?)
 }
 
-fn explain(e: ureq::Error) -> anyhow::Error {
+/// An error of the worker's API for people: `404 lambda_not_found: no lambda named "x"
+/// (request 9f3a0c1d2b4e5f60)`, with a handler's traceback or pip's words under it; a worker
+/// that cannot be reached, in one line naming its URL.
+pub(crate) fn explain(e: ureq::Error) -> anyhow::Error {
     match e {
         ureq::Error::Status(code, response) => {
+            let header_id = response.header("X-Sprout-Request-Id").map(str::to_string);
             let body = response.into_string().unwrap_or_default();
-            match serde_json::from_str::<serde_json::Value>(&body) {
-                Ok(v) if v.get("error").is_some() => {
-                    let mut msg = format!("{code} {}: {}", v["error"].as_str().unwrap_or(""), v["message"].as_str().unwrap_or(""));
-                    if let Some(tb) = v.get("traceback").and_then(|t| t.as_str()) {
-                        msg.push('\n');
-                        msg.push_str(tb.trim_end());
-                    }
-                    if let Some(pip) = v.get("pip_output").and_then(|t| t.as_str()).filter(|t| !t.is_empty()) {
-                        msg.push_str("\n--- pip said:\n");
-                        msg.push_str(pip.trim_end());
-                    }
-                    anyhow::anyhow!(msg)
+            let parsed = serde_json::from_str::<serde_json::Value>(&body).ok().filter(|v| v.get("error").is_some());
+            let request_id = parsed.as_ref().and_then(|v| v.get("request_id")).and_then(|id| id.as_str()).map(str::to_string).or(header_id);
+            let mut msg = match &parsed {
+                Some(v) => format!("{code} {}: {}", v["error"].as_str().unwrap_or(""), v["message"].as_str().unwrap_or("")),
+                None => format!("{code}: {}", body.trim_end()),
+            };
+            if let Some(id) = request_id.filter(|id| !id.is_empty()) {
+                msg.push_str(&format!(" (request {id})"));
+            }
+            if let Some(v) = &parsed {
+                if let Some(tb) = v.get("traceback").and_then(|t| t.as_str()) {
+                    msg.push('\n');
+                    msg.push_str(tb.trim_end());
                 }
-                _ => anyhow::anyhow!("{code}: {body}"),
+                if let Some(pip) = v.get("pip_output").and_then(|t| t.as_str()).filter(|t| !t.is_empty()) {
+                    msg.push_str("\n--- pip said:\n");
+                    msg.push_str(pip.trim_end());
+                }
+            }
+            anyhow::anyhow!(msg)
+        }
+        ureq::Error::Transport(t) => {
+            let what = t.to_string();
+            match t.url() {
+                Some(url) => {
+                    let what = what.strip_prefix(&format!("{url}: ")).unwrap_or(&what);
+                    anyhow::anyhow!("cannot reach the worker at {}: {}", url.origin().ascii_serialization(), what.replace('\n', " "))
+                }
+                None => anyhow::anyhow!("cannot reach the worker: {}", what.replace('\n', " ")),
             }
         }
-        ureq::Error::Transport(t) => anyhow::anyhow!("cannot reach the worker: {t}"),
     }
 }
 
@@ -70,7 +88,7 @@ fn explain(e: ureq::Error) -> anyhow::Error {
 pub fn find_token(url: &str, given: Option<String>) -> Option<String> {
     given.filter(|t| !t.trim().is_empty()).map(|t| t.trim().to_string()).or_else(|| {
         local_addresses(url).iter().find_map(|addr| {
-            let text = std::fs::read_to_string(sprout_worker::auth::token::discovery_path(addr)).ok()?;
+            let text = std::fs::read_to_string(sprout_worker::discovery_path(addr)).ok()?;
             Some(text.trim().to_string()).filter(|t| !t.is_empty())
         })
     })
@@ -102,7 +120,7 @@ fn local_addresses(url: &str) -> Vec<SocketAddr> {
     ips.into_iter().map(|ip| SocketAddr::new(ip, port)).collect()
 }
 
-fn authorized(request: ureq::Request, token: Option<&str>) -> ureq::Request {
+pub(crate) fn authorized(request: ureq::Request, token: Option<&str>) -> ureq::Request {
     match token {
         Some(token) => request.set("Authorization", &format!("Bearer {token}")),
         None => request,

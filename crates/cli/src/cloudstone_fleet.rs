@@ -213,7 +213,7 @@ pub struct StackResult {
 pub fn search(a: &FleetArgs) -> Result<()> {
     let repo = crate::olio::repo_root()?;
     let exe = std::env::current_exe()?;
-    let pricing = sprout_load::cost::Pricing::load(&a.pricing)?;
+    let pricing = sprout_load::Pricing::load(&a.pricing)?;
     let price = pricing.prices.iter().find(|p| p.name == pricing.default).context("the pricing file's default price is missing")?.clone();
     if let Some(bad) = a.stacks.iter().find(|s| !STACKS.contains(&s.as_str())) {
         bail!("--stacks: {bad:?} is not a deployment (choose from {})", STACKS.join(", "));
@@ -269,15 +269,15 @@ pub fn search(a: &FleetArgs) -> Result<()> {
 }
 
 /// One instance for a month (upfront costs over a year), per site held.
-fn per_site_month(price: &sprout_load::cost::Price, sites: usize) -> f64 {
-    (price.usd_per_instance_hour * sprout_load::cost::HOURS_PER_MONTH + price.upfront_usd / 12.0) / sites as f64
+fn per_site_month(price: &sprout_load::Price, sites: usize) -> f64 {
+    (price.usd_per_instance_hour * sprout_load::HOURS_PER_MONTH + price.upfront_usd / 12.0) / sites as f64
 }
 
 fn stack_result(
     steps: &[FleetStep],
     bracket: &Bracket,
-    pricing: &sprout_load::cost::Pricing,
-    price: &sprout_load::cost::Price,
+    pricing: &sprout_load::Pricing,
+    price: &sprout_load::Price,
     a: &FleetArgs,
 ) -> StackResult {
     let best = steps.iter().filter(|s| s.passed).map(|s| s.sites).max().unwrap_or(0);
@@ -297,7 +297,7 @@ fn stack_result(
 fn write_summary(
     a: &FleetArgs,
     stacks: &serde_json::Map<String, serde_json::Value>,
-    price: &sprout_load::cost::Price,
+    price: &sprout_load::Price,
 ) -> Result<serde_json::Value> {
     let held = |name: &str| stacks.get(name).and_then(|s| s["sites_sla2"].as_u64()).filter(|&n| n > 0);
     let ratio = |x: &str, y: &str| match (held(x), held(y)) {
@@ -467,7 +467,7 @@ fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<(Flee
         .with_context(|| format!("sprout olio fleet-up printed {:?}", String::from_utf8_lossy(&up.stdout)))?;
     step.setup_s = deployed.setup_s.unwrap_or(step.setup_s);
     let cgroup = deployed.cgroup.map(PathBuf::from);
-    step.resident_mb = cgroup.as_deref().map(sprout_load::utilization::pss_of_cgroup).unwrap_or(0) as f64 / 1048576.0;
+    step.resident_mb = cgroup.as_deref().map(sprout_load::pss_of_cgroup).unwrap_or(0) as f64 / 1048576.0;
     let budget = a.memory_mb as f64;
     if step.resident_mb > budget {
         let teardown = olio(exe, &["fleet-down", "--dir"], &state).map(|_| ());
@@ -546,7 +546,7 @@ fn run_load(
     cgroup: Option<PathBuf>,
     dir: &Path,
 ) -> Result<serde_json::Value> {
-    let opts = sprout_load::fleet_run::FleetRunOptions {
+    let opts = sprout_load::FleetRunOptions {
         url: url.to_string(),
         fleet: fleet_path.to_path_buf(),
         workload: a.workload.clone(),
@@ -565,7 +565,7 @@ fn run_load(
         machine: sprout_bench::report::machine(),
         exe: exe.to_path_buf(),
     };
-    let report = sprout_load::fleet_run::run_fleet(&opts)?;
+    let report = sprout_load::run_fleet(&opts)?;
     eprint!("{}", report.text());
     let path = dir.join("fleet-run.json");
     serde_json::from_slice(&std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?)

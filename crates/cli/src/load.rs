@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
-use sprout_load::control::Spec;
-use sprout_load::fleet_run::{run_fleet, FleetRunOptions};
-use sprout_load::run::{self, RunOptions};
+use sprout_load::RunOptions;
+use sprout_load::Spec;
+use sprout_load::{run_fleet, FleetRunOptions};
 
 #[derive(Subcommand)]
 pub enum LoadCommand {
@@ -174,8 +174,8 @@ impl RunArgs {
 
 pub fn main(cmd: LoadCommand) -> Result<()> {
     match cmd {
-        LoadCommand::Agent => sprout_load::control::agent_main(),
-        LoadCommand::FleetAgent => sprout_load::fleet_run::fleet_agent_main(),
+        LoadCommand::Agent => sprout_load::agent_main(),
+        LoadCommand::FleetAgent => sprout_load::fleet_agent_main(),
         LoadCommand::Fleet(args) => {
             let opts = FleetRunOptions {
                 url: args.url.clone(),
@@ -216,7 +216,7 @@ pub fn main(cmd: LoadCommand) -> Result<()> {
                 machine: sprout_bench::report::machine(),
                 deployment: args.deployment.clone(),
             };
-            let report = run::run(&opts)?;
+            let report = sprout_load::run(&opts)?;
             print!("{}", report.text());
             println!("report: {}", opts.out.join("report.html").display());
             Ok(())
@@ -343,7 +343,7 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
                 pricing: a.pricing.clone(),
                 instances: a.instances,
             };
-            let opts = sprout_load::search::SearchOptions {
+            let opts = sprout_load::SearchOptions {
                 run: RunOptions {
                     spec: run_args.spec()?,
                     stack: a.stack.clone(),
@@ -372,8 +372,8 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
                 pricing: a.pricing.clone(),
                 instances: a.instances,
             };
-            let r = sprout_load::search::search(&opts)?;
-            let spread = |m: &sprout_load::search::Maximum| {
+            let r = sprout_load::search(&opts)?;
+            let spread = |m: &sprout_load::Maximum| {
                 if m.agreed {
                     String::new()
                 } else {

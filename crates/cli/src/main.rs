@@ -1,5 +1,6 @@
 //! `sprout`: one command line in front of the worker, its client and its benchmarks.
 
+mod admin;
 mod client;
 mod cloudstone_fleet;
 mod fleet;
@@ -45,6 +46,51 @@ enum Command {
         #[arg(long, env = "SPROUT_URL", default_value = "http://127.0.0.1:5000")]
         url: String,
     },
+    /// List the lambdas: name, version, upload time, sandboxes (busy/idle), invocations.
+    Ls {
+        #[command(flatten)]
+        endpoint: admin::Endpoint,
+    },
+    /// One lambda: its metadata (version, sha256, files, upload time, ol.yaml) and figures.
+    Show {
+        name: String,
+        #[command(flatten)]
+        endpoint: admin::Endpoint,
+    },
+    /// Delete lambdas (exit status 1 if any could not be deleted).
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+        #[command(flatten)]
+        endpoint: admin::Endpoint,
+    },
+    /// A lambda's function logs: what its handlers wrote, a START and a REPORT per request.
+    Logs {
+        name: String,
+        /// Keep printing new entries as they come (until Ctrl-C).
+        #[arg(short, long)]
+        follow: bool,
+        /// Only entries this recent: a duration back from now (30s, 10m, 2h, 1d), Unix
+        /// seconds or RFC 3339.
+        #[arg(long)]
+        since: Option<String>,
+        /// Only the entries of this request (its X-Sprout-Request-Id).
+        #[arg(long)]
+        request: Option<String>,
+        /// The newest N matching entries (1-10000; the worker's default: 100).
+        #[arg(long)]
+        limit: Option<u32>,
+        #[command(flatten)]
+        endpoint: admin::Endpoint,
+    },
+    /// The worker's figures: invocations, starts, latency, sandboxes, memory budget, caches, errors.
+    Stats {
+        #[command(flatten)]
+        endpoint: admin::Endpoint,
+    },
+    /// The app port's sites: which lambda (and static directories) serve each host name.
+    #[command(subcommand)]
+    Sites(SitesCommand),
     /// The install cache of a worker.
     #[command(subcommand)]
     Packages(PackagesCommand),
@@ -73,6 +119,34 @@ enum Command {
     /// Several workers on this machine, each its own host, behind HAProxy.
     #[command(subcommand)]
     Fleet(fleet::FleetCommand),
+}
+
+#[derive(Subcommand)]
+enum SitesCommand {
+    /// List the sites by host (`*`: the default site), with where each came from.
+    Ls {
+        #[command(flatten)]
+        endpoint: admin::Endpoint,
+    },
+    /// Serve a lambda for a host name (added, or replaced if the API made it).
+    Put {
+        host: String,
+        /// The lambda serving the host.
+        #[arg(long = "lambda", value_name = "NAME")]
+        lambda: String,
+        /// A URL prefix served from a directory of the worker's host, before the lambda
+        /// (repeatable).
+        #[arg(long = "static", value_name = "/PREFIX/=/DIR", value_parser = admin::parse_static)]
+        statics: Vec<(String, String)>,
+        #[command(flatten)]
+        endpoint: admin::Endpoint,
+    },
+    /// Remove the site of a host name.
+    Rm {
+        host: String,
+        #[command(flatten)]
+        endpoint: admin::Endpoint,
+    },
 }
 
 /// Each runs the Python tool that does the work, with every argument passed through
@@ -258,6 +332,26 @@ enum BenchCommand {
         #[arg(long, default_value = "/tmp/sprout-bench-asgi")]
         work_dir: PathBuf,
     },
+    /// Noisy neighbours: a victim lambda's warm latency alone and beside lambdas flooding
+    /// stdout, spinning the CPU or churning memory, on one worker.
+    Neighbours {
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+        /// Seconds measured per phase (after a warm-up).
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
+        /// Shorter phases (at most 4 s) and fewer rounds, to try it.
+        #[arg(long)]
+        quick: bool,
+        /// CPU for the worker and its sandboxes.
+        #[arg(long, default_value_t = 0)]
+        worker_cpu: usize,
+        /// CPU for every client.
+        #[arg(long, default_value_t = 1)]
+        client_cpu: usize,
+        #[arg(long, default_value = "/tmp/sprout-bench-neighbours")]
+        work_dir: PathBuf,
+    },
     /// Cold and warm starts of every sandbox backend through the worker (SOCK figures 14-16).
     Sandboxes {
         #[arg(long, default_value = "bench/results")]
@@ -381,13 +475,12 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    use sprout_worker::daemon;
     match cli.command {
         Command::Worker(WorkerCommand::Init { dir }) => {
-            let outcome = daemon::init(&dir, &mut |line| eprintln!("{line}"))?;
+            let outcome = sprout_worker::init(&dir, &mut |line| eprintln!("{line}"))?;
             match outcome {
-                daemon::InitOutcome::Reused => eprintln!("base image ready (reused)"),
-                daemon::InitOutcome::Built(t) => {
+                sprout_worker::InitOutcome::Reused => eprintln!("base image ready (reused)"),
+                sprout_worker::InitOutcome::Built(t) => {
                     eprintln!("base image built in {:.0} s", t.as_secs_f64())
                 }
             }
@@ -395,30 +488,30 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Worker(WorkerCommand::Up { dir, detach }) => {
             if detach {
-                let pid = daemon::up_detached(&dir, &std::env::current_exe()?)?;
-                println!("worker running in the background (pid {pid}); log: {}", dir.join(daemon::LOG).display());
+                let pid = sprout_worker::up_detached(&dir, &std::env::current_exe()?)?;
+                println!("worker running in the background (pid {pid}); log: {}", dir.join(sprout_worker::LOG).display());
             } else {
-                let config = sprout_worker::config::Config::load(&dir)?;
+                let config = sprout_worker::Config::load(&dir)?;
                 log_init(&config.worker.log);
-                tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(daemon::serve(&dir))?;
+                tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(sprout_worker::serve(&dir))?;
             }
         }
         Command::Worker(WorkerCommand::Down { dir, grace }) => {
-            if daemon::down(&dir, Duration::from_secs(grace))? {
+            if sprout_worker::down(&dir, Duration::from_secs(grace))? {
                 println!("worker stopped");
             } else {
                 println!("no worker is running in {}", dir.display());
             }
         }
         Command::Worker(WorkerCommand::Status { dir }) => {
-            let status = daemon::status(&dir)?;
+            let status = sprout_worker::status(&dir)?;
             println!("{}", serde_json::to_string_pretty(&status)?);
             if !status.ready {
                 std::process::exit(3);
             }
         }
         Command::Worker(WorkerCommand::Cleanup { dir }) => {
-            let report = daemon::cleanup_dir(&dir)?;
+            let report = sprout_worker::cleanup_dir(&dir)?;
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
         Command::Deploy { dir, name, url, token } => {
@@ -429,18 +522,29 @@ fn run(cli: Cli) -> Result<()> {
         Command::Invoke { name, event, url } => {
             println!("{}", client::invoke(url.trim_end_matches('/'), &name, &event)?);
         }
+        Command::Ls { endpoint } => admin::ls(&endpoint)?,
+        Command::Show { name, endpoint } => admin::show(&endpoint, &name)?,
+        Command::Rm { names, endpoint } => admin::rm(&endpoint, &names)?,
+        Command::Logs { name, follow, since, request, limit, endpoint } => {
+            let query = admin::LogsQuery { follow, since: since.as_deref(), request: request.as_deref(), limit };
+            admin::logs(&endpoint, &name, &query)?
+        }
+        Command::Stats { endpoint } => admin::stats(&endpoint)?,
+        Command::Sites(SitesCommand::Ls { endpoint }) => admin::sites_ls(&endpoint)?,
+        Command::Sites(SitesCommand::Put { host, lambda, statics, endpoint }) => admin::sites_put(&endpoint, &host, &lambda, &statics)?,
+        Command::Sites(SitesCommand::Rm { host, endpoint }) => admin::sites_rm(&endpoint, &host)?,
         Command::Packages(PackagesCommand::Preinstall { file, dir }) => {
             log_init("warn,sprout_worker::packages=info");
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            let installed = rt.block_on(sprout_worker::preinstall::preinstall(&dir, &file))?;
+            let installed = rt.block_on(sprout_worker::preinstall(&dir, &file))?;
             for p in &installed {
                 println!("{:<40} {:>8.1} MiB  {}", p.key, p.size_bytes as f64 / (1 << 20) as f64, p.top_level.join(" "));
             }
             println!("{} packages in the install cache", installed.len());
         }
         Command::Packages(PackagesCommand::List { dir }) => {
-            let config = sprout_worker::config::Config::load(&dir)?;
-            let cache = sprout_worker::packages::install_cache::InstallCache::open(&config.package_cache_dir(&dir))?;
+            let config = sprout_worker::Config::load(&dir)?;
+            let cache = sprout_worker::InstallCache::open(&config.package_cache_dir(&dir))?;
             for p in cache.list() {
                 println!("{:<40} {:>8.1} MiB  {}", p.key, p.size_bytes as f64 / (1 << 20) as f64, p.top_level.join(" "));
             }
@@ -473,9 +577,9 @@ fn run(cli: Cli) -> Result<()> {
             })?;
         }
         Command::Zygotes { dir, token } => {
-            let config = sprout_worker::config::Config::load(&dir)?;
+            let config = sprout_worker::Config::load(&dir)?;
             let url = format!("http://{}", config.worker.listen);
-            let token = token.or_else(|| sprout_worker::auth::token::read_token(&dir).ok().map(|t| t.as_str().to_string()));
+            let token = token.or_else(|| sprout_worker::read_token(&dir).ok().map(|t| t.as_str().to_string()));
             print!("{}", client::zygotes(&url, client::find_token(&url, token).as_deref())?);
         }
         Command::Bench(BenchCommand::Fleet {
@@ -533,6 +637,11 @@ fn run(cli: Cli) -> Result<()> {
                     &serde_json::json!({"asgi_over_wsgi": results["asgi_over_wsgi"], "fastapi_over_flask": results["fastapi_over_flask"]})
                 )?
             );
+        }
+        Command::Bench(BenchCommand::Neighbours { out, seconds, quick, worker_cpu, client_cpu, work_dir }) => {
+            let opts = sprout_bench::sandboxes::Options { seconds, worker_cpu, client_cpu, work_dir, out_dir: out, ..Default::default() };
+            let results = sprout_bench::neighbours::run(&opts, quick)?;
+            print!("{}", sprout_bench::neighbours::summary(&results));
         }
         Command::Bench(BenchCommand::Sandboxes { out, backends, concurrency, seconds, worker_cpu, client_cpu, work_dir }) => {
             let opts = sprout_bench::sandboxes::Options {

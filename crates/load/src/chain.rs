@@ -56,10 +56,7 @@ impl Chain {
         self.probs.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.probs.is_empty()
-    }
-
+    #[cfg(test)]
     pub fn prob(&self, from: usize, to: usize) -> f64 {
         self.probs[from][to]
     }

@@ -26,6 +26,7 @@ impl CycleTime {
 
     /// The expected delay before an operation with minimum `min_ms`:
     /// E[max(min(X, c), m)] = m + μ (e^(-m/μ) - e^(-c/μ)) for X ~ Exp(μ), m < c.
+    #[cfg(test)]
     pub fn expected_ms(&self, min_ms: f64) -> f64 {
         let (mu, c) = (self.mean_ms, self.cap_ms());
         if min_ms >= c {

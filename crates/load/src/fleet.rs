@@ -126,6 +126,7 @@ impl Fleet {
     }
 
     /// Users over all sites at `t` seconds.
+    #[cfg(test)]
     pub fn users_at(&self, t: f64) -> usize {
         self.sites.iter().map(|s| s.profile.users_at(t)).sum()
     }

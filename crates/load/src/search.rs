@@ -289,7 +289,9 @@ fn resumed(out: &Path) -> Result<Vec<Step>> {
     let steps: Vec<Step> = serde_json::from_slice(&text).with_context(|| format!("{} is not a search trace", path.display()))?;
     // A run's directory is directly under `out` (its report path may be relative to where the search ran).
     let run_json = |s: &Step| Path::new(&s.report).parent().and_then(|d| d.file_name()).map(|name| out.join(name).join("run.json"));
-    let kept: Vec<Step> = steps.into_iter().filter(|s| run_json(s).is_some_and(|p| p.exists())).collect();
+    // bench/results keeps its runs' run.json gzipped.
+    let kept: Vec<Step> =
+        steps.into_iter().filter(|s| run_json(s).is_some_and(|p| p.exists() || p.with_file_name("run.json.gz").exists())).collect();
     for s in &kept {
         eprintln!("==> {} users: SLA-1 {}, SLA-2 {} (kept from {})", s.users, pass(s.sla1), pass(s.sla2), path.display());
     }
@@ -425,9 +427,9 @@ mod tests {
     fn resume_keeps_the_runs_whose_reports_remain() {
         let dir = tempfile::tempdir().unwrap();
         assert!(resumed(dir.path()).unwrap().is_empty(), "no trace: a fresh search");
-        for users in [100, 200] {
+        for (users, name) in [(100, "run.json"), (200, "run.json.gz")] {
             std::fs::create_dir_all(run_dir(dir.path(), users, 1)).unwrap();
-            std::fs::write(run_dir(dir.path(), users, 1).join("run.json"), "{}").unwrap();
+            std::fs::write(run_dir(dir.path(), users, 1).join(name), "{}").unwrap();
         }
         assert_eq!(run_dir(dir.path(), 200, 2), dir.path().join("run-00200-2"), "a repeat has its own directory");
         // 400's results are gone (its directory removed): it runs again.

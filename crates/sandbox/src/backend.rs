@@ -46,6 +46,16 @@ pub trait Sandbox: Send + Sync {
     }
     /// Host pids of its processes.
     fn pids(&self) -> Vec<i32>;
+    /// Its cgroup's share of a contended CPU, where it has a cgroup of its own that the
+    /// worker may weigh and idle.
+    fn cpu_control(&self) -> Option<crate::cgroup::CpuControl> {
+        None
+    }
+    /// The peak memory of its cgroup during its last request, where it has a cgroup that
+    /// tells.
+    fn peak_memory(&self) -> Option<u64> {
+        None
+    }
     /// Memory of its processes, counting each shared page by its share (PSS).
     fn pss_bytes(&self) -> u64 {
         crate::memory::pss_of_pids(&self.pids())

@@ -19,13 +19,92 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::PlatformError;
 
-/// What a sandbox's session reads of its cgroup: its processes, and its OOM kills (the count
-/// when the sandbox was made, and the file that counts them).
+/// What a sandbox's session reads of its cgroup: its processes, its OOM kills (the count
+/// when the sandbox was made, and the file that counts them), and its peak memory.
 #[derive(Debug, Clone)]
 pub(crate) struct CgroupView {
     pub procs: PathBuf,
     pub oom_before: u64,
     pub oom_source: Option<PathBuf>,
+    /// `memory.max_usage_in_bytes` (v1) or `memory.peak` (v2).
+    pub peak: Option<PathBuf>,
+}
+
+/// This process's own group in the cpu hierarchy ([`Layout::join_cpu_group`]).
+#[derive(Debug)]
+pub struct OwnCpuGroup {
+    /// `cgroup.procs` of the group it came from.
+    back: PathBuf,
+}
+
+impl OwnCpuGroup {
+    /// Go back to the group it came from, so its own can be removed.
+    pub fn leave(self) -> io::Result<()> {
+        write_file(&self.back, &std::process::id().to_string())
+    }
+}
+
+/// How a cgroup's processes share a contended CPU with its siblings': its weight, and
+/// whether it idles (`cpu.idle`: the group runs as SCHED_IDLE does, on time no sibling
+/// wants, and a sibling waking takes the CPU from it at once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuControl {
+    dir: PathBuf,
+    v1: bool,
+}
+
+impl CpuControl {
+    /// The group at `dir` (its directory in the cpu hierarchy), on v1 or not.
+    pub fn at(dir: &Path, v1: bool) -> CpuControl {
+        CpuControl { dir: dir.to_path_buf(), v1 }
+    }
+
+    /// Set the weight, on v2's scale (1 to 10000, 100 by default); v1's `cpu.shares` are
+    /// 10.24 times it (1024 by default).
+    pub fn set_weight(&self, weight: u64) -> io::Result<()> {
+        if self.v1 {
+            write_file(&self.dir.join("cpu.shares"), &(weight * 1024 / 100).clamp(2, 262_144).to_string())
+        } else {
+            write_file(&self.dir.join("cpu.weight"), &weight.clamp(1, 10_000).to_string())
+        }
+    }
+
+    /// Idle the group, or not; false when this kernel has no `cpu.idle` (before 5.15).
+    pub fn set_idle(&self, idle: bool) -> io::Result<bool> {
+        match write_file(&self.dir.join("cpu.idle"), if idle { "1" } else { "0" }) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A cgroup's peak memory since the last [`PeakMeter::reset`]: v1's `memory.max_usage_in_bytes`
+/// (reset by writing 0), v2's `memory.peak` (reset by writing to it, for reads through the
+/// same open file: Linux 6.12 and later; before that it reads the peak since the group was
+/// made). One open file, two system calls a request.
+pub(crate) struct PeakMeter {
+    file: fs::File,
+    v1: bool,
+}
+
+impl PeakMeter {
+    pub fn open(path: &Path) -> Option<PeakMeter> {
+        let file = fs::OpenOptions::new().read(true).write(true).open(path).ok()?;
+        Some(PeakMeter { file, v1: path.file_name().is_some_and(|n| n == "memory.max_usage_in_bytes") })
+    }
+
+    pub fn reset(&self) {
+        use std::os::unix::fs::FileExt;
+        let _ = self.file.write_at(if self.v1 { b"0" } else { b"reset" }, 0);
+    }
+
+    pub fn read(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 32];
+        let n = self.file.read_at(&mut buf, 0).ok()?;
+        std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
+    }
 }
 
 /// Which cgroup hierarchy to use.
@@ -251,6 +330,41 @@ impl Layout {
         Ok(())
     }
 
+    /// The `tasks` file of the cpu hierarchy's root group, on v1 (where a thread can be placed
+    /// apart from its process, and real-time threads may run).
+    pub fn cpu_root_tasks(&self) -> Option<PathBuf> {
+        match self {
+            Layout::V1 { hierarchies } => {
+                hierarchies.iter().find(|(_, c)| c.iter().any(|x| x == "cpu")).map(|(mount, _)| mount.join("tasks"))
+            }
+            Layout::V2 { .. } => None,
+        }
+    }
+
+    /// Move this whole process (every thread, and those it makes later) into group `name` of
+    /// the cpu hierarchy with CPU weight `weight`: on v1 only, where that hierarchy stands
+    /// apart, so the process's memory stays where it was (outside a memory budget set on a
+    /// parent of `name`). None on v2 or without a cpu hierarchy: nothing was moved.
+    pub fn join_cpu_group(&self, name: &str, weight: u64) -> io::Result<Option<OwnCpuGroup>> {
+        let Layout::V1 { hierarchies } = self else { return Ok(None) };
+        let Some((mount, controllers)) = hierarchies.iter().find(|(_, c)| c.iter().any(|x| x == "cpu")) else { return Ok(None) };
+        let own = fs::read_to_string("/proc/self/cgroup")?;
+        let was = own
+            .lines()
+            .filter_map(|l| {
+                let mut parts = l.splitn(3, ':').skip(1);
+                parts.next().zip(parts.next())
+            })
+            .find(|(list, _)| list.split(',').any(|c| controllers.iter().any(|x| x == c)))
+            .map(|(_, path)| mount.join(path.trim_start_matches('/')))
+            .unwrap_or_else(|| mount.clone());
+        let dir = mount.join(name);
+        fs::create_dir_all(&dir)?;
+        CpuControl::at(&dir, true).set_weight(weight)?;
+        write_file(&dir.join("cgroup.procs"), &std::process::id().to_string())?;
+        Ok(Some(OwnCpuGroup { back: was.join("cgroup.procs") }))
+    }
+
     /// Processes in group `name` or any group below it (read from the first hierarchy).
     pub fn procs_in_tree(&self, name: &str) -> Vec<i32> {
         let mut out = Vec::new();
@@ -471,6 +585,14 @@ impl Cgroup {
         }
     }
 
+    /// The group's share of a contended CPU, where the cpu controller reaches it.
+    pub fn cpu_control(&self) -> Option<CpuControl> {
+        match &*self.layout {
+            Layout::V1 { .. } => self.layout.v1_dir_of(&self.name, "cpu").map(|d| CpuControl::at(&d, true)),
+            Layout::V2 { controllers, .. } => controllers.iter().any(|c| c == "cpu").then(|| CpuControl::at(&self.dirs[0], false)),
+        }
+    }
+
     /// cgroup.procs of the hierarchy holding the cpu controller (the unified one on v2): where
     /// a process's CPU share is decided.
     pub fn cpu_procs_fd(&self) -> Option<&OwnedFd> {
@@ -504,6 +626,7 @@ impl Cgroup {
             procs: self.dirs[0].join("cgroup.procs"),
             oom_before: oom_source.as_deref().map(read_oom_kills).unwrap_or(0),
             oom_source,
+            peak: self.memory_dir().map(|d| d.join(peak_file(&self.layout))),
         }
     }
 
@@ -634,7 +757,16 @@ pub(crate) fn view_of(layout: Option<&Layout>, name: &str) -> Option<CgroupView>
     }
     let oom_source = Some(dir.join(oom_file)).filter(|p| p.exists());
     let oom_before = oom_source.as_deref().map(read_oom_kills).unwrap_or(0);
-    Some(CgroupView { procs, oom_before, oom_source })
+    let peak = Some(dir.join(peak_file(layout?))).filter(|p| p.exists());
+    Some(CgroupView { procs, oom_before, oom_source, peak })
+}
+
+/// The file holding a group's peak memory.
+fn peak_file(layout: &Layout) -> &'static str {
+    match layout {
+        Layout::V1 { .. } => "memory.max_usage_in_bytes",
+        Layout::V2 { .. } => "memory.peak",
+    }
 }
 
 /// Counters of a pool, for /stats and /metrics.

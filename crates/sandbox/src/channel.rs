@@ -65,6 +65,9 @@ pub struct Request {
     pub remote_addr: String,
     /// How deep in a chain of `sprout.invoke` calls this request is (0: from outside).
     pub depth: u32,
+    /// The worker's id of this request (`sprout.request_id()` in the handler).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub request_id: String,
 }
 
 /// The worker's first frame to a handler: its environment and its packages' directories.

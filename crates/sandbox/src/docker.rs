@@ -382,17 +382,8 @@ impl Docker {
         let layout = self.layout.as_ref();
         let cgroup_path =
             view_of(layout, &format!("docker/{full_id}")).or_else(|| view_of(layout, &format!("system.slice/docker-{full_id}.scope")));
-        let session = Session {
-            id,
-            kind,
-            startup: started.elapsed(),
-            channel,
-            process,
-            cgroup: cgroup_path,
-            limits: spec.limits,
-            tainted: false,
-            attached: spec.attachments(),
-        };
+        // The container's output goes to Docker's own log (`docker logs`), as a baseline's.
+        let session = Session::new(id, kind, started.elapsed(), channel, process, cgroup_path, spec.limits, spec.attachments(), None);
         Ok(DockerSandbox { session, container: full_id.to_string(), scratch: scratch.to_path_buf(), docker: self.clone() })
     }
 }

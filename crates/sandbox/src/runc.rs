@@ -31,7 +31,7 @@ use crate::cgroup::{view_of, Layout, Version};
 use crate::channel::Endpoint;
 use crate::channel::{Reply, Request};
 use crate::error::{helper_failed, Doing, PlatformError};
-use crate::output::log_pipe;
+use crate::output::OutputPipe;
 use crate::process::PidFd;
 use crate::scratch::{make_scratch, remove_dir};
 use crate::session::{handler_kind, session_methods, Calls, Session};
@@ -233,7 +233,7 @@ impl Runc {
         make_scratch(&scratch, self.cfg.uid, self.cfg.gid).at("making the scratch directory", &scratch)?;
         let endpoint = Endpoint::listen_in(&scratch)?;
         let config = self.runtime_spec(id, spec, &scratch);
-        let log = log_pipe(&spec.lambda, id).doing("making the sandbox's log pipe")?;
+        let (output, log) = OutputPipe::new(id, spec.output_sink()).doing("making the sandbox's log pipe")?;
         self.start_container(name, bundle, &config, log).await?;
         // The container's init is the helper itself (runc's init execs it).
         *init = self.init_process(name);
@@ -255,17 +255,9 @@ impl Runc {
         let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await?;
         let kind = handler_kind(hello)?;
         let cgroup_path = view_of(self.layout.as_ref(), &format!("{}/{id}", self.cfg.cgroup_parent));
-        let session = Session {
-            id,
-            kind,
-            startup: started.elapsed(),
-            channel,
-            process: init.take().or(peer),
-            cgroup: cgroup_path,
-            limits: spec.limits,
-            tainted: false,
-            attached: spec.attachments(),
-        };
+        let process = init.take().or(peer);
+        let session =
+            Session::new(id, kind, started.elapsed(), channel, process, cgroup_path, spec.limits, spec.attachments(), Some(output));
         Ok(RuncSandbox { session, container: name.to_string(), bundle: bundle.to_path_buf(), runc: self.clone() })
     }
 

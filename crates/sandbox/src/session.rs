@@ -10,8 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::cgroup::{CgroupView, Limits};
+use crate::cgroup::{CgroupView, Limits, PeakMeter};
 use crate::channel::{Channel, Hello, Reply, Request};
+use crate::output::OutputPipe;
 use crate::process::PidFd;
 use crate::spec::{CreateError, HandlerKind, InvokeError, Phase};
 
@@ -41,6 +42,12 @@ pub(crate) struct Session {
     /// Dropped with the sandbox: what it was made with (its Zygote's use count, a
     /// per-sandbox package install, its network namespace).
     pub attached: Vec<Box<dyn Any + Send + Sync>>,
+    /// The worker's end of its stdout and stderr, settled after each request.
+    pub output: Option<OutputPipe>,
+    /// Its cgroup's peak memory, reset before each request.
+    pub peak: Option<PeakMeter>,
+    /// The peak memory of its last request, when its cgroup tells.
+    pub last_peak: Option<u64>,
 }
 
 impl Session {
@@ -49,6 +56,27 @@ impl Session {
     /// says how far the request had got (once the handler has made a call, never a phase in
     /// which running it again would be safe).
     pub async fn invoke(
+        &mut self,
+        request: &Request,
+        body: &[u8],
+        timeout: Duration,
+        calls: &dyn Calls,
+    ) -> Result<(Reply, Bytes), InvokeError> {
+        if let Some(peak) = &self.peak {
+            peak.reset();
+        }
+        if let Some(output) = &self.output {
+            output.begin();
+        }
+        let result = self.exchange(request, body, timeout, calls).await;
+        self.last_peak = self.peak.as_ref().and_then(PeakMeter::read);
+        if let Some(output) = &self.output {
+            output.settle();
+        }
+        result
+    }
+
+    async fn exchange(
         &mut self,
         request: &Request,
         body: &[u8],
@@ -122,6 +150,23 @@ impl Session {
         InvokeError::Crashed { message: e.to_string(), phase }
     }
 
+    /// A session over `channel` with the helper `process`, in the cgroup `cgroup` views.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: u64,
+        kind: HandlerKind,
+        startup: Duration,
+        channel: Channel,
+        process: Option<PidFd>,
+        cgroup: Option<CgroupView>,
+        limits: Limits,
+        attached: Vec<Box<dyn Any + Send + Sync>>,
+        output: Option<OutputPipe>,
+    ) -> Session {
+        let peak = cgroup.as_ref().and_then(|c| c.peak.as_deref()).and_then(PeakMeter::open);
+        Session { id, kind, startup, channel, process, cgroup, limits, tainted: false, attached, output, peak, last_peak: None }
+    }
+
     /// Whether the sandbox may serve another request.
     pub fn reusable(&self) -> bool {
         !self.tainted && !self.process.as_ref().map(|p| p.has_exited()).unwrap_or(false)
@@ -166,6 +211,9 @@ macro_rules! session_methods {
         }
         fn pids(&self) -> Vec<i32> {
             self.session.pids()
+        }
+        fn peak_memory(&self) -> Option<u64> {
+            self.session.last_peak
         }
     };
 }

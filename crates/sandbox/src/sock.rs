@@ -24,7 +24,7 @@ use crate::channel::{Channel, Endpoint, Hello, Reply, Request};
 use crate::error::{helper_failed, Doing, PlatformError};
 use crate::import_cache::{accept_and_place, ImportCache, Node, NodeUse};
 use crate::mounts;
-use crate::output::log_pipe;
+use crate::output::OutputPipe;
 use crate::process::{spawn, PidFd, SpawnSpec};
 use crate::session::{handler_kind, session_methods, Calls, Session};
 use crate::spec::{sandbox_env, BackendStats, CreateError, InvokeError, Package, SandboxSpec};
@@ -55,6 +55,7 @@ struct Provisioned {
     process: Option<PidFd>,
     hello: Hello,
     hold: Option<NodeUse>,
+    output: OutputPipe,
 }
 
 /// The `sock` and `sock-nozygote` back-ends.
@@ -175,7 +176,7 @@ impl Lean {
                 return Err(e);
             }
         };
-        let Provisioned { channel, process, hello, hold } = provisioned;
+        let Provisioned { channel, process, hello, hold, output } = provisioned;
         tracing::debug!(sandbox = id, stitch_us = prepared.as_micros() as u64, total_us = started.elapsed().as_micros() as u64, "made");
         // Learn what the lambda loaded of its packages; a Zygote holding exactly them but not
         // all of that is replaced in the background from now on.
@@ -195,17 +196,7 @@ impl Lean {
                 if let Some(hold) = hold {
                     attached.push(Box::new(hold));
                 }
-                let session = Session {
-                    id,
-                    kind,
-                    startup: started.elapsed(),
-                    channel,
-                    process,
-                    cgroup: Some(view),
-                    limits: spec.limits,
-                    tainted: false,
-                    attached,
-                };
+                let session = Session::new(id, kind, started.elapsed(), channel, process, Some(view), spec.limits, attached, Some(output));
                 Ok(LeanSandbox { session, slot, cgroup, lean: self.clone(), learning })
             }
             Err(load_error) => {
@@ -218,7 +209,7 @@ impl Lean {
     async fn provision(&self, id: u64, spec: &SandboxSpec, root: &Path, cgroup: &Cgroup) -> Result<Provisioned, CreateError> {
         let t0 = Instant::now();
         let endpoint = Endpoint::listen_in(&root.join("host"))?;
-        let log = log_pipe(&spec.lambda, id).doing("making the sandbox's log pipe")?;
+        let (output, log) = OutputPipe::new(id, spec.output_sink()).doing("making the sandbox's log pipe")?;
         let netns = spec.network.as_ref().map(|n| n.fd());
         let (forked, hold, tree) = match &self.zygotes {
             Some(zygotes) => {
@@ -284,7 +275,7 @@ impl Lean {
             load_us = (t0.elapsed() - connected_at).as_micros() as u64,
             "provisioned"
         );
-        Ok(Provisioned { channel, process: Some(process), hello, hold })
+        Ok(Provisioned { channel, process: Some(process), hello, hold, output })
     }
 }
 
@@ -337,6 +328,10 @@ impl Backend for SockBackend {
 #[async_trait]
 impl Sandbox for LeanSandbox {
     session_methods!();
+
+    fn cpu_control(&self) -> Option<crate::cgroup::CpuControl> {
+        self.cgroup.cpu_control()
+    }
 
     async fn invoke(
         &mut self,

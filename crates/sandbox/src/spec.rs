@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::cgroup::Limits;
 use crate::error::PlatformError;
 use crate::network::LambdaNetwork;
+use crate::output::{OutputSink, TracingSink};
 
 /// A package a handler may import: installed in the install cache, on its `sys.path`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -48,6 +49,8 @@ pub struct SandboxSpec {
     /// The lambda's network namespace, joined by its handlers (lean backends); None: the
     /// host's network.
     pub network: Option<Arc<LambdaNetwork>>,
+    /// Where the handler's stdout and stderr go; None: the worker's own log.
+    pub output: Option<Arc<dyn OutputSink>>,
 }
 
 impl std::fmt::Debug for SandboxSpec {
@@ -61,6 +64,14 @@ impl std::fmt::Debug for SandboxSpec {
 }
 
 impl SandboxSpec {
+    /// Where the sandbox's output goes.
+    pub(crate) fn output_sink(&self) -> Arc<dyn OutputSink> {
+        match &self.output {
+            Some(sink) => sink.clone(),
+            None => Arc::new(TracingSink(self.lambda.clone())),
+        }
+    }
+
     /// What a new sandbox keeps alive from its spec (and its network namespace, if any).
     pub(crate) fn attachments(&self) -> Vec<Box<dyn Any + Send + Sync>> {
         let attached = self.attached.iter().map(|a| Box::new(a.clone()) as Box<dyn Any + Send + Sync>);

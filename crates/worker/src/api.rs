@@ -19,23 +19,24 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Path, State};
+use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
-use axum::Router;
+use axum::{Extension, Router};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use serde_json::{json, Value};
-use sprout_sandbox::channel::Request;
+use sprout_sandbox::channel::Request as SandboxRequest;
 
 use crate::auth::{require_token, Guard};
-use crate::calls::LambdaCalls;
-pub use crate::errors::ErrorCode;
-use crate::instances::{Failure, Instances};
+pub use crate::errors::{ApiError, ErrorCode};
+use crate::instances::Instances;
+use crate::invoker::{Call, Invoker};
+use crate::logs::{Logs, Trigger};
 use crate::metrics::Metrics;
 use crate::networks::LambdaNetworks;
 use crate::packages::Packages;
@@ -51,10 +52,11 @@ pub struct Api {
     pub metrics: Arc<Metrics>,
     /// Who may use the API, and the token lambdas must never see.
     pub auth: Arc<Guard>,
-    pub max_body: usize,
+    /// The one path every invocation takes.
+    pub invoker: Arc<Invoker>,
+    /// The lambdas' logs.
+    pub logs: Arc<Logs>,
     pub max_upload: usize,
-    /// How deep handlers' calls to other lambdas may nest.
-    pub max_invoke_depth: u32,
     /// The lambdas' Kafka consumers.
     pub kafka: Arc<crate::kafka::KafkaTriggers>,
     /// The app port's sites by host (None: no app port).
@@ -68,36 +70,9 @@ pub struct Api {
     pub worker_name: HeaderValue,
 }
 
-pub(crate) struct ApiError {
-    code: ErrorCode,
-    body: Value,
-}
-
-impl ApiError {
-    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
-        ApiError { code, body: json!({"error": code.as_str(), "message": message.into()}) }
-    }
-
-    pub(crate) fn with(mut self, key: &str, value: impl Into<Value>) -> ApiError {
-        self.body[key] = value.into();
-        self
-    }
-
-    /// The JSON body, with the status in it (how a handler's call learns of the error).
-    pub(crate) fn into_call_reply(self) -> Value {
-        let mut body = self.body;
-        body["status"] = self.code.status().as_u16().into();
-        body
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (self.code.status(), [(header::CONTENT_TYPE, "application/json")], self.body.to_string()).into_response();
-        response.extensions_mut().insert(self.code);
-        response
-    }
-}
+/// The id of the request being answered, given by [`tag_request`].
+#[derive(Clone)]
+pub struct RequestId(pub Arc<str>);
 
 /// Build the router: every route, and the fallbacks, behind the token check. Errors are
 /// counted in `metrics` by code.
@@ -111,15 +86,52 @@ pub fn router(api: Api) -> Router {
         .route("/status", get(|| async { "ready\n" }))
         .route("/pid", get(|| async { format!("{}\n", std::process::id()) }))
         .route("/stats", get(stats))
+        .route("/stats/history", get(crate::log_routes::history))
+        .route("/logs", get(crate::log_routes::find_request))
+        .route("/logs/{name}", get(crate::log_routes::lambda_logs))
         .route("/metrics", get(metrics))
         .route("/packages", get(list_packages))
         .route("/sites", get(crate::site_routes::list))
         .route("/sites/{host}", axum::routing::put(crate::site_routes::put).delete(crate::site_routes::delete))
+        .merge(crate::console::routes())
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
         .method_not_allowed_fallback(|| async { ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed here") })
         .layer(axum::middleware::from_fn_with_state(api.auth.clone(), require_token))
         .layer(axum::middleware::map_response_with_state(api.clone(), count_errors))
+        .layer(axum::middleware::from_fn_with_state(api.invoker.clone(), tag_request))
         .with_state(api)
+}
+
+/// Give every request an id: in its extensions for the handlers, in `X-Sprout-Request-Id` on
+/// its reply, and in the body of an error the worker answers with (an [`ApiError`]'s, never a
+/// handler's own).
+pub(crate) async fn tag_request(State(invoker): State<Arc<Invoker>>, mut request: Request, next: Next) -> Response {
+    let id = invoker.new_id();
+    request.extensions_mut().insert(RequestId(id.clone()));
+    let mut response = next.run(request).await;
+    if response.extensions().get::<crate::errors::WorkerError>().is_some() {
+        response = with_request_id(response, &id).await;
+    }
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(HeaderName::from_static("x-sprout-request-id"), value);
+    }
+    response
+}
+
+/// An error response of the worker's, with `request_id` in its JSON body.
+async fn with_request_id(response: Response, id: &str) -> Response {
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = body.collect().await.map(|b| b.to_bytes()) else {
+        return Response::from_parts(parts, Body::empty());
+    };
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(mut map)) => {
+            map.insert("request_id".into(), Value::from(id));
+            parts.headers.remove(header::CONTENT_LENGTH);
+            Response::from_parts(parts, Body::from(Value::Object(map).to_string()))
+        }
+        _ => Response::from_parts(parts, Body::from(bytes)),
+    }
 }
 
 /// Count every error response by its code (each carries its [`ErrorCode`]).
@@ -150,19 +162,13 @@ const HOP_BY_HOP: [&str; 8] =
 
 async fn run(
     State(api): State<Api>,
+    Extension(RequestId(id)): Extension<RequestId>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match run_lambda(&api, peer, method, uri, headers, body).await {
-        Ok(r) => r,
-        Err(e) => fail(e),
-    }
-}
-
-async fn run_lambda(api: &Api, peer: SocketAddr, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let after = uri.path().strip_prefix("/run/").unwrap_or("");
     let (raw_name, rest) = after.split_at(after.find('/').unwrap_or(after.len()));
     let target = Target {
@@ -175,9 +181,23 @@ async fn run_lambda(api: &Api, peer: SocketAddr, method: Method, uri: Uri, heade
         shown: raw_name.to_string(),
         script_name: format!("/run/{raw_name}"),
         path: if rest.is_empty() { "/".to_string() } else { rest.to_string() },
+        trigger: Trigger::Http,
     };
-    forward(api, target, peer, method, &uri, headers, body).await
+    match forward(&api, target, id, peer, method, &uri, headers, body).await {
+        Ok(mut r) => {
+            // In a browser, a lambda's page here runs in an origin of its own: it shares the
+            // API's origin, where the console's session would let its scripts read the
+            // worker's logs and figures. Sites belong on the app port, which has no session.
+            r.headers_mut().append(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(RUN_SANDBOX));
+            r
+        }
+        Err(e) => fail(e),
+    }
 }
+
+/// The sandbox every `/run` reply is put in for browsers: scripts, forms and pop-ups run, but
+/// in an opaque origin, without the worker's cookies or storage.
+const RUN_SANDBOX: &str = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads";
 
 /// Which lambda a request goes to, and where the WSGI app sees it: `SCRIPT_NAME` and
 /// `PATH_INFO` (still percent-encoded; the helper decodes it).
@@ -188,56 +208,50 @@ pub(crate) struct Target {
     pub shown: String,
     pub script_name: String,
     pub path: String,
+    /// `/run` or the app port.
+    pub trigger: Trigger,
 }
 
-/// Run `target`'s lambda on the request and turn its reply into the response: the path both
-/// `/run/<name>/...` and the app port take.
+/// Run `target`'s lambda on the request (through the invoker) and turn its reply into the
+/// response: the path both `/run/<name>/...` and the app port take.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn forward(
     api: &Api,
     target: Target,
+    request_id: Arc<str>,
     peer: SocketAddr,
     method: Method,
     uri: &Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let started = Instant::now();
-    let Target { name, shown, script_name, path } = target;
+    let Target { name, shown, script_name, path, trigger } = target;
     let Some(lambda) = api.registry.get(&name) else {
         return Err(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {shown:?}")));
     };
     if !lambda.config.allows(method.as_str()) {
         return Ok(method_not_allowed(&lambda.config, &method));
     }
-    let body = read_body(body, api.max_body).await?;
+    let body = read_body(body, api.invoker.limits().max_body).await?;
     let is_head = method == Method::HEAD;
-    let request = Request {
+    let request = SandboxRequest {
         method: method.to_string(),
         script_name,
         path,
         query: uri.query().unwrap_or("").to_string(),
-        headers: headers
-            .iter()
-            .filter(|(k, v)| !api.auth.is_worker_credential(k.as_str(), v))
-            .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
-            .collect(),
+        headers: api.auth.lambda_headers(&headers),
         protocol: "HTTP/1.1".into(),
         remote_addr: peer.ip().to_string(),
         depth: 0,
+        request_id: String::new(), // the invoker's
     };
-    let calls = LambdaCalls::new(api.clone(), 0);
-    let outcome = api.instances.invoke(&lambda, &request, &body, api.instances.timeout(), &calls).await;
-    let invocation = match outcome {
-        Ok(i) => i,
-        Err(failure) => return Err(failure_response(failure).with("lambda", name)),
-    };
+    let call = Call { lambda, request, body: &body, request_id, trigger, limit: api.invoker.timeout(), depth: 0 };
+    let invocation = api.invoker.invoke(call).await?;
     let start = if invocation.cold { "cold" } else { "warm" };
-    let reply = invocation.reply;
-    let outcome_code = reply.error.as_deref().unwrap_or("ok").to_string();
-    api.metrics.invocation(&name, invocation.cold, &outcome_code, started.elapsed());
-    let mut response = if let Some(e) = handler_error(&reply) {
-        fail(e.with("lambda", name))
+    let mut response = if let Some(e) = crate::invoker::handler_failure(&invocation, &name) {
+        fail(e)
     } else {
+        let reply = &invocation.reply;
         let status = reply.status.and_then(|s| StatusCode::from_u16(s).ok()).unwrap_or(StatusCode::OK);
         let mut out = Response::builder().status(status);
         for (k, v) in &reply.headers {
@@ -275,46 +289,6 @@ fn method_not_allowed(config: &crate::lambda_config::LambdaConfig, method: &Meth
         h.insert(axum::http::header::ALLOW, allow);
     }
     response
-}
-
-/// The error a handler's reply reports, if it reports one.
-pub(crate) fn handler_error(reply: &sprout_sandbox::channel::Reply) -> Option<ApiError> {
-    let code = ErrorCode::from_handler(reply.error.as_deref()?);
-    let mut e = ApiError::new(code, reply.message.clone().unwrap_or_default());
-    if let Some(tb) = &reply.traceback {
-        e = e.with("traceback", tb.clone());
-    }
-    Some(e)
-}
-
-pub(crate) fn failure_response(failure: Failure) -> ApiError {
-    let message = failure.to_string();
-    match failure {
-        Failure::QueueFull(_) => ApiError::new(ErrorCode::QueueFull, message),
-        Failure::QueueTimeout(_) => ApiError::new(ErrorCode::QueueTimeout, message),
-        Failure::NoMemory(_) => ApiError::new(ErrorCode::MemoryBudget, message),
-        Failure::ShuttingDown => ApiError::new(ErrorCode::ShuttingDown, message),
-        Failure::Load { traceback, .. } => {
-            let e = ApiError::new(ErrorCode::LoadError, message);
-            match traceback {
-                Some(tb) => e.with("traceback", tb),
-                None => e,
-            }
-        }
-        Failure::Platform(_) => ApiError::new(ErrorCode::SandboxStartFailed, message),
-        Failure::Install(e) => {
-            let mut err = ApiError::new(ErrorCode::InstallFailed, message).with("pip_output", e.output);
-            if let Some(package) = e.package {
-                err = err.with("package", package);
-            }
-            err
-        }
-        Failure::Sandbox(e) => match e {
-            sprout_sandbox::InvokeError::Timeout(_) => ApiError::new(ErrorCode::Timeout, message),
-            sprout_sandbox::InvokeError::OutOfMemory { .. } => ApiError::new(ErrorCode::OutOfMemory, message),
-            sprout_sandbox::InvokeError::Crashed { .. } => ApiError::new(ErrorCode::SandboxCrashed, message),
-        },
-    }
 }
 
 async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) -> Response {
@@ -417,6 +391,7 @@ pub(crate) async fn deleted(api: &Api, name: &str) -> bool {
         return false;
     }
     api.networks.forget(name).await;
+    api.instances.forget(name);
     api.kafka.stop(name).await;
     tracing::info!(lambda = %name, "lambda deleted");
     true
@@ -431,6 +406,14 @@ async fn stats(State(api): State<Api>) -> Response {
     out["import_cache"] = api.metrics.import_cache_stats();
     out["network"] = api.networks.stats();
     out["kafka"] = api.kafka.stats();
+    // Each lambda's invocations since the worker started (its sandboxes may all be gone).
+    out["lambda_invocations"] = api
+        .metrics
+        .lambda_counts()
+        .into_iter()
+        .map(|(name, invocations, cold, errors)| (name, json!({"invocations": invocations, "cold_starts": cold, "errors": errors})))
+        .collect::<serde_json::Map<String, Value>>()
+        .into();
     axum::Json(out).into_response()
 }
 

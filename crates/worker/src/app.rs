@@ -8,7 +8,7 @@
 //! to the lambda by the same path as `/run/<lambda>/...` ([`crate::api::forward`]): the same
 //! queueing, limits, metrics and JSON errors, with the method, headers (Host and cookies
 //! included), query and body passed on and the reply's status and headers (every Set-Cookie,
-//! Location as given) passed back. Only the WSGI paths differ: `SCRIPT_NAME` is "" and
+//! Location as given) passed back, with its request id (`X-Sprout-Request-Id`). Only the WSGI paths differ: `SCRIPT_NAME` is "" and
 //! `PATH_INFO` the whole path, so the app makes the links it would make behind nginx.
 //! Connections are kept alive (HTTP/1.1).
 
@@ -22,8 +22,9 @@ use axum::response::Response;
 use axum::Router;
 use tokio::net::TcpListener;
 
-use crate::api::{count_errors, fail, forward, Api, ApiError, ErrorCode, Target};
+use crate::api::{count_errors, fail, forward, tag_request, Api, ApiError, ErrorCode, RequestId, Target};
 use crate::config::AppSection;
+use crate::logs::Trigger;
 use crate::sites::Sites;
 
 /// The app port, bound, with its sites' directories open; [`AppPort::serve`] runs it.
@@ -56,13 +57,15 @@ impl AppPort {
         let router = Router::new()
             .fallback(handle)
             .with_state((api.clone(), self.sites))
-            .layer(axum::middleware::map_response_with_state(api, count_errors));
+            .layer(axum::middleware::map_response_with_state(api.clone(), count_errors))
+            .layer(axum::middleware::from_fn_with_state(api.invoker.clone(), tag_request));
         axum::serve(self.listener, router.into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(shutdown).await
     }
 }
 
 async fn handle(State((api, sites)): State<(Api, Arc<Sites>)>, ConnectInfo(peer): ConnectInfo<SocketAddr>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
+    let id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_else(|| api.invoker.new_id());
     let host = parts.headers.get(axum::http::header::HOST).and_then(|h| h.to_str().ok()).or(parts.uri.host());
     let Some(site) = sites.resolve(host) else {
         let shown = host.unwrap_or("");
@@ -75,8 +78,9 @@ async fn handle(State((api, sites)): State<(Api, Arc<Sites>)>, ConnectInfo(peer)
         return response;
     }
     let lambda = &site.config.lambda;
-    let target = Target { name: lambda.clone(), shown: lambda.clone(), script_name: String::new(), path: path.to_string() };
-    match forward(&api, target, peer, parts.method.clone(), &parts.uri, parts.headers, body).await {
+    let target =
+        Target { name: lambda.clone(), shown: lambda.clone(), script_name: String::new(), path: path.to_string(), trigger: Trigger::App };
+    match forward(&api, target, id, peer, parts.method.clone(), &parts.uri, parts.headers, body).await {
         Ok(response) => response,
         Err(e) => fail(e),
     }

@@ -116,6 +116,7 @@ impl Estimates {
         }
     }
 
+    #[cfg(test)]
     pub fn forget(&mut self, name: &str) {
         self.per_lambda.remove(name);
     }

@@ -13,11 +13,13 @@ use sha2::{Digest, Sha256};
 pub const TEMPLATE: &str = include_str!("config-template.toml");
 
 mod app;
+mod logs;
 mod network;
 mod volumes;
 
 pub use app::{valid_static_prefix, AppSection};
-pub use network::{AllowEntry, NetworkSection};
+pub use logs::LogsSection;
+pub use network::NetworkSection;
 pub use volumes::VolumeSection;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -36,13 +38,14 @@ pub struct Config {
     pub packages: PackagesSection,
     pub import_cache: ImportCacheSection,
     pub handler_cache: HandlerCacheSection,
+    pub logs: LogsSection,
     pub app: AppSection,
     pub network: NetworkSection,
 }
 
 impl Default for WorkerSection {
     fn default() -> Self {
-        WorkerSection { listen: "127.0.0.1:5000".into(), auth: true, name: String::new(), log: "info".into() }
+        WorkerSection { listen: "127.0.0.1:5000".into(), auth: true, name: String::new(), log: "info".into(), cpu_weight: 400 }
     }
 }
 
@@ -79,6 +82,9 @@ impl Default for LimitsSection {
             max_unpacked_mb: 200,
             max_files: 10_000,
             max_invoke_depth: 8,
+            cpu_weight: 100,
+            long_request_ms: 50,
+            preempt_tick_us: 250,
         }
     }
 }
@@ -207,6 +213,9 @@ pub struct WorkerSection {
     pub auth: bool,
     pub name: String,
     pub log: String,
+    /// The CPU weight of the worker's own threads beside the lambdas' (cgroup v1: a group of
+    /// its own in the cpu hierarchy, beside the sandboxes'); 0: left where it started.
+    pub cpu_weight: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -271,6 +280,13 @@ pub struct LimitsSection {
     pub max_unpacked_mb: u64,
     pub max_files: usize,
     pub max_invoke_depth: u32,
+    /// Each lambda's CPU weight, split among its sandboxes; 0: each sandbox its cgroup's default.
+    pub cpu_weight: u64,
+    /// A request running longer than this (milliseconds) yields the CPU to other requests for
+    /// the rest of its run (its sandbox's cgroup idles); 0: never.
+    pub long_request_ms: u64,
+    /// While long requests run, wake each CPU this often (microseconds, [`crate::ticker`]); 0: never.
+    pub preempt_tick_us: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -410,6 +426,14 @@ impl Config {
                 bail!("{key} must be greater than 0");
             }
         }
+        for (key, weight) in [("limits.cpu_weight", self.limits.cpu_weight), ("worker.cpu_weight", self.worker.cpu_weight)] {
+            if weight > 10_000 {
+                bail!("{key} must be 0 (off) or a weight from 1 to 10000 (100: a default process group's)");
+            }
+        }
+        if self.limits.preempt_tick_us != 0 && !(50..=100_000).contains(&self.limits.preempt_tick_us) {
+            bail!("limits.preempt_tick_us must be 0 (none) or from 50 to 100000 microseconds");
+        }
         if !(self.limits.cpus >= 0.0 && self.limits.cpus.is_finite()) {
             bail!("limits.cpus must be 0 (unlimited) or a positive number of cores");
         }
@@ -442,6 +466,7 @@ impl Config {
             bail!("import_cache.max_depth must be between 1 and 16");
         }
         volumes::validate(&self.sandbox.volumes)?;
+        self.logs.validate()?;
         self.app.validate(&self.worker.listen)
     }
 

@@ -1,8 +1,14 @@
 //! Every error the worker's API answers with: a code (the `error` of the JSON body, stable in
 //! meaning), the HTTP status that says whose fault it was, and the text of `/stats`' and
-//! `/metrics`' error counts. One table, so a status is decided in one place.
+//! `/metrics`' error counts. One table, so a status is decided in one place. [`ApiError`] is
+//! such an error with its JSON body; [`failure_error`] and [`handler_error`] make one of why
+//! an invocation failed.
 
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use crate::instances::Failure;
 
 macro_rules! error_codes {
     ($($variant:ident = $code:literal, $status:ident;)*) => {
@@ -83,6 +89,111 @@ impl ErrorCode {
             "invalid_result" => ErrorCode::InvalidResult,
             _ => ErrorCode::HandlerException,
         }
+    }
+}
+
+impl ErrorCode {
+    /// The error of an invocation whose sandbox failed.
+    pub fn of_invoke_error(e: &sprout_sandbox::InvokeError) -> ErrorCode {
+        match e {
+            sprout_sandbox::InvokeError::Timeout(_) => ErrorCode::Timeout,
+            sprout_sandbox::InvokeError::OutOfMemory { .. } => ErrorCode::OutOfMemory,
+            sprout_sandbox::InvokeError::Crashed { .. } => ErrorCode::SandboxCrashed,
+        }
+    }
+}
+
+/// An error answer: its code and JSON body (`error`, `message`, and what else says why).
+#[derive(Debug)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    body: Value,
+    /// Already counted in the metrics (by the invoker): the HTTP layer must not count it again.
+    counted: bool,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        ApiError { code, body: json!({"error": code.as_str(), "message": message.into()}), counted: false }
+    }
+
+    /// Add `key` to the body.
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> ApiError {
+        self.body[key] = value.into();
+        self
+    }
+
+    pub fn message(&self) -> &str {
+        self.body["message"].as_str().unwrap_or("")
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.body.get(key)
+    }
+
+    pub(crate) fn counted(mut self) -> ApiError {
+        self.counted = true;
+        self
+    }
+
+    /// The JSON body, with the status in it (how a handler's call learns of the error).
+    pub fn into_call_reply(self) -> Value {
+        let mut body = self.body;
+        body["status"] = self.code.status().as_u16().into();
+        body
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.code.status(), [(header::CONTENT_TYPE, "application/json")], self.body.to_string()).into_response();
+        if !self.counted {
+            response.extensions_mut().insert(self.code);
+        }
+        response.extensions_mut().insert(WorkerError);
+        response
+    }
+}
+
+/// Marks a response the worker made for an error (not a handler's own), so the request id can
+/// be added to its body.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerError;
+
+/// The error a handler's reply reports, if it reports one.
+pub fn handler_error(reply: &sprout_sandbox::channel::Reply) -> Option<ApiError> {
+    let code = ErrorCode::from_handler(reply.error.as_deref()?);
+    let mut e = ApiError::new(code, reply.message.clone().unwrap_or_default());
+    if let Some(tb) = &reply.traceback {
+        e = e.with("traceback", tb.clone());
+    }
+    Some(e)
+}
+
+/// The error of an invocation that got no reply from its handler.
+pub fn failure_error(failure: Failure) -> ApiError {
+    let message = failure.to_string();
+    match failure {
+        Failure::QueueFull(_) => ApiError::new(ErrorCode::QueueFull, message),
+        Failure::QueueTimeout(_) => ApiError::new(ErrorCode::QueueTimeout, message),
+        Failure::NoMemory(_) => ApiError::new(ErrorCode::MemoryBudget, message),
+        Failure::ShuttingDown => ApiError::new(ErrorCode::ShuttingDown, message),
+        Failure::Load { traceback, .. } => {
+            let e = ApiError::new(ErrorCode::LoadError, message);
+            match traceback {
+                Some(tb) => e.with("traceback", tb),
+                None => e,
+            }
+        }
+        Failure::Platform(_) => ApiError::new(ErrorCode::SandboxStartFailed, message),
+        Failure::Install(e) => {
+            let mut err = ApiError::new(ErrorCode::InstallFailed, message).with("pip_output", e.output);
+            if let Some(package) = e.package {
+                err = err.with("package", package);
+            }
+            err
+        }
+        Failure::Sandbox(e) => ApiError::new(ErrorCode::of_invoke_error(&e), message),
     }
 }
 

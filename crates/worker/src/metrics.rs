@@ -19,6 +19,7 @@ use sprout_sandbox::Backend;
 
 use crate::errors::ErrorCode;
 use crate::instances::{Instances, SandboxState};
+use crate::logs::Logs;
 use crate::networks::LambdaNetworks;
 use crate::packages::Packages;
 
@@ -51,6 +52,7 @@ struct BackendCollector {
     instances: Arc<Instances>,
     packages: Arc<Packages>,
     networks: Arc<LambdaNetworks>,
+    logs: Arc<Logs>,
 }
 
 impl std::fmt::Debug for BackendCollector {
@@ -135,6 +137,7 @@ impl Collector for BackendCollector {
             gauge.encode(metric)?;
         }
         self.encode_lambdas(&mut encoder)?;
+        self.encode_logs(&mut encoder)?;
         if let Some((_, _, evictions)) = handler_cache {
             let mut family = encoder.encode_descriptor(
                 "sprout_handler_cache_evictions",
@@ -156,6 +159,30 @@ impl Collector for BackendCollector {
 type LambdaValue = fn(&crate::instances::LambdaFigures) -> Option<f64>;
 
 impl BackendCollector {
+    /// Output dropped past each lambda's rate, and entries the log writer could not take.
+    fn encode_logs(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::MetricType::Counter;
+        let dropped = self.logs.dropped();
+        for (name, help, pick) in [
+            ("sprout_log_dropped_lines", "Lines of a lambda's output dropped past its rate (logs.rate_kb_s)", 0),
+            ("sprout_log_dropped_bytes", "Bytes of a lambda's output dropped past its rate (logs.rate_kb_s)", 1),
+        ] {
+            let mut family = encoder.encode_descriptor(name, help, None, Counter)?;
+            for (lambda, lines, bytes) in &dropped {
+                let n = if pick == 0 { *lines } else { *bytes };
+                ConstCounter::new(n).encode(family.encode_family(&[("lambda", lambda.as_str())])?)?;
+            }
+        }
+        let writer = ConstCounter::new(self.logs.writer_dropped());
+        let metric = encoder.encode_descriptor(
+            "sprout_log_writer_dropped_entries",
+            "Log entries not written to their files because the writer was behind (kept in memory only)",
+            None,
+            writer.metric_type(),
+        )?;
+        writer.encode(metric)
+    }
+
     /// Per lambda: its sandboxes by state, its queue, its keep-alive windows and (under a
     /// memory budget) the memory its sandboxes are estimated to need.
     fn encode_lambdas(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -215,9 +242,45 @@ pub struct Metrics {
     /// The same counts by prefix and status, for `/stats` (families cannot be listed).
     static_counts: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
     percentiles: Mutex<Percentiles>,
+    /// Each lambda's last hour, minute by minute.
+    timeline: Mutex<crate::timeline::Timeline>,
+    /// Each lambda's invocations since the worker started: (all, cold starts, errors).
+    per_lambda: Mutex<std::collections::HashMap<String, [u64; 3]>>,
     started: Instant,
     backend: Arc<dyn Backend>,
     instances: Arc<Instances>,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// prometheus_client's OpenMetrics text as Prometheus's text format 0.0.4. OpenMetrics names
+/// a counter's family without the `_total` its samples carry and ends with `# EOF`; read as
+/// 0.0.4, each counter's samples would be a family of their own, untyped and without help
+/// (what `promtool check metrics` found). So a counter's `# HELP` and `# TYPE` lines name
+/// `<name>_total`, and `# EOF` is left out; the samples are the same in both formats.
+fn text_format(open_metrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> =
+        open_metrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::with_capacity(open_metrics.len() + 12 * counters.len());
+    for line in open_metrics.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let counter_descriptor = ["# HELP ", "# TYPE "].into_iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ').map_or((rest, None), |(n, t)| (n, Some(t)));
+            counters.contains(name).then_some((prefix, name, tail))
+        });
+        match counter_descriptor {
+            Some((prefix, name, Some(tail))) => out.push_str(&format!("{prefix}{name}_total {tail}")),
+            Some((prefix, name, None)) => out.push_str(&format!("{prefix}{name}_total")),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// Request and start times' Prometheus buckets: 0.2 ms to 26 s, doubling.
@@ -246,7 +309,13 @@ pub(crate) fn summary(h: &Hdr<u64>) -> Value {
 impl Metrics {
     /// The worker's metrics: its own, and those `instances`, `packages` and `networks` keep,
     /// read at scrape time.
-    pub fn new(backend: Arc<dyn Backend>, instances: Arc<Instances>, packages: Arc<Packages>, networks: Arc<LambdaNetworks>) -> Metrics {
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        instances: Arc<Instances>,
+        packages: Arc<Packages>,
+        networks: Arc<LambdaNetworks>,
+        logs: Arc<Logs>,
+    ) -> Metrics {
         let mut registry = Registry::default();
         let invocations = Family::<InvocationLabels, Counter>::default();
         let cold_starts = Counter::default();
@@ -278,7 +347,7 @@ impl Metrics {
             "Requests the app port answered from a static directory, by prefix and status",
             statics.clone(),
         );
-        let collector = BackendCollector { backend: backend.clone(), instances: instances.clone(), packages, networks };
+        let collector = BackendCollector { backend: backend.clone(), instances: instances.clone(), packages, networks, logs };
         registry.register_collector(Box::new(collector));
         Metrics {
             registry,
@@ -289,6 +358,8 @@ impl Metrics {
             statics,
             static_counts: Mutex::default(),
             percentiles: Mutex::new(Percentiles { cold: microsecond_hdr(), warm: microsecond_hdr() }),
+            timeline: Mutex::default(),
+            per_lambda: Mutex::default(),
             started: Instant::now(),
             backend,
             instances,
@@ -309,9 +380,43 @@ impl Metrics {
         }
         self.latency.get_or_create(&StartLabels { start }).observe(elapsed.as_secs_f64());
         let micros = (elapsed.as_micros() as u64).max(1);
-        let mut p = self.percentiles.lock().unwrap();
-        let hist = if cold { &mut p.cold } else { &mut p.warm };
-        let _ = hist.record(micros);
+        {
+            let mut p = self.percentiles.lock().unwrap();
+            let hist = if cold { &mut p.cold } else { &mut p.warm };
+            let _ = hist.record(micros);
+        }
+        self.timeline.lock().unwrap().record(lambda, unix_now(), cold, outcome != "ok", elapsed);
+        self.count(lambda, cold, outcome != "ok");
+    }
+
+    fn count(&self, lambda: &str, cold: bool, error: bool) {
+        let mut per_lambda = self.per_lambda.lock().unwrap();
+        let counts = match per_lambda.get_mut(lambda) {
+            Some(c) => c,
+            None => per_lambda.entry(lambda.to_string()).or_default(),
+        };
+        counts[0] += 1;
+        counts[1] += u64::from(cold);
+        counts[2] += u64::from(error);
+    }
+
+    /// Each lambda's invocations since the worker started, cold starts and errors among them.
+    pub fn lambda_counts(&self) -> Vec<(String, u64, u64, u64)> {
+        let per_lambda = self.per_lambda.lock().unwrap();
+        let mut out: Vec<_> = per_lambda.iter().map(|(name, c)| (name.clone(), c[0], c[1], c[2])).collect();
+        out.sort();
+        out
+    }
+
+    /// A request to `lambda` that reached no handler (`code` says why), for its timeline.
+    pub fn failed(&self, lambda: &str, _code: ErrorCode, elapsed: Duration) {
+        self.timeline.lock().unwrap().record(lambda, unix_now(), false, true, elapsed);
+        self.count(lambda, false, true);
+    }
+
+    /// Each lambda's last hour (`/stats/history`).
+    pub fn history(&self) -> Value {
+        self.timeline.lock().unwrap().snapshot(unix_now())
     }
 
     /// A request the app port answered from the static directory of `prefix`.
@@ -324,10 +429,12 @@ impl Metrics {
         self.errors.get_or_create(&KindLabels { kind: code.as_str() }).inc();
     }
 
+    /// `/metrics`, in Prometheus's text format 0.0.4: what the reply's Content-Type says and
+    /// what Prometheus and `promtool check metrics` parse it as.
     pub fn prometheus(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
-        out
+        let mut open_metrics = String::new();
+        prometheus_client::encoding::text::encode(&mut open_metrics, &self.registry).expect("writing to a String");
+        text_format(&open_metrics)
     }
 
     /// The JSON of `/stats`.
@@ -367,5 +474,33 @@ impl Metrics {
             "backend_counters": self.backend.stats(),
             "lambdas": lambdas,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::metrics::gauge::Gauge;
+
+    #[test]
+    fn counters_are_described_by_their_samples_name_and_there_is_no_eof() {
+        let mut registry = Registry::default();
+        let requests = Family::<KindLabels, Counter>::default();
+        requests.get_or_create(&KindLabels { kind: "timeout" }).inc();
+        registry.register("sprout_things", "Things done", requests);
+        let paused = Gauge::<i64>::default();
+        paused.set(3);
+        registry.register("sprout_paused", "Paused now", paused);
+        registry.register("sprout_duration_seconds", "How long", latency_histogram());
+        let mut open_metrics = String::new();
+        prometheus_client::encoding::text::encode(&mut open_metrics, &registry).unwrap();
+        assert!(open_metrics.contains("# TYPE sprout_things counter\n") && open_metrics.ends_with("# EOF\n"), "{open_metrics}");
+        let text = text_format(&open_metrics);
+        assert!(text.contains("# HELP sprout_things_total Things done.\n# TYPE sprout_things_total counter\n"), "{text}");
+        assert!(text.contains("\nsprout_things_total{kind=\"timeout\"} 1\n"), "{text}");
+        assert!(text.contains("# HELP sprout_paused Paused now.\n# TYPE sprout_paused gauge\nsprout_paused 3\n"), "{text}");
+        assert!(text.contains("# TYPE sprout_duration_seconds histogram\nsprout_duration_seconds_sum 0.0\n"), "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
+        assert_eq!(text.lines().count(), open_metrics.lines().count() - 1);
     }
 }

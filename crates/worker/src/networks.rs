@@ -52,6 +52,7 @@ impl<T> Assignments<T> {
         self.entries.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -90,10 +91,6 @@ impl LambdaNetworks {
     /// The services, where sandboxes reach them.
     pub fn services(&self) -> Vec<Service> {
         self.services.clone()
-    }
-
-    pub fn isolated(&self) -> bool {
-        self.network.is_some()
     }
 
     /// The namespace `lambda`'s sandboxes join; None when sandboxes share the host's network.

@@ -328,8 +328,31 @@ def install_calls(sock):
     module = type(sys)("_sprout_sandbox")
     calls = Calls(sock)
     module.call = calls.call
+    module.request_id = ""  # the request under way (sprout.request_id())
     sys.modules["_sprout_sandbox"] = module
-    return calls
+    return calls, module
+
+
+LOG_FORMAT = "[%(levelname)s] %(name)s: %(message)s"
+
+
+def configure_logging():
+    """Send Python's logging to stderr, one `[LEVEL] logger: message` line a record (the
+    worker keeps them with the request's other output), at $SPROUT_LOG_LEVEL (default INFO).
+    Only once the lambda has imported logging (importing it here would cost every sandbox
+    several milliseconds), and only if the lambda configured no handler of its own. Returns
+    whether logging is settled (configured, by us or by the lambda)."""
+    logging = sys.modules.get("logging")
+    if logging is None:
+        return False
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        root.addHandler(handler)
+        level = os.environ.get("SPROUT_LOG_LEVEL", "INFO").upper()
+        root.setLevel(level if level in logging._nameToLevel else "INFO")
+    return True
 
 
 def apply_init(init):
@@ -346,7 +369,7 @@ def serve_lambda(sock):
     except EOFError:
         return
     apply_init(init)
-    calls = install_calls(sock)
+    calls, channel = install_calls(sock)
     modules_before = len(sys.modules)
     server = None
     try:
@@ -359,6 +382,7 @@ def serve_lambda(sock):
                           "message": f"{type(exc).__name__}: {exc}",
                           "traceback": _short_traceback(exc)})
         return
+    logging_settled = configure_logging()
     send_frame(sock, {"op": "hello", "kind": kind, "package_modules": package_modules(modules_before)})
     invoke = {"wsgi": invoke_wsgi, "function": invoke_function}.get(kind)
     if server is not None:
@@ -373,12 +397,16 @@ def serve_lambda(sock):
                 server.shutdown()
             return
         modules_before = len(sys.modules)
+        if not logging_settled:
+            logging_settled = configure_logging()
+        channel.request_id = request.get("request_id", "")
         calls.serving = True
         try:
             header, out = invoke(entry, request, body)
         finally:
             with calls.lock:  # a call still under way in another thread finishes first
                 calls.serving = False
+            channel.request_id = ""
         served += 1
         if served <= LEARN_REQUESTS and len(sys.modules) > modules_before:
             # Packages often import parts of themselves on first use (Pillow's file formats).

@@ -158,17 +158,9 @@ impl Inner {
         channel.send(&code_header, &code_body).await.doing("sending the lambda's code to the VM")?;
         let hello = channel.handshake(&sandbox_env(&spec.env), &spec.paths, self.cfg.start_timeout).await?;
         let kind = handler_kind(hello)?;
-        let session = Session {
-            id,
-            kind,
-            startup: started.elapsed(),
-            channel,
-            process: vmm.take(),
-            cgroup: None,
-            limits: spec.limits,
-            tainted: false,
-            attached: spec.attachments(),
-        };
+        // The guest's output reaches the worker's log through the VMM's console (no request
+        // boundaries to settle on).
+        let session = Session::new(id, kind, started.elapsed(), channel, vmm.take(), None, spec.limits, spec.attachments(), None);
         Ok(VmSandbox { session, dir: dir.to_path_buf(), inner: self.clone() })
     }
 

@@ -148,6 +148,7 @@ impl Discovery {
     }
 
     /// The files written.
+    #[cfg(test)]
     pub fn files(&self) -> &[PathBuf] {
         &self.files
     }

@@ -196,6 +196,7 @@ impl Prepare for PlainSpecs {
             paths: Vec::new(),
             attached: None,
             network: None,
+            output: None,
         })
     }
 }

@@ -45,13 +45,16 @@ pub use figures::{InstanceFigures, SandboxState};
 pub use prepare::{Prepare, Provisioning};
 
 use crate::budget::Budget;
+use crate::cpu_shares::{CpuShares, LongRequests};
 use crate::handler_cache::{self, Eviction, HandlerCacheConfig};
 use crate::keepalive::Tracker;
+use crate::logs::{Logs, RequestTag, RunReport, SandboxOutput};
 use crate::packages::InstallError;
 use crate::registry::Lambda;
 use crate::retry;
 use admission::{Admitted, MemoryAccounts};
 use pools::{Acquired, Bounds, Grant, Idle, Occupant, Pools, Released, Waiter};
+use sprout_sandbox::cgroup::CpuControl;
 
 /// How often every paused sandbox's PSS is measured again.
 const REMEASURE: Duration = Duration::from_secs(5);
@@ -74,6 +77,16 @@ pub struct InstanceConfig {
     pub budget: Option<Budget>,
     /// Memory a lambda's sandbox is assumed to need until one has been measured.
     pub sandbox_estimate: u64,
+    /// Each lambda's CPU weight, split among its sandboxes ([`crate::cpu_shares`]); 0 leaves
+    /// every sandbox at its cgroup's default.
+    pub lambda_cpu_weight: u64,
+    /// A request running longer idles its sandbox's cgroup for the rest of its run, so
+    /// shorter requests take a contended CPU at once; None: never.
+    pub long_request: Option<Duration>,
+    /// While long requests run, wake every CPU this often ([`crate::ticker`]); None: never.
+    pub preempt_tick: Option<Duration>,
+    /// Where the tick threads may run as real-time ones: the cpu hierarchy's root `tasks`.
+    pub rt_home: Option<std::path::PathBuf>,
 }
 
 /// Why a request got no reply from its handler.
@@ -109,6 +122,8 @@ pub struct Invocation {
 struct Kept {
     sandbox: Box<dyn Sandbox>,
     lambda: Arc<Lambda>,
+    /// Where its output goes: its lambda's log.
+    output: Arc<SandboxOutput>,
     /// Counts it among its lambda's sandboxes while it exists.
     _made: admission::Made,
 }
@@ -181,6 +196,54 @@ pub struct Instances {
     memory_group: Option<(Arc<sprout_sandbox::cgroup::Layout>, String)>,
     memory: MemoryAccounts,
     prewarms: Prewarms,
+    /// The lambdas' logs, where each sandbox's output and each request's report go.
+    logs: Arc<Logs>,
+    /// Each lambda's CPU weight, split among its live sandboxes.
+    cpu: Option<Mutex<CpuShares<CpuControl>>>,
+    /// Which lambdas' requests run long (and yield the CPU from their start).
+    long_requests: Mutex<LongRequests>,
+    /// Preemption ticks while long requests run.
+    ticker: Option<crate::ticker::Ticker>,
+}
+
+/// Run `invoke`; if it is still running `after` from now (at once for zero), idle its
+/// sandbox's cgroup until it ends (a long request yields a contended CPU to short ones), and
+/// not after; says whether it idled.
+async fn yield_when_long<T>(
+    invoke: impl std::future::Future<Output = T>,
+    after: Duration,
+    cpu: &CpuControl,
+    ticker: Option<&crate::ticker::Ticker>,
+) -> (T, bool) {
+    tokio::pin!(invoke);
+    if !after.is_zero() {
+        tokio::select! {
+            done = &mut invoke => return (done, false),
+            _ = tokio::time::sleep(after) => {}
+        }
+    }
+    let idled = cpu.set_idle(true).unwrap_or_else(|e| {
+        tracing::debug!("idling a long request's sandbox: {e}");
+        false
+    });
+    let ticking = ticker.filter(|_| idled).map(crate::ticker::Ticker::long_request);
+    let done = invoke.await;
+    drop(ticking);
+    if idled {
+        if let Err(e) = cpu.set_idle(false) {
+            tracing::warn!("a long request's sandbox stays idle on the CPU: {e}");
+        }
+    }
+    (done, idled)
+}
+
+/// Write sandboxes' CPU weights (a sandbox gone meanwhile has no file: nothing to do).
+fn write_cpu_weights(writes: Vec<(CpuControl, u64)>) {
+    for (handle, weight) in writes {
+        if let Err(e) = handle.set_weight(weight) {
+            tracing::debug!("setting a sandbox's CPU weight: {e}");
+        }
+    }
 }
 
 /// Pre-warms under the histogram policy: sandboxes started ahead of a lambda's expected next
@@ -204,10 +267,17 @@ pub struct LambdaFigures {
 }
 
 impl Instances {
-    pub fn new(backend: Arc<dyn Backend>, prepare: Arc<dyn Prepare>, cfg: InstanceConfig) -> Arc<Instances> {
+    pub fn new(backend: Arc<dyn Backend>, prepare: Arc<dyn Prepare>, cfg: InstanceConfig, logs: Arc<Logs>) -> Arc<Instances> {
         let bounds = Bounds { max_per_lambda: cfg.max_per_lambda, max_total: cfg.max_total, queue_depth: cfg.queue_depth };
         let idle_times = cfg.keep_alive.map(|policy| Mutex::new(Tracker::new(policy)));
         let memory_group = cfg.budget.and(backend.memory_group());
+        let (cfg_cpu_weight, cfg_long) = (cfg.lambda_cpu_weight, cfg.long_request);
+        let ticker = match (cfg.long_request, cfg.preempt_tick) {
+            (Some(_), Some(period)) => crate::ticker::Ticker::start(period, cfg.rt_home.clone())
+                .inspect_err(|e| tracing::warn!("no preemption ticks ({e}): requests beside long ones may wait a scheduler tick"))
+                .ok(),
+            _ => None,
+        };
         let instances = Arc::new_cyclic(|me| Instances {
             memory_group,
             memory: MemoryAccounts::default(),
@@ -223,6 +293,10 @@ impl Instances {
             destroying: Arc::new(AtomicUsize::new(0)),
             closed: AtomicBool::new(false),
             measure: tokio::sync::Notify::new(),
+            logs,
+            cpu: (cfg_cpu_weight > 0).then(|| Mutex::new(CpuShares::new(cfg_cpu_weight))),
+            long_requests: Mutex::new(LongRequests::new(cfg_long.unwrap_or(Duration::MAX))),
+            ticker,
         });
         tokio::spawn(Self::housekeeping(Arc::downgrade(&instances)));
         instances
@@ -276,6 +350,8 @@ impl Instances {
     /// must end before its caller's limit does), for what is left of `limit` after queueing.
     /// When the sandbox dies before answering and the request is safe to run twice
     /// ([`retry::reason`]), it runs once more on another, within what is left of its run time.
+    /// Each run in a sandbox is logged as request `tag`'s: a start, the handler's output, a
+    /// report.
     pub async fn invoke(
         &self,
         lambda: &Arc<Lambda>,
@@ -283,6 +359,7 @@ impl Instances {
         body: &[u8],
         limit: Duration,
         calls: &dyn Calls,
+        tag: &RequestTag,
     ) -> Result<Invocation, Failure> {
         let queued = Instant::now();
         let _running = self.idle_times.as_ref().map(|tracker| {
@@ -293,7 +370,7 @@ impl Instances {
         let run_limit = if limit >= self.cfg.timeout { self.cfg.timeout } else { limit.saturating_sub(queued.elapsed()) };
         let began = Instant::now();
         let kind = lease.kept.sandbox.kind();
-        let error = match self.run(lease, request, body, run_limit, calls).await {
+        let error = match self.run(lease, request, body, run_limit, calls, tag).await {
             Ok(done) => return Ok(done),
             Err(e) => e,
         };
@@ -320,14 +397,15 @@ impl Instances {
             return Err(error.into());
         }
         self.figures.retried(reason);
-        match self.run(lease, request, body, remaining, calls).await {
+        match self.run(lease, request, body, remaining, calls, tag).await {
             // The request as a whole ran out of its time limit.
             Err(InvokeError::Timeout(_)) => Err(InvokeError::Timeout(run_limit).into()),
             other => other.map_err(Failure::from),
         }
     }
 
-    /// Send the request to the leased sandbox, waiting up to `limit`, and give the sandbox back.
+    /// Send the request to the leased sandbox, waiting up to `limit`, log the run, and give
+    /// the sandbox back.
     async fn run(
         &self,
         mut lease: Lease,
@@ -335,10 +413,51 @@ impl Instances {
         body: &[u8],
         limit: Duration,
         calls: &dyn Calls,
+        tag: &RequestTag,
     ) -> Result<Invocation, InvokeError> {
-        let result = lease.kept.sandbox.invoke(request, body, limit, calls).await;
-        let reusable = result.is_ok() && lease.kept.sandbox.reusable();
         let (cold, sandbox) = (lease.cold, lease.kept.sandbox.id());
+        let output = lease.kept.output.clone();
+        output.begin(tag, sandbox, cold);
+        let began = Instant::now();
+        let cpu = self.cfg.long_request.and_then(|after| Some((after, lease.kept.sandbox.cpu_control()?)));
+        let invoke = lease.kept.sandbox.invoke(request, body, limit, calls);
+        let result = match &cpu {
+            None => invoke.await,
+            Some((after, cpu)) => {
+                // A lambda whose requests run long yields from the start; any other once it has.
+                let after = if self.long_requests.lock().unwrap().expected_long(&lease.kept.lambda.name) { Duration::ZERO } else { *after };
+                let (done, idled) = yield_when_long(invoke, after, cpu, self.ticker.as_ref()).await;
+                // Back from idling its group weighs as a default one: its lambda's share again.
+                if let (true, Some(shares)) = (idled, &self.cpu) {
+                    if let Some(weight) = shares.lock().unwrap().weight_of(sandbox) {
+                        write_cpu_weights(vec![(cpu.clone(), weight)]);
+                    }
+                }
+                done
+            }
+        };
+        let duration = began.elapsed();
+        if cpu.is_some() {
+            self.long_requests.lock().unwrap().ran(&lease.kept.lambda.name, duration);
+        }
+        let (outcome, error) = match &result {
+            Ok((reply, _)) => match reply.error.as_deref() {
+                Some(code) => (code, Some((reply.message.as_deref().unwrap_or(""), reply.traceback.as_deref()))),
+                None => ("ok", None),
+            },
+            Err(e) => (crate::errors::ErrorCode::of_invoke_error(e).as_str(), None),
+        };
+        let sandboxed = &lease.kept.sandbox;
+        output.finish(&RunReport {
+            sandbox,
+            duration,
+            init: cold.then(|| sandboxed.startup()),
+            peak_memory: sandboxed.peak_memory(),
+            cold,
+            outcome,
+            error,
+        });
+        let reusable = result.is_ok() && lease.kept.sandbox.reusable();
         self.release(lease, reusable);
         let (reply, body) = result?;
         Ok(Invocation { reply, body, cold, sandbox })
@@ -466,8 +585,13 @@ impl Instances {
     /// Provision a sandbox for `lambda` once admitted; room for it is already counted.
     async fn create_admitted(&self, lambda: &Arc<Lambda>, made: admission::Made) -> Result<Lease, Failure> {
         self.figures.state(SandboxState::Starting, 1);
+        let output = self.logs.sandbox_output(&lambda.name, lambda.version);
         let created = match self.prepare.spec(lambda, self.cfg.limits).await {
-            Ok(spec) => self.backend.create(&spec).await.map_err(|e| match e {
+            Ok(mut spec) => {
+                spec.output = Some(output.clone());
+                self.backend.create(&spec).await
+            }
+            .map_err(|e| match e {
                 CreateError::Load { message, traceback } => Failure::Load { message, traceback },
                 CreateError::Platform(e) => Failure::Platform(e.to_string()),
             }),
@@ -476,9 +600,13 @@ impl Instances {
         self.figures.state(SandboxState::Starting, -1);
         match created {
             Ok(sandbox) => {
+                if let (Some(cpu), Some(handle)) = (&self.cpu, sandbox.cpu_control()) {
+                    let writes = cpu.lock().unwrap().added(&lambda.name, sandbox.id(), handle);
+                    write_cpu_weights(writes);
+                }
                 self.figures.started(sandbox.startup());
                 self.figures.state(SandboxState::Busy, 1);
-                Ok(Lease { kept: Kept { sandbox, lambda: lambda.clone(), _made: made }, cold: true })
+                Ok(Lease { kept: Kept { sandbox, lambda: lambda.clone(), output, _made: made }, cold: true })
             }
             Err(failure) => {
                 // Requests waiting for this one get its room instead.
@@ -615,6 +743,10 @@ impl Instances {
 
     /// Destroy a sandbox in the background, counting `freeing` bytes as being freed meanwhile.
     fn destroy_freeing(&self, sandbox: Box<dyn Sandbox>, freeing: u64) {
+        if let Some(cpu) = &self.cpu {
+            let writes = cpu.lock().unwrap().removed(sandbox.id());
+            write_cpu_weights(writes);
+        }
         let (destroying, being_freed) = (self.destroying.clone(), self.memory.freeing.clone());
         destroying.fetch_add(1, Ordering::AcqRel);
         being_freed.fetch_add(freeing, Ordering::AcqRel);
@@ -727,6 +859,11 @@ impl Instances {
         let (paused, pss) = self.pools.lock().unwrap().paused_figures();
         let evictions = Eviction::ALL.iter().map(|e| (e.label(), self.cache.evictions(*e))).collect();
         (paused, pss, evictions)
+    }
+
+    /// Forget what was learnt of a deleted lambda (its sandboxes go by their own way).
+    pub fn forget(&self, name: &str) {
+        self.long_requests.lock().unwrap().forget(name);
     }
 
     /// Stop taking requests, destroy every idle sandbox and wait for destruction to finish.

@@ -40,6 +40,7 @@ impl Prepare for Provisioning {
             packages: packages.packages.clone(),
             paths: packages.paths.clone(),
             attached: Some(packages),
+            output: None, // the instance manager's, per sandbox
         })
     }
 }

@@ -37,12 +37,16 @@ fn config() -> InstanceConfig {
         handler_cache: HandlerCacheConfig { pause: false, pause_after: Duration::from_millis(10), memory_limit: 1 << 30 },
         budget: None,
         sandbox_estimate: 32 << 20,
+        lambda_cpu_weight: 100,
+        long_request: None,
+        preempt_tick: None,
+        rt_home: None,
     }
 }
 
 fn start(cfg: InstanceConfig) -> (Arc<FakeBackend>, Arc<Instances>) {
     let backend = Arc::new(FakeBackend::default());
-    let instances = Instances::new(backend.clone(), Arc::new(PlainSpecs), cfg);
+    let instances = Instances::new(backend.clone(), Arc::new(PlainSpecs), cfg, crate::logs::Logs::in_memory());
     (backend, instances)
 }
 
@@ -52,6 +56,10 @@ fn start_pausing(mut cfg: InstanceConfig) -> (Arc<FakeBackend>, Arc<Instances>) 
     let (backend, instances) = start(cfg);
     backend.script.lock().unwrap().pausable = true;
     (backend, instances)
+}
+
+fn tag() -> crate::logs::RequestTag {
+    crate::logs::RequestTag { id: Arc::from("test"), trigger: crate::logs::Trigger::Http }
 }
 
 fn request(method: &str) -> Request {
@@ -64,11 +72,12 @@ fn request(method: &str) -> Request {
         protocol: "HTTP/1.1".into(),
         remote_addr: "127.0.0.1".into(),
         depth: 0,
+        request_id: String::new(),
     }
 }
 
 async fn call(instances: &Instances, lambda: &Arc<Lambda>, method: &str) -> Result<Invocation, Failure> {
-    instances.invoke(lambda, &request(method), b"", instances.timeout(), &NoCalls).await
+    instances.invoke(lambda, &request(method), b"", instances.timeout(), &NoCalls, &tag()).await
 }
 
 /// Wait until `cond` holds (background destruction and pausing take a moment), up to 5 s.
@@ -190,7 +199,8 @@ async fn a_request_that_waits_too_long_gives_up_and_loses_no_sandbox() {
     let f = Lambda::fake("f", 1);
     backend.script.lock().unwrap().outcomes.push_back(Outcome::Slow(Duration::from_millis(150)));
     let get = request("GET");
-    let impatient = instances.invoke(&f, &get, b"", Duration::from_millis(30), &NoCalls);
+    let tag = tag();
+    let impatient = instances.invoke(&f, &get, b"", Duration::from_millis(30), &NoCalls, &tag);
     let (slow, impatient) = tokio::join!(call(&instances, &f, "GET"), impatient);
     assert!(slow.is_ok());
     assert!(matches!(impatient, Err(Failure::QueueTimeout(_))));

@@ -55,6 +55,7 @@ impl Delivery {
         Delivery { policy, attempts: 0 }
     }
 
+    #[cfg(test)]
     pub fn attempts(&self) -> u32 {
         self.attempts
     }

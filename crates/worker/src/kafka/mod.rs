@@ -31,9 +31,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::Api;
-use crate::calls::LambdaCalls;
-use crate::instances::Failure;
+use crate::errors::ErrorCode;
+use crate::invoker::Call;
 use crate::lambda_config::KafkaTrigger;
+use crate::logs::Trigger;
 use crate::registry::Lambda;
 use delivery::{Attempt, Delivery, Next, Policy};
 
@@ -270,22 +271,33 @@ impl TriggerConsumer {
             protocol: "HTTP/1.1".into(),
             remote_addr: String::new(),
             depth: 0,
+            request_id: String::new(), // the invoker's
         };
         let body = message.payload().unwrap_or_default();
-        let calls = LambdaCalls::new(self.api.clone(), 0);
-        match self.api.instances.invoke(&self.lambda, &request, body, self.api.instances.timeout(), &calls).await {
+        let invoker = &self.api.invoker;
+        let request_id = invoker.new_id();
+        let call = Call {
+            lambda: self.lambda.clone(),
+            request,
+            body,
+            request_id: request_id.clone(),
+            trigger: Trigger::Kafka,
+            limit: invoker.timeout(),
+            depth: 0,
+        };
+        match invoker.invoke(call).await {
             Ok(invocation) => {
                 let reply = invocation.reply;
                 if let Some(code) = reply.error {
-                    return Attempt::Failed(format!("{code}: {}", reply.message.unwrap_or_default()));
+                    return Attempt::Failed(format!("{code}: {} (request {request_id})", reply.message.unwrap_or_default()));
                 }
                 match reply.status.unwrap_or(200) {
                     200..=299 => Attempt::Succeeded,
-                    status => Attempt::Failed(format!("the handler answered {status}")),
+                    status => Attempt::Failed(format!("the handler answered {status} (request {request_id})")),
                 }
             }
-            Err(Failure::ShuttingDown) => Attempt::Stopping,
-            Err(failure) => Attempt::Failed(failure.to_string()),
+            Err(e) if e.code == ErrorCode::ShuttingDown => Attempt::Stopping,
+            Err(e) => Attempt::Failed(format!("{}: {} (request {request_id})", e.code, e.message())),
         }
     }
 

@@ -63,7 +63,8 @@ pub struct PackageSet {
     /// sys.path entries of the packages, in the same order.
     pub paths: Vec<String>,
     /// A per-sandbox install (install cache off), removed when the last holder drops it.
-    pub ephemeral: Option<EphemeralDir>,
+    /// A sandbox's own install (the install cache off), removed when the set is dropped.
+    pub _ephemeral: Option<EphemeralDir>,
 }
 
 /// A directory removed when dropped.
@@ -138,7 +139,7 @@ impl Packages {
     /// cache off) a fresh install of its own.
     pub async fn for_sandbox(&self, reqs: &[Requirement]) -> Result<Arc<PackageSet>, InstallError> {
         if reqs.is_empty() {
-            return Ok(Arc::new(PackageSet { packages: Vec::new(), paths: Vec::new(), ephemeral: None }));
+            return Ok(Arc::new(PackageSet { packages: Vec::new(), paths: Vec::new(), _ephemeral: None }));
         }
         if !self.use_cache {
             return self.install_ephemeral(reqs).await;
@@ -234,7 +235,7 @@ impl Packages {
             })
             .collect();
         let paths = packages.iter().map(|p| p.path.clone()).collect();
-        Ok(PackageSet { packages, paths, ephemeral: None })
+        Ok(PackageSet { packages, paths, _ephemeral: None })
     }
 
     /// A fully pinned set whose packages are all in the cache and bring every dependency they
@@ -323,7 +324,7 @@ impl Packages {
         })?;
         self.counters.install_ms.fetch_add(took.as_millis() as u64, Ordering::Relaxed);
         let (dir, path) = self.cache.publish_ephemeral(&staging).map_err(|e| InstallError::internal(e.to_string()))?;
-        Ok(Arc::new(PackageSet { packages: Vec::new(), paths: vec![path], ephemeral: Some(EphemeralDir(dir)) }))
+        Ok(Arc::new(PackageSet { packages: Vec::new(), paths: vec![path], _ephemeral: Some(EphemeralDir(dir)) }))
     }
 
     /// Figures for /stats.
