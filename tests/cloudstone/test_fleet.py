@@ -35,13 +35,13 @@ def fleet(work, *args, timeout=1800):
 
 
 def three_sites(path):
-    """Three sites busy enough to judge in 40 s: one user throughout, two for a while, and one
+    """Three sites busy enough to judge in 30 s: one user throughout, two for a while, and one
     who comes back after a quiet spell (its return is a first request after idle)."""
-    profiles = [[[0, 1]], [[0, 0], [5, 2], [30, 0]], [[0, 1], [12, 0], [26, 1], [36, 0]]]
+    profiles = [[[0, 1]], [[0, 0], [4, 2], [22, 0]], [[0, 1], [8, 0], [20, 1], [28, 0]]]
     sites = [{"name": f"site{i:04}", "host": f"site{i:04}.fleet.test", "rate_per_day": 0, "trigger": "test",
               "sessions": len(p), "peak_users": max(u for _, u in p), "mean_users": 0.5, "profile": p}
              for i, p in enumerate(profiles)]
-    path.write_text(json.dumps({"version": 1, "seed": 1, "span_s": 40.0, "registered_users": 100, "session_mean_s": 20.0,
+    path.write_text(json.dumps({"version": 1, "seed": 1, "span_s": 30.0, "registered_users": 100, "session_mean_s": 20.0,
                                 "sites": sites}))
     return path
 
@@ -51,7 +51,7 @@ def test_three_sites_run_end_to_end_on_every_deployment(work):
                                  "--idle-gap", 10, "--memory-mb", 2048)
     assert r.returncode == 0, r.stderr[-4000:]
     summary = json.loads(summary_path.read_text())
-    assert summary["memory_budget_mb"] == 2048 and summary["span_s"] == 40
+    assert summary["memory_budget_mb"] == 2048 and summary["span_s"] == 30
     for stack in STACKS:
         result = summary["stacks"][stack]
         [step] = result["steps"]

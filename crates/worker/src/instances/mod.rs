@@ -23,6 +23,7 @@
 //! sandbox operation other than pausing.
 
 mod admission;
+mod cpu;
 #[cfg(test)]
 mod fake;
 mod figures;
@@ -53,6 +54,7 @@ use crate::packages::InstallError;
 use crate::registry::Lambda;
 use crate::retry;
 use admission::{Admitted, MemoryAccounts};
+use cpu::{write_cpu_weights, yield_when_long};
 use pools::{Acquired, Bounds, Grant, Idle, Occupant, Pools, Released, Waiter};
 use sprout_sandbox::cgroup::CpuControl;
 
@@ -204,46 +206,6 @@ pub struct Instances {
     long_requests: Mutex<LongRequests>,
     /// Preemption ticks while long requests run.
     ticker: Option<crate::ticker::Ticker>,
-}
-
-/// Run `invoke`; if it is still running `after` from now (at once for zero), idle its
-/// sandbox's cgroup until it ends (a long request yields a contended CPU to short ones), and
-/// not after; says whether it idled.
-async fn yield_when_long<T>(
-    invoke: impl std::future::Future<Output = T>,
-    after: Duration,
-    cpu: &CpuControl,
-    ticker: Option<&crate::ticker::Ticker>,
-) -> (T, bool) {
-    tokio::pin!(invoke);
-    if !after.is_zero() {
-        tokio::select! {
-            done = &mut invoke => return (done, false),
-            _ = tokio::time::sleep(after) => {}
-        }
-    }
-    let idled = cpu.set_idle(true).unwrap_or_else(|e| {
-        tracing::debug!("idling a long request's sandbox: {e}");
-        false
-    });
-    let ticking = ticker.filter(|_| idled).map(crate::ticker::Ticker::long_request);
-    let done = invoke.await;
-    drop(ticking);
-    if idled {
-        if let Err(e) = cpu.set_idle(false) {
-            tracing::warn!("a long request's sandbox stays idle on the CPU: {e}");
-        }
-    }
-    (done, idled)
-}
-
-/// Write sandboxes' CPU weights (a sandbox gone meanwhile has no file: nothing to do).
-fn write_cpu_weights(writes: Vec<(CpuControl, u64)>) {
-    for (handle, weight) in writes {
-        if let Err(e) = handle.set_weight(weight) {
-            tracing::debug!("setting a sandbox's CPU weight: {e}");
-        }
-    }
 }
 
 /// Pre-warms under the histogram policy: sandboxes started ahead of a lambda's expected next

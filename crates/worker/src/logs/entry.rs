@@ -68,7 +68,7 @@ pub struct Entry {
     #[serde(default)]
     pub sandbox: Option<u64>,
     #[serde(default)]
-    pub backend: Option<String>,
+    pub backend: Option<Arc<str>>,
     #[serde(rename = "type")]
     pub kind: Kind,
     pub message: String,

@@ -83,7 +83,7 @@ pub struct RequestTag {
 /// Every lambda's logs.
 pub struct Logs {
     cfg: LogConfig,
-    backend: &'static str,
+    backend: Arc<str>,
     files: Option<Files>,
     lambdas: Mutex<HashMap<String, Arc<LambdaLog>>>,
     /// Recent request ids and their lambdas, so a search by id looks in one place.
@@ -117,7 +117,7 @@ impl Logs {
             None => None,
         };
         let recent = Mutex::new(RecentRequests::new(100_000));
-        Ok(Arc::new(Logs { cfg, backend, files, lambdas: Mutex::default(), recent, closed: Default::default() }))
+        Ok(Arc::new(Logs { cfg, backend: Arc::from(backend), files, lambdas: Mutex::default(), recent, closed: Default::default() }))
     }
 
     /// Logs kept in memory only (tests).
@@ -344,7 +344,7 @@ impl SandboxOutput {
         let mut e = Entry::now(&self.log.name, self.version, kind, message);
         e.request_id = request;
         e.sandbox = Some(sandbox);
-        e.backend = Some(self.logs.backend.to_string());
+        e.backend = Some(self.logs.backend.clone());
         e
     }
 
