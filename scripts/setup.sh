@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pkg in debootstrap runc docker.io postgresql memcached libmemcached-tools nginx acl chromium chromium-driver nftables iproute2 python3-venv binutils librdkafka-dev pkg-config maven linux-source bc flex bison libelf-dev e2fsprogs haproxy prometheus; do
+for pkg in debootstrap runc docker.io postgresql memcached libmemcached-tools nginx acl chromium chromium-driver nftables iproute2 python3-venv binutils librdkafka-dev pkg-config maven e2fsprogs haproxy prometheus; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -44,7 +44,7 @@ python3 -m pip install -q --disable-pip-version-check -r apps/olio/requirements.
 echo "==> cargo build --release"
 cargo build --release --quiet
 
-echo "==> sandbox base image (debootstrap once per machine, reused after), and where /dev/kvm exists the microVMs' guest kernel (built once from linux-source, a few minutes)"
+echo "==> sandbox base image (debootstrap once per machine, reused after)"
 mkdir -p /tmp/sprout-setup
 target/release/sprout worker init /tmp/sprout-setup >/dev/null
 # Debian's python3 here at the base's version: both Cloudstone stacks then run one CPython build.

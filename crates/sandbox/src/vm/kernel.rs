@@ -1,4 +1,6 @@
-//! The microVMs' guest kernel: built once per machine from Debian's `linux-source` package
+//! The microVMs' guest kernel: built once per machine, on demand (by the first worker
+//! configured for the `vm` back-end on a host with hardware virtualization, or its
+//! `sprout worker init`), from Debian's `linux-source` package
 //! with the configuration kept in the repository (`crates/vmm/guest/kernel.config`, applied
 //! to `allnoconfig`), and cached under a key of the source and the configuration, so a
 //! changed configuration or kernel package builds a new one and an unchanged one is reused.
@@ -19,6 +21,10 @@ pub const CONFIG: &str = include_str!("../../../vmm/guest/kernel.config");
 
 /// Where Debian's linux-source packages put their tarballs.
 const SOURCE_DIR: &str = "/usr/src";
+
+/// Debian's packages the build needs, named when one is missing (scripts/setup.sh does not
+/// install them: most machines never build this kernel).
+const BUILD_PACKAGES: &str = "linux-source bc flex bison libelf-dev make gcc";
 
 /// File beside a finished kernel recording what it was built from.
 const MARKER: &str = "built-from";
@@ -42,7 +48,7 @@ pub fn source_tarball() -> Result<(PathBuf, String)> {
         }
     }
     found.sort();
-    let (_, path, version) = found.pop().context("no kernel source in /usr/src: apt-get install linux-source (scripts/setup.sh does)")?;
+    let (_, path, version) = found.pop().with_context(|| format!("no kernel source in {SOURCE_DIR}: apt-get install {BUILD_PACKAGES}"))?;
     Ok((path, version))
 }
 
@@ -107,6 +113,13 @@ pub fn ensure(root: &Path, progress: &mut dyn FnMut(&str)) -> Result<(Kernel, Ou
 
 /// Unpack, configure, check and compile; returns the path of the built vmlinux.
 fn build_in(build: &Path, tarball: &Path, version: &str, progress: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    let mut missing: Vec<&str> = ["make", "gcc", "bc", "flex", "bison"].into_iter().filter(|tool| !on_path(tool)).collect();
+    if !Path::new("/usr/include/libelf.h").exists() {
+        missing.push("libelf's headers");
+    }
+    if !missing.is_empty() {
+        bail!("building the guest kernel needs {}: apt-get install {BUILD_PACKAGES}", missing.join(", "));
+    }
     progress(&format!("guest kernel: unpacking {} (about half a minute)", tarball.display()));
     run(Command::new("tar").arg("-xf").arg(tarball).arg("-C").arg(build))?;
     let source = build.join(format!("linux-source-{version}"));
@@ -126,6 +139,11 @@ fn build_in(build: &Path, tarball: &Path, version: &str, progress: &mut dyn FnMu
     progress(&format!("guest kernel: compiling with {jobs} job(s) (a few minutes)"));
     compile(&source, jobs, progress)?;
     Ok(source.join("vmlinux"))
+}
+
+/// Whether `program` is on PATH.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
 /// Options the fragment sets that the final configuration does not have as set.

@@ -53,8 +53,9 @@ pub fn init(dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<InitOutcome> {
     }
     let mirror = (!config.base.mirror.is_empty()).then_some(config.base.mirror.as_str());
     let outcome = base::ensure(&config.base.path, &config.base.suite, mirror, progress)?;
-    // The microVMs' kernel, on machines that can run them (or configured to).
-    if Path::new("/dev/kvm").exists() || config.sandbox.backend == BackendKind::Vm {
+    // The microVMs' guest kernel (minutes), only for a worker configured for them on a host
+    // whose KVM can run them; elsewhere nothing would boot it (the worker builds it on demand).
+    if config.sandbox.backend == BackendKind::Vm && sprout_sandbox::vm::kvm_host() == sprout_sandbox::vm::KvmHost::Hardware {
         match sprout_sandbox::vm::kernel::ensure(&config.vm.dir, progress)? {
             (kernel, sprout_sandbox::vm::kernel::Outcome::Built(t)) => {
                 progress(&format!("guest kernel built in {:.0} s: {}", t.as_secs_f64(), kernel.vmlinux.display()))
