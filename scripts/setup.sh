@@ -49,6 +49,8 @@ mkdir -p /tmp/sprout-setup
 target/release/sprout worker init /tmp/sprout-setup >/dev/null
 # Debian's python3 here at the base's version: both Cloudstone stacks then run one CPython build.
 bash scripts/align-python.sh
+echo "==> gVisor's runsc, for the gvisor back-end (the Go module proxy, once per machine)"
+bash scripts/gvisor.sh >/dev/null
 echo "==> Apache Kafka's broker, for Kafka triggers and their tests (Maven Central, once per machine)"
 bash scripts/kafka.sh fetch
 echo "==> ready: target/release/sprout"

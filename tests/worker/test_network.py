@@ -126,12 +126,16 @@ def refused_at_once(attempt):
         and "timed out" not in attempt["outcome"] and attempt["ms"] < 500
 
 
-def test_a_sandbox_reaches_its_services_by_name_and_nothing_else(make_worker, echo):
+@pytest.mark.parametrize("backend", ["sock", "gvisor"])
+def test_a_sandbox_reaches_its_services_by_name_and_nothing_else(make_worker, echo, backend):
+    """On the lean back-end the host's kernel routes the lambda's namespace; on gvisor, gVisor's
+    own network stack runs over the same namespace, with the same allow-list on the host."""
     allowed = echo("db")
     other = echo("other")  # listening on the host too, but not allowed
     udp = echo("dns", udp=True)
-    w = make_worker(network={"allow": [{"name": "db", "address": f"127.0.0.1:{allowed.port}"},
-                                      {"name": "dns", "address": f"127.0.0.1:{udp.port}", "protocol": "udp"}]})
+    w = make_worker(sandbox={"backend": backend},
+                    network={"allow": [{"name": "db", "address": f"127.0.0.1:{allowed.port}"},
+                                       {"name": "dns", "address": f"127.0.0.1:{udp.port}", "protocol": "udp"}]})
     w.deploy_source("probe", PROBE)
     first = run_probe(w, "probe", [])
     db_address = first["services"]["db"]

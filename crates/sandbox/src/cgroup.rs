@@ -316,6 +316,28 @@ impl Layout {
         Ok(())
     }
 
+    /// Remove `name`, the parent under which an OCI runtime (runc, runsc) made its
+    /// containers' groups, with what is under it; on v1 also from the hierarchies Sprout does
+    /// not use (blkio, devices, …), where the runtime made them too and its `delete` can
+    /// leave a container's behind. Failures are logged.
+    pub fn remove_container_parent(&self, name: &str) {
+        if let Err(e) = self.remove_tree(name) {
+            tracing::warn!("removing cgroup {name}: {e}");
+        }
+        if let Layout::V1 { hierarchies } = self {
+            if let Some(root) = hierarchies.first().and_then(|(mount, _)| mount.parent()) {
+                for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+                    let dir = entry.path().join(name);
+                    if dir.is_dir() {
+                        if let Err(e) = remove_group_tree(&dir) {
+                            tracing::warn!("removing cgroup {}: {e}", dir.display());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Remove group `name` and every group below it, killing what still runs there. Paused
     /// groups are thawed first, in every hierarchy: a frozen process cannot die.
     pub fn remove_tree(&self, name: &str) -> io::Result<()> {

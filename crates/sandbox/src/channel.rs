@@ -76,6 +76,18 @@ pub struct Init<'a> {
     pub op: &'static str,
     pub env: std::collections::BTreeMap<&'a str, &'a str>,
     pub paths: &'a [String],
+    /// A gVisor pod's handler: the FIFO (its path inside the sandbox) its stdout and stderr
+    /// go to, and its memory limit (enforced on its address space).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+}
+
+impl<'a> Init<'a> {
+    pub fn new(env: &'a [(String, String)], paths: &'a [String]) -> Init<'a> {
+        Init { op: "init", env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(), paths, output: None, memory_bytes: None }
+    }
 }
 
 /// The worker's first frame to a new child Zygote: what to import, from where.
@@ -225,8 +237,12 @@ impl Channel {
     /// Send the handler the environment variables of its lambda (beyond the sandbox's own)
     /// and its packages' directories, and wait for its hello: its lambda loaded, or not.
     pub async fn handshake(&mut self, env: &[(String, String)], paths: &[String], timeout: Duration) -> Result<Hello, PlatformError> {
-        let init = Init { op: "init", env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(), paths };
-        self.send(&init, &[]).await.doing("sending the handler its lambda's environment")?;
+        self.handshake_with(&Init::new(env, paths), timeout).await
+    }
+
+    /// [`Channel::handshake`] with an init frame of the caller's making.
+    pub async fn handshake_with(&mut self, init: &Init<'_>, timeout: Duration) -> Result<Hello, PlatformError> {
+        self.send(init, &[]).await.doing("sending the handler its lambda's environment")?;
         match tokio::time::timeout(timeout, self.recv::<Hello>()).await {
             Ok(Ok((hello, _))) => Ok(hello),
             Ok(Err(e)) => Err(e).doing("the handler died while loading"),
@@ -259,6 +275,12 @@ impl Endpoint {
     /// Wait up to `timeout` for the helper; returns its channel and a pidfd of the process
     /// that connected.
     pub async fn accept(self, timeout: Duration, max_body: u32) -> Result<(Channel, Option<PidFd>), PlatformError> {
+        self.accept_next(timeout, max_body).await
+    }
+
+    /// [`Endpoint::accept`], leaving the endpoint listening for more (a gVisor pod's helpers
+    /// all connect to one).
+    pub async fn accept_next(&self, timeout: Duration, max_body: u32) -> Result<(Channel, Option<PidFd>), PlatformError> {
         let (stream, _) = tokio::time::timeout(timeout, self.listener.accept())
             .await
             .map_err(|_| PlatformError::timed_out("the sandbox's helper", "connect", timeout))?

@@ -20,6 +20,8 @@
 //!   the services the operator allows.
 //! * [`seccomp`] filters the system calls of every sandbox process.
 //! * [`oneshot`] runs one program (pip) in a sandbox of its own, with limits.
+//! * [`gvisor`] runs each lambda's sandboxes in a gVisor sandbox of its own (a pod), a
+//!   second kernel between tenants, with the lambda's Zygote inside it.
 //! * [`vm`] is the microVM back-end: each sandbox a KVM guest run by `sprout-vmm`
 //!   (crates/vmm), with the guest kernel and root disk it boots.
 //! * [`base`] builds the read-only Debian base image; [`cleanup`] removes what a crashed
@@ -32,6 +34,7 @@ pub mod channel;
 pub mod cleanup;
 pub mod docker;
 pub mod error;
+pub mod gvisor;
 pub mod import_cache;
 pub mod memory;
 pub mod mountinfo;

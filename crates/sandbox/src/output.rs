@@ -103,12 +103,32 @@ impl OutputPipe {
             libc::fcntl(fds[1], libc::F_SETFL, 0);
             libc::fcntl(fds[0], libc::F_SETPIPE_SZ, PIPE_BYTES as libc::c_int);
         }
+        Ok((Self::reading(read, sandbox, sink)?, write))
+    }
+
+    /// Read a FIFO the sandbox opens by its path (a gVisor sandbox's handler, which cannot
+    /// be handed a host descriptor): made at `path` for any user, opened here first; returns
+    /// the worker's end and a write end the worker holds until the handler has opened its
+    /// own (until then the FIFO has no writer, which the poller would take for the end).
+    pub fn fifo(path: &std::path::Path, sandbox: u64, sink: Arc<dyn OutputSink>) -> io::Result<(OutputPipe, OwnedFd)> {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o622)).map_err(io::Error::from)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o622))?;
+        let read: OwnedFd = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(path)?.into();
+        let hold: OwnedFd = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_CLOEXEC).open(path)?.into();
+        // SAFETY: `read` is owned and alive; F_SETPIPE_SZ takes an int, no pointer.
+        unsafe { libc::fcntl(read.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_BYTES as libc::c_int) };
+        Ok((Self::reading(read, sandbox, sink)?, hold))
+    }
+
+    /// Hand `read` (non-blocking) to the poller.
+    fn reading(read: OwnedFd, sandbox: u64, sink: Arc<dyn OutputSink>) -> io::Result<OutputPipe> {
         let poller = poller()?;
         let token = poller.next_token.fetch_add(1, Ordering::Relaxed);
         let reader =
             Arc::new(Reader { fd: read, token, sandbox, sink, lines: Mutex::new(Lines::default()), serving: AtomicBool::new(false) });
         poller.add(reader.clone())?;
-        Ok((OutputPipe { reader }, write))
+        Ok(OutputPipe { reader })
     }
 
     /// A request starts: until [`OutputPipe::settle`] the pipe is drained every

@@ -329,23 +329,7 @@ impl Backend for RuncBackend {
         }
         remove_dir(&runc.stage.run.join("runc")).await;
         if let Some(layout) = &runc.layout {
-            if let Err(e) = layout.remove_tree(&runc.cfg.cgroup_parent) {
-                tracing::warn!("removing cgroup {}: {e}", runc.cfg.cgroup_parent);
-            }
-            // On v1 runc also made the parent and the containers' groups in hierarchies Sprout
-            // does not use (blkio, devices, …); `runc delete` can leave a container's behind.
-            if let Layout::V1 { hierarchies } = layout {
-                if let Some(root) = hierarchies.first().and_then(|(mount, _)| mount.parent()) {
-                    for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
-                        let dir = entry.path().join(&runc.cfg.cgroup_parent);
-                        if dir.is_dir() {
-                            if let Err(e) = crate::cgroup::remove_group_tree(&dir) {
-                                tracing::warn!("removing cgroup {}: {e}", dir.display());
-                            }
-                        }
-                    }
-                }
-            }
+            layout.remove_container_parent(&runc.cfg.cgroup_parent);
         }
     }
 }

@@ -134,6 +134,19 @@ pub unsafe fn install(prog: &libc::sock_fprog) -> i32 {
     unsafe { libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, prog as *const libc::sock_fprog) }
 }
 
+/// [`program`] as the bytes of its `sock_filter` array, for a process that installs it
+/// itself (a gVisor pod's handlers, through `prctl`: gVisor's kernel runs the same filter).
+pub fn program_bytes() -> io::Result<Vec<u8>> {
+    let program = program()?;
+    let mut bytes = Vec::with_capacity(program.len() * 8);
+    for instruction in &program {
+        bytes.extend_from_slice(&instruction.code.to_ne_bytes());
+        bytes.extend_from_slice(&[instruction.jt, instruction.jf]);
+        bytes.extend_from_slice(&instruction.k.to_ne_bytes());
+    }
+    Ok(bytes)
+}
+
 /// A `sock_fprog` pointing into `program` (which must outlive it).
 pub fn fprog(program: &BpfProgram) -> libc::sock_fprog {
     libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut libc::sock_filter }

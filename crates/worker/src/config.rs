@@ -32,6 +32,7 @@ pub struct Config {
     pub cgroups: CgroupsSection,
     pub base: BaseSection,
     pub runc: RuncSection,
+    pub gvisor: GvisorSection,
     pub docker: DockerSection,
     pub vm: VmSection,
     pub registry: RegistrySection,
@@ -161,6 +162,12 @@ impl Default for RuncSection {
     }
 }
 
+impl Default for GvisorSection {
+    fn default() -> Self {
+        GvisorSection { runsc: String::new(), spares: 2, pod_memory_mb: 1024, pod_idle_ms: 60_000 }
+    }
+}
+
 /// Where lambdas' code is kept beyond this worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -231,11 +238,13 @@ pub enum BackendKind {
     Docker,
     #[serde(rename = "vm")]
     Vm,
+    #[serde(rename = "gvisor")]
+    Gvisor,
 }
 
 impl BackendKind {
-    pub const ALL: [BackendKind; 5] =
-        [BackendKind::Sock, BackendKind::SockNoZygote, BackendKind::Runc, BackendKind::Docker, BackendKind::Vm];
+    pub const ALL: [BackendKind; 6] =
+        [BackendKind::Sock, BackendKind::SockNoZygote, BackendKind::Runc, BackendKind::Docker, BackendKind::Vm, BackendKind::Gvisor];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -244,6 +253,7 @@ impl BackendKind {
             BackendKind::Runc => "runc",
             BackendKind::Docker => "docker",
             BackendKind::Vm => "vm",
+            BackendKind::Gvisor => "gvisor",
         }
     }
 }
@@ -336,6 +346,20 @@ pub struct BaseSection {
 #[serde(default, deny_unknown_fields)]
 pub struct RuncSection {
     pub binary: String,
+}
+
+/// The gvisor back-end: one gVisor sandbox (a pod) per lambda.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GvisorSection {
+    /// runsc; empty: where scripts/gvisor.sh builds the pinned version.
+    pub runsc: String,
+    /// Spares each pod keeps forked ahead.
+    pub spares: usize,
+    /// Host memory limit of one pod: gVisor's kernel and all its lambda's handlers.
+    pub pod_memory_mb: u64,
+    /// How long a pod without sandboxes stays up (then it stops: scale to zero).
+    pub pod_idle_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

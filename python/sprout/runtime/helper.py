@@ -11,6 +11,9 @@ standard library only. Three roles:
     helper.py vm        a microVM's only program (the vm back-end): warms up, waits for the
                         worker on vsock port 1024, receives the lambda's code into /handler,
                         then serves as a handler
+    helper.py pod       the Zygote inside one lambda's gVisor sandbox (the gvisor back-end):
+                        imports the lambda's packages, then forks spares on the worker's
+                        request, each of which connects on its own and becomes a handler
 
 Both connect to /host/sprout.sock, where the worker listens, and speak frames:
 ``<u32 header length><u32 body length><JSON header><body bytes>`` (little endian). A handler
@@ -108,7 +111,15 @@ def _short_traceback(exc):
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+EXIT_OUT_OF_MEMORY = 75  # a pod's handler past its memory limit (see serve_pod)
+MEMORY_LIMITED = False  # this handler's address space is limited (a pod's: apply_init)
+
+
 def _error(code, message, exc=None):
+    if MEMORY_LIMITED and isinstance(exc, MemoryError):
+        # What the kernel's OOM killer does to a lean sandbox: the handler dies, and its pod
+        # tells the worker why (its exit status).
+        os._exit(EXIT_OUT_OF_MEMORY)
     header = {"error": code, "message": message}
     if exc is not None:
         header["traceback"] = _short_traceback(exc)
@@ -288,8 +299,12 @@ def invoke_wsgi(app, request, body):
 
 def kill_leftovers():
     """End every process the request left behind. As PID 1 of the sandbox's PID namespace,
-    kill(-1) reaches all of them at once, and each one's exit reparents its orphans to us."""
+    kill(-1) reaches all of them at once, and each one's exit reparents its orphans to us.
+    A pod's handler is not PID 1 but a subreaper (serve_pod), so it kills its children,
+    found in /proc, until none is left."""
     if os.getpid() != 1:
+        if POD_HANDLER and has_children():
+            kill_children()
         return
     try:
         os.kill(-1, signal.SIGKILL)
@@ -356,7 +371,24 @@ def configure_logging():
 
 
 def apply_init(init):
-    """The worker's first frame: environment variables and package paths of this lambda."""
+    """The worker's first frame: environment variables and package paths of this lambda; for
+    a pod's handler also where its output goes (a FIFO the worker reads) and its memory
+    limit (its address space, which gVisor enforces per process)."""
+    global MEMORY_LIMITED
+    output = init.get("output")
+    if output:
+        fd = os.open(output, os.O_WRONLY | os.O_CLOEXEC)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    limit = init.get("memory_bytes")
+    if limit:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        MEMORY_LIMITED = True
     env = init.get("env")
     if env:
         os.environ.update(env)
@@ -554,6 +586,156 @@ def serve_zygote(sock):
             return
 
 
+# ---------------------------------------------------------------- pod role
+
+POD_HANDLER = False  # this process is a handler forked in a pod
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def has_children():
+    """Whether this process has a child (running, exited or reparented here): one system
+    call, where scanning /proc costs a pod's handler milliseconds on every request."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def kill_children():
+    """SIGKILL this process's children (orphans of theirs reparent here, a subreaper, and are
+    killed in the next round) until none is left, and reap them."""
+    me = str(os.getpid())
+    for _ in range(100):
+        children = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as stat:
+                        fields = stat.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if fields[1] == me:
+                    children.append(int(entry))
+        if not children:
+            return
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in children:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+
+
+def install_seccomp(libc, program):
+    """Install the worker's seccomp filter (the bytes of its sock_filter array) on this
+    process, as lean sandboxes hold it; gVisor's kernel runs it on every call."""
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    for args in ((PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), (PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0)):
+        if libc.prctl(*(ctypes.c_ulong(a) for a in args)) != 0:
+            raise OSError(ctypes.get_errno(), "installing the seccomp filter")
+
+
+def serve_pod_spare(uid, gid, seccomp):
+    """A spare forked in a pod: it drops to the handlers' user, becomes a subreaper, takes
+    the seccomp filter, faults in a handler's pages, then connects to the worker on its own
+    and says which process it is; the worker binds it to a sandbox with the init frame."""
+    global POD_HANDLER
+    import ctypes
+
+    POD_HANDLER = True
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(ctypes.c_ulong(PR_SET_CHILD_SUBREAPER), ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    if seccomp:
+        install_seccomp(libc, bytes.fromhex(seccomp))
+    prefault()
+    sock = connect()
+    send_frame(sock, {"op": "spare", "pid": os.getpid()})
+    serve_lambda(sock)
+
+
+def serve_pod():
+    """The Zygote of a lambda's gVisor sandbox. It warms up, says hello, imports the lambda's
+    packages when told (the import order and its hello are a package Zygote's), and then
+    answers the worker's control frames, one reply each:
+
+        {"op": "spares", "count": n, "uid": u, "gid": g}  fork n spares   -> {"pids": [...]}
+        {"op": "status", "pids": [...]}     how those ended (an exit code, a negated signal,
+                                            or null while one runs)       -> {"status": {...}}
+        {"op": "kill", "pid": p}            SIGKILL one of its handlers   -> {}
+    """
+    import gc
+
+    warm_up()
+    sock = connect()
+    send_frame(sock, {"op": "hello", "role": "pod"})
+    if not import_packages(sock):
+        return
+    ended = {}
+
+    def reap():
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            ended[pid] = os.waitstatus_to_exitcode(status)
+
+    gc.collect()
+    gc.freeze()  # what it imported stays out of the collector: its forks share those pages
+    while True:
+        try:
+            order, _ = recv_frame(sock)
+        except (EOFError, OSError):
+            return
+        op = order.get("op")
+        reap()
+        if op == "spares":
+            pids = []
+            for _ in range(max(0, min(int(order.get("count", 1)), 64))):
+                pid = os.fork()
+                if pid == 0:
+                    sock.close()
+                    try:
+                        serve_pod_spare(int(order["uid"]), int(order["gid"]), order.get("seccomp"))
+                    except BaseException:
+                        traceback.print_exc()  # to the pod's output: the lambda's log
+                    finally:
+                        os._exit(0)
+                pids.append(pid)
+            send_frame(sock, {"pids": pids})
+        elif op == "status":
+            reap()
+            send_frame(sock, {"status": {str(p): ended.pop(p, None) for p in order.get("pids") or []}})
+        elif op == "kill":
+            try:
+                os.kill(int(order["pid"]), signal.SIGKILL)
+            except (ProcessLookupError, ValueError, KeyError):
+                pass
+            send_frame(sock, {})
+        else:
+            send_frame(sock, {"error": f"unknown op {op!r}"})
+
+
 VSOCK_PORT = 1024
 MAX_CODE_FILES = 10000
 
@@ -610,8 +792,10 @@ def main(argv):
         serve_lambda(connect())
     elif role == "vm":
         serve_vm()
+    elif role == "pod":
+        serve_pod()
     else:
-        sys.exit("usage: helper.py zygote|handler|vm")
+        sys.exit("usage: helper.py zygote|handler|vm|pod")
 
 
 if __name__ == "__main__":

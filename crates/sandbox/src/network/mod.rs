@@ -128,6 +128,11 @@ impl LambdaNetwork {
     pub fn interface(&self) -> &str {
         self.namespace.as_ref().map(|n| n.interface.as_str()).unwrap_or("")
     }
+
+    /// Configure its inside again (after a gVisor sandbox took its address away).
+    pub fn configure_again(&self) -> std::io::Result<()> {
+        self.namespace.as_ref().map_or(Ok(()), Namespace::configure_again)
+    }
 }
 
 impl Drop for LambdaNetwork {

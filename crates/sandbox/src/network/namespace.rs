@@ -31,12 +31,30 @@ pub struct Namespace {
     pub interface: String,
     /// Its address (on `eth0` inside).
     pub address: Ipv4Addr,
+    /// The `ip` commands that configure its inside, idempotent (`replace`).
+    inside: String,
 }
 
 impl Namespace {
     /// The descriptor to `setns` into.
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// Configure the inside again: gVisor's network stack takes `eth0`'s address and routes
+    /// away from the host's kernel while a gVisor sandbox uses the namespace, and does not
+    /// give them back when it ends.
+    pub fn configure_again(&self) -> io::Result<()> {
+        let ip = ip_binary().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "iproute2's ip is not installed"))?;
+        let mut inside = Command::new(ip);
+        inside.args(["-batch", "-"]);
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: the closure runs in the forked child before exec and makes one system call
+        // on a descriptor the child inherited.
+        unsafe {
+            inside.pre_exec(move || if libc::setns(fd, libc::CLONE_NEWNET) != 0 { Err(io::Error::last_os_error()) } else { Ok(()) });
+        }
+        run_script(inside, &self.inside)
     }
 }
 
@@ -111,11 +129,13 @@ pub fn create(tag: &str, block: &Block, slot: u32, owner: Option<RawFd>) -> io::
     })();
     let script = format!(
         "link set lo up\n\
-         addr add {address}/32 dev eth0\n\
+         addr replace {address}/32 dev eth0\n\
+         link set eth0 addrgenmode none\n\
+         addr flush dev eth0 scope link\n\
          link set eth0 up\n\
-         route add {gateway}/32 dev eth0\n\
+         route replace {gateway}/32 dev eth0\n\
          neigh replace {gateway} lladdr {host_mac} dev eth0 nud permanent\n\
-         route add {services} via {gateway} dev eth0 onlink\n",
+         route replace {services} via {gateway} dev eth0 onlink\n",
         services = block.services_net(),
         gateway = block.gateway()
     );
@@ -136,7 +156,7 @@ pub fn create(tag: &str, block: &Block, slot: u32, owner: Option<RawFd>) -> io::
         delete_link(&interface);
         return Err(io::Error::other(format!("configuring the namespace: {}", String::from_utf8_lossy(&out.stderr).trim())));
     }
-    Ok(Namespace { fd, slot, interface, address })
+    Ok(Namespace { fd, slot, interface, address, inside: script })
 }
 
 /// Delete a namespace's link (its other end goes with it); the namespace itself goes when

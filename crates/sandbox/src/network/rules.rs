@@ -130,6 +130,7 @@ pub fn ruleset(tag: &str, services: &[Service], max_connections: u32) -> String 
 \t\tmeta l4proto != tcp ct status dnat ct state new add @connections {{ iifname ct count over {max_connections} }} reject with icmpx admin-prohibited
 \t\tct status dnat accept
 \t\tmeta l4proto tcp reject with tcp reset
+\t\tmeta l4proto udp reject with icmpx port-unreachable
 \t\treject with icmpx admin-prohibited
 \t}}
 }}

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use sprout_sandbox::cgroup::{CgroupPool, Layout, Limits};
 use sprout_sandbox::docker::{DockerBackend, DockerConfig};
+use sprout_sandbox::gvisor::{GvisorBackend, GvisorConfig};
 use sprout_sandbox::import_cache::{ImportCache, ImportCacheConfig, SparePlan};
 use sprout_sandbox::network::{self, Network, NetworkConfig};
 use sprout_sandbox::runc::{RuncBackend, RuncConfig};
@@ -154,7 +155,7 @@ async fn make_networks(
     tag: &str,
     seed: u32,
 ) -> Result<LambdaNetworks> {
-    let joins = matches!(config.sandbox.backend, BackendKind::Sock | BackendKind::SockNoZygote | BackendKind::Runc);
+    let joins = matches!(config.sandbox.backend, BackendKind::Sock | BackendKind::SockNoZygote | BackendKind::Runc | BackendKind::Gvisor);
     let specs = config.network.services();
     let networks = if config.network.isolate && joins {
         let cfg = NetworkConfig {
@@ -280,6 +281,32 @@ async fn make_backend(config: &Config, dir: &Path, layout: Arc<Layout>, parents:
             Ok(Arc::new(backend))
         }
         BackendKind::Vm => Ok(Arc::new(VmBackend::new(vm_config(config, &stage).await?, stage))),
+        BackendKind::Gvisor => {
+            let runsc = match config.gvisor.runsc.as_str() {
+                "" => sprout_sandbox::gvisor::runsc::default_binary(),
+                path => PathBuf::from(path),
+            };
+            let backend = GvisorBackend::new(
+                GvisorConfig {
+                    runsc,
+                    uid: config.sandbox.uid,
+                    gid: config.sandbox.gid,
+                    python: config.sandbox.python.clone(),
+                    start_timeout: config.start_timeout(),
+                    max_response: (config.limits.max_response_mb << 20) as u32,
+                    cgroup_parent: parents[1].clone(),
+                    cpuset: config.cpuset(),
+                    spares: config.gvisor.spares,
+                    pod_memory_bytes: config.gvisor.pod_memory_mb << 20,
+                    pod_idle: Duration::from_millis(config.gvisor.pod_idle_ms),
+                    seccomp: config.sandbox.seccomp,
+                },
+                stage,
+            );
+            let version = backend.check().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            tracing::info!(runsc = %version, "gVisor back-end ready");
+            Ok(Arc::new(backend))
+        }
     }
 }
 

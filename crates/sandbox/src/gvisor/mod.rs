@@ -1,0 +1,384 @@
+//! The `gvisor` back-end: a second kernel between tenants. Each lambda's sandboxes run in
+//! one gVisor sandbox of that lambda's (a [`pod`]), under gVisor's user-space kernel on the
+//! systrap platform ([`runsc`]), so a kernel bug reachable from a handler is gVisor's, not
+//! the host's. The hard boundary is between lambdas; inside a pod the lambda's Zygote forks
+//! its handlers (SOCK's idea, kept inside the boundary), from spares forked ahead, so only a
+//! lambda's first cold start pays for starting gVisor. A pod goes when its last handler
+//! does (scale to zero). Why this shape, and what each alternative measured: docs/isolation.md.
+//!
+//! A handler in a pod is the lean sandboxes' helper with their channel protocol; it differs
+//! in how it is reached: it connects to the pod's socket on its own, its output goes to a
+//! FIFO per handler in the pod's scratch (host descriptors cannot be handed into gVisor),
+//! its memory limit is its address space (gVisor enforces it per process; past it the
+//! handler dies as under the OOM killer and the pod reports why), and the pod's cgroup on
+//! the host bounds the whole pod.
+
+pub mod pod;
+pub mod runsc;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::OnceCell;
+
+use crate::backend::{Backend, Counters, Sandbox};
+use crate::cgroup::{Layout, Version};
+use crate::channel::{Init, Reply, Request};
+use crate::error::{Doing, PlatformError};
+use crate::session::{handler_kind, session_methods, Calls, Session};
+use crate::spec::{BackendStats, CreateError, InvokeError, SandboxSpec};
+use crate::stage::Stage;
+use pod::{Pod, PodSettings};
+use runsc::Runsc;
+
+/// The exit status of a handler that went past its memory limit (helper.py).
+const EXIT_OUT_OF_MEMORY: i32 = 75;
+
+/// Settings of the gvisor back-end.
+#[derive(Debug, Clone)]
+pub struct GvisorConfig {
+    /// The runsc program (`scripts/gvisor.sh` builds it; [`runsc::default_binary`]).
+    pub runsc: PathBuf,
+    /// The user handlers run as (inside gVisor).
+    pub uid: u32,
+    pub gid: u32,
+    /// The interpreter inside the base.
+    pub python: String,
+    pub start_timeout: Duration,
+    /// Largest response body a handler may send, in bytes.
+    pub max_response: u32,
+    /// The cgroup (relative to the hierarchy roots) under which each pod's is made.
+    pub cgroup_parent: String,
+    /// Pin pods to these CPUs (cpuset syntax).
+    pub cpuset: Option<String>,
+    /// Spares each pod keeps forked ahead.
+    pub spares: usize,
+    /// Host memory limit of one pod (gVisor's kernel and all the lambda's handlers).
+    pub pod_memory_bytes: u64,
+    /// How long a pod without sandboxes stays up.
+    pub pod_idle: Duration,
+    /// Filter handlers' system calls with the lean sandboxes' filter (inside gVisor).
+    pub seccomp: bool,
+}
+
+/// The `gvisor` back-end.
+pub struct GvisorBackend {
+    inner: Arc<Inner>,
+}
+
+/// What the back-end and its sandboxes share.
+struct Inner {
+    cfg: GvisorConfig,
+    settings: PodSettings,
+    runsc: Runsc,
+    stage: Arc<Stage>,
+    layout: Option<Layout>,
+    /// Each lambda's pod (by lambda and code), with the count of its sandboxes.
+    pods: Mutex<HashMap<String, Arc<PodSlot>>>,
+    next_id: AtomicU64,
+    counters: Counters,
+}
+
+/// A lambda's pod, started once by the first sandbox that needs it.
+struct PodSlot {
+    key: String,
+    pod: OnceCell<Arc<Pod>>,
+    sandboxes: AtomicUsize,
+}
+
+/// One handler in a pod.
+struct GvisorSandbox {
+    session: Session,
+    pid: i32,
+    slot: Arc<PodSlot>,
+    inner: Arc<Inner>,
+}
+
+impl GvisorBackend {
+    pub fn new(cfg: GvisorConfig, stage: Arc<Stage>) -> GvisorBackend {
+        let layout = Layout::detect(Version::Auto, None)
+            .map_err(|e| tracing::warn!("no cgroup hierarchy found; gVisor pods go unmeasured: {e}"))
+            .ok();
+        let settings = PodSettings {
+            uid: cfg.uid,
+            gid: cfg.gid,
+            python: cfg.python.clone(),
+            start_timeout: cfg.start_timeout,
+            max_response: cfg.max_response,
+            cgroup_parent: cfg.cgroup_parent.clone(),
+            cpuset: cfg.cpuset.clone(),
+            spares: cfg.spares,
+            memory_bytes: cfg.pod_memory_bytes,
+            seccomp: cfg
+                .seccomp
+                .then(crate::seccomp::program_bytes)
+                .transpose()
+                .unwrap_or_else(|e| {
+                    tracing::error!("compiling the seccomp filter for gVisor's handlers: {e}");
+                    None
+                })
+                .map(hex::encode),
+        };
+        if let (Some(cpus), Some(Layout::V1 { .. })) = (&cfg.cpuset, &layout) {
+            if let Err(e) = cpuset_parent(&cfg.cgroup_parent, cpus) {
+                tracing::warn!("preparing the pods' cpuset group: {e}");
+            }
+        }
+        let runsc = Runsc { binary: cfg.runsc.clone(), root: stage.run.join("runsc-state") };
+        let inner = Inner {
+            cfg,
+            settings,
+            runsc,
+            stage,
+            layout,
+            pods: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            counters: Counters::default(),
+        };
+        GvisorBackend { inner: Arc::new(inner) }
+    }
+
+    /// Check that runsc runs here, before the worker serves (a missing build says how to
+    /// make it).
+    pub async fn check(&self) -> Result<String, PlatformError> {
+        let runsc = &self.inner.runsc;
+        let out = runsc.command(false, None).arg("--version").output().await.map_err(|e| runsc.spawn_error(e))?;
+        Ok(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string())
+    }
+}
+
+/// On cgroup v1 runsc makes each pod's cpuset group under `parent` but does not fill the
+/// parent's CPUs and memory nodes first (runc does), so a pod's CPUs could not be set: the
+/// parent gets `cpus` and the root's memory nodes.
+fn cpuset_parent(parent: &str, cpus: &str) -> std::io::Result<()> {
+    let root = std::path::Path::new("/sys/fs/cgroup/cpuset");
+    let dir = root.join(parent);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("cpuset.mems"), std::fs::read_to_string(root.join("cpuset.mems"))?.trim())?;
+    std::fs::write(dir.join("cpuset.cpus"), cpus)
+}
+
+impl Inner {
+    /// The slot of `spec`'s pod, counting one more sandbox in it.
+    fn slot(&self, spec: &SandboxSpec) -> Arc<PodSlot> {
+        let packages: Vec<&str> = spec.packages.iter().map(|p| p.key.as_str()).collect();
+        let key = format!("{}\n{}\n{}", spec.lambda, spec.code_dir.display(), packages.join(","));
+        let mut pods = self.pods.lock().expect("pods lock");
+        let slot =
+            pods.entry(key.clone()).or_insert_with(|| Arc::new(PodSlot { key, pod: OnceCell::new(), sandboxes: AtomicUsize::new(0) }));
+        slot.sandboxes.fetch_add(1, Ordering::Relaxed);
+        slot.clone()
+    }
+
+    /// One sandbox less in `slot`. A pod without sandboxes stays up for `pod_idle` (a cold
+    /// start then only binds a spare), and is stopped if none came meanwhile: scale to zero.
+    async fn release(self: &Arc<Self>, slot: &Arc<PodSlot>) {
+        if slot.sandboxes.fetch_sub(1, Ordering::Relaxed) != 1 {
+            return;
+        }
+        let (inner, slot) = (self.clone(), slot.clone());
+        let idle = if slot.pod.get().is_some() { self.cfg.pod_idle } else { Duration::ZERO };
+        let stop = async move {
+            tokio::time::sleep(idle).await;
+            {
+                let mut pods = inner.pods.lock().expect("pods lock");
+                let current = pods.get(&slot.key).is_some_and(|s| Arc::ptr_eq(s, &slot));
+                if !current || slot.sandboxes.load(Ordering::Relaxed) != 0 {
+                    return;
+                }
+                pods.remove(&slot.key);
+            }
+            if let Some(pod) = slot.pod.get() {
+                match Arc::into_inner(pod.clone()) {
+                    Some(pod) => pod.stop(&inner.runsc).await,
+                    None => {
+                        inner.runsc.delete(&pod.container).await;
+                        crate::scratch::remove_dir(&pod.bundle).await;
+                    }
+                }
+            }
+        };
+        tokio::spawn(stop);
+    }
+
+    /// Bind a spare of `pod` to a sandbox for `spec`.
+    async fn provision(self: &Arc<Self>, pod: &Arc<Pod>, spec: &SandboxSpec) -> Result<(Session, i32), CreateError> {
+        let started = Instant::now();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let spare = pod.take_spare(self.cfg.start_timeout).await?;
+        // A replacement, off this request's path.
+        if pod.pending() < self.cfg.spares {
+            let (inner, pod) = (self.clone(), pod.clone());
+            tokio::spawn(async move {
+                if let Err(e) = pod.fork_spares(&inner.settings, 1).await {
+                    tracing::warn!(pod = pod.id, "forking a spare: {e}");
+                }
+            });
+        }
+        let (host_fifo, fifo) = pod.output_fifo();
+        let (output, hold) =
+            crate::output::OutputPipe::fifo(&host_fifo, id, spec.output_sink()).at("making the output FIFO", &host_fifo)?;
+        let mut init = Init::new(&spec.env, &spec.paths);
+        init.output = Some(&fifo);
+        init.memory_bytes = (spec.limits.memory_bytes > 0).then_some(spec.limits.memory_bytes);
+        let mut channel = spare.channel;
+        let hello = channel.handshake_with(&init, self.cfg.start_timeout).await;
+        drop(hold);
+        let _ = std::fs::remove_file(&host_fifo);
+        let hello = match hello {
+            Ok(hello) => hello,
+            Err(e) => {
+                pod.kill(spare.pid).await;
+                return Err(e.into());
+            }
+        };
+        let kind = match handler_kind(hello) {
+            Ok(kind) => kind,
+            Err(e) => {
+                pod.kill(spare.pid).await;
+                return Err(e);
+            }
+        };
+        let session = Session::new(id, kind, started.elapsed(), channel, None, None, spec.limits, spec.attachments(), Some(output));
+        Ok((session, spare.pid))
+    }
+}
+
+#[async_trait]
+impl Backend for GvisorBackend {
+    fn name(&self) -> &'static str {
+        "gvisor"
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, CreateError> {
+        let inner = &self.inner;
+        let slot = inner.slot(spec);
+        let started = slot
+            .pod
+            .get_or_try_init(|| async {
+                let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+                match Pod::start(id, &inner.runsc, &inner.settings, &inner.stage, spec, spec.output_sink()).await {
+                    Ok(pod) => Ok(Arc::new(pod)),
+                    Err(e) => {
+                        inner.runsc.delete(&format!("sprout-pod-{id}")).await;
+                        crate::scratch::remove_dir(&inner.stage.run.join("gvisor").join(id.to_string())).await;
+                        Err(e)
+                    }
+                }
+            })
+            .await
+            .cloned();
+        let result = match started {
+            Ok(pod) => inner.provision(&pod, spec).await,
+            Err(e) => Err(e),
+        };
+        inner.counters.record(&result);
+        match result {
+            Ok((session, pid)) => Ok(Box::new(GvisorSandbox { session, pid, slot, inner: inner.clone() })),
+            Err(e) => {
+                inner.release(&slot).await;
+                Err(e)
+            }
+        }
+    }
+
+    fn stats(&self) -> BackendStats {
+        self.inner.counters.stats()
+    }
+
+    async fn shutdown(&self) {
+        let inner = &self.inner;
+        let slots: Vec<Arc<PodSlot>> = inner.pods.lock().expect("pods lock").drain().map(|(_, s)| s).collect();
+        for slot in slots {
+            if let Some(pod) = slot.pod.get() {
+                inner.runsc.delete(&pod.container).await;
+            }
+        }
+        for container in inner.runsc.list().await {
+            if container.starts_with("sprout-pod-") {
+                inner.runsc.delete(&container).await;
+            }
+        }
+        crate::scratch::remove_dir(&inner.stage.run.join("gvisor")).await;
+        if let Some(layout) = &inner.layout {
+            layout.remove_container_parent(&inner.cfg.cgroup_parent);
+        }
+    }
+
+    fn memory_group(&self) -> Option<(Arc<Layout>, String)> {
+        None
+    }
+}
+
+impl GvisorSandbox {
+    fn pod(&self) -> Option<&Arc<Pod>> {
+        self.slot.pod.get()
+    }
+}
+
+#[async_trait]
+impl Sandbox for GvisorSandbox {
+    session_methods!();
+
+    async fn invoke(
+        &mut self,
+        request: &Request,
+        body: &[u8],
+        timeout: Duration,
+        calls: &dyn Calls,
+    ) -> Result<(Reply, Bytes), InvokeError> {
+        match self.session.invoke(request, body, timeout, calls).await {
+            Err(InvokeError::Crashed { message, phase }) => {
+                // The pod knows how its handler ended (it may take a moment to have reaped it).
+                let mut status = None;
+                if let Some(pod) = self.pod() {
+                    for _ in 0..20 {
+                        status = pod.status(self.pid).await;
+                        if status.is_some() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+                match status {
+                    Some(EXIT_OUT_OF_MEMORY) => Err(InvokeError::OutOfMemory { limit_mb: self.session.limits.memory_bytes >> 20 }),
+                    _ => Err(InvokeError::Crashed { message, phase }),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Its share of its pod's memory on the host (gVisor's kernel holds every handler's pages).
+    fn memory_bytes(&self) -> u64 {
+        match (self.pod(), &self.inner.layout) {
+            (Some(pod), Some(layout)) => layout.memory_in_use_of(pod.cgroup()) / self.slot.sandboxes.load(Ordering::Relaxed).max(1) as u64,
+            _ => 0,
+        }
+    }
+
+    fn pss_bytes(&self) -> u64 {
+        self.memory_bytes()
+    }
+
+    async fn destroy(self: Box<Self>) {
+        let GvisorSandbox { session, pid, slot, inner } = *self;
+        let Session { channel, attached, tainted, .. } = session;
+        // A handler waiting for its next request exits when its channel closes; one that
+        // failed or overran its time may be running still, and is killed.
+        drop(channel);
+        if tainted {
+            if let Some(pod) = slot.pod.get() {
+                pod.kill(pid).await;
+            }
+        }
+        inner.counters.destroyed();
+        inner.release(&slot).await;
+        drop(attached);
+    }
+}

@@ -1,0 +1,137 @@
+//! gVisor's `runsc` as the gvisor back-end runs it: always the systrap platform (no hardware
+//! virtualization needed), helpers allowed to open the host sockets and FIFOs in their
+//! scratch directory (the only ones a pod's mounts hold), each pod's network either gVisor's
+//! own stack over the lambda's namespace or none; and its complaints read back from its log.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use serde_json::Value;
+use tokio::process::Command;
+
+use crate::error::PlatformError;
+
+/// The runsc build `scripts/gvisor.sh` makes, pinned with the worker.
+pub const VERSION: &str = include_str!("runsc.version");
+
+/// Where `scripts/gvisor.sh` puts runsc on this machine.
+pub fn default_binary() -> PathBuf {
+    PathBuf::from(format!("/var/lib/sprout/gvisor/{}/runsc", VERSION.trim()))
+}
+
+/// One worker's runsc: its binary and the state directory of its pods.
+pub struct Runsc {
+    pub binary: PathBuf,
+    pub root: PathBuf,
+}
+
+impl Runsc {
+    /// `runsc <global flags>`; `networked`: gVisor's network stack over the pod's namespace
+    /// (else none but loopback); runsc's own log in `log` when given.
+    pub fn command(&self, networked: bool, log: Option<&Path>) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("--root").arg(&self.root).args(["--platform", "systrap", "--host-uds", "open", "--host-fifo", "open"]);
+        cmd.args(["--network", if networked { "sandbox" } else { "none" }]);
+        if let Some(log) = log {
+            cmd.arg("--log").arg(log).args(["--log-format", "json"]);
+        }
+        cmd.stdin(Stdio::null()).kill_on_drop(true);
+        cmd
+    }
+
+    /// What to say when runsc cannot be run at all.
+    pub fn spawn_error(&self, error: std::io::Error) -> PlatformError {
+        let doing = if error.kind() == std::io::ErrorKind::NotFound {
+            "running gVisor's runsc (bash scripts/gvisor.sh builds it)"
+        } else {
+            "running gVisor's runsc"
+        };
+        PlatformError::Path { doing: doing.into(), path: self.binary.clone(), error }
+    }
+
+    /// `runsc run --detach` the container `name` of `bundle`; its processes' stdout and
+    /// stderr are `output`.
+    pub async fn run(&self, name: &str, bundle: &Path, networked: bool, output: OwnedFd) -> Result<(), PlatformError> {
+        let log = bundle.join("runsc.log");
+        let mut cmd = self.command(networked, Some(&log));
+        cmd.args(["run", "--detach", "--bundle"]).arg(bundle).arg(name);
+        let err = output.try_clone().map_err(|e| PlatformError::Io { doing: "duplicating the log pipe".into(), error: e })?;
+        cmd.stdout(Stdio::from(output)).stderr(Stdio::from(err));
+        let status = cmd.status().await.map_err(|e| self.spawn_error(e))?;
+        if status.success() {
+            return Ok(());
+        }
+        Err(PlatformError::Engine {
+            engine: "runsc",
+            doing: "start the pod".into(),
+            message: complaint(&log).unwrap_or(status.to_string()),
+        })
+    }
+
+    /// The host pid of a running container's sandbox process (gVisor's kernel).
+    pub async fn sandbox_pid(&self, name: &str) -> Option<i32> {
+        let out = self.command(false, None).args(["state", name]).stderr(Stdio::null()).output().await.ok()?;
+        serde_json::from_slice::<Value>(&out.stdout).ok()?["pid"].as_i64().map(|p| p as i32)
+    }
+
+    /// Kill and delete a container, if runsc knows it.
+    pub async fn delete(&self, name: &str) {
+        let mut delete = self.command(false, None);
+        delete.args(["delete", "--force", name]).stdout(Stdio::null());
+        if let Ok(out) = delete.output().await {
+            let said = String::from_utf8_lossy(&out.stderr);
+            if !out.status.success() && !said.contains("does not exist") && !said.contains("not found") {
+                tracing::warn!(container = name, "runsc delete: {}", said.trim());
+            }
+        }
+    }
+
+    /// The names of this worker's containers runsc knows.
+    pub async fn list(&self) -> Vec<String> {
+        let out = self.command(false, None).args(["list", "-quiet"]).stderr(Stdio::null()).output().await;
+        out.map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().map(str::to_string).collect()).unwrap_or_default()
+    }
+}
+
+/// runsc's reason for failing, from its JSON log: the fatal lines, else the last warning.
+fn complaint(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let messages: Vec<(String, String)> = (text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()))
+        .filter_map(|v| Some((v["level"].as_str()?.to_string(), v["msg"].as_str()?.to_string())))
+        .collect();
+    let fatal: Vec<&str> = messages.iter().filter(|(_, m)| m.contains("FATAL")).map(|(_, m)| m.as_str()).collect();
+    if !fatal.is_empty() {
+        return Some(fatal.join("; "));
+    }
+    messages.iter().rev().find(|(level, _)| level == "warning" || level == "error").map(|(_, m)| m.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fatal_line_is_the_complaint() {
+        let dir = std::env::temp_dir().join(format!("sprout-runsc-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("runsc.log");
+        std::fs::write(
+            &log,
+            "{\"level\":\"info\",\"msg\":\"starting\"}\n{\"level\":\"warning\",\"msg\":\"FATAL ERROR: error setting up FS: no such file\"}\n\
+             {\"level\":\"warning\",\"msg\":\"later\"}\nnot json\n",
+        )
+        .unwrap();
+        assert_eq!(complaint(&log).as_deref(), Some("FATAL ERROR: error setting up FS: no such file"));
+        std::fs::write(&log, "{\"level\":\"info\",\"msg\":\"a\"}\n{\"level\":\"warning\",\"msg\":\"b\"}\n").unwrap();
+        assert_eq!(complaint(&log).as_deref(), Some("b"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_pinned_version_is_a_go_pseudo_version() {
+        let v = VERSION.trim();
+        assert!(v.starts_with("v0.0.0-") && v.len() > 30, "{v}");
+        assert!(default_binary().ends_with("runsc"));
+    }
+}

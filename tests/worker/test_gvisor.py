@@ -1,0 +1,112 @@
+"""The gvisor back-end (crates/sandbox/src/gvisor): each lambda's sandboxes in a gVisor
+sandbox of its own (a pod) on the systrap platform, which needs no hardware virtualization
+and so runs on this machine. The same lambdas and contract as every back-end, and what only
+a second kernel gives: the handler sees gVisor's kernel, not the host's."""
+
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import sprout
+from conftest import EXAMPLES, ROOT, offline, targz
+
+RUNSC = Path("/var/lib/sprout/gvisor") / (ROOT / "crates/sandbox/src/gvisor/runsc.version").read_text().strip() / "runsc"
+
+
+@pytest.fixture
+def gvisor(make_worker):
+    w = make_worker(sandbox={"backend": "gvisor", "start_timeout_ms": 60000}, gvisor={"pod_idle_ms": 500},
+                    limits={"timeout_ms": 3000, "memory_mb": 64})
+    for example in ("echo", "hello", "fail"):
+        w.client.deploy(str(EXAMPLES / example))
+    return w
+
+
+def test_runs_function_and_wsgi_lambdas(gvisor):
+    assert gvisor.client.stats()["backend"] == "gvisor"
+    assert gvisor.client.run("echo", {"x": [1, 2]}) == {"x": [1, 2]}
+    assert gvisor.client.request("GET", "hello", "/ada").body == b"<h1>Hello, ada!</h1>\n"
+    second = gvisor.client.request("POST", "echo", "", b"2")
+    assert second.headers["x-sprout-start"] == "warm" and second.json() == 2
+
+
+def test_the_handler_sees_gvisors_kernel(gvisor):
+    gvisor.deploy_source("kernel", (
+        "import os, platform\n"
+        "def f(e):\n"
+        "    return {'release': platform.release(), 'version': open('/proc/version').read(),\n"
+        "            'uid': os.getuid(), 'ppid': os.getppid()}\n"))
+    seen = gvisor.client.run("kernel")
+    assert "gvisor" in seen["release"] and "gvisor" in seen["version"].lower(), seen
+    assert seen["uid"] == 65534
+
+
+def test_reports_handler_errors_timeouts_and_memory(gvisor):
+    with pytest.raises(sprout.SproutError) as err:
+        gvisor.client.run("fail")
+    assert err.value.code == "handler_exception" and "RuntimeError" in err.value.traceback
+    gvisor.deploy_source("badimport", "import nothing_here\ndef f(e):\n    return e\n")
+    with pytest.raises(sprout.SproutError) as err:
+        gvisor.client.run("badimport")
+    assert err.value.code == "load_error"
+    gvisor.deploy_test_lambda("sleepy")
+    with pytest.raises(sprout.SproutError) as err:
+        gvisor.client.run("sleepy", {"seconds": 30})
+    assert err.value.code == "timeout"
+    gvisor.deploy_test_lambda("hog")
+    with pytest.raises(sprout.SproutError) as err:
+        gvisor.client.run("hog", {"mb": 512})
+    assert err.value.code == "out_of_memory"
+    assert gvisor.client.run("echo", "alive") == "alive"
+
+
+def test_a_crash_is_a_crash_and_the_pod_serves_on(gvisor):
+    gvisor.deploy_source("crasher", "import os\ndef f(e):\n    print('going down', flush=True)\n    os._exit(3)\n")
+    with pytest.raises(sprout.SproutError) as err:
+        gvisor.client.run("crasher")
+    assert err.value.code == "sandbox_crashed"
+    assert gvisor.client.run("echo", "still here") == "still here"
+
+
+def test_a_lambda_with_packages(make_worker, wheel_dir):
+    w = make_worker(**offline(wheel_dir, sandbox={"backend": "gvisor", "start_timeout_ms": 60000}))
+    w.client.upload("pkg", targz({"f.py": "import alpha, beta\ndef f(e):\n    return [alpha.NAME, beta.NAME, hasattr(beta, 'VERSION2')]\n",
+                                  "requirements.txt": "alpha==1.0\nbeta==2.0\n"}))
+    assert w.client.run("pkg") == ["alpha", "beta", True]
+
+
+def test_one_pod_per_lambda_its_sandboxes_forked_inside_and_gone_with_the_last(gvisor):
+    """Concurrent calls make several sandboxes of one lambda in one gVisor sandbox; a second
+    lambda gets a pod of its own; a pod whose last sandbox is gone stops after its idle time
+    (scale to zero)."""
+    gvisor.deploy_test_lambda("sleepy")
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda _: gvisor.client.request("POST", "sleepy", "", b'{"seconds": 0.5}'), range(4)))
+    assert [r.status for r in replies] == [200] * 4
+    assert sum(r.headers["x-sprout-start"] == "cold" for r in replies) >= 2
+    assert gvisor.client.run("echo", 1) == 1
+    assert len(pods(gvisor)) == 2, pods(gvisor)
+    gvisor.client.delete("sleepy")
+    deadline = time.time() + 10
+    while len(pods(gvisor)) != 1 and time.time() < deadline:
+        time.sleep(0.1)
+    assert len(pods(gvisor)) == 1, pods(gvisor)
+    assert gvisor.client.run("echo", 2) == 2
+
+
+def test_a_handlers_output_is_its_requests(gvisor):
+    gvisor.deploy_source("talker", "import sys\ndef f(e):\n    print('out', e)\n    print('err', e, file=sys.stderr)\n    return e\n")
+    reply = gvisor.client.request("POST", "talker", "", b"7")
+    request_id = reply.headers["x-sprout-request-id"]
+    lines = [entry["message"] for entry in gvisor.client.request_logs(request_id) if entry["type"] in ("out", "err")]
+    assert lines == ["out 7", "err 7"], lines
+
+
+def pods(worker):
+    """The worker's gVisor sandboxes that runsc knows."""
+    state = worker.dir / "run" / "runsc-state"
+    out = subprocess.run([str(RUNSC), "--root", str(state), "list", "-quiet"], capture_output=True, text=True)
+    return out.stdout.split()
