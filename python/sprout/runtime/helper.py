@@ -688,6 +688,8 @@ def serve_pod():
     send_frame(sock, {"op": "hello", "role": "pod"})
     if not import_packages(sock):
         return
+    import resource  # noqa: F401  (here once: a handler's memory limit needs it, and loading
+    # a C extension inside gVisor costs a bound handler milliseconds)
     ended = {}
 
     def reap():
