@@ -3,6 +3,7 @@ sandbox of its own (a pod) on the systrap platform, which needs no hardware virt
 and so runs on this machine. The same lambdas and contract as every back-end, and what only
 a second kernel gives: the handler sees gVisor's kernel, not the host's."""
 
+import json
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import sprout
-from conftest import EXAMPLES, ROOT, offline, targz
+from conftest import EXAMPLES, ROOT, SPROUT, offline, targz
 
 RUNSC = Path("/var/lib/sprout/gvisor") / (ROOT / "crates/sandbox/src/gvisor/runsc.version").read_text().strip() / "runsc"
 
@@ -109,4 +110,30 @@ def pods(worker):
     """The worker's gVisor sandboxes that runsc knows."""
     state = worker.dir / "run" / "runsc-state"
     out = subprocess.run([str(RUNSC), "--root", str(state), "list", "-quiet"], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def test_nothing_is_left_after_a_kill_9(gvisor):
+    """A worker killed with its pods up: `sprout worker cleanup` leaves no gVisor process, no
+    cgroup (runsc's, in every v1 hierarchy, included) and no mount; the worker starts again."""
+    assert gvisor.client.run("echo", 1) == 1
+    assert gvisor_processes(gvisor), "a pod should be running"
+    gvisor.process.kill()
+    gvisor.process.wait()
+    gvisor.process = None
+    report = json.loads(subprocess.run([str(SPROUT), "worker", "cleanup", str(gvisor.dir)], capture_output=True,
+                                       text=True, check=True).stdout)
+    assert report["cgroups_removed"], report
+    deadline = time.time() + 5
+    while gvisor_processes(gvisor) and time.time() < deadline:
+        time.sleep(0.1)
+    assert gvisor_processes(gvisor) == []
+    assert gvisor.leftovers() == []
+    gvisor.start()
+    assert gvisor.client.run("echo", 2) == 2
+
+
+def gvisor_processes(worker):
+    """Host processes of this worker's pods (runsc names them by its state directory)."""
+    out = subprocess.run(["pgrep", "-f", f"runsc-.*{worker.dir}/run/runsc-state"], capture_output=True, text=True)
     return out.stdout.split()

@@ -324,18 +324,27 @@ impl Layout {
         if let Err(e) = self.remove_tree(name) {
             tracing::warn!("removing cgroup {name}: {e}");
         }
+        self.remove_from_unused_hierarchies(name);
+    }
+
+    /// On v1, remove `name`'s tree from the hierarchies Sprout does not use, where an OCI
+    /// runtime made groups too; returns how many trees it removed.
+    pub fn remove_from_unused_hierarchies(&self, name: &str) -> usize {
+        let mut removed = 0;
         if let Layout::V1 { hierarchies } = self {
             if let Some(root) = hierarchies.first().and_then(|(mount, _)| mount.parent()) {
                 for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
                     let dir = entry.path().join(name);
                     if dir.is_dir() {
-                        if let Err(e) = remove_group_tree(&dir) {
-                            tracing::warn!("removing cgroup {}: {e}", dir.display());
+                        match remove_group_tree(&dir) {
+                            Ok(()) => removed += 1,
+                            Err(e) => tracing::warn!("removing cgroup {}: {e}", dir.display()),
                         }
                     }
                 }
             }
         }
+        removed
     }
 
     /// Remove group `name` and every group below it, killing what still runs there. Paused

@@ -44,6 +44,11 @@ pub fn cleanup(worker_dir: &Path, layout: &Layout, parents: &[String]) -> io::Re
             report.processes_killed += procs.len();
             report.cgroups_removed.push(parent.clone());
         }
+        // What an OCI runtime (runc, runsc) made under the parent in v1 hierarchies Sprout
+        // does not use (blkio, devices, …): its containers were killed with the trees above.
+        if layout.remove_from_unused_hierarchies(parent) > 0 && !exists {
+            report.cgroups_removed.push(parent.clone());
+        }
     }
     let stage = Stage::paths(worker_dir);
     if stage.run.exists() {
