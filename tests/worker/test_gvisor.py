@@ -137,3 +137,17 @@ def gvisor_processes(worker):
     """Host processes of this worker's pods (runsc names them by its state directory)."""
     out = subprocess.run(["pgrep", "-f", f"runsc-.*{worker.dir}/run/runsc-state"], capture_output=True, text=True)
     return out.stdout.split()
+
+
+def test_a_lambdas_next_pod_has_its_network_again(make_worker):
+    """runsc takes the address of the lambda's namespace away from the host's kernel while a
+    pod runs; after the pod stops (no sandbox kept, so it idles out), the worker gives it
+    back, so the lambda's next pod (in the same namespace) has its link and routes."""
+    w = make_worker(sandbox={"backend": "gvisor"}, gvisor={"pod_idle_ms": 200}, instances={"keep_warm": False})
+    w.deploy_source("routes", "def f(e):\n    return open('/proc/net/route').read()\n")
+    for _ in range(2):
+        assert "eth0" in w.client.run("routes")
+        deadline = time.time() + 10
+        while pods(w) and time.time() < deadline:
+            time.sleep(0.1)
+        assert pods(w) == []

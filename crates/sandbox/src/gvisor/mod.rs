@@ -194,13 +194,7 @@ impl Inner {
                 pods.remove(&slot.key);
             }
             if let Some(pod) = slot.pod.get() {
-                match Arc::into_inner(pod.clone()) {
-                    Some(pod) => pod.stop(&inner.runsc).await,
-                    None => {
-                        inner.runsc.delete(&pod.container).await;
-                        crate::scratch::remove_dir(&pod.bundle).await;
-                    }
-                }
+                pod.stop(&inner.runsc).await;
             }
         };
         tokio::spawn(stop);
@@ -296,7 +290,7 @@ impl Backend for GvisorBackend {
         let slots: Vec<Arc<PodSlot>> = inner.pods.lock().expect("pods lock").drain().map(|(_, s)| s).collect();
         for slot in slots {
             if let Some(pod) = slot.pod.get() {
-                inner.runsc.delete(&pod.container).await;
+                pod.stop(&inner.runsc).await;
             }
         }
         for container in inner.runsc.list().await {

@@ -214,8 +214,9 @@ impl Pod {
         }
     }
 
-    /// Stop the pod: its container, bundle and cgroup go.
-    pub async fn stop(self, runsc: &Runsc) {
+    /// Stop the pod: its container, bundle and cgroup go, and its lambda's namespace gets
+    /// its address back.
+    pub async fn stop(&self, runsc: &Runsc) {
         self.accepting.abort();
         runsc.delete(&self.container).await;
         remove_dir(&self.bundle).await;
@@ -235,8 +236,14 @@ impl Pod {
 /// Accept the pod's spares as they connect; each says which process it is first.
 async fn accept_spares(endpoint: Endpoint, spares: mpsc::Sender<Spare>, max_body: u32) {
     loop {
-        let Ok((mut channel, _)) = endpoint.accept_next(Duration::from_secs(24 * 3600), max_body).await else {
-            continue;
+        let (mut channel, _) = match endpoint.accept_next(Duration::from_secs(24 * 3600), max_body).await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors, say: wait rather than spin; the pod's takers time out.
+                tracing::warn!("accepting a pod's spare: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
         };
         let said = tokio::time::timeout(Duration::from_secs(10), channel.recv::<Value>()).await;
         let Ok(Ok((hello, _))) = said else { continue };
