@@ -27,6 +27,7 @@ pub mod cache;
 pub mod cache_load;
 pub mod fleet;
 pub mod fleet_routing;
+mod http;
 pub mod isolation;
 pub mod keepalive;
 pub mod neighbours;

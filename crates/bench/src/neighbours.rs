@@ -27,13 +27,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use bytes::Bytes;
 use hdrhistogram::Histogram;
-use http_body_util::{BodyExt, Full};
-use hyper::Request;
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
+use crate::http::Client;
 use crate::report;
 use crate::sandboxes::Options;
 use crate::worker::BenchWorker;
@@ -167,40 +164,6 @@ fn worker_config(cpu: usize) -> String {
     )
 }
 
-/// One request's outcome.
-struct Answer {
-    status: u16,
-    start: String,
-    elapsed: Duration,
-    body: Bytes,
-}
-
-/// A keep-alive HTTP/1.1 connection to the worker.
-struct Client(hyper::client::conn::http1::SendRequest<Full<Bytes>>);
-
-impl Client {
-    async fn connect(port: u16) -> Result<Client> {
-        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        stream.set_nodelay(true)?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(conn);
-        Ok(Client(sender))
-    }
-
-    async fn post(&mut self, path: &str, body: &'static [u8]) -> Result<Answer> {
-        let request = Request::post(path)
-            .header("host", "bench")
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from_static(body)))?;
-        let t0 = Instant::now();
-        let response = self.0.send_request(request).await?;
-        let status = response.status().as_u16();
-        let start = response.headers().get("x-sprout-start").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-        let body = response.into_body().collect().await?.to_bytes();
-        Ok(Answer { status, start, elapsed: t0.elapsed(), body })
-    }
-}
-
 /// What one or more closed-loop clients saw in the measured window.
 struct Tally {
     /// Latency of the calls counted, in nanoseconds.
@@ -298,7 +261,7 @@ async fn calls(port: u16, path: String, body: &'static [u8], measure_from: Insta
             },
         };
         match tokio::time::timeout(REQUEST_TIMEOUT, conn.post(&path, body)).await {
-            Ok(Ok(answer)) if (200..300).contains(&answer.status) => {
+            Ok(Ok(answer)) if answer.ok() => {
                 if !counted {
                     continue;
                 }

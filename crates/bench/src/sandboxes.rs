@@ -25,13 +25,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use bytes::Bytes;
 use hdrhistogram::Histogram;
-use http_body_util::{BodyExt, Full};
-use hyper::Request;
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
+use crate::http::{Answer, Client};
 use crate::report;
 
 pub const BACKENDS: [&str; 6] = ["sock", "sock-isolated", "sock-nospares", "sock-nozygote", "runc", "docker"];
@@ -226,13 +223,13 @@ impl Point {
     /// Count one answered request; `expect` ("cold", "warm" or "" for either) is the start it
     /// should report.
     fn count(&mut self, answer: &Answer, expect: &str) {
-        if !answer.status.is_success() {
+        if !answer.ok() {
             self.errors += 1;
             return;
         }
         self.ok += 1;
         let _ = self.latency.record((answer.elapsed.as_micros() as u64).max(1));
-        if !expect.is_empty() && answer.start.as_ref().map(|v| v.as_bytes()) != Some(expect.as_bytes()) {
+        if !expect.is_empty() && answer.start != expect {
             self.wrong_start += 1;
         }
     }
@@ -251,37 +248,6 @@ impl Point {
 
     pub(crate) fn per_s(&self) -> f64 {
         self.ok as f64 / self.elapsed.as_secs_f64()
-    }
-}
-
-/// One request's outcome: its status, the start kind the worker reported, its latency.
-struct Answer {
-    status: hyper::StatusCode,
-    start: Option<hyper::header::HeaderValue>,
-    elapsed: Duration,
-}
-
-/// A keep-alive HTTP/1.1 connection to the worker.
-struct Client(hyper::client::conn::http1::SendRequest<Full<Bytes>>);
-
-impl Client {
-    async fn connect(port: u16) -> Result<Client> {
-        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        stream.set_nodelay(true)?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(conn);
-        Ok(Client(sender))
-    }
-
-    /// POST `null` to `path` and read the whole reply.
-    async fn post(&mut self, path: &str) -> Result<Answer> {
-        let request = Request::post(path).header("host", "bench").body(Full::new(Bytes::from_static(b"null")))?;
-        let t0 = Instant::now();
-        let response = self.0.send_request(request).await?;
-        let status = response.status();
-        let start = response.headers().get("x-sprout-start").cloned();
-        response.into_body().collect().await?;
-        Ok(Answer { status, start, elapsed: t0.elapsed() })
     }
 }
 
@@ -306,7 +272,7 @@ pub(crate) async fn closed_loop(
             let mut client = Client::connect(port).await?;
             while Instant::now() < stop_at {
                 let sent = Instant::now();
-                let answer = client.post(&path).await?;
+                let answer = client.post(&path, b"null").await?;
                 if sent >= measure_from {
                     point.count(&answer, expect);
                 }
@@ -336,7 +302,7 @@ pub(crate) async fn paced(port: u16, per_s: f64, warmup: Duration, duration: Dur
     while next < stop_at {
         tokio::time::sleep_until(next.into()).await;
         let sent = Instant::now();
-        let answer = client.post(path).await?;
+        let answer = client.post(path, b"null").await?;
         if sent >= measure_from {
             point.count(&answer, expect);
         }

@@ -73,7 +73,6 @@ pub struct GvisorBackend {
 
 /// What the back-end and its sandboxes share.
 struct Inner {
-    cfg: GvisorConfig,
     settings: PodSettings,
     runsc: Runsc,
     stage: Arc<Stage>,
@@ -104,26 +103,10 @@ impl GvisorBackend {
         let layout = Layout::detect(Version::Auto, None)
             .map_err(|e| tracing::warn!("no cgroup hierarchy found; gVisor pods go unmeasured: {e}"))
             .ok();
-        let settings = PodSettings {
-            uid: cfg.uid,
-            gid: cfg.gid,
-            python: cfg.python.clone(),
-            start_timeout: cfg.start_timeout,
-            max_response: cfg.max_response,
-            cgroup_parent: cfg.cgroup_parent.clone(),
-            cpuset: cfg.cpuset.clone(),
-            spares: cfg.spares,
-            memory_bytes: cfg.pod_memory_bytes,
-            seccomp: cfg
-                .seccomp
-                .then(crate::seccomp::program_bytes)
-                .transpose()
-                .unwrap_or_else(|e| {
-                    tracing::error!("compiling the seccomp filter for gVisor's handlers: {e}");
-                    None
-                })
-                .map(hex::encode),
-        };
+        let seccomp = cfg.seccomp.then(crate::seccomp::program_bytes).transpose().unwrap_or_else(|e| {
+            tracing::error!("compiling the seccomp filter for gVisor's handlers: {e}");
+            None
+        });
         if let (Some(cpus), Some(Layout::V1 { .. })) = (&cfg.cpuset, &layout) {
             if let Err(e) = cpuset_parent(&cfg.cgroup_parent, cpus) {
                 tracing::warn!("preparing the pods' cpuset group: {e}");
@@ -131,8 +114,7 @@ impl GvisorBackend {
         }
         let runsc = Runsc { binary: cfg.runsc.clone(), root: stage.run.join("runsc-state") };
         let inner = Inner {
-            cfg,
-            settings,
+            settings: PodSettings { cfg, seccomp: seccomp.map(hex::encode) },
             runsc,
             stage,
             layout,
@@ -182,7 +164,7 @@ impl Inner {
             return;
         }
         let (inner, slot) = (self.clone(), slot.clone());
-        let idle = if slot.pod.get().is_some() { self.cfg.pod_idle } else { Duration::ZERO };
+        let idle = if slot.pod.get().is_some() { self.settings.cfg.pod_idle } else { Duration::ZERO };
         let stop = async move {
             tokio::time::sleep(idle).await;
             {
@@ -204,9 +186,9 @@ impl Inner {
     async fn provision(self: &Arc<Self>, pod: &Arc<Pod>, spec: &SandboxSpec) -> Result<(Session, i32), CreateError> {
         let started = Instant::now();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let spare = pod.take_spare(self.cfg.start_timeout).await?;
+        let spare = pod.take_spare(self.settings.cfg.start_timeout).await?;
         // A replacement, off this request's path.
-        if pod.pending() < self.cfg.spares {
+        if pod.pending() < self.settings.cfg.spares {
             let (inner, pod) = (self.clone(), pod.clone());
             tokio::spawn(async move {
                 if let Err(e) = pod.fork_spares(&inner.settings, 1).await {
@@ -221,7 +203,7 @@ impl Inner {
         init.output = Some(&fifo);
         init.memory_bytes = (spec.limits.memory_bytes > 0).then_some(spec.limits.memory_bytes);
         let mut channel = spare.channel;
-        let hello = channel.handshake_with(&init, self.cfg.start_timeout).await;
+        let hello = channel.handshake_with(&init, self.settings.cfg.start_timeout).await;
         drop(hold);
         let _ = std::fs::remove_file(&host_fifo);
         let hello = match hello {
@@ -300,12 +282,8 @@ impl Backend for GvisorBackend {
         }
         crate::scratch::remove_dir(&inner.stage.run.join("gvisor")).await;
         if let Some(layout) = &inner.layout {
-            layout.remove_container_parent(&inner.cfg.cgroup_parent);
+            layout.remove_container_parent(&inner.settings.cfg.cgroup_parent);
         }
-    }
-
-    fn memory_group(&self) -> Option<(Arc<Layout>, String)> {
-        None
     }
 }
 
@@ -351,7 +329,7 @@ impl Sandbox for GvisorSandbox {
     /// Its share of its pod's memory on the host (gVisor's kernel holds every handler's pages).
     fn memory_bytes(&self) -> u64 {
         match (self.pod(), &self.inner.layout) {
-            (Some(pod), Some(layout)) => layout.memory_in_use_of(pod.cgroup()) / self.slot.sandboxes.load(Ordering::Relaxed).max(1) as u64,
+            (Some(pod), Some(layout)) => layout.memory_in_use_of(&pod.cgroup) / self.slot.sandboxes.load(Ordering::Relaxed).max(1) as u64,
             _ => 0,
         }
     }

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, Mutex};
 
 use super::runsc::Runsc;
+use super::GvisorConfig;
 use crate::channel::{Channel, Endpoint, Hello, ZygoteOrder};
 use crate::error::{Doing, PlatformError};
 use crate::network::LambdaNetwork;
@@ -23,21 +24,11 @@ use crate::scratch::{make_scratch, remove_dir};
 use crate::spec::{sandbox_env_strings, CreateError, SandboxSpec};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
 
-/// What every pod of a worker is made with.
+/// What every pod of a worker is made with: the back-end's settings, and the lean sandboxes'
+/// seccomp filter (hex of its instructions), which each handler installs so that gVisor's
+/// kernel refuses what the host's would.
 pub(crate) struct PodSettings {
-    pub uid: u32,
-    pub gid: u32,
-    pub python: String,
-    pub start_timeout: Duration,
-    pub max_response: u32,
-    pub cgroup_parent: String,
-    pub cpuset: Option<String>,
-    /// Spares kept forked ahead.
-    pub spares: usize,
-    /// The pod's memory limit on the host (its gVisor kernel and all its handlers).
-    pub memory_bytes: u64,
-    /// The lean sandboxes' seccomp filter (hex of its instructions), which each handler
-    /// installs: gVisor's kernel refuses what the host's would.
+    pub cfg: GvisorConfig,
     pub seccomp: Option<String>,
 }
 
@@ -59,7 +50,9 @@ pub(crate) struct Pod {
     /// Spares asked for and not yet taken.
     pending: AtomicUsize,
     accepting: tokio::task::JoinHandle<()>,
-    network: Option<Arc<LambdaNetwork>>,
+    /// The lambda's namespace, held while the pod runs in it (idle, it may outlive the
+    /// lambda's sandboxes, which hold it too).
+    _network: Option<Arc<LambdaNetwork>>,
     /// Its own output (the Zygote's, and gVisor's), kept while it runs.
     _output: OutputPipe,
     next_fifo: AtomicU64,
@@ -87,9 +80,9 @@ impl Pod {
         let container = format!("sprout-pod-{id}");
         let bundle = stage.run.join("gvisor").join(id.to_string());
         let scratch = bundle.join("scratch");
-        make_scratch(&scratch, settings.uid, settings.gid).at("making the pod's scratch directory", &scratch)?;
+        make_scratch(&scratch, settings.cfg.uid, settings.cfg.gid).at("making the pod's scratch directory", &scratch)?;
         let endpoint = Endpoint::listen_in(&scratch)?;
-        let cgroup = format!("{}/pod-{id}", settings.cgroup_parent);
+        let cgroup = format!("{}/pod-{id}", settings.cfg.cgroup_parent);
         let network = spec.network.clone().filter(|n| n.fd() >= 0);
         let config = runtime_spec(settings, stage, spec, &scratch, &cgroup, network.as_deref());
         let body = serde_json::to_vec(&config).doing("encoding the runtime spec")?;
@@ -100,8 +93,8 @@ impl Pod {
             network.configure_again().doing("configuring the lambda's network namespace")?;
         }
         runsc.run(&container, &bundle, network.is_some(), log).await?;
-        let timeout = settings.start_timeout;
-        let (mut control, _) = endpoint.accept_next(timeout, settings.max_response).await?;
+        let timeout = settings.cfg.start_timeout;
+        let (mut control, _) = endpoint.accept_next(timeout, settings.cfg.max_response).await?;
         let hello = recv_hello(&mut control, timeout, "start").await?;
         if hello.role.as_deref() != Some("pod") {
             return Err(PlatformError::Engine {
@@ -119,7 +112,7 @@ impl Pod {
             tracing::info!(lambda = %spec.lambda, ?failed, "a pod's Zygote could not import every package ahead");
         }
         let (sender, receiver) = mpsc::channel(64);
-        let accepting = tokio::spawn(accept_spares(endpoint, sender, settings.max_response));
+        let accepting = tokio::spawn(accept_spares(endpoint, sender, settings.cfg.max_response));
         let pod = Pod {
             id,
             container,
@@ -130,11 +123,11 @@ impl Pod {
             spares: Mutex::new(receiver),
             pending: AtomicUsize::new(0),
             accepting,
-            network,
+            _network: network,
             _output: output,
             next_fifo: AtomicU64::new(1),
         };
-        pod.fork_spares(settings, settings.spares.max(1)).await?;
+        pod.fork_spares(settings, settings.cfg.spares.max(1)).await?;
         Ok(pod)
     }
 
@@ -142,7 +135,7 @@ impl Pod {
     pub async fn fork_spares(&self, settings: &PodSettings, count: usize) -> Result<(), PlatformError> {
         // Counted before asking: a spare can connect, and be taken, before the reply comes.
         self.pending.fetch_add(count, Ordering::Relaxed);
-        let order = json!({"op": "spares", "count": count, "uid": settings.uid, "gid": settings.gid, "seccomp": settings.seccomp});
+        let order = json!({"op": "spares", "count": count, "uid": settings.cfg.uid, "gid": settings.cfg.gid, "seccomp": settings.seccomp});
         let forked = match self.control(order).await {
             Ok(reply) => serde_json::from_value::<Forked>(reply).doing("reading the pod's fork reply"),
             Err(e) => Err(e),
@@ -181,7 +174,7 @@ impl Pod {
         self.pending.load(Ordering::Relaxed)
     }
 
-    /// How the handlers `pids` ended: an exit code, a negated signal, or None while running.
+    /// How the handler `pid` ended: an exit code, a negated signal, or None while it runs.
     pub async fn status(&self, pid: i32) -> Option<i32> {
         let reply = self.control(json!({"op": "status", "pids": [pid]})).await.ok()?;
         reply["status"][pid.to_string()].as_i64().map(|s| s as i32)
@@ -214,22 +207,12 @@ impl Pod {
         }
     }
 
-    /// Stop the pod: its container, bundle and cgroup go, and its lambda's namespace gets
-    /// its address back.
+    /// Stop the pod: its container, bundle and cgroup go (its lambda's namespace gets its
+    /// address back when the next pod starts in it).
     pub async fn stop(&self, runsc: &Runsc) {
         self.accepting.abort();
         runsc.delete(&self.container).await;
         remove_dir(&self.bundle).await;
-        if let Some(network) = &self.network {
-            if let Err(e) = network.configure_again() {
-                tracing::warn!(pod = self.id, "configuring the lambda's network namespace again: {e}");
-            }
-        }
-    }
-
-    /// Where the pod's memory is charged on the host.
-    pub fn cgroup(&self) -> &str {
-        &self.cgroup
     }
 }
 
@@ -291,7 +274,7 @@ fn runtime_spec(
         "process": {
             "terminal": false,
             "user": {"uid": 0, "gid": 0},
-            "args": [settings.python, "-I", "-S", HELPER_IN_SANDBOX, "pod"],
+            "args": [settings.cfg.python, "-I", "-S", HELPER_IN_SANDBOX, "pod"],
             "env": sandbox_env_strings(&spec.env),
             "cwd": "/",
             "noNewPrivileges": true,
@@ -309,9 +292,9 @@ fn runtime_spec(
             "namespaces": namespaces,
             "cgroupsPath": format!("/{cgroup}"),
             "resources": {
-                "memory": {"limit": settings.memory_bytes},
+                "memory": {"limit": settings.cfg.pod_memory_bytes},
                 "pids": {"limit": spec.limits.pids.max(64) * 8},
-                "cpu": {"cpus": settings.cpuset},
+                "cpu": {"cpus": settings.cfg.cpuset},
             },
         },
     })

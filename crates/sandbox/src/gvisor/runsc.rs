@@ -69,12 +69,6 @@ impl Runsc {
         })
     }
 
-    /// The host pid of a running container's sandbox process (gVisor's kernel).
-    pub async fn sandbox_pid(&self, name: &str) -> Option<i32> {
-        let out = self.command(false, None).args(["state", name]).stderr(Stdio::null()).output().await.ok()?;
-        serde_json::from_slice::<Value>(&out.stdout).ok()?["pid"].as_i64().map(|p| p as i32)
-    }
-
     /// Kill and delete a container, if runsc knows it.
     pub async fn delete(&self, name: &str) {
         let mut delete = self.command(false, None);
