@@ -141,8 +141,8 @@ def gvisor_processes(worker):
 
 def test_a_lambdas_next_pod_has_its_network_again(make_worker):
     """runsc takes the address of the lambda's namespace away from the host's kernel while a
-    pod runs; after the pod stops (no sandbox kept, so it idles out), the worker gives it
-    back, so the lambda's next pod (in the same namespace) has its link and routes."""
+    pod runs and does not give it back; the worker restores it before the lambda's next pod
+    starts (no sandbox kept here, so each pod idles out), which then has its link and routes."""
     w = make_worker(sandbox={"backend": "gvisor"}, gvisor={"pod_idle_ms": 200}, instances={"keep_warm": False})
     w.deploy_source("routes", "def f(e):\n    return open('/proc/net/route').read()\n")
     for _ in range(2):
