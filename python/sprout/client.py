@@ -163,15 +163,22 @@ class Client:
                 pass
         return response
 
-    def deploy(self, directory, name=None):
-        """Upload a lambda directory; returns the new version's metadata."""
+    def deploy(self, directory, name=None, isolation=None):
+        """Upload a lambda directory; returns the new version's metadata. ``isolation`` names
+        the back-end (isolation class) to run it in, one the worker runs; by default its
+        previous version's, else the worker's configuration."""
         name = name or os.path.basename(os.path.abspath(directory))
-        response = self._check(self._call("POST", f"/registry/{name}", pack(directory), {"Content-Type": "application/gzip"}))
+        path = self._registry_path(name, isolation)
+        response = self._check(self._call("POST", path, pack(directory), {"Content-Type": "application/gzip"}))
         return json.loads(response.body)
 
-    def upload(self, name, archive):
+    def upload(self, name, archive, isolation=None):
         """Upload raw bytes as lambda ``name`` (a tar.gz)."""
-        return json.loads(self._check(self._call("POST", f"/registry/{name}", archive)).body)
+        return json.loads(self._check(self._call("POST", self._registry_path(name, isolation), archive)).body)
+
+    @staticmethod
+    def _registry_path(name, isolation):
+        return f"/registry/{name}" + (f"?isolation={isolation}" if isolation else "")
 
     def delete(self, name):
         return json.loads(self._check(self._call("DELETE", f"/registry/{name}")).body)

@@ -172,7 +172,7 @@ def test_status_pid_stats_and_metrics(worker):
     assert "echo" in stats["lambdas"]["per_lambda"]
     text = worker.client.metrics()
     for name in ("sprout_invocations_total", "sprout_cold_starts_total", "sprout_request_duration_seconds_bucket",
-                 "sprout_sandboxes{state=\"idle\"}", "sprout_errors_total", "sprout_cgroups_reused_total"):
+                 "sprout_sandboxes{state=\"idle\",backend=\"sock\"}", "sprout_errors_total", "sprout_cgroups_reused_total"):
         assert name in text, name
     assert 'lambda="echo"' in text
 

@@ -127,17 +127,20 @@ pub(crate) fn authorized(request: ureq::Request, token: Option<&str>) -> ureq::R
     }
 }
 
-pub fn deploy(url: &str, token: Option<&str>, dir: &Path, name: Option<&str>) -> Result<serde_json::Value> {
+/// Upload `dir` as lambda `name` (the directory's name by default), to run in the
+/// `isolation` class if given.
+pub fn deploy(url: &str, token: Option<&str>, dir: &Path, name: Option<&str>, isolation: Option<&str>) -> Result<serde_json::Value> {
     let dir = std::fs::canonicalize(dir).with_context(|| format!("{} does not exist", dir.display()))?;
     let name = match name {
         Some(n) => n.to_string(),
         None => dir.file_name().and_then(|n| n.to_str()).context("cannot name the lambda after its directory")?.to_string(),
     };
     let archive = pack(&dir)?;
-    let response = authorized(ureq::post(&format!("{url}/registry/{name}")), token)
-        .set("Content-Type", "application/gzip")
-        .send_bytes(&archive)
-        .map_err(explain)?;
+    let mut request = ureq::post(&format!("{url}/registry/{name}"));
+    if let Some(class) = isolation {
+        request = request.query("isolation", class);
+    }
+    let response = authorized(request, token).set("Content-Type", "application/gzip").send_bytes(&archive).map_err(explain)?;
     Ok(response.into_json()?)
 }
 

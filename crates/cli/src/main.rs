@@ -31,6 +31,10 @@ enum Command {
         /// Lambda name (default: the directory's name).
         #[arg(long)]
         name: Option<String>,
+        /// The isolation class (back-end) to run it in, e.g. gvisor: one the worker runs
+        /// (default: its previous version's, else the worker's configuration).
+        #[arg(long)]
+        isolation: Option<String>,
         #[arg(long, env = "SPROUT_URL", default_value = "http://127.0.0.1:5000")]
         url: String,
         /// The worker's API token (default: $SPROUT_TOKEN, else the one a worker on this
@@ -514,9 +518,9 @@ fn run(cli: Cli) -> Result<()> {
             let report = sprout_worker::cleanup_dir(&dir)?;
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
-        Command::Deploy { dir, name, url, token } => {
+        Command::Deploy { dir, name, isolation, url, token } => {
             let token = client::find_token(&url, token);
-            let lambda = client::deploy(url.trim_end_matches('/'), token.as_deref(), &dir, name.as_deref())?;
+            let lambda = client::deploy(url.trim_end_matches('/'), token.as_deref(), &dir, name.as_deref(), isolation.as_deref())?;
             println!("{}", serde_json::to_string_pretty(&lambda)?);
         }
         Command::Invoke { name, event, url } => {

@@ -51,6 +51,9 @@ pub struct SandboxSpec {
     pub network: Option<Arc<LambdaNetwork>>,
     /// Where the handler's stdout and stderr go; None: the worker's own log.
     pub output: Option<Arc<dyn OutputSink>>,
+    /// Which of the worker's back-ends makes it (its lambda's isolation class, by the
+    /// back-end's name); None: the worker's default.
+    pub backend: Option<&'static str>,
 }
 
 impl std::fmt::Debug for SandboxSpec {
@@ -59,6 +62,7 @@ impl std::fmt::Debug for SandboxSpec {
             .field("lambda", &self.lambda)
             .field("code_dir", &self.code_dir)
             .field("packages", &self.packages.iter().map(|p| &p.key).collect::<Vec<_>>())
+            .field("backend", &self.backend)
             .finish()
     }
 }

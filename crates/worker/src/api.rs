@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::extract::{ConnectInfo, Path, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -291,14 +291,34 @@ fn method_not_allowed(config: &crate::lambda_config::LambdaConfig, method: &Meth
     response
 }
 
-async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) -> Response {
+/// The operator's isolation class in an upload's query (`?isolation=gvisor`), if any; any
+/// other parameter, or a class this worker does not run, is refused.
+fn upload_isolation(api: &Api, query: Option<&str>) -> Result<Option<crate::config::BackendKind>, ApiError> {
+    let mut chosen = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("isolation", class)) => {
+                let kind = api.registry.isolation().parse(class).map_err(|e| ApiError::new(ErrorCode::InvalidRequest, e.to_string()))?;
+                chosen = Some(kind);
+            }
+            _ => return Err(ApiError::new(ErrorCode::InvalidRequest, format!("unknown upload parameter {pair:?} (known: isolation)"))),
+        }
+    }
+    Ok(chosen)
+}
+
+async fn upload(State(api): State<Api>, Path(name): Path<String>, RawQuery(query): RawQuery, body: Body) -> Response {
+    let chosen = match upload_isolation(&api, query.as_deref()) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
     let data = match read_body(body, api.max_upload).await {
         Ok(d) => d,
         Err(e) => return fail(e),
     };
     let registry = api.registry.clone();
     let archive = data.clone(); // Bytes: shared, not copied; for the shared registry
-    let result = tokio::task::spawn_blocking(move || registry.upload(&name, &data)).await;
+    let result = tokio::task::spawn_blocking(move || registry.upload(&name, &data, chosen)).await;
     match result {
         Ok(Ok(lambda)) => {
             tracing::info!(lambda = %lambda.name, version = lambda.version, files = lambda.files, "lambda uploaded");
@@ -309,7 +329,7 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) ->
                     return fail(ApiError::new(ErrorCode::SharedRegistryUnavailable, message).with("lambda", lambda.name.clone()));
                 }
             }
-            (StatusCode::CREATED, axum::Json(json!(*lambda))).into_response()
+            (StatusCode::CREATED, axum::Json(lambda_json(&api, &lambda))).into_response()
         }
         Ok(Err(e)) => {
             let mut err = ApiError::new(e.code(), e.to_string());
@@ -324,6 +344,14 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, body: Body) ->
     }
 }
 
+/// A lambda's metadata, with the back-end that runs it (its isolation class, by the worker's
+/// policy as it is now; null when that class is not run here).
+fn lambda_json(api: &Api, lambda: &crate::registry::Lambda) -> Value {
+    let mut body = json!(*lambda);
+    body["backend"] = api.registry.class_of(lambda).map(|k| json!(k.name())).unwrap_or(Value::Null);
+    body
+}
+
 async fn list_lambdas(State(api): State<Api>) -> Response {
     let names: Vec<String> = api.registry.list().iter().map(|l| l.name.clone()).collect();
     axum::Json(names).into_response()
@@ -331,7 +359,7 @@ async fn list_lambdas(State(api): State<Api>) -> Response {
 
 async fn show_lambda(State(api): State<Api>, Path(name): Path<String>) -> Response {
     match api.registry.get(&name) {
-        Some(l) => axum::Json(json!(*l)).into_response(),
+        Some(l) => axum::Json(lambda_json(&api, &l)).into_response(),
         None => fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}"))),
     }
 }

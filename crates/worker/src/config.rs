@@ -13,11 +13,13 @@ use sha2::{Digest, Sha256};
 pub const TEMPLATE: &str = include_str!("config-template.toml");
 
 mod app;
+mod isolation;
 mod logs;
 mod network;
 mod volumes;
 
 pub use app::{valid_static_prefix, AppSection};
+pub use isolation::IsolationSection;
 pub use logs::LogsSection;
 pub use network::NetworkSection;
 pub use volumes::VolumeSection;
@@ -27,6 +29,7 @@ pub use volumes::VolumeSection;
 pub struct Config {
     pub worker: WorkerSection,
     pub sandbox: SandboxSection,
+    pub isolation: IsolationSection,
     pub limits: LimitsSection,
     pub instances: InstancesSection,
     pub cgroups: CgroupsSection,
@@ -491,6 +494,7 @@ impl Config {
         }
         volumes::validate(&self.sandbox.volumes)?;
         self.logs.validate()?;
+        self.isolation.validate(self.sandbox.backend)?;
         self.app.validate(&self.worker.listen)
     }
 

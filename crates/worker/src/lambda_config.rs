@@ -18,11 +18,14 @@
 //!   OL_ENTRY_FILE: app.py     # the module to import instead of f.py
 //!   OL_WSGI_ENTRY: application  # the WSGI callable, if not `app` (OL_ASGI_ENTRY: ASGI)
 //! reuse-sandbox: false        # a fresh sandbox per request, destroyed after it
+//! isolation: gvisor           # Sprout's: a stronger isolation class than the operator gave
 //! ```
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use crate::config::BackendKind;
 
 /// The file a lambda's configuration is read from, at the top of its directory.
 pub const FILE_NAME: &str = "ol.yaml";
@@ -45,6 +48,10 @@ pub struct LambdaConfig {
     pub reuse_sandbox: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kafka: Vec<KafkaTrigger>,
+    /// The isolation class the lambda asks for; it may raise the operator's, never lower it
+    /// ([`crate::isolation`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<BackendKind>,
 }
 
 fn yes() -> bool {
@@ -53,7 +60,7 @@ fn yes() -> bool {
 
 impl Default for LambdaConfig {
     fn default() -> LambdaConfig {
-        LambdaConfig { http_methods: None, environment: BTreeMap::new(), reuse_sandbox: true, kafka: Vec::new() }
+        LambdaConfig { http_methods: None, environment: BTreeMap::new(), reuse_sandbox: true, kafka: Vec::new(), isolation: None }
     }
 }
 
@@ -116,6 +123,8 @@ struct File {
     environment: Option<BTreeMap<String, Scalar>>,
     #[serde(default, rename = "reuse-sandbox")]
     reuse_sandbox: Option<bool>,
+    #[serde(default)]
+    isolation: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -181,6 +190,12 @@ pub fn parse(text: &str) -> Result<LambdaConfig, ConfigError> {
     let file: File = yaml_serde::from_str(text).map_err(|e| ConfigError::at(e.location().map(|l| l.line()), without_location(&e)))?;
     let line_of = |needle: &str| text.lines().position(|l| l.contains(needle)).map(|i| i + 1);
     let mut config = LambdaConfig { reuse_sandbox: file.reuse_sandbox.unwrap_or(true), ..LambdaConfig::default() };
+    if let Some(class) = file.isolation {
+        let kind = BackendKind::ALL.into_iter().find(|k| k.name() == class);
+        let names = BackendKind::ALL.map(|k| k.name()).join(", ");
+        config.isolation =
+            Some(kind.ok_or_else(|| ConfigError::at(line_of("isolation"), format!("isolation: {class:?} is not one of {names}")))?);
+    }
     if let Some(triggers) = file.triggers {
         if triggers.cron.is_some() {
             return Err(ConfigError::at(line_of("cron"), "cron triggers are not supported (OpenLambda declares them but runs none)"));

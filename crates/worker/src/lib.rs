@@ -22,7 +22,8 @@
 //! * [`packages`] — a lambda's requirements, resolved and installed once into the install
 //!   cache (the import cache of Zygotes lives with the sandboxes).
 //! * the sandboxes themselves live in the `sprout-sandbox` crate, behind its `Backend` and
-//!   `Sandbox` traits.
+//!   `Sandbox` traits; [`isolation`] decides which of the worker's back-ends (its isolation
+//!   classes, held by [`backends`]) runs each lambda.
 //!
 //! [`config`] is `DIR/config.toml`; [`daemon`] starts, stops and cleans up a worker;
 //! [`metrics`] counts for `/stats` and `/metrics`; [`errors`] is every error code the API
@@ -32,6 +33,7 @@ mod api;
 mod app;
 mod archive;
 mod auth;
+mod backends;
 mod budget;
 mod bytecode;
 mod config;
@@ -43,6 +45,7 @@ mod fleet_routes;
 mod handler_cache;
 mod instances;
 mod invoker;
+mod isolation;
 mod kafka;
 mod keepalive;
 mod lambda_config;

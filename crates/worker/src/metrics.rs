@@ -15,7 +15,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
-use sprout_sandbox::Backend;
+use sprout_sandbox::{Backend, BackendStats};
+
+use crate::backends::Backends;
 
 use crate::errors::ErrorCode;
 use crate::instances::{Instances, SandboxState};
@@ -48,7 +50,7 @@ struct StaticLabels {
 
 /// Exposes the backend's own counters and the caches' and network's figures at scrape time.
 struct BackendCollector {
-    backend: Arc<dyn Backend>,
+    backend: Arc<Backends>,
     instances: Arc<Instances>,
     packages: Arc<Packages>,
     networks: Arc<LambdaNetworks>,
@@ -64,10 +66,22 @@ impl std::fmt::Debug for BackendCollector {
 impl Collector for BackendCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = self.backend.stats();
+        let each = self.backend.each_stats();
+        type Figure = fn(&BackendStats) -> u64;
+        let by_backend: [(&str, &str, Figure); 3] = [
+            ("sprout_sandboxes_created", "Sandboxes provisioned, by back-end", |s| s.created),
+            ("sprout_sandboxes_destroyed", "Sandboxes destroyed, by back-end", |s| s.destroyed),
+            ("sprout_sandbox_create_failures", "Sandboxes that failed to provision, by back-end", |s| s.create_failures),
+        ];
+        for (name, help, value) in by_backend {
+            let mut family = encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
+            for (backend, stats) in &each {
+                let labels = [("backend", *backend)];
+                let metric = family.encode_family(&labels)?;
+                ConstCounter::new(value(stats)).encode(metric)?;
+            }
+        }
         let counters = [
-            ("sprout_sandboxes_created", "Sandboxes provisioned", s.created),
-            ("sprout_sandboxes_destroyed", "Sandboxes destroyed", s.destroyed),
-            ("sprout_sandbox_create_failures", "Sandboxes that failed to provision", s.create_failures),
             ("sprout_cgroups_created", "Cgroups created (pool misses)", s.cgroups_created),
             ("sprout_cgroups_reused", "Cgroups taken from the pool", s.cgroups_reused),
             ("sprout_zygote_restarts", "Times the root Zygote was replaced", s.zygote_restarts),
@@ -247,7 +261,7 @@ pub struct Metrics {
     /// Each lambda's invocations since the worker started: (all, cold starts, errors).
     per_lambda: Mutex<std::collections::HashMap<String, [u64; 3]>>,
     started: Instant,
-    backend: Arc<dyn Backend>,
+    backend: Arc<Backends>,
     instances: Arc<Instances>,
 }
 
@@ -310,7 +324,7 @@ impl Metrics {
     /// The worker's metrics: its own, and those `instances`, `packages` and `networks` keep,
     /// read at scrape time.
     pub fn new(
-        backend: Arc<dyn Backend>,
+        backend: Arc<Backends>,
         instances: Arc<Instances>,
         packages: Arc<Packages>,
         networks: Arc<LambdaNetworks>,
@@ -335,7 +349,7 @@ impl Metrics {
             "Time to provision a sandbox and load its lambda",
             figures.sandbox_start.clone(),
         );
-        registry.register("sprout_sandboxes", "Sandboxes by state", figures.sandboxes.clone());
+        registry.register("sprout_sandboxes", "Sandboxes by state and back-end", figures.sandboxes.clone());
         registry.register("sprout_errors", "Failed requests, by error code", errors.clone());
         registry.register(
             "sprout_retries",
@@ -437,6 +451,18 @@ impl Metrics {
         text_format(&open_metrics)
     }
 
+    /// Each back-end's counters and sandboxes by state, by its name (the default first).
+    fn by_backend(&self) -> Value {
+        let states = self.instances.figures().by_backend();
+        let mut out = serde_json::Map::new();
+        for (name, counters) in self.backend.each_stats() {
+            let [starting, busy, idle] = states.iter().find(|(b, _)| *b == name).map(|(_, c)| *c).unwrap_or_default();
+            let sandboxes = json!({"starting": starting, "busy": busy, "idle": idle});
+            out.insert(name.to_string(), json!({"counters": counters, "sandboxes": sandboxes}));
+        }
+        Value::Object(out)
+    }
+
     /// The JSON of `/stats`.
     pub fn stats(&self, lambdas: Value) -> Value {
         let p = self.percentiles.lock().unwrap();
@@ -472,6 +498,7 @@ impl Metrics {
             "retries": retries,
             "static": *self.static_counts.lock().unwrap(),
             "backend_counters": self.backend.stats(),
+            "backends": self.by_backend(),
             "lambdas": lambdas,
         })
     }

@@ -23,7 +23,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::archive::{self, ArchiveError, Caps};
+use crate::config::BackendKind;
 use crate::errors::ErrorCode;
+use crate::isolation::{Isolation, Unavailable};
 use crate::lambda_config::{self, ConfigError, LambdaConfig};
 use crate::packages::requirements::{self, Requirement, RequirementsError};
 use crate::syntax::Checker;
@@ -46,6 +48,10 @@ pub struct Lambda {
     /// Its ol.yaml (the defaults without one).
     #[serde(default)]
     pub config: LambdaConfig,
+    /// The isolation class the operator gave it at upload (`?isolation=`), kept by later
+    /// versions uploaded without one; None: the configuration's ([`crate::isolation`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<BackendKind>,
     #[serde(skip)]
     pub parsed_requirements: Vec<Requirement>,
     #[serde(skip)]
@@ -73,6 +79,7 @@ impl Lambda {
             uploaded: 0,
             requirements: Vec::new(),
             config,
+            isolation: None,
             parsed_requirements: Vec::new(),
             dir: PathBuf::from("/nonexistent"),
             retired: AtomicBool::new(false),
@@ -150,13 +157,14 @@ pub struct Registry {
     caps: Caps,
     checker: Checker,
     allow_unpinned: bool,
+    isolation: Arc<Isolation>,
     lambdas: RwLock<HashMap<String, Arc<Lambda>>>,
     next_version: AtomicU64,
 }
 
 impl Registry {
     /// Open the registry at `dir`, keeping the newest version of each lambda found there.
-    pub fn open(dir: &Path, caps: Caps, checker: Checker, allow_unpinned: bool) -> anyhow::Result<Registry> {
+    pub fn open(dir: &Path, caps: Caps, checker: Checker, allow_unpinned: bool, isolation: Arc<Isolation>) -> anyhow::Result<Registry> {
         fs::create_dir_all(dir)?;
         let staging = dir.join(".staging");
         if staging.exists() {
@@ -206,6 +214,7 @@ impl Registry {
             caps,
             checker,
             allow_unpinned,
+            isolation,
             lambdas: RwLock::new(lambdas),
             next_version: AtomicU64::new(max_version + 1),
         })
@@ -213,6 +222,16 @@ impl Registry {
 
     pub fn get(&self, name: &str) -> Option<Arc<Lambda>> {
         self.lambdas.read().unwrap().get(name).cloned()
+    }
+
+    /// The isolation class `lambda` runs in, by the worker's policy as it is now (an error
+    /// when that class is not run here any more).
+    pub fn class_of(&self, lambda: &Lambda) -> Result<BackendKind, Unavailable> {
+        self.isolation.class(&lambda.name, lambda.isolation, lambda.config.isolation)
+    }
+
+    pub fn isolation(&self) -> &Isolation {
+        &self.isolation
     }
 
     /// All lambdas, by name.
@@ -223,8 +242,10 @@ impl Registry {
     }
 
     /// Check and publish a new version of `name` from a tar.gz (blocking: unpacks and runs
-    /// the syntax check).
-    pub fn upload(&self, name: &str, archive_data: &[u8]) -> Result<Arc<Lambda>, UploadError> {
+    /// the syntax check); `chosen` is the operator's isolation class for it (None: the
+    /// current version's choice, if any). An `ol.yaml` asking for a stronger class than this
+    /// worker runs is refused.
+    pub fn upload(&self, name: &str, archive_data: &[u8], chosen: Option<BackendKind>) -> Result<Arc<Lambda>, UploadError> {
         if !valid_name(name) {
             return Err(UploadError::InvalidName(name.to_string()));
         }
@@ -232,14 +253,22 @@ impl Registry {
         let staging = self.dir.join(".staging").join(format!("{name}@{version}"));
         let internal = |e: std::io::Error| UploadError::Internal(e.to_string());
         fs::create_dir_all(&staging).map_err(internal)?;
-        let result = self.check_and_publish(name, version, archive_data, &staging);
+        let chosen = chosen.or_else(|| self.get(name).and_then(|l| l.isolation));
+        let result = self.check_and_publish(name, version, archive_data, &staging, chosen);
         if result.is_err() {
             let _ = fs::remove_dir_all(&staging);
         }
         result
     }
 
-    fn check_and_publish(&self, name: &str, version: u64, data: &[u8], staging: &Path) -> Result<Arc<Lambda>, UploadError> {
+    fn check_and_publish(
+        &self,
+        name: &str,
+        version: u64,
+        data: &[u8],
+        staging: &Path,
+        chosen: Option<BackendKind>,
+    ) -> Result<Arc<Lambda>, UploadError> {
         let unpacked = archive::unpack(data, staging, self.caps)?;
         let read_text = |file: &str| -> Result<Option<String>, UploadError> {
             match fs::read(staging.join(file)) {
@@ -254,6 +283,9 @@ impl Registry {
         if !config.environment.is_empty() {
             // As OpenLambda does: the environment is also the lambda's .env.
             fs::write(staging.join(".env"), config.dotenv()).map_err(|e| UploadError::Internal(format!("writing .env: {e}")))?;
+        }
+        if let Err(e) = self.isolation.class(name, chosen, config.isolation) {
+            return Err(ConfigError { file: lambda_config::FILE_NAME, line: None, reason: e.to_string() }.into());
         }
         let entry = config.entry_file();
         archive::check_entry(staging, entry)?;
@@ -286,6 +318,7 @@ impl Registry {
             uploaded: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             requirements: parsed.iter().map(|r| r.canonical()).collect(),
             config,
+            isolation: chosen,
             parsed_requirements: parsed,
             dir: dir.clone(),
             retired: AtomicBool::new(false),

@@ -187,7 +187,7 @@ async fn apply(api: &Api, shared: &SharedRegistry, change: &Change) -> Result<()
     };
     let registry = api.registry.clone();
     let name = change.name.clone();
-    let lambda = tokio::task::spawn_blocking(move || registry.upload(&name, &archive)).await??;
+    let lambda = tokio::task::spawn_blocking(move || registry.upload(&name, &archive, None)).await??;
     tracing::info!(lambda = %lambda.name, change = change.change, "lambda updated from the shared registry");
     crate::api::uploaded(api, &lambda, false);
     Ok(())

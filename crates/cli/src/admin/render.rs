@@ -282,6 +282,9 @@ pub fn render_ls(lambdas: &[(Value, Option<&Value>)], now: u64) -> String {
 pub fn render_show(meta: &Value, figures: Option<&Value>, now: u64) -> String {
     let mut rows: Vec<(&str, String)> =
         vec![("name", meta["name"].as_str().unwrap_or("?").to_string()), ("version", number(&meta["version"]))];
+    if let Some(backend) = meta["backend"].as_str() {
+        rows.push(("backend", backend.to_string()));
+    }
     if let Some(t) = meta["uploaded"].as_u64() {
         rows.push(("uploaded", format!("{} ({})", rfc3339(t), ago(t, now))));
     }
@@ -398,6 +401,20 @@ pub fn render_stats(s: &Value) -> String {
         let _ = write!(sandboxes, " (paused {paused})");
     }
     rows.push(("sandboxes", sandboxes));
+    // A worker with more than one isolation class: each back-end's sandboxes.
+    if let Some(backends) = s["backends"].as_object().filter(|b| b.len() > 1) {
+        for (name, b) in backends {
+            let sb = &b["sandboxes"];
+            let line = format!(
+                "{name}: starting {}, busy {}, idle {}; {} made",
+                number(&sb["starting"]),
+                number(&sb["busy"]),
+                number(&sb["idle"]),
+                number(&b["counters"]["created"])
+            );
+            rows.push(("  by back-end", line));
+        }
+    }
     let lambdas = &s["lambdas"];
     if let Some(per) = lambdas["per_lambda"].as_object() {
         let queued: u64 = per.values().filter_map(|f| f["queued"].as_u64()).sum();

@@ -19,7 +19,9 @@ use sprout_sandbox::vm::backend::{VmBackend, VmBackendConfig};
 use sprout_sandbox::{cleanup, Backend};
 
 use super::serve::Claimed;
+use crate::backends::Backends;
 use crate::config::{BackendKind, Config};
+use crate::isolation::Isolation;
 use crate::networks::LambdaNetworks;
 use crate::packages::install_cache::InstallCache;
 use crate::packages::pip::{Installer, InstallerConfig};
@@ -29,7 +31,9 @@ use crate::packages::Packages;
 pub(super) struct Engine {
     pub stage: Arc<Stage>,
     pub packages: Arc<Packages>,
-    pub backend: Arc<dyn Backend>,
+    /// Every back-end the worker runs (one per isolation class), as one.
+    pub backend: Arc<Backends>,
+    pub isolation: Arc<Isolation>,
     pub networks: Arc<LambdaNetworks>,
     pub volumes: usize,
 }
@@ -64,14 +68,19 @@ impl Engine {
             }
         }
         let packages = Arc::new(make_packages(config, install_cache, stage.clone(), layout.clone(), &parents[0]));
-        let backend = match make_backend(config, dir, layout.clone(), parents, stage.clone()).await {
+        let isolation = Arc::new(Isolation::new(
+            config.sandbox.backend,
+            &config.isolation.classes,
+            config.isolation.lambdas.clone().into_iter().collect(),
+        ));
+        let backend = match make_backends(config, dir, layout.clone(), parents, stage.clone(), &isolation).await {
             Ok(b) => b,
             Err(e) => {
                 let _ = cleanup::cleanup(dir, layout, parents);
                 return Err(e);
             }
         };
-        let networks = match make_networks(config, dir, &backend, &stage, &claimed.tag, claimed.seed).await {
+        let networks = match make_networks(config, dir, &backend, &isolation, &stage, &claimed.tag, claimed.seed).await {
             Ok(n) => Arc::new(n),
             Err(e) => {
                 backend.shutdown().await;
@@ -83,7 +92,7 @@ impl Engine {
         if let Some(tree) = static_tree {
             preload_tree(tree, &backend, &packages);
         }
-        Ok(Engine { stage, packages, backend, networks, volumes: volumes.len() })
+        Ok(Engine { stage, packages, backend, isolation, networks, volumes: volumes.len() })
     }
 
     /// Take down what the engine holds beyond the sandboxes (those go with the instances):
@@ -126,7 +135,7 @@ pub fn make_packages(config: &Config, cache: InstallCache, stage: Arc<Stage>, la
 
 /// Make the configured static Zygote tree in the background (its packages may take a while
 /// to install). The file was checked before the worker started anything.
-fn preload_tree(tree: crate::packages::tree::TreeNode, backend: &Arc<dyn Backend>, packages: &Arc<Packages>) {
+fn preload_tree(tree: crate::packages::tree::TreeNode, backend: &Arc<Backends>, packages: &Arc<Packages>) {
     let Some(cache) = backend.import_cache() else {
         tracing::warn!("import_cache.tree is set but the {} backend has no Zygotes", backend.name());
         return;
@@ -143,19 +152,23 @@ fn preload_tree(tree: crate::packages::tree::TreeNode, backend: &Arc<dyn Backend
     });
 }
 
-/// The lambdas' networks: with `network.isolate` (and a back-end that can join a lambda's
-/// namespace: the lean ones, and runc by the namespace's path), claim the worker's
-/// block, make its table and start the pool of namespaces; then give every sandbox an
-/// /etc/hosts naming the services.
+/// The lambdas' networks: with `network.isolate` (and back-ends that can join a lambda's
+/// namespace: the lean ones, runc by the namespace's path, gVisor's pods), claim the
+/// worker's block, make its table and start the pool of namespaces; then give every sandbox
+/// an /etc/hosts naming the services.
 async fn make_networks(
     config: &Config,
     dir: &Path,
-    backend: &Arc<dyn Backend>,
+    backend: &Arc<Backends>,
+    isolation: &Isolation,
     stage: &Arc<Stage>,
     tag: &str,
     seed: u32,
 ) -> Result<LambdaNetworks> {
-    let joins = matches!(config.sandbox.backend, BackendKind::Sock | BackendKind::SockNoZygote | BackendKind::Runc | BackendKind::Gvisor);
+    let joins = isolation
+        .available()
+        .iter()
+        .all(|kind| matches!(kind, BackendKind::Sock | BackendKind::SockNoZygote | BackendKind::Runc | BackendKind::Gvisor));
     let specs = config.network.services();
     let networks = if config.network.isolate && joins {
         let cfg = NetworkConfig {
@@ -177,7 +190,7 @@ async fn make_networks(
     } else {
         if config.network.isolate {
             tracing::warn!(
-                "the {} backend does not isolate lambdas' networks (network.isolate applies to sock, sock-nozygote and runc)",
+                "the {} backend does not isolate lambdas' networks (network.isolate applies to sock, sock-nozygote, runc and gvisor)",
                 config.sandbox.backend.name()
             );
         } else {
@@ -210,14 +223,47 @@ pub(super) fn memory_budget(config: &Config, backend: &dyn Backend) -> Result<Op
     Ok(Some(crate::budget::Budget::new(mb << 20)))
 }
 
-async fn make_backend(config: &Config, dir: &Path, layout: Arc<Layout>, parents: &[String], stage: Arc<Stage>) -> Result<Arc<dyn Backend>> {
+/// A back-end for each isolation class the worker runs, the default first; those started
+/// are shut down again if a later one fails.
+async fn make_backends(
+    config: &Config,
+    dir: &Path,
+    layout: Arc<Layout>,
+    parents: &[String],
+    stage: Arc<Stage>,
+    isolation: &Isolation,
+) -> Result<Arc<Backends>> {
+    let mut made: Vec<Arc<dyn Backend>> = Vec::new();
+    for kind in isolation.available() {
+        match make_backend(config, *kind, dir, layout.clone(), parents, stage.clone()).await {
+            Ok(backend) => made.push(backend),
+            Err(e) => {
+                for backend in made {
+                    backend.shutdown().await;
+                }
+                return Err(e.context(format!("starting the {} back-end", kind.name())));
+            }
+        }
+    }
+    let default = made.remove(0);
+    Ok(Arc::new(Backends::new(default, made)))
+}
+
+async fn make_backend(
+    config: &Config,
+    kind: BackendKind,
+    dir: &Path,
+    layout: Arc<Layout>,
+    parents: &[String],
+    stage: Arc<Stage>,
+) -> Result<Arc<dyn Backend>> {
     let limits = config.sandbox_limits();
-    match config.sandbox.backend {
+    match kind {
         BackendKind::Sock | BackendKind::SockNoZygote => {
             let pool =
                 Arc::new(CgroupPool::new(layout.clone(), &parents[0], limits, config.sandbox.cgroup_pool, config.sandbox.cgroup_pool * 4)?);
             let zygote_limits = Limits { memory_bytes: config.sandbox.zygote_memory_mb << 20, pids: 1024, cpus: 0.0 };
-            let zygotes = (config.sandbox.backend == BackendKind::Sock).then(|| {
+            let zygotes = (kind == BackendKind::Sock).then(|| {
                 let ic = &config.import_cache;
                 ImportCache::new(
                     ImportCacheConfig {

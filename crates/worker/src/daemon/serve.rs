@@ -53,7 +53,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
         listen = %c.worker.listen,
         app = %c.app.listen,
         volumes = engine.volumes,
-        backend = engine.backend.name(),
+        backends = ?engine.backend.names(),
         auth = c.worker.auth,
         lambdas = api.registry.list().len(),
         cgroups = format!("v{}", claimed.layout.version()),
@@ -191,9 +191,11 @@ async fn assemble(claimed: &Claimed, engine: &Engine, listeners: &Listeners) -> 
     let (config, dir) = (&claimed.config, claimed.dir.as_path());
     let caps = Caps { max_bytes: config.limits.max_unpacked_mb << 20, max_files: config.limits.max_files };
     let checker = Checker::new(&config.base.path, &config.sandbox.python, config.sandbox.uid, config.sandbox.gid);
-    let registry = Arc::new(Registry::open(&engine.stage.registry, caps, checker, config.packages.allow_unpinned)?);
-    let logs = Logs::new(config.logs.to_config(dir), engine.backend.name()).context("opening the lambdas' logs (DIR/logs)")?;
-    let provisioning = Provisioning { packages: engine.packages.clone(), networks: engine.networks.clone() };
+    let registry =
+        Arc::new(Registry::open(&engine.stage.registry, caps, checker, config.packages.allow_unpinned, engine.isolation.clone())?);
+    let logs = Logs::new(config.logs.to_config(dir)).context("opening the lambdas' logs (DIR/logs)")?;
+    let provisioning =
+        Provisioning { packages: engine.packages.clone(), networks: engine.networks.clone(), isolation: engine.isolation.clone() };
     let instances = Instances::new(engine.backend.clone(), Arc::new(provisioning), instance_config(claimed, engine)?, logs.clone());
     let metrics =
         Arc::new(Metrics::new(engine.backend.clone(), instances.clone(), engine.packages.clone(), engine.networks.clone(), logs.clone()));

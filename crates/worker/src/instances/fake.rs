@@ -59,9 +59,16 @@ pub struct Script {
 pub struct FakeBackend {
     pub script: Arc<Mutex<Script>>,
     next_id: AtomicU64,
+    /// Its name; empty: "fake".
+    name: &'static str,
 }
 
 impl FakeBackend {
+    /// One answering to `name`, as a worker's second back-end does.
+    pub fn named(name: &'static str) -> FakeBackend {
+        FakeBackend { name, ..FakeBackend::default() }
+    }
+
     pub fn events(&self) -> Vec<Event> {
         self.script.lock().unwrap().events.clone()
     }
@@ -81,7 +88,11 @@ struct FakeSandbox {
 #[async_trait]
 impl Backend for FakeBackend {
     fn name(&self) -> &'static str {
-        "fake"
+        if self.name.is_empty() {
+            "fake"
+        } else {
+            self.name
+        }
     }
 
     async fn create(&self, _spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, CreateError> {
@@ -97,7 +108,11 @@ impl Backend for FakeBackend {
     }
 
     fn stats(&self) -> BackendStats {
-        BackendStats::default()
+        BackendStats {
+            created: self.count(Event::Created) as u64,
+            destroyed: self.count(Event::Destroyed) as u64,
+            ..BackendStats::default()
+        }
     }
 
     async fn shutdown(&self) {}
@@ -197,6 +212,7 @@ impl Prepare for PlainSpecs {
             attached: None,
             network: None,
             output: None,
+            backend: None,
         })
     }
 }

@@ -1,4 +1,4 @@
-//! What the instance manager counts: sandboxes by state, how long new sandboxes took to start,
+//! What the instance manager counts: sandboxes by state and back-end, how long new sandboxes took to start,
 //! and requests run again by reason. The Prometheus handles are registered by
 //! [`crate::metrics`]; the start times are kept as an HdrHistogram too, for `/stats`.
 
@@ -37,6 +37,7 @@ impl SandboxState {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
     pub state: &'static str,
+    pub backend: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -49,19 +50,21 @@ pub struct InstanceFigures {
     pub sandbox_start: Histogram,
     pub retries: Family<ReasonLabels, Counter>,
     start_times: Mutex<Hdr<u64>>,
+    /// The back-ends sandboxes were counted under, in first-counted order.
+    backends: Mutex<Vec<&'static str>>,
 }
 
-impl Default for InstanceFigures {
-    fn default() -> Self {
+impl InstanceFigures {
+    /// Figures with every state of `default`'s sandboxes shown at zero.
+    pub fn new(default: &'static str) -> Self {
         let figures = InstanceFigures {
             sandboxes: Family::default(),
             sandbox_start: crate::metrics::latency_histogram(),
             retries: Family::default(),
             start_times: Mutex::new(crate::metrics::microsecond_hdr()),
+            backends: Mutex::new(Vec::new()),
         };
-        for state in SandboxState::ALL {
-            figures.sandboxes.get_or_create(&StateLabels { state: state.label() }).set(0);
-        }
+        figures.state(default, SandboxState::Idle, 0);
         for reason in Reason::ALL {
             let _shown_at_zero = figures.retries.get_or_create(&ReasonLabels { reason: reason.label() });
         }
@@ -70,14 +73,32 @@ impl Default for InstanceFigures {
 }
 
 impl InstanceFigures {
-    pub fn state(&self, state: SandboxState, delta: i64) {
+    /// `delta` more (or fewer) of `backend`'s sandboxes in `state`.
+    pub fn state(&self, backend: &'static str, state: SandboxState, delta: i64) {
+        {
+            let mut backends = self.backends.lock().unwrap();
+            if !backends.contains(&backend) {
+                backends.push(backend);
+                for state in SandboxState::ALL {
+                    self.sandboxes.get_or_create(&StateLabels { state: state.label(), backend }).set(0);
+                }
+            }
+        }
         if delta != 0 {
-            self.sandboxes.get_or_create(&StateLabels { state: state.label() }).inc_by(delta);
+            self.sandboxes.get_or_create(&StateLabels { state: state.label(), backend }).inc_by(delta);
         }
     }
 
+    /// Sandboxes in `state`, of every back-end.
     pub fn in_state(&self, state: SandboxState) -> i64 {
-        self.sandboxes.get_or_create(&StateLabels { state: state.label() }).get()
+        self.by_backend().iter().map(|(_, counts)| counts[state as usize]).sum()
+    }
+
+    /// Each back-end's sandboxes starting, busy and idle (in [`SandboxState::ALL`]'s order).
+    pub fn by_backend(&self) -> Vec<(&'static str, [i64; 3])> {
+        let backends = self.backends.lock().unwrap().clone();
+        let count = |backend, state: SandboxState| self.sandboxes.get_or_create(&StateLabels { state: state.label(), backend }).get();
+        backends.into_iter().map(|b| (b, SandboxState::ALL.map(|s| count(b, s)))).collect()
     }
 
     pub fn started(&self, took: Duration) {

@@ -25,7 +25,7 @@
 mod admission;
 mod cpu;
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 mod figures;
 pub mod pools;
 mod prepare;
@@ -124,6 +124,8 @@ pub struct Invocation {
 struct Kept {
     sandbox: Box<dyn Sandbox>,
     lambda: Arc<Lambda>,
+    /// The back-end that made it.
+    backend: &'static str,
     /// Where its output goes: its lambda's log.
     output: Arc<SandboxOutput>,
     /// Counts it among its lambda's sandboxes while it exists.
@@ -240,6 +242,7 @@ impl Instances {
                 .ok(),
             _ => None,
         };
+        let figures = InstanceFigures::new(backend.name());
         let instances = Arc::new_cyclic(|me| Instances {
             memory_group,
             memory: MemoryAccounts::default(),
@@ -251,7 +254,7 @@ impl Instances {
             pools: Mutex::new(Pools::new(bounds)),
             cache: handler_cache::Counters::default(),
             idle_times,
-            figures: InstanceFigures::default(),
+            figures,
             destroying: Arc::new(AtomicUsize::new(0)),
             closed: AtomicBool::new(false),
             measure: tokio::sync::Notify::new(),
@@ -445,8 +448,8 @@ impl Instances {
         self.evict(doomed);
         let step = match acquired {
             Acquired::Warm(idle) => {
-                self.figures.state(SandboxState::Idle, -1);
-                self.figures.state(SandboxState::Busy, 1);
+                self.figures.state(idle.occupant.backend, SandboxState::Idle, -1);
+                self.figures.state(idle.occupant.backend, SandboxState::Busy, 1);
                 Step::Warm(idle)
             }
             Acquired::Create => Step::Create,
@@ -475,8 +478,8 @@ impl Instances {
                     }
                     Ok(Admitted::Queued(rx)) => Step::Wait(rx),
                     Ok(Admitted::Warm(idle)) => {
-                        self.figures.state(SandboxState::Idle, -1);
-                        self.figures.state(SandboxState::Busy, 1);
+                        self.figures.state(idle.occupant.backend, SandboxState::Idle, -1);
+                        self.figures.state(idle.occupant.backend, SandboxState::Busy, 1);
                         Step::Warm(idle)
                     }
                     Err(failure) => {
@@ -488,7 +491,7 @@ impl Instances {
                     Grant::Sandbox(kept) if kept.lambda.version == lambda.version => return Ok(Lease { kept, cold: false }),
                     Grant::Sandbox(kept) => {
                         // A sandbox of another version: swap it for room to make a current one.
-                        self.figures.state(SandboxState::Busy, -1);
+                        self.figures.state(kept.backend, SandboxState::Busy, -1);
                         self.destroy(kept.sandbox);
                         Step::Create
                     }
@@ -513,7 +516,7 @@ impl Instances {
         }
         if killed || !kept.sandbox.reusable() {
             self.cache.evicted(Eviction::Dead, 1);
-            self.figures.state(SandboxState::Busy, -1);
+            self.figures.state(kept.backend, SandboxState::Busy, -1);
             self.destroy(kept.sandbox);
             return None;
         }
@@ -546,29 +549,31 @@ impl Instances {
 
     /// Provision a sandbox for `lambda` once admitted; room for it is already counted.
     async fn create_admitted(&self, lambda: &Arc<Lambda>, made: admission::Made) -> Result<Lease, Failure> {
-        self.figures.state(SandboxState::Starting, 1);
-        let output = self.logs.sandbox_output(&lambda.name, lambda.version);
+        let mut backend = self.backend.name();
         let created = match self.prepare.spec(lambda, self.cfg.limits).await {
             Ok(mut spec) => {
+                backend = spec.backend.unwrap_or(backend);
+                let output = self.logs.sandbox_output(&lambda.name, lambda.version, backend);
                 spec.output = Some(output.clone());
-                self.backend.create(&spec).await
+                self.figures.state(backend, SandboxState::Starting, 1);
+                let created = self.backend.create(&spec).await;
+                self.figures.state(backend, SandboxState::Starting, -1);
+                created.map(|sandbox| (sandbox, output)).map_err(|e| match e {
+                    CreateError::Load { message, traceback } => Failure::Load { message, traceback },
+                    CreateError::Platform(e) => Failure::Platform(e.to_string()),
+                })
             }
-            .map_err(|e| match e {
-                CreateError::Load { message, traceback } => Failure::Load { message, traceback },
-                CreateError::Platform(e) => Failure::Platform(e.to_string()),
-            }),
             Err(failure) => Err(failure),
         };
-        self.figures.state(SandboxState::Starting, -1);
         match created {
-            Ok(sandbox) => {
+            Ok((sandbox, output)) => {
                 if let (Some(cpu), Some(handle)) = (&self.cpu, sandbox.cpu_control()) {
                     let writes = cpu.lock().unwrap().added(&lambda.name, sandbox.id(), handle);
                     write_cpu_weights(writes);
                 }
                 self.figures.started(sandbox.startup());
-                self.figures.state(SandboxState::Busy, 1);
-                Ok(Lease { kept: Kept { sandbox, lambda: lambda.clone(), output, _made: made }, cold: true })
+                self.figures.state(backend, SandboxState::Busy, 1);
+                Ok(Lease { kept: Kept { sandbox, lambda: lambda.clone(), backend, output, _made: made }, cold: true })
             }
             Err(failure) => {
                 // Requests waiting for this one get its room instead.
@@ -598,7 +603,7 @@ impl Instances {
         }
         let keep =
             reusable && self.cfg.keep_warm && lambda.config.reuse_sandbox && !self.closed.load(Ordering::Acquire) && lambda.is_current();
-        let id = lease.kept.sandbox.id();
+        let (id, backend) = (lease.kept.sandbox.id(), lease.kept.backend);
         let released = {
             let mut pools = self.pools.lock().unwrap();
             let released = pools.release(&lambda.name, lease.kept, keep, Instant::now());
@@ -607,8 +612,8 @@ impl Instances {
                 (Released::Idle, Some(after)) => {
                     let unloaded = pools.evict_ids(&[id], Eviction::Prewarm);
                     drop(pools);
-                    self.figures.state(SandboxState::Busy, -1);
-                    self.figures.state(SandboxState::Idle, 1);
+                    self.figures.state(backend, SandboxState::Busy, -1);
+                    self.figures.state(backend, SandboxState::Idle, 1);
                     self.evict(unloaded);
                     self.schedule_prewarm(lambda, after);
                     return;
@@ -619,14 +624,14 @@ impl Instances {
         match released {
             Released::Handed => {}
             Released::Idle => {
-                self.figures.state(SandboxState::Busy, -1);
-                self.figures.state(SandboxState::Idle, 1);
+                self.figures.state(backend, SandboxState::Busy, -1);
+                self.figures.state(backend, SandboxState::Idle, 1);
                 if self.cfg.handler_cache.pause {
                     self.schedule_pause(lambda.name.clone(), id);
                 }
             }
             Released::Destroy(kept) => {
-                self.figures.state(SandboxState::Busy, -1);
+                self.figures.state(kept.backend, SandboxState::Busy, -1);
                 self.destroy(kept.sandbox);
             }
         }
@@ -659,8 +664,8 @@ impl Instances {
     /// What a sandbox evicted for the memory budget holds is counted as being freed until it
     /// is gone, so the next admission does not evict for it again.
     fn evict(&self, doomed: Vec<(Kept, Eviction)>) {
-        self.figures.state(SandboxState::Idle, -(doomed.len() as i64));
         for (kept, why) in doomed {
+            self.figures.state(kept.backend, SandboxState::Idle, -1);
             self.cache.evicted(why, 1);
             let freeing = if matches!(why, Eviction::Budget) { kept.sandbox.memory_bytes() } else { 0 };
             self.destroy_freeing(kept.sandbox, freeing);
@@ -832,8 +837,8 @@ impl Instances {
     pub async fn shutdown(&self) {
         self.closed.store(true, Ordering::Release);
         let idle = self.pools.lock().unwrap().shutdown();
-        self.figures.state(SandboxState::Idle, -(idle.len() as i64));
         for kept in idle {
+            self.figures.state(kept.backend, SandboxState::Idle, -1);
             self.destroy(kept.sandbox);
         }
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -1,5 +1,6 @@
 //! What a lambda's new sandbox is made with: its packages (resolved and installed once, or
-//! afresh with the install cache off) and its network namespace and service environment. The
+//! afresh with the install cache off), its network namespace and service environment, and
+//! the back-end of its isolation class ([`crate::isolation`]). The
 //! instance manager asks a [`Prepare`] for a [`SandboxSpec`] before every cold start; the
 //! worker's is [`Provisioning`], its tests' a plain spec.
 
@@ -9,6 +10,7 @@ use async_trait::async_trait;
 use sprout_sandbox::{Limits, SandboxSpec};
 
 use super::Failure;
+use crate::isolation::Isolation;
 use crate::networks::LambdaNetworks;
 use crate::packages::Packages;
 use crate::registry::Lambda;
@@ -23,11 +25,14 @@ pub trait Prepare: Send + Sync {
 pub struct Provisioning {
     pub packages: Arc<Packages>,
     pub networks: Arc<LambdaNetworks>,
+    pub isolation: Arc<Isolation>,
 }
 
 #[async_trait]
 impl Prepare for Provisioning {
     async fn spec(&self, lambda: &Lambda, limits: Limits) -> Result<SandboxSpec, Failure> {
+        let class = (self.isolation.class(&lambda.name, lambda.isolation, lambda.config.isolation))
+            .map_err(|e| Failure::Platform(format!("the lambda's isolation class cannot run: {e}")))?;
         let packages = self.packages.for_sandbox(&lambda.parsed_requirements).await.map_err(Failure::Install)?;
         let network = (self.networks.for_lambda(&lambda.name).await)
             .map_err(|e| Failure::Platform(format!("no network namespace for the lambda: {e}")))?;
@@ -41,6 +46,7 @@ impl Prepare for Provisioning {
             paths: packages.paths.clone(),
             attached: Some(packages),
             output: None, // the instance manager's, per sandbox
+            backend: Some(class.name()),
         })
     }
 }

@@ -83,7 +83,6 @@ pub struct RequestTag {
 /// Every lambda's logs.
 pub struct Logs {
     cfg: LogConfig,
-    backend: Arc<str>,
     files: Option<Files>,
     lambdas: Mutex<HashMap<String, Arc<LambdaLog>>>,
     /// Recent request ids and their lambdas, so a search by id looks in one place.
@@ -110,20 +109,20 @@ struct LogState {
 }
 
 impl Logs {
-    /// Logs for a worker whose sandboxes come from `backend`; files under `cfg.dir`.
-    pub fn new(cfg: LogConfig, backend: &'static str) -> std::io::Result<Arc<Logs>> {
+    /// Logs with files under `cfg.dir`.
+    pub fn new(cfg: LogConfig) -> std::io::Result<Arc<Logs>> {
         let files = match &cfg.dir {
             Some(dir) => Some(Files::start(dir.clone(), cfg.max_bytes, 65_536)?),
             None => None,
         };
         let recent = Mutex::new(RecentRequests::new(100_000));
-        Ok(Arc::new(Logs { cfg, backend: Arc::from(backend), files, lambdas: Mutex::default(), recent, closed: Default::default() }))
+        Ok(Arc::new(Logs { cfg, files, lambdas: Mutex::default(), recent, closed: Default::default() }))
     }
 
     /// Logs kept in memory only (tests).
     #[cfg(test)]
     pub fn in_memory() -> Arc<Logs> {
-        Logs::new(LogConfig::default(), "fake").expect("no files to open")
+        Logs::new(LogConfig::default()).expect("no files to open")
     }
 
     /// `name`'s log, opened (its numbering continued from its files) on first use.
@@ -155,8 +154,9 @@ impl Logs {
     }
 
     /// The sink for a new sandbox of version `version` of lambda `name`.
-    pub fn sandbox_output(self: &Arc<Logs>, name: &str, version: u64) -> Arc<SandboxOutput> {
-        Arc::new(SandboxOutput { logs: self.clone(), log: self.lambda(name), version, current: Mutex::new(None) })
+    pub fn sandbox_output(self: &Arc<Logs>, name: &str, version: u64, backend: &'static str) -> Arc<SandboxOutput> {
+        let backend = Arc::from(backend);
+        Arc::new(SandboxOutput { logs: self.clone(), log: self.lambda(name), version, backend, current: Mutex::new(None) })
     }
 
     /// Keep `entry` in `log`: numbered, in the ring, queued for the files, sent to followers.
@@ -317,6 +317,8 @@ pub struct SandboxOutput {
     logs: Arc<Logs>,
     log: Arc<LambdaLog>,
     version: u64,
+    /// The back-end that made its sandbox.
+    backend: Arc<str>,
     current: Mutex<Option<Current>>,
 }
 
@@ -344,7 +346,7 @@ impl SandboxOutput {
         let mut e = Entry::now(&self.log.name, self.version, kind, message);
         e.request_id = request;
         e.sandbox = Some(sandbox);
-        e.backend = Some(self.logs.backend.clone());
+        e.backend = Some(self.backend.clone());
         e
     }
 

@@ -23,7 +23,7 @@ fn kinds(entries: &[Arc<Entry>]) -> Vec<(Kind, Option<&str>, &str)> {
 #[test]
 fn output_belongs_to_the_request_under_way() {
     let logs = Logs::in_memory();
-    let out = logs.sandbox_output("echo", 2);
+    let out = logs.sandbox_output("echo", 2, "fake");
     out.write(7, b"loading\n");
     out.begin(&tag("r1"), 7, true);
     out.write(7, b"hello\nworld\r\n");
@@ -51,7 +51,7 @@ fn output_belongs_to_the_request_under_way() {
 #[test]
 fn a_handler_error_is_logged_before_the_report() {
     let logs = Logs::in_memory();
-    let out = logs.sandbox_output("fail", 1);
+    let out = logs.sandbox_output("fail", 1, "fake");
     out.begin(&tag("r9"), 3, false);
     let tb = "Traceback (most recent call last):\nZeroDivisionError: division by zero";
     out.finish(&RunReport { error: Some(("division by zero", Some(tb))), ..report(3, "handler_exception") });
@@ -65,10 +65,10 @@ fn a_handler_error_is_logged_before_the_report() {
 #[test]
 fn a_flood_is_dropped_past_the_rate_and_counted_without_touching_another_lambda() {
     let cfg = LogConfig { rate_bytes: 10_000, burst_bytes: 20_000, memory_bytes: 64 << 10, ..LogConfig::default() };
-    let logs = Logs::new(cfg, "fake").unwrap();
-    let quiet = logs.sandbox_output("quiet", 1);
+    let logs = Logs::new(cfg).unwrap();
+    let quiet = logs.sandbox_output("quiet", 1, "fake");
     quiet.write(1, b"important\n");
-    let noisy = logs.sandbox_output("noisy", 1);
+    let noisy = logs.sandbox_output("noisy", 1, "fake");
     noisy.begin(&tag("flood"), 2, false);
     let line = [b'x'; 99].iter().chain(b"\n").copied().collect::<Vec<u8>>();
     let chunk: Vec<u8> = line.repeat(100); // 10,000 bytes a chunk
@@ -94,7 +94,7 @@ fn a_flood_is_dropped_past_the_rate_and_counted_without_touching_another_lambda(
 #[test]
 fn queries_take_the_newest_matching_oldest_first() {
     let logs = Logs::in_memory();
-    let out = logs.sandbox_output("l", 1);
+    let out = logs.sandbox_output("l", 1, "fake");
     for i in 0..10 {
         out.write(1, format!("line {i}\n").as_bytes());
     }
@@ -112,7 +112,7 @@ fn all_ts(logs: &Logs) -> f64 {
 async fn followers_get_new_entries() {
     let logs = Logs::in_memory();
     let mut follower = logs.follow("f");
-    let out = logs.sandbox_output("f", 1);
+    let out = logs.sandbox_output("f", 1, "fake");
     out.write(4, b"one\n");
     let got = tokio::time::timeout(Duration::from_secs(5), follower.recv()).await.unwrap().unwrap();
     assert_eq!(got.message, "one");
@@ -131,8 +131,8 @@ fn files_keep_logs_past_the_ring_and_across_a_restart() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = LogConfig { dir: Some(tmp.path().to_path_buf()), memory_bytes: 4096, ..LogConfig::default() };
     {
-        let logs = Logs::new(cfg.clone(), "fake").unwrap();
-        let out = logs.sandbox_output("p", 1);
+        let logs = Logs::new(cfg.clone()).unwrap();
+        let out = logs.sandbox_output("p", 1, "fake");
         for i in 0..200 {
             out.write(1, format!("line {i}\n").as_bytes());
         }
@@ -141,9 +141,9 @@ fn files_keep_logs_past_the_ring_and_across_a_restart() {
         assert_eq!(all.len(), 200);
         assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), (1..=200).collect::<Vec<_>>());
     }
-    let logs = Logs::new(cfg, "fake").unwrap();
+    let logs = Logs::new(cfg).unwrap();
     assert!(logs.has("p") && !logs.has("q"));
-    let out = logs.sandbox_output("p", 2);
+    let out = logs.sandbox_output("p", 2, "fake");
     out.write(1, b"after restart\n");
     let last = logs.query("p", &Query { limit: 2, ..Query::default() });
     assert_eq!(last.iter().map(|e| (e.seq, e.message.as_str())).collect::<Vec<_>>(), [(200, "line 199"), (201, "after restart")]);
