@@ -179,6 +179,28 @@ def test_code_replaced_or_deleted_through_one_worker_reaches_every_worker_within
     while served_by_every_worker(state, "/run/version") != [404] * 3:
         assert time.time() - started < SPREAD_BOUND_S, served_by_every_worker(state, "/run/version")
         time.sleep(0.05)
+    # The operator's isolation class travels with the code (the fleet's workers run sock only).
+    put(f"{first}/registry/classed?isolation=sock", token, targz({"f.py": "def f(event):\n    return 1\n"}))
+    put(f"{second}/registry/classed", token, targz({"f.py": "def f(event):\n    return 2\n"}))
+    started = time.time()
+    while classes_of_every_worker(state, token, "classed") != [(2, "sock", "sock")] * 3:
+        assert time.time() - started < SPREAD_BOUND_S, classes_of_every_worker(state, token, "classed")
+        time.sleep(0.05)
+
+
+def classes_of_every_worker(state, token, name):
+    """Each worker's (version's reply, isolation chosen, backend) of lambda `name`."""
+    seen = []
+    for m in state["members"]:
+        base = f"http://{m['addr']}:5000"
+        request = urllib.request.Request(f"{base}/registry/{name}", headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as r:
+                meta = json.loads(r.read())
+            seen.append((json.loads(get(f"{base}/run/{name}", timeout=10)[2]), meta.get("isolation"), meta.get("backend")))
+        except urllib.error.HTTPError as e:
+            seen.append(e.code)
+    return seen
 
 
 def test_an_upload_the_shared_registry_cannot_take_is_refused_with_its_reason(fleet):

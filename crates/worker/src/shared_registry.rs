@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS sprout_lambdas (
     sha256 text NOT NULL,
     archive bytea,
     updated timestamptz NOT NULL DEFAULT now()
-);";
+);
+ALTER TABLE sprout_lambdas ADD COLUMN IF NOT EXISTS isolation text;";
 
 /// One lambda's latest change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +37,9 @@ pub struct Change {
     /// Of the archive; empty when deleted.
     pub sha256: String,
     pub deleted: bool,
+    /// The operator's isolation class for it, if one was ever given (an upload naming none
+    /// keeps it).
+    pub isolation: Option<String>,
 }
 
 /// The connection to the fleet's registry.
@@ -62,15 +66,16 @@ impl SharedRegistry {
         Ok(SharedRegistry { client })
     }
 
-    /// Record an upload; returns its change number.
-    pub async fn publish(&self, name: &str, sha256: &str, archive: &[u8]) -> Result<i64> {
+    /// Record an upload and the operator's isolation class for it; returns its change number.
+    pub async fn publish(&self, name: &str, sha256: &str, archive: &[u8], isolation: Option<&str>) -> Result<i64> {
         let row = self
             .client
             .query_one(
-                "INSERT INTO sprout_lambdas (name, change, sha256, archive) VALUES ($1, nextval('sprout_lambda_changes'), $2, $3)
-                 ON CONFLICT (name) DO UPDATE SET change = EXCLUDED.change, sha256 = EXCLUDED.sha256, archive = EXCLUDED.archive, updated = now()
+                "INSERT INTO sprout_lambdas (name, change, sha256, archive, isolation) VALUES ($1, nextval('sprout_lambda_changes'), $2, $3, $4)
+                 ON CONFLICT (name) DO UPDATE SET change = EXCLUDED.change, sha256 = EXCLUDED.sha256, archive = EXCLUDED.archive,
+                   isolation = COALESCE(EXCLUDED.isolation, sprout_lambdas.isolation), updated = now()
                  RETURNING change",
-                &[&name, &sha256, &archive],
+                &[&name, &sha256, &archive, &isolation],
             )
             .await
             .context("storing the lambda in the shared registry")?;
@@ -100,9 +105,14 @@ impl SharedRegistry {
     pub async fn changes_since(&self, after: i64) -> Result<Vec<Change>> {
         let rows = self
             .client
-            .query("SELECT name, change, sha256, archive IS NULL FROM sprout_lambdas WHERE change > $1 ORDER BY change", &[&after])
+            .query(
+                "SELECT name, change, sha256, archive IS NULL, isolation FROM sprout_lambdas WHERE change > $1 ORDER BY change",
+                &[&after],
+            )
             .await?;
-        Ok(rows.iter().map(|r| Change { name: r.get(0), change: r.get(1), sha256: r.get(2), deleted: r.get(3) }).collect())
+        let change =
+            |r: &tokio_postgres::Row| Change { name: r.get(0), change: r.get(1), sha256: r.get(2), deleted: r.get(3), isolation: r.get(4) };
+        Ok(rows.iter().map(change).collect())
     }
 
     /// The archive of `name` as of change `change` (None if it changed again since).
@@ -179,7 +189,13 @@ async fn apply(api: &Api, shared: &SharedRegistry, change: &Change) -> Result<()
         }
         return Ok(());
     }
-    if local.is_some_and(|l| l.sha256 == change.sha256) {
+    // The class the operator gave it through any worker; one this worker does not run
+    // leaves the lambda as it was here, never served in a weaker class.
+    let chosen = match &change.isolation {
+        Some(class) => Some(api.registry.isolation().parse(class).with_context(|| format!("applying {}", change.name))?),
+        None => None,
+    };
+    if local.is_some_and(|l| l.sha256 == change.sha256 && l.isolation == chosen) {
         return Ok(()); // uploaded here, or already applied
     }
     let Some(archive) = shared.archive(&change.name, change.change).await? else {
@@ -187,7 +203,7 @@ async fn apply(api: &Api, shared: &SharedRegistry, change: &Change) -> Result<()
     };
     let registry = api.registry.clone();
     let name = change.name.clone();
-    let lambda = tokio::task::spawn_blocking(move || registry.upload(&name, &archive, None)).await??;
+    let lambda = tokio::task::spawn_blocking(move || registry.upload(&name, &archive, chosen)).await??;
     tracing::info!(lambda = %lambda.name, change = change.change, "lambda updated from the shared registry");
     crate::api::uploaded(api, &lambda, false);
     Ok(())
