@@ -13,12 +13,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ORDER = ["sock", "sock-isolated", "sock-nospares", "sock-nozygote", "runc", "docker"]
+ORDER = ["sock", "sock-isolated", "sock-nospares", "sock-nozygote", "gvisor", "runc", "docker"]
 COLORS = {
     "sock": "#2a9d8f",
     "sock-isolated": "#264653",
     "sock-nospares": "#90be6d",
     "sock-nozygote": "#8ab17d",
+    "gvisor": "#6d597a",
     "runc": "#e9c46a",
     "docker": "#e76f51",
 }
@@ -52,7 +53,7 @@ def main(src, dst):
     xs = range(len(names))
     series = [
         ("cold start, closed loop c=1", [backends[n]["c1"]["cold_p50_ms"] for n in names], "#457b9d", "{:.1f}"),
-        ("cold start, paced 100/s", [(backends[n].get("paced") or {}).get("cold_p50_ms", 0) for n in names], "#1d3557", "{:.1f}"),
+        ("cold start, paced (gvisor 20/s)", [(backends[n].get("paced") or {}).get("cold_p50_ms", 0) for n in names], "#1d3557", "{:.1f}"),
         ("warm invocation", [backends[n]["warm_p50_ms"] for n in names], "#a8dadc", "{:.2f}"),
     ]
     for i, (label, values, color, fmt) in enumerate(series):

@@ -3,7 +3,8 @@
 //!
 //! * [`sandboxes`]: SOCK figures 14-16 on this machine: cold starts at several concurrency
 //!   levels and warm invocations, for every sandbox backend, through the real worker;
-//!   [`isolation`] compares the isolated lean sandbox with SOCK's head to head.
+//!   [`isolation`] compares the isolated lean sandbox with SOCK's, and with gVisor's, head to
+//!   head; [`footprint`] times a new lambda's first cold start and weighs an idle one.
 //! * [`asgi`]: an ASGI hello world against the WSGI one, cold and warm, through the worker.
 //! * [`packages`]: SOCK figures 17-21: cold starts with and without the install, import and
 //!   handler caches, with real and synthetic packages, and the memory the import cache saves.
@@ -27,6 +28,7 @@ pub mod cache;
 pub mod cache_load;
 pub mod fleet;
 pub mod fleet_routing;
+mod footprint;
 mod http;
 pub mod isolation;
 pub mod keepalive;
@@ -35,5 +37,6 @@ pub mod packages;
 pub mod primitives;
 pub mod report;
 pub mod sandboxes;
+pub mod second_kernel;
 pub mod store;
 pub mod worker;

@@ -31,10 +31,17 @@ use serde_json::{json, Value};
 use crate::http::{Answer, Client};
 use crate::report;
 
-pub const BACKENDS: [&str; 6] = ["sock", "sock-isolated", "sock-nospares", "sock-nozygote", "runc", "docker"];
+pub const BACKENDS: [&str; 7] = ["sock", "sock-isolated", "sock-nospares", "sock-nozygote", "gvisor", "runc", "docker"];
 
-/// Cold starts per second of the paced point: a worker with CPU time to spare between them.
-const PACED_PER_S: f64 = 100.0;
+/// Cold starts per second of the paced point: a worker with CPU time to spare between them
+/// (gVisor's, whose forks cost ten times a host's, at the rate its target names).
+fn paced_per_s(backend: &str) -> f64 {
+    if backend == "gvisor" {
+        20.0
+    } else {
+        100.0
+    }
+}
 
 /// The worker's backend, and the keys that make `variant` what it is: for `[sandbox]`, and
 /// sections to append.
@@ -50,6 +57,8 @@ fn variant_config(variant: &str) -> (&str, &'static str, String) {
         // SOCK's sandbox without spares: every cold start forks on demand.
         "sock-nospares" => ("sock", "seccomp = false\nspares = 0\n", service(false)),
         "sock-nozygote" => ("sock-nozygote", "seccomp = false\n", "[network]\nisolate = false\n".into()),
+        // A pod per lambda under gVisor's kernel, isolated as sock-isolated is.
+        "gvisor" => ("gvisor", "seccomp = true\n", service(true)),
         other => (other, "", String::new()),
     }
 }
@@ -96,6 +105,8 @@ pub(crate) struct Worker {
     child: Child,
     dir: PathBuf,
     pub(crate) port: u16,
+    /// Its `worker.name`, which names its cgroups.
+    pub(crate) name: String,
     sprout: PathBuf,
 }
 
@@ -135,7 +146,8 @@ impl Worker {
             cmd.pre_exec(move || pin_to(cpu));
         }
         let child = cmd.spawn()?;
-        let mut worker = Worker { child, dir, port, sprout: opts.sprout.clone() };
+        let name = format!("bench-{variant}-{}", if keep_warm { "warm" } else { "cold" });
+        let mut worker = Worker { child, dir, port, name, sprout: opts.sprout.clone() };
         let deadline = Instant::now() + Duration::from_secs(600);
         loop {
             if let Some(status) = worker.child.try_wait()? {
@@ -174,6 +186,10 @@ impl Worker {
             bail!("deploying {name}: {}", String::from_utf8_lossy(&deploy.stderr));
         }
         Ok(())
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub(crate) fn url(&self) -> String {
@@ -374,13 +390,19 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
             }
             Ok(json!({"cold_p50_ms": p.ms(0.5), "cold_p99_ms": p.ms(0.99), "cold_per_s": p.per_s(), "requests": p.ok, "errors": p.errors}))
         };
+        let first = crate::footprint::first_cold_starts(opts, &cold).await?;
+        let first_p50 = crate::report::median(first.clone()).unwrap_or(0.0);
+        eprintln!("  {backend:>14} a new lambda's first cold start p50 {first_p50:.1} ms ({first:.1?})");
+        out.insert("first_cold_p50_ms".into(), json!(first_p50));
+        out.insert("first_cold_ms".into(), json!(first));
         for &c in &opts.concurrency {
             let p = closed_loop(port, c, warmup, measured, "cold", "/run/noop").await?;
             out.insert(format!("c{c}"), cold_point(format!("c={c}"), &p)?);
         }
-        let p = paced(port, PACED_PER_S, warmup, measured, "cold", "/run/noop").await?;
-        let mut paced_point = cold_point(format!("{PACED_PER_S}/s paced"), &p)?;
-        paced_point["per_s"] = json!(PACED_PER_S);
+        let per_s = paced_per_s(backend);
+        let p = paced(port, per_s, warmup, measured, "cold", "/run/noop").await?;
+        let mut paced_point = cold_point(format!("{per_s}/s paced"), &p)?;
+        paced_point["per_s"] = json!(per_s);
         out.insert("paced".into(), paced_point);
         anyhow::Ok(())
     }
@@ -389,8 +411,14 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
     result?;
     let warm = Worker::start(opts, backend, true, port)?;
     let result = async {
-        // Prime the sandbox, then time requests that reuse it.
-        closed_loop(port, 1, Duration::ZERO, Duration::from_millis(300), "", "/run/noop").await?;
+        // Prime the sandbox (weighing what it adds), then time requests that reuse it.
+        let prime = async {
+            closed_loop(port, 1, Duration::ZERO, Duration::from_millis(300), "", "/run/noop").await?;
+            anyhow::Ok(())
+        };
+        let idle = crate::footprint::idle_pss_mib(&warm, prime).await?;
+        eprintln!("  {backend:>14} an idle lambda adds {idle:.1} MiB PSS");
+        out.insert("idle_pss_mib".into(), json!(idle));
         let p = closed_loop(port, 1, Duration::from_millis(200), Duration::from_secs_f64(opts.seconds), "warm", "/run/noop").await?;
         eprintln!("  {backend:>14} warm c=1   {:>8.1}/s  p50 {:>8.3} ms  p99 {:>8.3} ms", p.per_s(), p.ms(0.5), p.ms(0.99));
         out.insert("warm_p50_ms".into(), json!(p.ms(0.5)));
@@ -447,7 +475,7 @@ pub fn run(opts: &Options) -> Result<Value> {
     }
     let isolation = if crate::isolation::VARIANTS.iter().all(|v| opts.backends.iter().any(|b| b == v)) {
         eprintln!("sock against sock-isolated, alternating rounds:");
-        match runtime.block_on(crate::isolation::compare(opts, 5700, 5)) {
+        match runtime.block_on(crate::isolation::compare(opts, 5700, 5, crate::isolation::VARIANTS, "isolated_over_sock")) {
             Ok(v) => v,
             Err(e) => {
                 eprintln!("  failed: {e:#}");
@@ -457,12 +485,23 @@ pub fn run(opts: &Options) -> Result<Value> {
     } else {
         Value::Null
     };
+    let second_kernel = if crate::isolation::SECOND_KERNEL.iter().all(|v| opts.backends.iter().any(|b| b == v)) {
+        eprintln!("sock-isolated against gvisor, alternating rounds:");
+        let compared = crate::isolation::compare(opts, 5710, 5, crate::isolation::SECOND_KERNEL, "gvisor_over_isolated");
+        runtime.block_on(compared).unwrap_or_else(|e| {
+            eprintln!("  failed: {e:#}");
+            json!({"skipped": format!("{e:#}")})
+        })
+    } else {
+        Value::Null
+    };
     if let Some(mut engine) = docker_engine {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(engine.id() as i32), nix::sys::signal::Signal::SIGTERM);
         let _ = engine.wait();
     }
     let mut results = summarize(opts, backends, pinned);
     add_isolation(&mut results, isolation);
+    crate::second_kernel::add(&mut results, second_kernel);
     report::write(&opts.out_dir, "sandboxes", &results, &markdown(&results), "plot_sandboxes.py")?;
     Ok(results)
 }
@@ -543,7 +582,9 @@ fn summarize(opts: &Options, backends: serde_json::Map<String, Value>, pinned: b
         "method": {
             "lambda": "no-op f(event) returning None, POST /run/noop over HTTP/1.1 keep-alive",
             "cold": format!("keep_warm = false: one new sandbox per request; closed loop, {} s per point after 0.5 s of warm-up", opts.seconds),
-            "paced": format!("keep_warm = false; one request every {:.0} ms on one connection, sent at once when the one before ran late; {} s after 0.5 s of warm-up", 1000.0 / PACED_PER_S, opts.seconds),
+            "paced": format!("keep_warm = false; one request every {:.0} ms (gvisor: {:.0} ms) on one connection, sent at once when the one before ran late; {} s after 0.5 s of warm-up", 1000.0 / paced_per_s("sock"), 1000.0 / paced_per_s("gvisor"), opts.seconds),
+            "first_cold": format!("{} no-op lambdas deployed one after another to the cold worker, each one's first request timed (gvisor: its pod starts too); the median", crate::footprint::FIRST_LAMBDAS),
+            "idle_pss": "PSS of every process in the warm worker's cgroups (sandboxes, Zygotes and spares; gVisor's pod: Sentry, gofer, its Zygote, spares and handler) after the no-op lambda's first requests, less before them, each after 2 s still",
             "warm": "keep_warm = true: the same sandbox serves every request; concurrency 1",
             "pinning": if pinned {
                 format!("worker and its sandboxes on CPU {} (affinity inherited by the Zygote, runc and containers; runc and docker containers also get cpuset {0}; a dockerd started by the benchmark too); load generator on CPU {}", opts.worker_cpu, opts.client_cpu)
@@ -577,18 +618,18 @@ fn add_isolation(results: &mut Value, isolation: Value) {
 fn markdown(r: &Value) -> String {
     let f = |v: Option<f64>, digits: usize| v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "—".into());
     let mut s = format!("Machine: {}. {}\n\n", r["machine"].as_str().unwrap_or(""), r["method"]["pinning"].as_str().unwrap_or(""));
-    s += "| backend | cold p50 c=1 (ms) | cold p99 c=1 (ms) | cold/s c=1 | cold p50 c=10 (ms) | cold/s c=10 | cold p50 / p99 at 100/s paced (ms) | warm p50 (ms) |\n";
-    s += "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+    s += "| backend | cold p50 c=1 (ms) | cold p99 c=1 (ms) | cold/s c=1 | cold p50 c=10 (ms) | cold/s c=10 | cold p50 / p99 paced (ms) | warm p50 (ms) | a new lambda's first cold p50 (ms) | idle lambda (MiB PSS) |\n";
+    s += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     if let Some(backends) = r["backends"].as_object() {
         let order: BTreeMap<usize, (&String, &Value)> =
             backends.iter().map(|(k, v)| (BACKENDS.iter().position(|b| b == k).unwrap_or(99), (k, v))).collect();
         for (_, (name, v)) in order {
             if let Some(reason) = v.get("skipped").and_then(|x| x.as_str()) {
-                s += &format!("| {name} | skipped: {reason} |||||||\n");
+                s += &format!("| {name} | skipped: {reason} |||||||||\n");
                 continue;
             }
             s += &format!(
-                "| {name} | {} | {} | {} | {} | {} | {} / {} | {} |\n",
+                "| {name} | {} | {} | {} | {} | {} | {} / {} at {}/s | {} | {} | {} |\n",
                 f(get(v, &["c1", "cold_p50_ms"]), 2),
                 f(get(v, &["c1", "cold_p99_ms"]), 2),
                 f(get(v, &["c1", "cold_per_s"]), 1),
@@ -596,7 +637,10 @@ fn markdown(r: &Value) -> String {
                 f(get(v, &["c10", "cold_per_s"]), 1),
                 f(get(v, &["paced", "cold_p50_ms"]), 2),
                 f(get(v, &["paced", "cold_p99_ms"]), 2),
+                f(get(v, &["paced", "per_s"]), 0),
                 f(get(v, &["warm_p50_ms"]), 3),
+                f(get(v, &["first_cold_p50_ms"]), 1),
+                f(get(v, &["idle_pss_mib"]), 1),
             );
         }
     }
@@ -622,6 +666,29 @@ fn markdown(r: &Value) -> String {
         let ratio = |k: &str| f(iso["isolated_over_sock"][k].as_f64(), 3);
         s += &format!(
             "| isolated ÷ sock | {} | {} | {} | {} |\n",
+            ratio("cold_p50"),
+            ratio("warm_p50"),
+            ratio("service_rtt_p50"),
+            ratio("service_connect_p50")
+        );
+    }
+    let second = &r["second_kernel"];
+    if second.get("gvisor").is_some() {
+        s += &format!("\nA second kernel, head to head: the isolated lean sandbox against gVisor's, {} alternating rounds (medians of the rounds' p50s):\n\n", second["rounds"]);
+        s += "| sandbox | cold p50 (ms) | warm p50 (ms) | service round trip p50 (µs) | new connection + round trip p50 (µs) |\n|---|---:|---:|---:|---:|\n";
+        for name in crate::isolation::SECOND_KERNEL {
+            let v = &second[name];
+            s += &format!(
+                "| {name} | {} | {} | {} | {} |\n",
+                f(v["cold_p50_ms"].as_f64(), 2),
+                f(v["warm_p50_ms"].as_f64(), 3),
+                f(v["service_rtt_p50_us"].as_f64(), 1),
+                f(v["service_connect_p50_us"].as_f64(), 1)
+            );
+        }
+        let ratio = |k: &str| f(second["gvisor_over_isolated"][k].as_f64(), 2);
+        s += &format!(
+            "| gvisor ÷ isolated | {} | {} | {} | {} |\n",
             ratio("cold_p50"),
             ratio("warm_p50"),
             ratio("service_rtt_p50"),

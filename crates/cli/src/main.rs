@@ -361,7 +361,7 @@ enum BenchCommand {
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
         /// Backends to measure, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "sock,sock-isolated,sock-nospares,sock-nozygote,runc,docker")]
+        #[arg(long, value_delimiter = ',', default_value = "sock,sock-isolated,sock-nospares,sock-nozygote,gvisor,runc,docker")]
         backends: Vec<String>,
         /// Concurrency levels of the cold-start runs, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,2,5,10,20")]
