@@ -62,14 +62,31 @@ fn pss_kib(pid: u32) -> u64 {
     rollup.lines().find_map(|l| l.strip_prefix("Pss:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
 }
 
-/// What one idle sandbox of a no-op lambda adds to the worker's PSS, in MiB: measured before
-/// its first request and after it (each once the worker has been still for a moment).
-pub(crate) async fn idle_pss_mib(worker: &Worker, prime: impl std::future::Future<Output = Result<()>>) -> Result<f64> {
+/// Idle lambdas whose memory is weighed together: what one more costs in a worker holding
+/// several (pages of the runtime's own binaries are shared by all of them, as on a real host).
+pub(crate) const IDLE_LAMBDAS: usize = 4;
+
+/// What an idle no-op lambda (one sandbox, kept warm) adds to the worker's PSS, in MiB: the
+/// worker weighed before [`IDLE_LAMBDAS`] lambdas' first requests and after them (each once
+/// it has been still for a moment), the difference shared among them.
+pub(crate) async fn idle_pss_mib(opts: &Options, worker: &Worker) -> Result<f64> {
+    let dir = opts.work_dir.join("idle-noop");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("f.py"), "def f(event):\n    return None\n")?;
+    for i in 0..IDLE_LAMBDAS {
+        worker.deploy(opts, &dir, &format!("idle{i}"))?;
+    }
     let settle = Duration::from_secs(2);
     tokio::time::sleep(settle).await;
     let before = worker_pss(worker);
-    prime.await?;
+    let mut client = Client::connect(worker.port).await?;
+    for i in 0..IDLE_LAMBDAS {
+        let answer = client.post(&format!("/run/idle{i}"), b"null").await?;
+        if !answer.ok() {
+            bail!("idle{i} failed ({})", answer.status);
+        }
+    }
     tokio::time::sleep(settle).await;
     let after = worker_pss(worker);
-    Ok(after.saturating_sub(before) as f64 / (1 << 20) as f64)
+    Ok(after.saturating_sub(before) as f64 / IDLE_LAMBDAS as f64 / (1 << 20) as f64)
 }

@@ -411,14 +411,11 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
     result?;
     let warm = Worker::start(opts, backend, true, port)?;
     let result = async {
-        // Prime the sandbox (weighing what it adds), then time requests that reuse it.
-        let prime = async {
-            closed_loop(port, 1, Duration::ZERO, Duration::from_millis(300), "", "/run/noop").await?;
-            anyhow::Ok(())
-        };
-        let idle = crate::footprint::idle_pss_mib(&warm, prime).await?;
+        let idle = crate::footprint::idle_pss_mib(opts, &warm).await?;
         eprintln!("  {backend:>14} an idle lambda adds {idle:.1} MiB PSS");
         out.insert("idle_pss_mib".into(), json!(idle));
+        // Prime the sandbox, then time requests that reuse it.
+        closed_loop(port, 1, Duration::ZERO, Duration::from_millis(300), "", "/run/noop").await?;
         let p = closed_loop(port, 1, Duration::from_millis(200), Duration::from_secs_f64(opts.seconds), "warm", "/run/noop").await?;
         eprintln!("  {backend:>14} warm c=1   {:>8.1}/s  p50 {:>8.3} ms  p99 {:>8.3} ms", p.per_s(), p.ms(0.5), p.ms(0.99));
         out.insert("warm_p50_ms".into(), json!(p.ms(0.5)));
@@ -584,7 +581,7 @@ fn summarize(opts: &Options, backends: serde_json::Map<String, Value>, pinned: b
             "cold": format!("keep_warm = false: one new sandbox per request; closed loop, {} s per point after 0.5 s of warm-up", opts.seconds),
             "paced": format!("keep_warm = false; one request every {:.0} ms (gvisor: {:.0} ms) on one connection, sent at once when the one before ran late; {} s after 0.5 s of warm-up", 1000.0 / paced_per_s("sock"), 1000.0 / paced_per_s("gvisor"), opts.seconds),
             "first_cold": format!("{} no-op lambdas deployed one after another to the cold worker, each one's first request timed (gvisor: its pod starts too); the median", crate::footprint::FIRST_LAMBDAS),
-            "idle_pss": "PSS of every process in the warm worker's cgroups (sandboxes, Zygotes and spares; gVisor's pod: Sentry, gofer, its Zygote, spares and handler) after the no-op lambda's first requests, less before them, each after 2 s still",
+            "idle_pss": format!("PSS of every process in the warm worker's cgroups (sandboxes, Zygotes and spares; gVisor's pods: Sentry, gofer, Zygote, spares and handler) after {n} no-op lambdas' first requests, less before them, each after 2 s still; divided by {n}", n = crate::footprint::IDLE_LAMBDAS),
             "warm": "keep_warm = true: the same sandbox serves every request; concurrency 1",
             "pinning": if pinned {
                 format!("worker and its sandboxes on CPU {} (affinity inherited by the Zygote, runc and containers; runc and docker containers also get cpuset {0}; a dockerd started by the benchmark too); load generator on CPU {}", opts.worker_cpu, opts.client_cpu)
