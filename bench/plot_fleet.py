@@ -16,8 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from cloudstone_report import existing, read_json  # noqa: E402
 
-ORDER = ["sprout", "sprout-runc", "conventional"]
-COLORS = {"sprout": "#2a9d8f", "sprout-runc": "#e9c46a", "conventional": "#8d99ae"}
+ORDER = ["sprout", "sprout-runc", "sprout-gvisor", "conventional"]
+COLORS = {"sprout": "#2a9d8f", "sprout-runc": "#e9c46a", "sprout-gvisor": "#6d597a", "conventional": "#8d99ae"}
 
 
 def cpus(text):

@@ -14,7 +14,7 @@ def parser():
 
     up = sub.add_parser("up", help="start a deployment and print its URL")
     up.add_argument("--stack", required=True, choices=sorted(deploy.STACKS), help="sprout: the Olio lambda on a Sprout worker; "
-                    "conventional: nginx + gunicorn")
+                    "sprout-gvisor: the same in a gVisor sandbox; conventional: nginx + gunicorn")
     up.add_argument("--dir", required=True, help="the state directory (database, file store, configs, logs, pids)")
     up.add_argument("--cpus", default="0", help="CPUs every process of the deployment runs on (e.g. 0, 0,1, 0-3; default 0)")
     up.add_argument("--port", type=int, default=8080, help="the site's port (default 8080)")
@@ -46,7 +46,8 @@ def parser():
     fleet_up = sub.add_parser("fleet-up", help="start a fleet of sites on one port (by Host) and print one line of JSON")
     fleet_up.add_argument("--stack", required=True, choices=list(fleet.STACKS),
                           help="sprout: a lambda per site on one Sprout worker; sprout-runc: the same with a runc "
-                          "container per sandbox; conventional: nginx + a gunicorn per site")
+                          "container per sandbox; sprout-gvisor: a gVisor sandbox per site; "
+                          "conventional: nginx + a gunicorn per site")
     fleet_up.add_argument("--dir", required=True, help="the state directory (database, file store, configs, logs, pids)")
     fleet_up.add_argument("--fleet", required=True, help="the fleet file (JSON: version, seed, registered_users, sites)")
     fleet_up.add_argument("--cpus", default="0", help="CPUs every process of the fleet runs on (default 0)")

@@ -16,7 +16,7 @@ from .procs import DeployError
 from .state import State
 
 REPO = Path(__file__).resolve().parents[3]
-STACKS = {"sprout": sprout_stack, "conventional": conventional}
+STACKS = {"sprout": sprout_stack, "sprout-gvisor": sprout_stack, "conventional": conventional}
 EXIT_DOWN, EXIT_DEGRADED = 3, 4
 
 
@@ -181,7 +181,7 @@ def _start(dep, options):
         filestore.prepare(dep.files, users, warn=log)  # the loader's pictures, for every reader
     dep.module.start(dep)
     log(f"waiting for {dep.url}/ to answer")
-    if dep.stack == "sprout":
+    if dep.module is sprout_stack:
         sprout_stack.wait_for_site(dep, options.wait_s)
     else:
         _wait_for_200(dep, options.wait_s)

@@ -1,6 +1,6 @@
 """Bring a fleet of Olio sites up on one port, told apart by Host, take it down, or report on it.
 
-`fleet-up --stack sprout|sprout-runc|conventional --dir STATE --fleet FILE` deploys every
+`fleet-up --stack sprout|sprout-runc|sprout-gvisor|conventional --dir STATE --fleet FILE` deploys every
 site of a fleet file (fleet_file.py) under one memory budget B (`--memory-mb`), confined to
 `--cpus`, and prints one line of JSON: the stack, the URL, the sites, B, the cgroup holding
 every process of the deployment, the set-up time and the hosts. What all stacks share: the
@@ -30,7 +30,7 @@ from .procs import DeployError
 from .state import State
 
 REPO = Path(__file__).resolve().parents[3]
-STACKS = {"sprout": fleet_sprout, "sprout-runc": fleet_sprout, "conventional": fleet_conventional}
+STACKS = {"sprout": fleet_sprout, "sprout-runc": fleet_sprout, "sprout-gvisor": fleet_sprout, "conventional": fleet_conventional}
 RECORD = "fleet.json"
 EXIT_DOWN, EXIT_DEGRADED = 3, 4
 PROBES = 8  # sites asked for GET / besides the first, spread over the fleet

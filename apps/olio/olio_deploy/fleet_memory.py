@@ -9,8 +9,10 @@ of all of them (the processes found under the printed cgroup). How each stack ke
   16-64 MiB), the worker, and the database connection each sandbox holds (a backend per
   sandbox, outside the worker's cgroup, so the budget is scaled by sandbox / (sandbox +
   backend)). The figures are fixed, measured on this VM, not re-measured at each start.
-- sprout-runc: the worker's budget applies to sock back-ends only, so B is kept by a count:
-  at most (B - fixed reserve) / (container + backend) containers at once (`max_total`).
+- sprout-runc, sprout-gvisor: the worker's budget applies to sock back-ends only, so B is kept
+  by a count: at most (B - fixed reserve) / (sandbox + backend) sandboxes at once
+  (`max_total`), a runc container each, or for gVisor a site's pod with its handler (the
+  pod's Sentry, gofer and Zygote are counted with its first sandbox, the dearest case).
 - conventional: nothing inside adapts (every gunicorn keeps its workers), so the budget is
   a limit: on cgroup v1 a memory group of B MiB, named as the confinement and made below
   the memory cgroup fleet-up runs in (so whatever limits that one has still hold), holds
@@ -41,6 +43,7 @@ PG_BASE_MB = 32  # the postmaster and its helpers, shared_buffers aside (PSS 28 
 PG_BACKEND_MB = 10  # one backend after Olio's pages (PSS 9 among 3, 4-5 among 40-1,000)
 SANDBOX_MB = 25  # one Olio sandbox forked from the Zygote (its cgroup 16-25, PSS 17-24)
 RUNC_SANDBOX_MB = 45  # one Olio runc container, its own interpreter (PSS 34-40)
+GVISOR_SANDBOX_MB = 110  # one Olio site's gVisor sandbox serving: Sentry, gofer, Zygote, spares, handler (PSS 95-105)
 
 
 def memory_plan(stack, memory_mb, sites, cores, per_worker=None):
@@ -63,8 +66,9 @@ def memory_plan(stack, memory_mb, sites, cores, per_worker=None):
         budget = room * SANDBOX_MB // (SANDBOX_MB + PG_BACKEND_MB)
         plan.update(budget_mb=budget, reserve_mb=memory_mb - budget, sandbox_mb=SANDBOX_MB, max_total=want)
     else:
-        fit = room // (RUNC_SANDBOX_MB + PG_BACKEND_MB)
-        plan.update(budget_mb=None, reserve_mb=fixed, sandbox_mb=RUNC_SANDBOX_MB, max_total=max(1, min(want, fit)))
+        sandbox_mb = GVISOR_SANDBOX_MB if stack == "sprout-gvisor" else RUNC_SANDBOX_MB
+        fit = room // (sandbox_mb + PG_BACKEND_MB)
+        plan.update(budget_mb=None, reserve_mb=fixed, sandbox_mb=sandbox_mb, max_total=max(1, min(want, fit)))
     plan["max_connections"] = plan["max_total"] + 20
     return plan
 

@@ -1,8 +1,9 @@
 """A fleet on Sprout: one worker whose app port serves every site by Host, a lambda per site.
 
-Stacks `sprout` (lean sandboxes forked from Zygotes) and `sprout-runc` (a runc container per
-sandbox, started on demand as Knative or Cloud Run start one per service): the same worker
-configuration but for the back-end and its network. Every site is the same Olio code as a
+Stacks `sprout` (lean sandboxes forked from Zygotes), `sprout-runc` (a runc container per
+sandbox, started on demand as Knative or Cloud Run start one per service) and `sprout-gvisor`
+(a gVisor sandbox per site, a second kernel, its sandboxes forked inside it; started on
+demand and stopped when idle): the same worker configuration but for the back-end. Every site is the same Olio code as a
 lambda named after the site, whose olio.toml names the site's own database; the worker's
 `[app.sites]` maps each host to its lambda (with /static/ and /files/ served from disk, as
 for one site), a host the fleet does not name gets 404 `site_not_found`. One Sprout cache
@@ -23,7 +24,8 @@ from . import sprout_stack
 from .fleet_db import database
 from .procs import alive, daemon_pid, http_get, read_pid, run, start_daemon, wait_for_port
 
-STACKS = ("sprout", "sprout-runc")
+STACKS = ("sprout", "sprout-runc", "sprout-gvisor")
+BACKENDS = {"sprout": "sock", "sprout-runc": "runc", "sprout-gvisor": "gvisor"}
 DB_SERVICE, CACHE_SERVICE = sprout_stack.DB_SERVICE, sprout_stack.CACHE_SERVICE
 FILES_IN_SANDBOX = sprout_stack.FILES_IN_SANDBOX
 MAX_PER_LAMBDA = 3
@@ -42,15 +44,15 @@ def cgroup_names(fd):
 
 def worker_config(fd):
     t = json.dumps  # TOML basic strings read JSON's escapes
-    plan, runc = fd.plan, fd.stack == "sprout-runc"
+    plan, backend = fd.plan, BACKENDS[fd.stack]
     statics = f'{{ "/static/" = {t(str(fd.static_dir))}, "/files/" = {t(str(fd.files))} }}'
     sites = "".join(f"\n[app.sites.{t(s.host)}]\nlambda = {t(s.name)}\nstatic = {statics}\n" for s in fd.sites)
     v2_root = fd.confinement.worker_v2_root
-    if runc:
+    if backend != "sock":
         budget = f"""\
-# The worker's memory budget applies to the sock back-ends only (runc containers are not in
-# its cgroup): the fleet's budget is kept by a count instead, max_total containers of about
-# {plan['sandbox_mb']} MiB each (fleet.py, memory_plan).
+# The worker's memory budget applies to the sock back-ends only ({backend}'s sandboxes are not in
+# its cgroup): the fleet's budget is kept by a count instead, max_total sandboxes of about
+# {plan['sandbox_mb']} MiB each (fleet_memory.py, memory_plan).
 memory_budget_mb = 0"""
     else:
         budget = f"""\
@@ -86,7 +88,7 @@ listen = {t(f"{fd.bind}:{fd.port}")}
 path = {t(sprout_stack.SANDBOX_BASE)}
 
 [sandbox]
-backend = {t("runc" if runc else "sock")}
+backend = {t(backend)}
 # The file store, shared by every site (uploads are stored under random names).
 volumes = [{{ host = {t(str(fd.files))}, path = {t(FILES_IN_SANDBOX)}, writable = true }}]
 
@@ -197,7 +199,8 @@ def start(fd):
         timeout=1800)
     if fd.cache:
         start_cache(fd)
-    fd.log(f"starting the Sprout worker ({'runc containers' if fd.stack == 'sprout-runc' else 'lean sandboxes'}): "
+    kind = {"sock": "lean sandboxes", "runc": "runc containers", "gvisor": "a gVisor sandbox per site"}[BACKENDS[fd.stack]]
+    fd.log(f"starting the Sprout worker ({kind}): "
            f"app port {fd.bind}:{fd.port}, API 127.0.0.1:{fd.ports['api']}, {len(fd.sites)} site(s)")
     run([sprout, "worker", "up", "--detach", str(state.worker)], "starting the Sprout worker", preexec=fd.enter, timeout=180)
     deploy_lambdas(fd)

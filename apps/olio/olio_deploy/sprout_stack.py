@@ -1,4 +1,5 @@
-"""The Sprout deployment: the Olio lambda on a worker's app port, and the Sprout cache.
+"""The Sprout deployment: the Olio lambda on a worker's app port, and the Sprout cache. Stack
+`sprout` runs it in lean sandboxes; `sprout-gvisor` in a gVisor sandbox (a second kernel).
 
 The worker (STATE/worker) maps the static prefixes to disk and mounts the file store into every
 sandbox; the lambda is built in STATE/lambda and deployed to it."""
@@ -41,6 +42,12 @@ isolate = false
 """
 
 
+# `--stack sprout-gvisor`: the lambda's sandboxes in a gVisor sandbox of their own.
+GVISOR = """backend = "gvisor"
+start_timeout_ms = 120000     # the pod's first start imports Flask, Jinja2, Pillow and psycopg under gVisor
+"""
+
+
 def worker_config(dep):
     t = json.dumps  # TOML basic strings read JSON's escapes
     v2_root = dep.confinement.worker_v2_root
@@ -67,7 +74,7 @@ path = {t(SANDBOX_BASE)}        # its python3 is the conventional stack's too (s
 [sandbox]
 # The file store, shared with every sandbox (the app writes uploads and thumbnails there).
 volumes = [{{ host = {t(str(dep.files))}, path = {t(FILES_IN_SANDBOX)}, writable = true }}]
-
+{GVISOR if dep.stack == "sprout-gvisor" else ""}
 [limits]
 # Flask, Jinja2, Pillow and psycopg in one interpreter take about 60 MiB; a thumbnail of an
 # upload needs the decoded picture besides.

@@ -12,12 +12,12 @@ use serde::{Deserialize, Serialize};
 use sprout_bench::fleet::{self, Bracket, FleetParams};
 
 /// The deployments `sprout olio fleet-up` makes.
-const STACKS: [&str; 3] = ["sprout", "sprout-runc", "conventional"];
+const STACKS: [&str; 4] = ["sprout", "sprout-runc", "sprout-gvisor", "conventional"];
 
 #[derive(Args, Clone)]
 pub struct FleetArgs {
-    /// Deployments to search, in order: sprout, sprout-runc, conventional.
-    #[arg(long, value_delimiter = ',', default_value = "sprout,sprout-runc,conventional")]
+    /// Deployments to search, in order: sprout, sprout-runc, sprout-gvisor, conventional.
+    #[arg(long, value_delimiter = ',', default_value = "sprout,sprout-runc,sprout-gvisor,conventional")]
     pub stacks: Vec<String>,
     /// Run exactly this many sites once per stack instead of searching.
     #[arg(long)]
@@ -318,7 +318,11 @@ fn write_summary(
         "price": {"name": price.name, "usd_per_instance_hour": price.usd_per_instance_hour, "description": price.description},
         "runs_dir": runs_dir(a),
         "stacks": stacks,
-        "ratios": {"sprout_vs_conventional": ratio("sprout", "conventional"), "sprout_vs_sprout_runc": ratio("sprout", "sprout-runc")},
+        "ratios": {
+            "sprout_vs_conventional": ratio("sprout", "conventional"),
+            "sprout_vs_sprout_runc": ratio("sprout", "sprout-runc"),
+            "sprout_gvisor_vs_conventional": ratio("sprout-gvisor", "conventional"),
+        },
     });
     let text = serde_json::to_vec_pretty(&summary)?;
     std::fs::create_dir_all(json_dir(&a.json))?;

@@ -268,6 +268,15 @@ fn runtime_spec(
         Some(n) => json!({"type": "network", "path": format!("/proc/{}/fd/{}", std::process::id(), n.fd())}),
         None => json!({"type": "network"}),
     });
+    let mut mounts = vec![
+        json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
+        bind("/handler", &stage.code_view(&spec.code_dir), "ro"),
+        bind("/host", scratch, "rw"),
+    ];
+    // Volumes are bound below the base on the host, but gVisor sees the root as one read-only
+    // mount: each is a mount of its own here, writable as configured.
+    mounts.extend(stage.volumes.iter().map(|v| bind(&v.path, &v.host, if v.writable { "rw" } else { "ro" })));
     json!({
         "ociVersion": "1.0.2",
         "root": {"path": stage.base, "readonly": true},
@@ -282,12 +291,7 @@ fn runtime_spec(
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}],
         },
         "hostname": "sandbox",
-        "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
-            bind("/handler", &stage.code_view(&spec.code_dir), "ro"),
-            bind("/host", scratch, "rw"),
-        ],
+        "mounts": mounts,
         "linux": {
             "namespaces": namespaces,
             "cgroupsPath": format!("/{cgroup}"),
