@@ -43,7 +43,9 @@ PG_BASE_MB = 32  # the postmaster and its helpers, shared_buffers aside (PSS 28 
 PG_BACKEND_MB = 10  # one backend after Olio's pages (PSS 9 among 3, 4-5 among 40-1,000)
 SANDBOX_MB = 25  # one Olio sandbox forked from the Zygote (its cgroup 16-25, PSS 17-24)
 RUNC_SANDBOX_MB = 45  # one Olio runc container, its own interpreter (PSS 34-40)
-GVISOR_SANDBOX_MB = 110  # one Olio site's gVisor sandbox serving: Sentry, gofer, Zygote, spares, handler (PSS 95-105)
+# One Olio site's gVisor sandbox serving: PSS 245 with one site (Sentry 133, gofer 18, its
+# Zygote, two spares and the handler 94; 2026-11-27, `sprout olio up --stack sprout-gvisor`).
+GVISOR_SANDBOX_MB = 250
 
 
 def memory_plan(stack, memory_mb, sites, cores, per_worker=None):
