@@ -168,7 +168,8 @@ def _start(dep, options):
     dep.confinement = confine.Confinement.create(dep.confinement.name, dep.cpus, warn=log)
     log(f"confining the deployment to CPUs {confine.format_cpus(dep.cpus)} ({dep.confinement.describe()['mechanism']})")
     users = [filestore.SANDBOX_UID, conventional.WEB_USER]
-    how = filestore.prepare(dep.files, users, warn=log)
+    acls = dep.stack != "sprout-gvisor"
+    how = filestore.prepare(dep.files, users, warn=log, acls=acls)
     log(f"file store {dep.files} ({how})")
     pg = dep.postgres
     pg.init()
@@ -178,7 +179,7 @@ def _start(dep, options):
     pg.setup_database(dep.state.secret("db-password"))
     if options.users or options.concurrent:
         load_if_empty(dep, options)
-        filestore.prepare(dep.files, users, warn=log)  # the loader's pictures, for every reader
+        filestore.prepare(dep.files, users, warn=log, acls=acls)  # the loader's pictures, for every reader
     dep.module.start(dep)
     log(f"waiting for {dep.url}/ to answer")
     if dep.module is sprout_stack:

@@ -190,7 +190,8 @@ def _start(fd, options, fleet):
         _save(fd.state, fd.record)
     log(f"memory plan: {json.dumps({k: v for k, v in fd.plan.items() if k != 'workers'})}")
     users = [filestore.SANDBOX_UID, conventional.WEB_USER]
-    log(f"file store {fd.files} ({filestore.prepare(fd.files, users, warn=log)})")
+    acls = fd.stack != "sprout-gvisor"
+    log(f"file store {fd.files} ({filestore.prepare(fd.files, users, warn=log, acls=acls)})")
     pg = fd.postgres
     pg.init()
     pg.configure()
@@ -198,7 +199,7 @@ def _start(fd, options, fleet):
     pg.start(fd.confinement)
     pg.setup_role(fd.db_password)
     if pg.ensure_template(fd.db_password, fleet.registered_users, fleet.seed, fd.files, dict(os.environ, PYTHONPATH=fd.pythonpath)):
-        filestore.prepare(fd.files, users, warn=log)  # the loader's pictures, for every reader
+        filestore.prepare(fd.files, users, warn=log, acls=acls)  # the loader's pictures, for every reader
     pg.make_site_databases(fresh=options.fresh)
     fd.module.start(fd)
     probe(fd, options.wait_s)
