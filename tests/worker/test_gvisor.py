@@ -4,6 +4,7 @@ and so runs on this machine. The same lambdas and contract as every back-end, an
 a second kernel gives: the handler sees gVisor's kernel, not the host's."""
 
 import json
+import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -151,3 +152,47 @@ def test_a_lambdas_next_pod_has_its_network_again(make_worker):
         while pods(w) and time.time() < deadline:
             time.sleep(0.1)
         assert pods(w) == []
+
+
+WHO = ("import os, socket\n"
+       "def f(e):\n"
+       "    return {'code': sorted(n for n in os.listdir('/handler') if n != '__pycache__'), 'mark': open('/handler/mark.txt').read(),\n"
+       "            'pid': os.getpid(), 'ppid': os.getppid()}\n")
+
+
+def wait_for(predicate, seconds=30):
+    deadline = time.time() + seconds
+    while not predicate() and time.time() < deadline:
+        time.sleep(0.1)
+    return predicate()
+
+
+def test_first_pods_come_from_a_template_and_stay_apart(make_worker):
+    """The first lambda of a package set starts its pod afresh and has the set's template
+    made (a checkpoint of a pod whose Zygote imported the packages, its spares forked); the
+    next lambdas' first pods are restored from it: each with its own code at /handler, its
+    spares ready at once, in a gVisor sandbox and a network namespace of its own."""
+    w = make_worker(sandbox={"backend": "gvisor", "start_timeout_ms": 60000})
+    w.deploy_source("first", WHO, **{"mark.txt": "first"})
+    assert w.client.run("first")["mark"] == "first"
+    assert wait_for(lambda: "gVisor template made" in w.log()), w.log()[-3000:]
+    for name in ("left", "right"):
+        w.deploy_source(name, WHO, **{"mark.txt": name})
+    seen = {name: w.client.request("POST", name, "", b"{}") for name in ("left", "right")}
+    assert w.log().count("restored from its package set's template") == 2, w.log()[-3000:]
+    for name, reply in seen.items():
+        assert reply.headers["x-sprout-start"] == "cold"
+        body = reply.json()
+        # Only its own code; bound from a spare the template forked (the Zygote is pid 1).
+        assert body["code"] == ["f.py", "mark.txt"] and body["mark"] == name, body
+        assert body["ppid"] == 1, body
+    assert len(pods(w)) == 3, pods(w)
+    netns = {os.readlink(f"/proc/{sandbox_pid(w, c)}/ns/net") for c in pods(w)}
+    assert len(netns) == 3, netns
+    assert w.client.run("left")["mark"] == "left"
+
+
+def sandbox_pid(worker, container):
+    state = worker.dir / "run" / "runsc-state"
+    out = subprocess.run([str(RUNSC), "--root", str(state), "state", container], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["pid"]

@@ -3,8 +3,9 @@
 //! systrap platform ([`runsc`]), so a kernel bug reachable from a handler is gVisor's, not
 //! the host's. The hard boundary is between lambdas; inside a pod the lambda's Zygote forks
 //! its handlers (SOCK's idea, kept inside the boundary), from spares forked ahead, so only a
-//! lambda's first cold start pays for starting gVisor. A pod goes when its last handler
-//! does (scale to zero). Why this shape, and what each alternative measured: docs/isolation.md.
+//! lambda's first cold start pays for starting gVisor, and that start is a restore of its
+//! package set's [`template`] once there is one. A pod goes when its last handler does
+//! (scale to zero). Why this shape, and what each alternative measured: docs/isolation.md.
 //!
 //! A handler in a pod is the lean sandboxes' helper with their channel protocol; it differs
 //! in how it is reached: it connects to the pod's socket on its own, its output goes to a
@@ -13,8 +14,10 @@
 //! handler dies as under the OOM killer and the pod reports why), and the pod's cgroup on
 //! the host bounds the whole pod.
 
+mod bundle;
 pub mod pod;
 pub mod runsc;
+mod template;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -35,6 +38,7 @@ use crate::spec::{BackendStats, CreateError, InvokeError, SandboxSpec};
 use crate::stage::Stage;
 use pod::{Pod, PodSettings};
 use runsc::Runsc;
+use template::{Recipe, Templates};
 
 /// The exit status of a handler that went past its memory limit (helper.py).
 const EXIT_OUT_OF_MEMORY: i32 = 75;
@@ -81,6 +85,11 @@ struct Inner {
     pods: Mutex<HashMap<String, Arc<PodSlot>>>,
     next_id: AtomicU64,
     counters: Counters,
+    /// Checkpoints to restore lambdas' first pods from, by package set.
+    templates: Arc<Templates>,
+    /// Whether pods come from templates (`SPROUT_GVISOR_TEMPLATES=0` in the worker's
+    /// environment turns it off, to compare).
+    use_templates: bool,
 }
 
 /// A lambda's pod, started once by the first sandbox that needs it.
@@ -121,6 +130,8 @@ impl GvisorBackend {
             pods: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
+            templates: Arc::new(Templates::default()),
+            use_templates: std::env::var("SPROUT_GVISOR_TEMPLATES").map_or(true, |v| v != "0"),
         };
         GvisorBackend { inner: Arc::new(inner) }
     }
@@ -182,6 +193,48 @@ impl Inner {
         tokio::spawn(stop);
     }
 
+    /// Start a pod for `spec`'s lambda: restored from its package set's template when there
+    /// is one, else afresh (the first of a set, which has the template made meanwhile).
+    async fn start_pod(self: &Arc<Self>, spec: &SandboxSpec) -> Result<Arc<Pod>, CreateError> {
+        let recipe = Recipe::of(spec);
+        let (template, make) = if self.use_templates { self.templates.lookup(&recipe) } else { (None, false) };
+        if let Some(template) = template {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let started = Instant::now();
+            match Pod::restore(id, &self.runsc, &self.settings, &self.stage, spec, &template, spec.output_sink()).await {
+                Ok(pod) => {
+                    let ms = started.elapsed().as_secs_f64() * 1e3;
+                    tracing::info!(lambda = %spec.lambda, pod = id, ms, "gVisor pod restored from its package set's template");
+                    return Ok(Arc::new(pod));
+                }
+                Err(e) => {
+                    tracing::warn!(lambda = %spec.lambda, "restoring a gVisor pod from its template (starting afresh): {e}");
+                    self.templates.fail(&recipe);
+                    self.discard(id).await;
+                }
+            }
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let pod = match Pod::start(id, &self.runsc, &self.settings, &self.stage, spec, spec.output_sink()).await {
+            Ok(pod) => Arc::new(pod),
+            Err(e) => {
+                self.discard(id).await;
+                return Err(e);
+            }
+        };
+        if make {
+            let inner = self.clone();
+            tokio::spawn(async move { inner.templates.make(recipe, &inner.runsc, &inner.settings, &inner.stage).await });
+        }
+        Ok(pod)
+    }
+
+    /// Remove what a pod that failed to start left.
+    async fn discard(&self, id: u64) {
+        self.runsc.delete(&format!("sprout-pod-{id}")).await;
+        crate::scratch::remove_dir(&self.stage.run.join("gvisor").join(format!("pod-{id}"))).await;
+    }
+
     /// Bind a spare of `pod` to a sandbox for `spec`.
     async fn provision(self: &Arc<Self>, pod: &Arc<Pod>, spec: &SandboxSpec) -> Result<(Session, i32), CreateError> {
         let started = Instant::now();
@@ -234,21 +287,7 @@ impl Backend for GvisorBackend {
     async fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, CreateError> {
         let inner = &self.inner;
         let slot = inner.slot(spec);
-        let started = slot
-            .pod
-            .get_or_try_init(|| async {
-                let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-                match Pod::start(id, &inner.runsc, &inner.settings, &inner.stage, spec, spec.output_sink()).await {
-                    Ok(pod) => Ok(Arc::new(pod)),
-                    Err(e) => {
-                        inner.runsc.delete(&format!("sprout-pod-{id}")).await;
-                        crate::scratch::remove_dir(&inner.stage.run.join("gvisor").join(id.to_string())).await;
-                        Err(e)
-                    }
-                }
-            })
-            .await
-            .cloned();
+        let started = slot.pod.get_or_try_init(|| inner.start_pod(spec)).await.cloned();
         let result = match started {
             Ok(pod) => inner.provision(&pod, spec).await,
             Err(e) => Err(e),
@@ -269,6 +308,7 @@ impl Backend for GvisorBackend {
 
     async fn shutdown(&self) {
         let inner = &self.inner;
+        inner.templates.close();
         let slots: Vec<Arc<PodSlot>> = inner.pods.lock().expect("pods lock").drain().map(|(_, s)| s).collect();
         for slot in slots {
             if let Some(pod) = slot.pod.get() {

@@ -3,9 +3,11 @@
 //! forks the lambda's handlers inside gVisor's kernel. Every helper in the pod connects to
 //! one socket the worker listens on in the pod's scratch directory: the Zygote first (its
 //! control channel), then each spare it forks, which says its pid and waits to be bound.
-//! Spares are forked ahead, so a cold start inside a running pod only binds one.
+//! Spares are forked ahead, so a cold start inside a running pod only binds one. A pod is
+//! started afresh (`runsc run`, the Zygote then imports the packages) or restored from its
+//! package set's template ([`super::template`]), its Zygote and spares already made.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,15 +16,17 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Mutex};
 
+use super::bundle::{Bundle, Contents};
 use super::runsc::Runsc;
+use super::template::Template;
 use super::GvisorConfig;
 use crate::channel::{Channel, Endpoint, Hello, ZygoteOrder};
 use crate::error::{Doing, PlatformError};
 use crate::network::LambdaNetwork;
 use crate::output::{OutputPipe, OutputSink};
-use crate::scratch::{make_scratch, remove_dir};
-use crate::spec::{sandbox_env_strings, CreateError, SandboxSpec};
-use crate::stage::{Stage, HELPER_IN_SANDBOX};
+use crate::scratch::remove_dir;
+use crate::spec::{CreateError, SandboxSpec};
+use crate::stage::Stage;
 
 /// What every pod of a worker is made with: the back-end's settings, and the lean sandboxes'
 /// seccomp filter (hex of its instructions), which each handler installs so that gVisor's
@@ -77,24 +81,18 @@ impl Pod {
         spec: &SandboxSpec,
         sink: Arc<dyn OutputSink>,
     ) -> Result<Pod, CreateError> {
-        let container = format!("sprout-pod-{id}");
-        let bundle = stage.run.join("gvisor").join(id.to_string());
-        let scratch = bundle.join("scratch");
-        make_scratch(&scratch, settings.cfg.uid, settings.cfg.gid).at("making the pod's scratch directory", &scratch)?;
-        let endpoint = Endpoint::listen_in(&scratch)?;
-        let cgroup = format!("{}/pod-{id}", settings.cfg.cgroup_parent);
         let network = spec.network.clone().filter(|n| n.fd() >= 0);
-        let config = runtime_spec(settings, stage, spec, &scratch, &cgroup, network.as_deref());
-        let body = serde_json::to_vec(&config).doing("encoding the runtime spec")?;
-        tokio::fs::write(bundle.join("config.json"), body).await.at("writing", &bundle.join("config.json"))?;
+        let code = stage.code_view(&spec.code_dir);
+        let contents = Contents { handler: Some(&code), env: &spec.env, network: network.as_deref(), pids: pods_pids(spec) };
+        let bundle = Bundle::write(settings, stage, &format!("pod-{id}"), contents).await?;
         let (output, log) = OutputPipe::new(id, sink).doing("making the pod's log pipe")?;
         if let Some(network) = &network {
             // A pod before this one in the lambda's namespace took its address away.
             network.configure_again().doing("configuring the lambda's network namespace")?;
         }
-        runsc.run(&container, &bundle, network.is_some(), log).await?;
+        runsc.run(&bundle.container, &bundle.dir, network.is_some(), log).await?;
         let timeout = settings.cfg.start_timeout;
-        let (mut control, _) = endpoint.accept_next(timeout, settings.cfg.max_response).await?;
+        let (mut control, _) = bundle.endpoint.accept_next(timeout, settings.cfg.max_response).await?;
         let hello = recv_hello(&mut control, timeout, "start").await?;
         if hello.role.as_deref() != Some("pod") {
             return Err(PlatformError::Engine {
@@ -105,30 +103,76 @@ impl Pod {
             .into());
         }
         let imports: Vec<String> = spec.packages.iter().flat_map(|p| p.modules.iter().cloned()).collect();
-        let order = ZygoteOrder { op: "zygote", paths: &spec.paths, imports: &imports };
-        control.send(&order, &[]).await.doing("sending the pod's Zygote its packages")?;
-        let imported = recv_hello(&mut control, timeout, "import the lambda's packages").await?;
-        if let Some(failed) = imported.failed.filter(|f| !f.is_empty()) {
-            tracing::info!(lambda = %spec.lambda, ?failed, "a pod's Zygote could not import every package ahead");
+        import_packages(&mut control, &spec.paths, &imports, timeout).await?;
+        let pod = Pod::assemble(id, bundle, control, network, output, 0, settings);
+        pod.fork_spares(settings, settings.cfg.spares.max(1)).await?;
+        Ok(pod)
+    }
+
+    /// A pod for `spec`'s lambda restored from `template`: its container is created with the
+    /// lambda's code and namespace, the template's checkpoint restored into it, and the
+    /// restored Zygote reaches the new pod's socket on its own, with its spares behind it.
+    pub async fn restore(
+        id: u64,
+        runsc: &Runsc,
+        settings: &PodSettings,
+        stage: &Stage,
+        spec: &SandboxSpec,
+        template: &Template,
+        sink: Arc<dyn OutputSink>,
+    ) -> Result<Pod, CreateError> {
+        let network = spec.network.clone().filter(|n| n.fd() >= 0);
+        let code = stage.code_view(&spec.code_dir);
+        let contents = Contents { handler: Some(&code), env: &[], network: network.as_deref(), pids: pods_pids(spec) };
+        let bundle = Bundle::write(settings, stage, &format!("pod-{id}"), contents).await?;
+        let (output, log) = OutputPipe::new(id, sink).doing("making the pod's log pipe")?;
+        if let Some(network) = &network {
+            network.configure_again().doing("configuring the lambda's network namespace")?;
         }
+        let networked = network.is_some();
+        let created = log.try_clone().doing("duplicating the pod's log pipe")?;
+        runsc.create(&bundle.container, &bundle.dir, networked, created).await?;
+        runsc.restore(&bundle.container, &bundle.dir, &template.image, networked, log).await?;
+        let timeout = settings.cfg.start_timeout;
+        let (mut control, _) = bundle.endpoint.accept_next(timeout, settings.cfg.max_response).await?;
+        let hello = match tokio::time::timeout(timeout, control.recv::<Value>()).await {
+            Ok(Ok((hello, _))) => hello,
+            Ok(Err(e)) => return Err(e).doing("the restored pod's Zygote died before its hello")?,
+            Err(_) => return Err(PlatformError::timed_out("the restored pod's Zygote", "say hello", timeout).into()),
+        };
+        if hello["role"] != "pod" || hello["restored"] != true {
+            let message = format!("a hello {hello}, not a restored pod's");
+            return Err(PlatformError::Engine { engine: "gvisor", doing: "restore the pod".into(), message }.into());
+        }
+        let spares = hello["spares"].as_array().map_or(0, Vec::len);
+        Ok(Pod::assemble(id, bundle, control, network, output, spares, settings))
+    }
+
+    fn assemble(
+        id: u64,
+        bundle: Bundle,
+        control: Channel,
+        network: Option<Arc<LambdaNetwork>>,
+        output: OutputPipe,
+        spares: usize,
+        settings: &PodSettings,
+    ) -> Pod {
         let (sender, receiver) = mpsc::channel(64);
-        let accepting = tokio::spawn(accept_spares(endpoint, sender, settings.cfg.max_response));
-        let pod = Pod {
+        let accepting = tokio::spawn(accept_spares(bundle.endpoint, sender, settings.cfg.max_response));
+        Pod {
             id,
-            container,
-            bundle,
-            scratch,
-            cgroup,
+            container: bundle.container,
+            bundle: bundle.dir,
+            scratch: bundle.scratch,
+            cgroup: bundle.cgroup,
             control: Mutex::new(control),
             spares: Mutex::new(receiver),
-            pending: AtomicUsize::new(0),
+            pending: AtomicUsize::new(spares),
             accepting,
             _network: network,
             _output: output,
             next_fifo: AtomicU64::new(1),
-        };
-        pod.fork_spares(settings, settings.cfg.spares.max(1)).await?;
-        Ok(pod)
+        }
     }
 
     /// Ask the Zygote for `count` more spares.
@@ -241,7 +285,7 @@ async fn accept_spares(endpoint: Endpoint, spares: mpsc::Sender<Spare>, max_body
     }
 }
 
-async fn recv_hello(channel: &mut Channel, timeout: Duration, doing: &str) -> Result<Hello, PlatformError> {
+pub(crate) async fn recv_hello(channel: &mut Channel, timeout: Duration, doing: &str) -> Result<Hello, PlatformError> {
     match tokio::time::timeout(timeout, channel.recv::<Hello>()).await {
         Ok(Ok((hello, _))) => Ok(hello),
         Ok(Err(e)) => Err(e).doing(format!("the pod's Zygote died while it was to {doing}")),
@@ -249,53 +293,24 @@ async fn recv_hello(channel: &mut Channel, timeout: Duration, doing: &str) -> Re
     }
 }
 
-/// The OCI runtime spec of a pod: the base read-only with the lambda's code at /handler and
-/// the pod's scratch at /host; the lambda's network namespace joined when it has one; its
-/// first process the Zygote, as gVisor's root with only the capabilities it needs to drop
-/// its spares to the handlers' user and kill them.
-fn runtime_spec(
-    settings: &PodSettings,
-    stage: &Stage,
-    spec: &SandboxSpec,
-    scratch: &Path,
-    cgroup: &str,
-    network: Option<&LambdaNetwork>,
-) -> Value {
-    let bind = |dst: &str, src: &Path, mode: &str| json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", mode]});
-    let caps = ["CAP_SETUID", "CAP_SETGID", "CAP_KILL"];
-    let mut namespaces: Vec<Value> = ["pid", "ipc", "uts", "mount"].iter().map(|t| json!({"type": t})).collect();
-    namespaces.push(match network {
-        Some(n) => json!({"type": "network", "path": format!("/proc/{}/fd/{}", std::process::id(), n.fd())}),
-        None => json!({"type": "network"}),
-    });
-    json!({
-        "ociVersion": "1.0.2",
-        "root": {"path": stage.base, "readonly": true},
-        "process": {
-            "terminal": false,
-            "user": {"uid": 0, "gid": 0},
-            "args": [settings.cfg.python, "-I", "-S", HELPER_IN_SANDBOX, "pod"],
-            "env": sandbox_env_strings(&spec.env),
-            "cwd": "/",
-            "noNewPrivileges": true,
-            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps, "inheritable": [], "ambient": []},
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}],
-        },
-        "hostname": "sandbox",
-        "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
-            bind("/handler", &stage.code_view(&spec.code_dir), "ro"),
-            bind("/host", scratch, "rw"),
-        ],
-        "linux": {
-            "namespaces": namespaces,
-            "cgroupsPath": format!("/{cgroup}"),
-            "resources": {
-                "memory": {"limit": settings.cfg.pod_memory_bytes},
-                "pids": {"limit": spec.limits.pids.max(64) * 8},
-                "cpu": {"cpus": settings.cfg.cpuset},
-            },
-        },
-    })
+/// Have a new pod's Zygote import `imports` from `paths` (a package that fails is only
+/// logged: the handler's own import will say why).
+pub(crate) async fn import_packages(
+    control: &mut Channel,
+    paths: &[String],
+    imports: &[String],
+    timeout: Duration,
+) -> Result<(), PlatformError> {
+    let order = ZygoteOrder { op: "zygote", paths, imports };
+    control.send(&order, &[]).await.doing("sending the pod's Zygote its packages")?;
+    let imported = recv_hello(control, timeout, "import the lambda's packages").await?;
+    if let Some(failed) = imported.failed.filter(|f| !f.is_empty()) {
+        tracing::info!(?failed, "a pod's Zygote could not import every package ahead");
+    }
+    Ok(())
+}
+
+/// The processes a pod of `spec`'s lambda may hold.
+pub(crate) fn pods_pids(spec: &SandboxSpec) -> u64 {
+    spec.limits.pids.max(64) * 8
 }

@@ -1,0 +1,175 @@
+//! Template checkpoints: per package set, one pod whose Zygote has imported the packages and
+//! forked its spares (held, not yet connected: a host connection cannot be saved), saved
+//! once with `runsc checkpoint` under the stage's run directory; a lambda's first pod is then
+//! restored from it ([`super::pod::Pod::restore`]) instead of started and importing. The
+//! first lambda of a package set starts its pod afresh and has the template made meanwhile.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::bundle::{Bundle, Contents};
+use super::pod::{import_packages, pods_pids, recv_hello, PodSettings};
+use super::runsc::Runsc;
+use crate::error::{Doing, PlatformError};
+use crate::output::{OutputPipe, TracingSink};
+use crate::scratch::remove_dir;
+use crate::spec::SandboxSpec;
+use crate::stage::Stage;
+
+/// A checkpoint to restore pods of one package set from.
+#[derive(Debug)]
+pub(crate) struct Template {
+    /// The checkpoint's directory.
+    pub image: PathBuf,
+    /// The spares its Zygote holds.
+    pub spares: usize,
+    /// How long `runsc checkpoint` took, and the image's size on disk.
+    pub checkpoint: Duration,
+    pub bytes: u64,
+}
+
+/// What a template is made of: the package set of a lambda's pods.
+pub(crate) struct Recipe {
+    pub key: String,
+    pub paths: Vec<String>,
+    pub imports: Vec<String>,
+    pub pids: u64,
+    pub networked: bool,
+}
+
+impl Recipe {
+    /// The recipe of `spec`'s pods: its packages, their paths and whether pods are networked
+    /// (a template is restored with the network flag it was made with); not the lambda.
+    pub fn of(spec: &SandboxSpec) -> Recipe {
+        let networked = spec.network.as_ref().is_some_and(|n| n.fd() >= 0);
+        let packages: Vec<&str> = spec.packages.iter().map(|p| p.key.as_str()).collect();
+        let key = format!("{}\n{}\n{networked}", packages.join(","), spec.paths.join(":"));
+        let imports = spec.packages.iter().flat_map(|p| p.modules.iter().cloned()).collect();
+        Recipe { key, paths: spec.paths.clone(), imports, pids: pods_pids(spec), networked }
+    }
+}
+
+enum State {
+    Making,
+    Ready(Arc<Template>),
+    /// Making it failed: pods of the set start afresh (the error was logged once).
+    Failed,
+}
+
+/// A worker's templates, by package set.
+#[derive(Default)]
+pub(crate) struct Templates {
+    states: Mutex<HashMap<String, State>>,
+    next: AtomicU64,
+    /// The worker is stopping: no template is made any more.
+    closed: AtomicBool,
+}
+
+impl Templates {
+    /// The template of `recipe`'s set when it is ready; else None, and true when the caller
+    /// is to make it (the first to ask).
+    pub fn lookup(&self, recipe: &Recipe) -> (Option<Arc<Template>>, bool) {
+        let mut states = self.states.lock().expect("templates lock");
+        match states.get(&recipe.key) {
+            Some(State::Ready(t)) => (Some(t.clone()), false),
+            Some(_) => (None, false),
+            None => {
+                states.insert(recipe.key.clone(), State::Making);
+                (None, true)
+            }
+        }
+    }
+
+    /// Make `recipe`'s template and keep it (or remember that it failed).
+    pub async fn make(&self, recipe: Recipe, runsc: &Runsc, settings: &PodSettings, stage: &Stage) {
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let made = make(id, &recipe, runsc, settings, stage).await;
+        let name = format!("pod-t{id}");
+        runsc.delete(&format!("sprout-{name}")).await;
+        remove_dir(&stage.run.join("gvisor").join(&name)).await;
+        let state = match made {
+            Ok(template) if self.closed.load(Ordering::Relaxed) => {
+                remove_dir(&template.image).await;
+                return;
+            }
+            Ok(template) => {
+                tracing::info!(
+                    packages = %recipe.key.lines().next().unwrap_or(""), spares = template.spares,
+                    checkpoint_ms = template.checkpoint.as_millis() as u64, image_mb = template.bytes >> 20,
+                    took_ms = started.elapsed().as_millis() as u64, "gVisor template made"
+                );
+                State::Ready(Arc::new(template))
+            }
+            Err(e) => {
+                tracing::warn!(packages = %recipe.key.lines().next().unwrap_or(""), "making a gVisor template: {e}");
+                State::Failed
+            }
+        };
+        self.states.lock().expect("templates lock").insert(recipe.key, state);
+    }
+
+    /// Make no more templates (the worker stops; its run directory goes with their images).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+    }
+
+    /// Forget a template that failed to restore (it is not tried again).
+    pub fn fail(&self, recipe: &Recipe) {
+        self.states.lock().expect("templates lock").insert(recipe.key.clone(), State::Failed);
+    }
+}
+
+/// Start a template pod for `recipe` (its /handler an empty directory, a network namespace
+/// of its own), have its Zygote import the packages and become a template, and checkpoint it
+/// into `run/gvisor/image-<id>`.
+async fn make(id: u64, recipe: &Recipe, runsc: &Runsc, settings: &PodSettings, stage: &Stage) -> Result<Template, PlatformError> {
+    let contents = Contents { handler: None, env: &[], network: None, pids: recipe.pids };
+    let bundle = Bundle::write(settings, stage, &format!("pod-t{id}"), contents).await?;
+    let sink = Arc::new(TracingSink(format!("gvisor-template-{id}")));
+    let (_output, log) = OutputPipe::new(id, sink).doing("making the template's log pipe")?;
+    runsc.run(&bundle.container, &bundle.dir, recipe.networked, log).await?;
+    let timeout = settings.cfg.start_timeout;
+    let (mut control, _) = bundle.endpoint.accept_next(timeout, settings.cfg.max_response).await?;
+    // Nothing else is to connect here: the Zygote, restored, is to reach its new pod's socket.
+    let socket = bundle.scratch.join(crate::channel::SOCKET_NAME);
+    std::fs::remove_file(&socket).at("removing", &socket)?;
+    recv_hello(&mut control, timeout, "start").await?;
+    import_packages(&mut control, &recipe.paths, &recipe.imports, timeout).await?;
+    let cfg = &settings.cfg;
+    let order = json!({"op": "template", "count": cfg.spares.max(1), "uid": cfg.uid, "gid": cfg.gid, "seccomp": settings.seccomp});
+    control.send(&order, &[]).await.doing("making the pod a template")?;
+    let (reply, _) = tokio::time::timeout(timeout, control.recv::<Value>())
+        .await
+        .map_err(|_| PlatformError::timed_out("the template's Zygote", "fork its spares", timeout))?
+        .doing("making the pod a template")?;
+    let spares = reply["ready"].as_u64().unwrap_or(0) as usize;
+    // The Zygote hangs up once it has answered; it must have let go of the connection before
+    // the checkpoint.
+    let hung_up = tokio::time::timeout(Duration::from_secs(10), control.recv::<Value>()).await;
+    if !matches!(hung_up, Ok(Err(_))) {
+        return Err(PlatformError::Protocol { process: "the template's Zygote".into(), said: "no hang-up after its spares".into() });
+    }
+    let image = stage.run.join("gvisor").join(format!("image-{id}"));
+    tokio::fs::create_dir_all(&image).await.at("making", &image)?;
+    let started = Instant::now();
+    runsc.checkpoint(&bundle.container, &bundle.dir, &image, recipe.networked).await?;
+    let checkpoint = started.elapsed();
+    let bytes = du(&image);
+    Ok(Template { image, spares, checkpoint, bytes })
+}
+
+/// The bytes a directory's files hold on disk.
+fn du(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    entries.filter_map(|e| e.metadata().ok()).map(|m| m.blocks() * 512).sum()
+}
