@@ -107,11 +107,12 @@ def test_a_handlers_output_is_its_requests(gvisor):
     assert lines == ["out 7", "err 7"], lines
 
 
-def pods(worker):
-    """The worker's gVisor sandboxes that runsc knows."""
+def pods(worker, status="running"):
+    """The worker's gVisor sandboxes that runsc knows, running (containers created ahead for
+    pods to be restored into are "created")."""
     state = worker.dir / "run" / "runsc-state"
-    out = subprocess.run([str(RUNSC), "--root", str(state), "list", "-quiet"], capture_output=True, text=True)
-    return out.stdout.split()
+    out = subprocess.run([str(RUNSC), "--root", str(state), "list", "-format", "json"], capture_output=True, text=True)
+    return [c["id"] for c in json.loads(out.stdout or "[]") or [] if c["status"] == status]
 
 
 def test_nothing_is_left_after_a_kill_9(gvisor):
@@ -190,6 +191,8 @@ def test_first_pods_come_from_a_template_and_stay_apart(make_worker):
     netns = {os.readlink(f"/proc/{sandbox_pid(w, c)}/ns/net") for c in pods(w)}
     assert len(netns) == 3, netns
     assert w.client.run("left")["mark"] == "left"
+    # The next lambda's container is created ahead, in a namespace of its own.
+    assert wait_for(lambda: len(pods(w, "created")) == 1), pods(w, "created")
 
 
 def sandbox_pid(worker, container):

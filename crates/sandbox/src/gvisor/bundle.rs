@@ -2,6 +2,7 @@
 //! (mounted at /host, where the worker listens for the pod's helpers) and the OCI runtime
 //! spec runsc reads; the same for a pod started afresh, a template and a restored pod.
 
+use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
@@ -9,7 +10,6 @@ use serde_json::{json, Value};
 use super::pod::PodSettings;
 use crate::channel::Endpoint;
 use crate::error::{Doing, PlatformError};
-use crate::network::LambdaNetwork;
 use crate::scratch::make_scratch;
 use crate::spec::sandbox_env_strings;
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
@@ -21,8 +21,8 @@ pub(crate) struct Contents<'a> {
     /// The Zygote's environment beyond the sandboxes' defaults (a template's and a restored
     /// pod's: none; a lambda's variables reach its handlers with the init frame anyway).
     pub env: &'a [(String, String)],
-    /// The namespace the pod joins; None: one of its own.
-    pub network: Option<&'a LambdaNetwork>,
+    /// The network namespace the pod joins (a descriptor of the worker's); None: one of its own.
+    pub network: Option<RawFd>,
     /// Processes the pod may hold.
     pub pids: u64,
 }
@@ -68,7 +68,7 @@ fn runtime_spec(settings: &PodSettings, stage: &Stage, handler: &Path, scratch: 
     let caps = ["CAP_SETUID", "CAP_SETGID", "CAP_KILL"];
     let mut namespaces: Vec<Value> = ["pid", "ipc", "uts", "mount"].iter().map(|t| json!({"type": t})).collect();
     namespaces.push(match contents.network {
-        Some(n) => json!({"type": "network", "path": format!("/proc/{}/fd/{}", std::process::id(), n.fd())}),
+        Some(fd) => json!({"type": "network", "path": format!("/proc/{}/fd/{fd}", std::process::id())}),
         None => json!({"type": "network"}),
     });
     json!({

@@ -14,6 +14,7 @@
 //! handler dies as under the OOM killer and the pod reports why), and the pod's cgroup on
 //! the host bounds the whole pod.
 
+mod ahead;
 mod bundle;
 pub mod pod;
 pub mod runsc;
@@ -36,9 +37,14 @@ use crate::error::{Doing, PlatformError};
 use crate::session::{handler_kind, session_methods, Calls, Session};
 use crate::spec::{BackendStats, CreateError, InvokeError, SandboxSpec};
 use crate::stage::Stage;
+use ahead::Created;
 use pod::{Pod, PodSettings};
 use runsc::Runsc;
 use template::{Recipe, Templates};
+
+/// Containers kept created ahead per template (each is ~45-80 ms of `runsc create` off a
+/// lambda's first cold start).
+const CREATED_AHEAD: usize = 1;
 
 /// The exit status of a handler that went past its memory limit (helper.py).
 const EXIT_OUT_OF_MEMORY: i32 = 75;
@@ -90,6 +96,8 @@ struct Inner {
     /// Whether pods come from templates (`SPROUT_GVISOR_TEMPLATES=0` in the worker's
     /// environment turns it off, to compare).
     use_templates: bool,
+    /// Containers created ahead, by template (package set), and how many are being made.
+    ahead: Mutex<HashMap<String, (Vec<Created>, usize)>>,
 }
 
 /// A lambda's pod, started once by the first sandbox that needs it.
@@ -132,6 +140,7 @@ impl GvisorBackend {
             counters: Counters::default(),
             templates: Arc::new(Templates::default()),
             use_templates: std::env::var("SPROUT_GVISOR_TEMPLATES").map_or(true, |v| v != "0"),
+            ahead: Mutex::new(HashMap::new()),
         };
         GvisorBackend { inner: Arc::new(inner) }
     }
@@ -199,18 +208,21 @@ impl Inner {
         let recipe = Recipe::of(spec);
         let (template, make) = if self.use_templates { self.templates.lookup(&recipe) } else { (None, false) };
         if let Some(template) = template {
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let created = self.ahead.lock().expect("ahead lock").get_mut(&recipe.key).and_then(|(ready, _)| ready.pop());
+            self.create_ahead(&recipe);
+            let id = created.as_ref().map_or_else(|| self.next_id.fetch_add(1, Ordering::Relaxed), |c| c.id);
+            let ahead = created.is_some();
             let started = Instant::now();
-            match Pod::restore(id, &self.runsc, &self.settings, &self.stage, spec, &template, spec.output_sink()).await {
+            match Pod::restore(id, &self.runsc, &self.settings, &self.stage, spec, &template, created, spec.output_sink()).await {
                 Ok(pod) => {
+                    template.failures.store(0, Ordering::Relaxed);
                     let ms = started.elapsed().as_secs_f64() * 1e3;
-                    tracing::info!(lambda = %spec.lambda, pod = id, ms, "gVisor pod restored from its package set's template");
+                    tracing::info!(lambda = %spec.lambda, pod = id, ahead, ms, "gVisor pod restored from its package set's template");
                     return Ok(Arc::new(pod));
                 }
                 Err(e) => {
                     tracing::warn!(lambda = %spec.lambda, "restoring a gVisor pod from its template (starting afresh): {e}");
-                    self.templates.fail(&recipe);
-                    self.discard(id).await;
+                    self.templates.failed(&recipe, &template);
                 }
             }
         }
@@ -224,15 +236,56 @@ impl Inner {
         };
         if make {
             let inner = self.clone();
-            tokio::spawn(async move { inner.templates.make(recipe, &inner.runsc, &inner.settings, &inner.stage).await });
+            tokio::spawn(async move {
+                inner.templates.make(recipe.clone(), &inner.runsc, &inner.settings, &inner.stage).await;
+                inner.create_ahead(&recipe);
+            });
         }
         Ok(pod)
+    }
+
+    /// Create containers ahead for `recipe`'s template, up to [`CREATED_AHEAD`], in the
+    /// background.
+    fn create_ahead(self: &Arc<Self>, recipe: &Recipe) {
+        if self.templates.lookup_ready(recipe).is_none() {
+            return;
+        }
+        let wanted = {
+            let mut ahead = self.ahead.lock().expect("ahead lock");
+            let (ready, making) = ahead.entry(recipe.key.clone()).or_default();
+            let wanted = CREATED_AHEAD.saturating_sub(ready.len() + *making);
+            *making += wanted;
+            wanted
+        };
+        for _ in 0..wanted {
+            let (inner, recipe) = (self.clone(), recipe.clone());
+            tokio::spawn(async move {
+                let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+                let made = Created::make(id, &inner.runsc, &inner.settings, &inner.stage, &recipe).await;
+                let made = made.map_err(|e| tracing::warn!("creating a gVisor container ahead: {e}")).ok();
+                let leftover = {
+                    let mut ahead = inner.ahead.lock().expect("ahead lock");
+                    let (ready, making) = ahead.entry(recipe.key.clone()).or_default();
+                    *making -= 1;
+                    match made {
+                        Some(created) if !inner.templates.is_closed() => {
+                            ready.push(created);
+                            None
+                        }
+                        other => other,
+                    }
+                };
+                if let Some(created) = leftover {
+                    created.discard(&inner.runsc).await;
+                }
+            });
+        }
     }
 
     /// Remove what a pod that failed to start left.
     async fn discard(&self, id: u64) {
         self.runsc.delete(&format!("sprout-pod-{id}")).await;
-        crate::scratch::remove_dir(&self.stage.run.join("gvisor").join(format!("pod-{id}"))).await;
+        ahead::remove_bundle(&self.stage.run.join("gvisor").join(format!("pod-{id}"))).await;
     }
 
     /// Bind a spare of `pod` to a sandbox for `spec`.
@@ -309,6 +362,10 @@ impl Backend for GvisorBackend {
     async fn shutdown(&self) {
         let inner = &self.inner;
         inner.templates.close();
+        let created: Vec<Created> = inner.ahead.lock().expect("ahead lock").drain().flat_map(|(_, (ready, _))| ready).collect();
+        for created in created {
+            created.discard(&inner.runsc).await;
+        }
         let slots: Vec<Arc<PodSlot>> = inner.pods.lock().expect("pods lock").drain().map(|(_, s)| s).collect();
         for slot in slots {
             if let Some(pod) = slot.pod.get() {
@@ -320,7 +377,7 @@ impl Backend for GvisorBackend {
                 inner.runsc.delete(&container).await;
             }
         }
-        crate::scratch::remove_dir(&inner.stage.run.join("gvisor")).await;
+        ahead::remove_bundle(&inner.stage.run.join("gvisor")).await;
         if let Some(layout) = &inner.layout {
             layout.remove_container_parent(&inner.settings.cfg.cgroup_parent);
         }

@@ -7,6 +7,7 @@
 //! started afresh (`runsc run`, the Zygote then imports the packages) or restored from its
 //! package set's template ([`super::template`]), its Zygote and spares already made.
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Mutex};
 
+use super::ahead::{remove_bundle, Created};
 use super::bundle::{Bundle, Contents};
 use super::runsc::Runsc;
 use super::template::Template;
@@ -24,7 +26,6 @@ use crate::channel::{Channel, Endpoint, Hello, ZygoteOrder};
 use crate::error::{Doing, PlatformError};
 use crate::network::LambdaNetwork;
 use crate::output::{OutputPipe, OutputSink};
-use crate::scratch::remove_dir;
 use crate::spec::{CreateError, SandboxSpec};
 use crate::stage::Stage;
 
@@ -56,7 +57,9 @@ pub(crate) struct Pod {
     accepting: tokio::task::JoinHandle<()>,
     /// The lambda's namespace, held while the pod runs in it (idle, it may outlive the
     /// lambda's sandboxes, which hold it too).
-    _network: Option<Arc<LambdaNetwork>>,
+    network: Option<Arc<LambdaNetwork>>,
+    /// The namespace of a pod created ahead, its lambda's link lent to it.
+    lent: Option<OwnedFd>,
     /// Its own output (the Zygote's, and gVisor's), kept while it runs.
     _output: OutputPipe,
     next_fifo: AtomicU64,
@@ -83,7 +86,7 @@ impl Pod {
     ) -> Result<Pod, CreateError> {
         let network = spec.network.clone().filter(|n| n.fd() >= 0);
         let code = stage.code_view(&spec.code_dir);
-        let contents = Contents { handler: Some(&code), env: &spec.env, network: network.as_deref(), pids: pods_pids(spec) };
+        let contents = Contents { handler: Some(&code), env: &spec.env, network: network.as_ref().map(|n| n.fd()), pids: pods_pids(spec) };
         let bundle = Bundle::write(settings, stage, &format!("pod-{id}"), contents).await?;
         let (output, log) = OutputPipe::new(id, sink).doing("making the pod's log pipe")?;
         if let Some(network) = &network {
@@ -109,9 +112,12 @@ impl Pod {
         Ok(pod)
     }
 
-    /// A pod for `spec`'s lambda restored from `template`: its container is created with the
-    /// lambda's code and namespace, the template's checkpoint restored into it, and the
-    /// restored Zygote reaches the new pod's socket on its own, with its spares behind it.
+    /// A pod for `spec`'s lambda restored from `template`, into `created` (a container created
+    /// ahead: the lambda's code is bound onto its /handler and the lambda's link lent to its
+    /// namespace) or, without one, into a container created now with the lambda's code and
+    /// namespace. The restored Zygote reaches the new pod's socket on its own, with its spares
+    /// behind it.
+    #[allow(clippy::too_many_arguments)]
     pub async fn restore(
         id: u64,
         runsc: &Runsc,
@@ -119,33 +125,47 @@ impl Pod {
         stage: &Stage,
         spec: &SandboxSpec,
         template: &Template,
+        created: Option<Created>,
         sink: Arc<dyn OutputSink>,
     ) -> Result<Pod, CreateError> {
         let network = spec.network.clone().filter(|n| n.fd() >= 0);
         let code = stage.code_view(&spec.code_dir);
-        let contents = Contents { handler: Some(&code), env: &[], network: network.as_deref(), pids: pods_pids(spec) };
-        let bundle = Bundle::write(settings, stage, &format!("pod-{id}"), contents).await?;
-        let (output, log) = OutputPipe::new(id, sink).doing("making the pod's log pipe")?;
-        if let Some(network) = &network {
-            network.configure_again().doing("configuring the lambda's network namespace")?;
-        }
-        let networked = network.is_some();
-        let created = log.try_clone().doing("duplicating the pod's log pipe")?;
-        runsc.create(&bundle.container, &bundle.dir, networked, created).await?;
-        runsc.restore(&bundle.container, &bundle.dir, &template.image, networked, log).await?;
-        let timeout = settings.cfg.start_timeout;
-        let (mut control, _) = bundle.endpoint.accept_next(timeout, settings.cfg.max_response).await?;
-        let hello = match tokio::time::timeout(timeout, control.recv::<Value>()).await {
-            Ok(Ok((hello, _))) => hello,
-            Ok(Err(e)) => return Err(e).doing("the restored pod's Zygote died before its hello")?,
-            Err(_) => return Err(PlatformError::timed_out("the restored pod's Zygote", "say hello", timeout).into()),
+        let started = std::time::Instant::now();
+        let (bundle, lent) = match created {
+            Some(created) => {
+                if let Err(e) = lend(&created.netns, &code, &created.bundle, network.as_ref()).await {
+                    stop(runsc, &created.bundle.container, &created.bundle.dir, Some(&created.netns), network.as_deref()).await;
+                    return Err(e.into());
+                }
+                (created.bundle, Some(created.netns))
+            }
+            None => {
+                let contents =
+                    Contents { handler: Some(&code), env: &[], network: network.as_ref().map(|n| n.fd()), pids: pods_pids(spec) };
+                let bundle = Bundle::write(settings, stage, &format!("pod-{id}"), contents).await?;
+                if let Some(network) = &network {
+                    network.configure_again().doing("configuring the lambda's network namespace")?;
+                }
+                runsc.create(&bundle.container, &bundle.dir, network.is_some(), None).await?;
+                (bundle, None)
+            }
         };
-        if hello["role"] != "pod" || hello["restored"] != true {
-            let message = format!("a hello {hello}, not a restored pod's");
-            return Err(PlatformError::Engine { engine: "gvisor", doing: "restore the pod".into(), message }.into());
-        }
+        let create = started.elapsed();
+        let restored = restored(runsc, settings, &bundle, &template.image, network.is_some(), sink).await;
+        let (control, hello, output) = match restored {
+            Ok(restored) => restored,
+            Err(e) => {
+                stop(runsc, &bundle.container, &bundle.dir, lent.as_ref(), network.as_deref()).await;
+                return Err(e.into());
+            }
+        };
         let spares = hello["spares"].as_array().map_or(0, Vec::len);
-        Ok(Pod::assemble(id, bundle, control, network, output, spares, settings))
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let restore = ms(started.elapsed() - create);
+        tracing::debug!(pod = id, create_ms = ms(create), restore_ms = restore, "a pod restored (the restore until the Zygote's hello)");
+        let mut pod = Pod::assemble(id, bundle, control, network, output, spares, settings);
+        pod.lent = lent;
+        Ok(pod)
     }
 
     fn assemble(
@@ -169,7 +189,8 @@ impl Pod {
             spares: Mutex::new(receiver),
             pending: AtomicUsize::new(spares),
             accepting,
-            _network: network,
+            network,
+            lent: None,
             _output: output,
             next_fifo: AtomicU64::new(1),
         }
@@ -255,8 +276,7 @@ impl Pod {
     /// address back when the next pod starts in it).
     pub async fn stop(&self, runsc: &Runsc) {
         self.accepting.abort();
-        runsc.delete(&self.container).await;
-        remove_dir(&self.bundle).await;
+        stop(runsc, &self.container, &self.bundle, self.lent.as_ref(), self.network.as_deref()).await;
     }
 }
 
@@ -313,4 +333,51 @@ pub(crate) async fn import_packages(
 /// The processes a pod of `spec`'s lambda may hold.
 pub(crate) fn pods_pids(spec: &SandboxSpec) -> u64 {
     spec.limits.pids.max(64) * 8
+}
+
+/// Restore `image` into the created container of `bundle`, and wait for the restored Zygote's
+/// hello: its control channel, its hello, and the pod's output.
+async fn restored(
+    runsc: &Runsc,
+    settings: &PodSettings,
+    bundle: &Bundle,
+    image: &std::path::Path,
+    networked: bool,
+    sink: Arc<dyn OutputSink>,
+) -> Result<(Channel, Value, OutputPipe), PlatformError> {
+    let (output, log) = OutputPipe::new(0, sink).doing("making the pod's log pipe")?;
+    runsc.restore(&bundle.container, &bundle.dir, image, networked, log).await?;
+    let timeout = settings.cfg.start_timeout;
+    let (mut control, _) = bundle.endpoint.accept_next(timeout, settings.cfg.max_response).await?;
+    match tokio::time::timeout(timeout, control.recv::<Value>()).await {
+        Ok(Ok((hello, _))) if hello["role"] == "pod" && hello["restored"] == true => Ok((control, hello, output)),
+        Ok(Ok((hello, _))) => Err(PlatformError::Protocol { process: "the restored pod's Zygote".into(), said: hello.to_string() }),
+        Ok(Err(e)) => Err(e).doing("the restored pod's Zygote died before its hello"),
+        Err(_) => Err(PlatformError::timed_out("the restored pod's Zygote", "say hello", timeout)),
+    }
+}
+
+/// Bind the lambda's `code` onto a created container's /handler and lend the lambda's link to
+/// its namespace `netns`.
+async fn lend(netns: &OwnedFd, code: &std::path::Path, bundle: &Bundle, network: Option<&Arc<LambdaNetwork>>) -> Result<(), PlatformError> {
+    let handler = super::ahead::handler_dir(bundle);
+    crate::mounts::bind(code, &handler, false).at("binding the lambda's code onto", &handler)?;
+    if let Some(network) = network {
+        let (network, to) = (network.clone(), netns.as_raw_fd());
+        let lent = tokio::task::spawn_blocking(move || network.lend_link(to)).await.map_err(std::io::Error::other).and_then(|r| r);
+        lent.doing("lending the lambda's link to its pod's namespace")?;
+    }
+    Ok(())
+}
+
+/// Stop a pod's container and remove its bundle; the lambda's link, if lent to the pod's
+/// namespace, is taken back first.
+async fn stop(runsc: &Runsc, container: &str, bundle: &std::path::Path, lent: Option<&OwnedFd>, network: Option<&LambdaNetwork>) {
+    runsc.delete(container).await;
+    if let (Some(netns), Some(network)) = (lent, network) {
+        if let Err(e) = network.take_link_back(netns.as_raw_fd()) {
+            tracing::warn!(container, "taking a lambda's link back from its pod: {e}");
+        }
+    }
+    remove_bundle(bundle).await;
 }

@@ -57,8 +57,8 @@ impl Runsc {
     }
 
     /// `runsc create` the container `name` of `bundle`, to be restored into.
-    pub async fn create(&self, name: &str, bundle: &Path, networked: bool, output: OwnedFd) -> Result<(), PlatformError> {
-        self.launch(&["create"], name, bundle, networked, Some(output), "create the pod's container").await
+    pub async fn create(&self, name: &str, bundle: &Path, networked: bool, output: Option<OwnedFd>) -> Result<(), PlatformError> {
+        self.launch(&["create"], name, bundle, networked, output, "create the pod's container").await
     }
 
     /// `runsc restore --detach` the checkpoint in `image` into the created container `name`;

@@ -28,12 +28,15 @@ pub(crate) struct Template {
     pub image: PathBuf,
     /// The spares its Zygote holds.
     pub spares: usize,
+    /// Pods that failed to be restored from it, in a row (at three it is given up).
+    pub failures: AtomicU64,
     /// How long `runsc checkpoint` took, and the image's size on disk.
     pub checkpoint: Duration,
     pub bytes: u64,
 }
 
 /// What a template is made of: the package set of a lambda's pods.
+#[derive(Clone)]
 pub(crate) struct Recipe {
     pub key: String,
     pub paths: Vec<String>,
@@ -85,6 +88,14 @@ impl Templates {
         }
     }
 
+    /// The template of `recipe`'s set, if it is ready.
+    pub fn lookup_ready(&self, recipe: &Recipe) -> Option<Arc<Template>> {
+        match self.states.lock().expect("templates lock").get(&recipe.key) {
+            Some(State::Ready(t)) => Some(t.clone()),
+            _ => None,
+        }
+    }
+
     /// Make `recipe`'s template and keep it (or remember that it failed).
     pub async fn make(&self, recipe: Recipe, runsc: &Runsc, settings: &PodSettings, stage: &Stage) {
         if self.closed.load(Ordering::Relaxed) {
@@ -122,9 +133,16 @@ impl Templates {
         self.closed.store(true, Ordering::Relaxed);
     }
 
-    /// Forget a template that failed to restore (it is not tried again).
-    pub fn fail(&self, recipe: &Recipe) {
-        self.states.lock().expect("templates lock").insert(recipe.key.clone(), State::Failed);
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    /// A pod failed to be restored from `template` (its lambda's link may have been held by
+    /// another pod, say); at the third in a row the template is given up.
+    pub fn failed(&self, recipe: &Recipe, template: &Template) {
+        if template.failures.fetch_add(1, Ordering::Relaxed) >= 2 {
+            self.states.lock().expect("templates lock").insert(recipe.key.clone(), State::Failed);
+        }
     }
 }
 
@@ -164,7 +182,7 @@ async fn make(id: u64, recipe: &Recipe, runsc: &Runsc, settings: &PodSettings, s
     runsc.checkpoint(&bundle.container, &bundle.dir, &image, recipe.networked).await?;
     let checkpoint = started.elapsed();
     let bytes = du(&image);
-    Ok(Template { image, spares, checkpoint, bytes })
+    Ok(Template { image, spares, failures: AtomicU64::new(0), checkpoint, bytes })
 }
 
 /// The bytes a directory's files hold on disk.

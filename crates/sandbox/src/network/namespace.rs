@@ -45,17 +45,35 @@ impl Namespace {
     /// away from the host's kernel while a gVisor sandbox uses the namespace, and does not
     /// give them back when it ends.
     pub fn configure_again(&self) -> io::Result<()> {
-        let ip = ip_binary().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "iproute2's ip is not installed"))?;
-        let mut inside = Command::new(ip);
-        inside.args(["-batch", "-"]);
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: the closure runs in the forked child before exec and makes one system call
-        // on a descriptor the child inherited.
-        unsafe {
-            inside.pre_exec(move || if libc::setns(fd, libc::CLONE_NEWNET) != 0 { Err(io::Error::last_os_error()) } else { Ok(()) });
-        }
-        run_script(inside, &self.inside)
+        ip_in(self.fd.as_raw_fd(), &self.inside)
     }
+
+    /// Lend its link (`eth0`) to the network namespace `to`, configured there as it is here:
+    /// a gVisor pod created ahead in a namespace of its own takes its lambda's link (the
+    /// host's end, and its rules, unchanged).
+    pub fn lend_link(&self, to: RawFd) -> io::Result<()> {
+        ip_in(self.fd.as_raw_fd(), &format!("link set eth0 netns /proc/{}/fd/{to}\n", std::process::id()))?;
+        ip_in(to, &self.inside)
+    }
+
+    /// Take its link back from the namespace `from` it was lent to (configured again before
+    /// the next pod starts here).
+    pub fn take_link_back(&self, from: RawFd) -> io::Result<()> {
+        ip_in(from, &format!("link set eth0 netns /proc/{}/fd/{}\n", std::process::id(), self.fd.as_raw_fd()))
+    }
+}
+
+/// Run `ip -batch` with `script` inside the network namespace `fd`.
+fn ip_in(fd: RawFd, script: &str) -> io::Result<()> {
+    let ip = ip_binary().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "iproute2's ip is not installed"))?;
+    let mut inside = Command::new(ip);
+    inside.args(["-batch", "-"]);
+    // SAFETY: the closure runs in the forked child before exec and makes one system call
+    // on a descriptor the child inherited.
+    unsafe {
+        inside.pre_exec(move || if libc::setns(fd, libc::CLONE_NEWNET) != 0 { Err(io::Error::last_os_error()) } else { Ok(()) });
+    }
+    run_script(inside, script)
 }
 
 /// Where iproute2's `ip` is; the worker refuses to isolate sandboxes without it.
