@@ -218,7 +218,17 @@ impl Inner {
                     template.failures.store(0, Ordering::Relaxed);
                     let ms = started.elapsed().as_secs_f64() * 1e3;
                     tracing::info!(lambda = %spec.lambda, pod = id, ahead, ms, "gVisor pod restored from its package set's template");
-                    return Ok(Arc::new(pod));
+                    let pod = Arc::new(pod);
+                    let more = self.settings.cfg.spares.saturating_sub(pod.pending());
+                    if more > 0 {
+                        let (inner, pod) = (self.clone(), pod.clone());
+                        tokio::spawn(async move {
+                            if let Err(e) = pod.fork_spares(&inner.settings, more).await {
+                                tracing::warn!(pod = pod.id, "forking a restored pod's spares: {e}");
+                            }
+                        });
+                    }
+                    return Ok(pod);
                 }
                 Err(e) => {
                     tracing::warn!(lambda = %spec.lambda, "restoring a gVisor pod from its template (starting afresh): {e}");
