@@ -676,6 +676,8 @@ def serve_pod_spare(uid, gid, seccomp, held=None):
         if os.read(release, 1) != b"g":
             return  # the Zygote went without letting it go
         os.close(release)
+        if "random" in sys.modules:  # restored: every pod of the template had the same state
+            sys.modules["random"].seed()
     sock = connect()
     send_frame(sock, {"op": "spare", "pid": os.getpid()})
     serve_lambda(sock)
