@@ -13,8 +13,14 @@ use super::Inner;
 use crate::spec::{CreateError, SandboxSpec};
 
 /// Containers kept created ahead per template (each is `runsc create`, 45-80 ms, off a
-/// lambda's first cold start).
-const CREATED_AHEAD: usize = 1;
+/// lambda's first cold start); `SPROUT_GVISOR_CREATED_AHEAD` in the worker's environment
+/// sets another number (0: create on the request's path, to compare).
+/// How long after a claim the container replacing the one it took is created.
+const REFILL_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
+
+fn created_ahead() -> usize {
+    std::env::var("SPROUT_GVISOR_CREATED_AHEAD").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
+}
 
 impl Inner {
     /// Start a pod for `spec`'s lambda: restored from its package set's template when there
@@ -24,7 +30,13 @@ impl Inner {
         let (template, make) = if self.use_templates { self.templates.lookup(&recipe) } else { (None, false) };
         if let Some(template) = template {
             let created = self.ahead.lock().expect("ahead lock").get_mut(&recipe.key).and_then(|(ready, _)| ready.pop());
-            self.create_ahead(&recipe);
+            // The next one is created once this restore and its first request are done with
+            // the CPU (on one core, a create beside a restore slows it by a third).
+            let (inner, next) = (self.clone(), recipe.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(REFILL_AFTER).await;
+                inner.create_ahead(&next);
+            });
             let id = created.as_ref().map_or_else(|| self.next_id.fetch_add(1, Ordering::Relaxed), |c| c.id);
             let ahead = created.is_some();
             let started = Instant::now();
@@ -33,17 +45,7 @@ impl Inner {
                     template.failures.store(0, Ordering::Relaxed);
                     let ms = started.elapsed().as_secs_f64() * 1e3;
                     tracing::info!(lambda = %spec.lambda, pod = id, ahead, ms, "gVisor pod restored from its package set's template");
-                    let pod = Arc::new(pod);
-                    let more = self.settings.cfg.spares.saturating_sub(pod.pending());
-                    if more > 0 {
-                        let (inner, pod) = (self.clone(), pod.clone());
-                        tokio::spawn(async move {
-                            if let Err(e) = pod.fork_spares(&inner.settings, more).await {
-                                tracing::warn!(pod = pod.id, "forking a restored pod's spares: {e}");
-                            }
-                        });
-                    }
-                    return Ok(pod);
+                    return Ok(Arc::new(pod));
                 }
                 Err(e) => {
                     tracing::warn!(lambda = %spec.lambda, "restoring a gVisor pod from its template (starting afresh): {e}");
@@ -69,7 +71,7 @@ impl Inner {
         Ok(pod)
     }
 
-    /// Create containers ahead for `recipe`'s template, up to [`CREATED_AHEAD`], in the
+    /// Create containers ahead for `recipe`'s template, up to [`created_ahead`], in the
     /// background.
     fn create_ahead(self: &Arc<Self>, recipe: &Recipe) {
         if self.templates.lookup_ready(recipe).is_none() {
@@ -78,7 +80,7 @@ impl Inner {
         let wanted = {
             let mut ahead = self.ahead.lock().expect("ahead lock");
             let (ready, making) = ahead.entry(recipe.key.clone()).or_default();
-            let wanted = CREATED_AHEAD.saturating_sub(ready.len() + *making);
+            let wanted = created_ahead().saturating_sub(ready.len() + *making);
             *making += wanted;
             wanted
         };

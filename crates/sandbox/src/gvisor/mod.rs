@@ -204,11 +204,13 @@ impl Inner {
         let started = Instant::now();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let spare = pod.take_spare(self.settings.cfg.start_timeout).await?;
-        // A replacement, off this request's path.
-        if pod.pending() < self.settings.cfg.spares {
+        // Replacements (a restored pod's first: all but the one its template held), off this
+        // request's path.
+        let wanted = self.settings.cfg.spares.saturating_sub(pod.pending());
+        if wanted > 0 {
             let (inner, pod) = (self.clone(), pod.clone());
             tokio::spawn(async move {
-                if let Err(e) = pod.fork_spares(&inner.settings, 1).await {
+                if let Err(e) = pod.fork_spares(&inner.settings, wanted).await {
                     tracing::warn!(pod = pod.id, "forking a spare: {e}");
                 }
             });
