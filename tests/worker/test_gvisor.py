@@ -116,10 +116,15 @@ def pods(worker, status="running"):
 
 
 def test_nothing_is_left_after_a_kill_9(gvisor):
-    """A worker killed with its pods up: `sprout worker cleanup` leaves no gVisor process, no
-    cgroup (runsc's, in every v1 hierarchy, included) and no mount; the worker starts again."""
+    """A worker killed with its pods up (one restored from a template) and a container created
+    ahead: `sprout worker cleanup` leaves no gVisor process, no cgroup (runsc's, in every v1
+    hierarchy, included), no mount and no network; the worker starts again."""
     assert gvisor.client.run("echo", 1) == 1
     assert gvisor_processes(gvisor), "a pod should be running"
+    gvisor.deploy_source("next", "def f(e):\n    return e\n")
+    assert wait_for(lambda: "gVisor template made" in gvisor.log()), gvisor.log()[-2000:]
+    assert gvisor.client.run("next", 3) == 3  # restored, with the lambda's link lent to it
+    assert wait_for(lambda: pods(gvisor, "created")), "a container should be created ahead"
     gvisor.process.kill()
     gvisor.process.wait()
     gvisor.process = None
