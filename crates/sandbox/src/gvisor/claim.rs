@@ -87,6 +87,7 @@ impl Inner {
         for _ in 0..wanted {
             let (inner, recipe) = (self.clone(), recipe.clone());
             tokio::spawn(async move {
+                let _busy = inner.templates.busy();
                 let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
                 let made = Created::make(id, &inner.runsc, &inner.settings, &inner.stage, &recipe).await;
                 let made = made.map_err(|e| tracing::warn!("creating a gVisor container ahead: {e}")).ok();

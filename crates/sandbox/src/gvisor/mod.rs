@@ -275,6 +275,7 @@ impl Backend for GvisorBackend {
     async fn shutdown(&self) {
         let inner = &self.inner;
         inner.templates.close();
+        inner.templates.settle().await;
         let created: Vec<Created> = inner.ahead.lock().expect("ahead lock").drain().flat_map(|(_, (ready, _))| ready).collect();
         for created in created {
             created.discard(&inner.runsc).await;

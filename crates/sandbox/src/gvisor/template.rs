@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -76,6 +76,8 @@ pub(crate) struct Templates {
     next: AtomicU64,
     /// The worker is stopping: no template is made any more.
     closed: AtomicBool,
+    /// Templates (and containers created ahead) being made now.
+    busy: AtomicUsize,
 }
 
 impl Templates {
@@ -103,6 +105,7 @@ impl Templates {
 
     /// Make `recipe`'s template and keep it (or remember that it failed).
     pub async fn make(&self, recipe: Recipe, runsc: &Runsc, settings: &PodSettings, stage: &Stage) {
+        let _busy = self.busy();
         if self.closed.load(Ordering::Relaxed) {
             return;
         }
@@ -125,6 +128,10 @@ impl Templates {
                 );
                 State::Ready(Arc::new(template))
             }
+            Err(e) if self.closed.load(Ordering::Relaxed) => {
+                tracing::debug!("making a gVisor template while the worker stops: {e}");
+                return;
+            }
             Err(e) => {
                 tracing::warn!(packages = %recipe.key.lines().next().unwrap_or(""), "making a gVisor template: {e}");
                 State::Failed
@@ -138,6 +145,23 @@ impl Templates {
         self.closed.store(true, Ordering::Relaxed);
     }
 
+    /// Count one more thing being made until the guard goes.
+    pub fn busy(&self) -> Busy<'_> {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        Busy(&self.busy)
+    }
+
+    /// Wait (up to 10 s) until nothing is being made: what is made after `close` is removed by
+    /// its maker, which must finish before the worker's runtime goes.
+    pub async fn settle(&self) {
+        for _ in 0..1000 {
+            if self.busy.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Relaxed)
     }
@@ -148,6 +172,15 @@ impl Templates {
         if template.failures.fetch_add(1, Ordering::Relaxed) >= 2 {
             self.states.lock().expect("templates lock").insert(recipe.key.clone(), State::Failed);
         }
+    }
+}
+
+/// One thing being made ([`Templates::busy`]).
+pub(crate) struct Busy<'a>(&'a AtomicUsize);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
