@@ -50,6 +50,7 @@ impl Inner {
                 Err(e) => {
                     tracing::warn!(lambda = %spec.lambda, "restoring a gVisor pod from its template (starting afresh): {e}");
                     self.templates.failed(&recipe, &template);
+                    self.discard(id).await;
                 }
             }
         }
