@@ -149,10 +149,12 @@ def gvisor_processes(worker):
 def test_a_lambdas_next_pod_has_its_network_again(make_worker):
     """runsc takes the address of the lambda's namespace away from the host's kernel while a
     pod runs and does not give it back; the worker restores it before the lambda's next pod
-    starts (no sandbox kept here, so each pod idles out), which then has its link and routes."""
+    starts (no sandbox kept here, so each pod idles out), which then has its link and routes.
+    The first pod is started afresh; the next ones are restored from the template it had made,
+    into containers created ahead, the lambda's link lent to each and taken back after."""
     w = make_worker(sandbox={"backend": "gvisor"}, gvisor={"pod_idle_ms": 200}, instances={"keep_warm": False})
     w.deploy_source("routes", "def f(e):\n    return open('/proc/net/route').read()\n")
-    for _ in range(2):
+    for _ in range(3):
         assert "eth0" in w.client.run("routes")
         deadline = time.time() + 10
         while pods(w) and time.time() < deadline:

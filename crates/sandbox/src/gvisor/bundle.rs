@@ -55,8 +55,15 @@ impl Bundle {
         let config = runtime_spec(settings, stage, &handler, &scratch, &cgroup, &contents);
         let body = serde_json::to_vec(&config).doing("encoding the runtime spec")?;
         tokio::fs::write(dir.join("config.json"), body).await.at("writing", &dir.join("config.json"))?;
-        Ok(Bundle { container: format!("sprout-{name}"), dir, scratch, cgroup, endpoint })
+        Ok(Bundle { container: container(name), dir, scratch, cgroup, endpoint })
     }
+}
+
+/// The runsc container of the bundle `name`. runsc takes an ID for any container whose ID it
+/// begins (`sprout-pod-1` is ambiguous beside `sprout-pod-10`: deleting it fails), so each
+/// ends in `.gv`, which no other begins with.
+pub(crate) fn container(name: &str) -> String {
+    format!("sprout-{name}.gv")
 }
 
 /// The OCI runtime spec of a pod: the base read-only with `handler` at /handler and the

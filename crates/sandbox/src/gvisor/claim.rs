@@ -113,7 +113,7 @@ impl Inner {
 
     /// Remove what a pod that failed to start left.
     async fn discard(&self, id: u64) {
-        self.runsc.delete(&format!("sprout-pod-{id}")).await;
+        self.runsc.delete(&super::bundle::container(&format!("pod-{id}"))).await;
         ahead::remove_bundle(&self.stage.run.join("gvisor").join(format!("pod-{id}"))).await;
     }
 }

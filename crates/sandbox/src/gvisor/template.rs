@@ -113,7 +113,7 @@ impl Templates {
         let started = Instant::now();
         let made = make(id, &recipe, runsc, settings, stage).await;
         let name = format!("pod-t{id}");
-        runsc.delete(&format!("sprout-{name}")).await;
+        runsc.delete(&super::bundle::container(&name)).await;
         remove_dir(&stage.run.join("gvisor").join(&name)).await;
         let state = match made {
             Ok(template) if self.closed.load(Ordering::Relaxed) => {
