@@ -206,3 +206,20 @@ def sandbox_pid(worker, container):
     state = worker.dir / "run" / "runsc-state"
     out = subprocess.run([str(RUNSC), "--root", str(state), "state", container], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)["pid"]
+
+
+def test_new_code_gets_the_lambdas_link_from_its_idle_pod(make_worker):
+    """A pod restored into a container created ahead holds its lambda's link lent; the
+    lambda's new code gets a pod of its own while the old one idles, and the link with it."""
+    w = make_worker(sandbox={"backend": "gvisor"}, instances={"keep_warm": False})
+    w.deploy_source("maker", "def f(e):\n    return e\n")
+    assert w.client.run("maker", 1) == 1
+    assert wait_for(lambda: "gVisor template made" in w.log() and pods(w, "created")), w.log()[-2000:]
+    source = "def f(e):\n    return ['{v}', open('/proc/net/route').read()]\n"
+    w.deploy_source("net", source.format(v="v1"))
+    version, routes = w.client.run("net")
+    assert version == "v1" and "eth0" in routes
+    assert "lambda=net" in w.log() and "restored from" in w.log()
+    w.deploy_source("net", source.format(v="v2"))
+    version, routes = w.client.run("net")
+    assert version == "v2" and "eth0" in routes, routes

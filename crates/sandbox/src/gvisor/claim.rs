@@ -26,6 +26,7 @@ impl Inner {
     /// Start a pod for `spec`'s lambda: restored from its package set's template when there
     /// is one, else afresh (the first of a set, which has the template made meanwhile).
     pub(super) async fn start_pod(self: &Arc<Self>, spec: &SandboxSpec) -> Result<Arc<Pod>, CreateError> {
+        self.return_lambdas_link(spec);
         let recipe = Recipe::of(spec);
         let (template, make) = if self.use_templates { self.templates.lookup(&recipe) } else { (None, false) };
         if let Some(template) = template {
@@ -91,7 +92,12 @@ impl Inner {
                 let _busy = inner.templates.busy();
                 let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
                 let made = Created::make(id, &inner.runsc, &inner.settings, &inner.stage, &recipe).await;
-                let made = made.map_err(|e| tracing::warn!("creating a gVisor container ahead: {e}")).ok();
+                let made = made
+                    .map_err(|e| match inner.templates.is_closed() {
+                        true => tracing::debug!("creating a gVisor container ahead while the worker stops: {e}"),
+                        false => tracing::warn!("creating a gVisor container ahead: {e}"),
+                    })
+                    .ok();
                 let leftover = {
                     let mut ahead = inner.ahead.lock().expect("ahead lock");
                     let (ready, making) = ahead.entry(recipe.key.clone()).or_default();
@@ -108,6 +114,19 @@ impl Inner {
                     created.discard(&inner.runsc).await;
                 }
             });
+        }
+    }
+
+    /// A lambda has one link: a pod of `spec`'s lambda that holds it lent (one of its earlier
+    /// code, idling or draining) gives it back before a new pod starts, which needs it.
+    fn return_lambdas_link(&self, spec: &SandboxSpec) {
+        let prefix = format!("{}\n", spec.lambda);
+        let others: Vec<Arc<Pod>> = (self.pods.lock().expect("pods lock").values())
+            .filter(|slot| slot.key.starts_with(&prefix))
+            .filter_map(|slot| slot.pod.get().cloned())
+            .collect();
+        for pod in others {
+            pod.return_link();
         }
     }
 

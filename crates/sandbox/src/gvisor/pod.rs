@@ -58,8 +58,8 @@ pub(crate) struct Pod {
     /// The lambda's namespace, held while the pod runs in it (idle, it may outlive the
     /// lambda's sandboxes, which hold it too).
     network: Option<Arc<LambdaNetwork>>,
-    /// The namespace of a pod created ahead, its lambda's link lent to it.
-    lent: Option<OwnedFd>,
+    /// The namespace of a pod created ahead while its lambda's link is lent to it.
+    lent: std::sync::Mutex<Option<OwnedFd>>,
     /// Its own output (the Zygote's, and gVisor's), kept while it runs.
     _output: OutputPipe,
     next_fifo: AtomicU64,
@@ -164,7 +164,7 @@ impl Pod {
         let restore = ms(started.elapsed() - create);
         tracing::debug!(pod = id, create_ms = ms(create), restore_ms = restore, "a pod restored (the restore until the Zygote's hello)");
         let mut pod = Pod::assemble(id, bundle, control, network, output, spares, settings);
-        pod.lent = lent;
+        pod.lent = std::sync::Mutex::new(lent);
         Ok(pod)
     }
 
@@ -190,7 +190,7 @@ impl Pod {
             pending: AtomicUsize::new(spares),
             accepting,
             network,
-            lent: None,
+            lent: std::sync::Mutex::new(None),
             _output: output,
             next_fifo: AtomicU64::new(1),
         }
@@ -276,7 +276,21 @@ impl Pod {
     /// address back when the next pod starts in it).
     pub async fn stop(&self, runsc: &Runsc) {
         self.accepting.abort();
-        stop(runsc, &self.container, &self.bundle, self.lent.as_ref(), self.network.as_deref()).await;
+        runsc.delete(&self.container).await;
+        self.return_link();
+        remove_bundle(&self.bundle).await;
+    }
+
+    /// Give the lambda's link back to its namespace, if it is lent to this pod (which has no
+    /// network from then on): when the pod stops, or when another pod of the lambda (new code)
+    /// is to start, which needs it.
+    pub fn return_link(&self) {
+        let lent = self.lent.lock().expect("lent lock").take();
+        if let (Some(netns), Some(network)) = (lent, &self.network) {
+            if let Err(e) = network.take_link_back(netns.as_raw_fd()) {
+                tracing::warn!(pod = self.id, "taking a lambda's link back from its pod: {e}");
+            }
+        }
     }
 }
 
