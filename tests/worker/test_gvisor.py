@@ -4,6 +4,7 @@ and so runs on this machine. The same lambdas and contract as every back-end, an
 a second kernel gives: the handler sees gVisor's kernel, not the host's."""
 
 import json
+import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -106,18 +107,24 @@ def test_a_handlers_output_is_its_requests(gvisor):
     assert lines == ["out 7", "err 7"], lines
 
 
-def pods(worker):
-    """The worker's gVisor sandboxes that runsc knows."""
+def pods(worker, status="running"):
+    """The worker's gVisor sandboxes that runsc knows, running (containers created ahead for
+    pods to be restored into are "created")."""
     state = worker.dir / "run" / "runsc-state"
-    out = subprocess.run([str(RUNSC), "--root", str(state), "list", "-quiet"], capture_output=True, text=True)
-    return out.stdout.split()
+    out = subprocess.run([str(RUNSC), "--root", str(state), "list", "-format", "json"], capture_output=True, text=True)
+    return [c["id"] for c in json.loads(out.stdout or "[]") or [] if c["status"] == status]
 
 
 def test_nothing_is_left_after_a_kill_9(gvisor):
-    """A worker killed with its pods up: `sprout worker cleanup` leaves no gVisor process, no
-    cgroup (runsc's, in every v1 hierarchy, included) and no mount; the worker starts again."""
+    """A worker killed with its pods up (one restored from a template) and a container created
+    ahead: `sprout worker cleanup` leaves no gVisor process, no cgroup (runsc's, in every v1
+    hierarchy, included), no mount and no network; the worker starts again."""
     assert gvisor.client.run("echo", 1) == 1
     assert gvisor_processes(gvisor), "a pod should be running"
+    gvisor.deploy_source("next", "def f(e):\n    return e\n")
+    assert wait_for(lambda: "gVisor template made" in gvisor.log()), gvisor.log()[-2000:]
+    assert gvisor.client.run("next", 3) == 3  # restored, with the lambda's link lent to it
+    assert wait_for(lambda: pods(gvisor, "created")), "a container should be created ahead"
     gvisor.process.kill()
     gvisor.process.wait()
     gvisor.process = None
@@ -142,12 +149,77 @@ def gvisor_processes(worker):
 def test_a_lambdas_next_pod_has_its_network_again(make_worker):
     """runsc takes the address of the lambda's namespace away from the host's kernel while a
     pod runs and does not give it back; the worker restores it before the lambda's next pod
-    starts (no sandbox kept here, so each pod idles out), which then has its link and routes."""
+    starts (no sandbox kept here, so each pod idles out), which then has its link and routes.
+    The first pod is started afresh; the next ones are restored from the template it had made,
+    into containers created ahead, the lambda's link lent to each and taken back after."""
     w = make_worker(sandbox={"backend": "gvisor"}, gvisor={"pod_idle_ms": 200}, instances={"keep_warm": False})
     w.deploy_source("routes", "def f(e):\n    return open('/proc/net/route').read()\n")
-    for _ in range(2):
+    for _ in range(3):
         assert "eth0" in w.client.run("routes")
         deadline = time.time() + 10
         while pods(w) and time.time() < deadline:
             time.sleep(0.1)
         assert pods(w) == []
+
+
+WHO = ("import os, socket\n"
+       "def f(e):\n"
+       "    return {'code': sorted(n for n in os.listdir('/handler') if n != '__pycache__'), 'mark': open('/handler/mark.txt').read(),\n"
+       "            'pid': os.getpid(), 'ppid': os.getppid()}\n")
+
+
+def wait_for(predicate, seconds=30):
+    deadline = time.time() + seconds
+    while not predicate() and time.time() < deadline:
+        time.sleep(0.1)
+    return predicate()
+
+
+def test_first_pods_come_from_a_template_and_stay_apart(make_worker):
+    """The first lambda of a package set starts its pod afresh and has the set's template
+    made (a checkpoint of a pod whose Zygote imported the packages, its spares forked); the
+    next lambdas' first pods are restored from it: each with its own code at /handler, its
+    spares ready at once, in a gVisor sandbox and a network namespace of its own."""
+    w = make_worker(sandbox={"backend": "gvisor", "start_timeout_ms": 60000})
+    w.deploy_source("first", WHO, **{"mark.txt": "first"})
+    assert w.client.run("first")["mark"] == "first"
+    assert wait_for(lambda: "gVisor template made" in w.log()), w.log()[-3000:]
+    for name in ("left", "right"):
+        w.deploy_source(name, WHO, **{"mark.txt": name})
+    seen = {name: w.client.request("POST", name, "", b"{}") for name in ("left", "right")}
+    assert w.log().count("restored from its package set's template") == 2, w.log()[-3000:]
+    for name, reply in seen.items():
+        assert reply.headers["x-sprout-start"] == "cold"
+        body = reply.json()
+        # Only its own code; bound from a spare the template forked (the Zygote is pid 1).
+        assert body["code"] == ["f.py", "mark.txt"] and body["mark"] == name, body
+        assert body["ppid"] == 1, body
+    assert len(pods(w)) == 3, pods(w)
+    netns = {os.readlink(f"/proc/{sandbox_pid(w, c)}/ns/net") for c in pods(w)}
+    assert len(netns) == 3, netns
+    assert w.client.run("left")["mark"] == "left"
+    # The next lambda's container is created ahead, in a namespace of its own.
+    assert wait_for(lambda: len(pods(w, "created")) == 1), pods(w, "created")
+
+
+def sandbox_pid(worker, container):
+    state = worker.dir / "run" / "runsc-state"
+    out = subprocess.run([str(RUNSC), "--root", str(state), "state", container], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["pid"]
+
+
+def test_new_code_gets_the_lambdas_link_from_its_idle_pod(make_worker):
+    """A pod restored into a container created ahead holds its lambda's link lent; the
+    lambda's new code gets a pod of its own while the old one idles, and the link with it."""
+    w = make_worker(sandbox={"backend": "gvisor"}, instances={"keep_warm": False})
+    w.deploy_source("maker", "def f(e):\n    return e\n")
+    assert w.client.run("maker", 1) == 1
+    assert wait_for(lambda: "gVisor template made" in w.log() and pods(w, "created")), w.log()[-2000:]
+    source = "def f(e):\n    return ['{v}', open('/proc/net/route').read()]\n"
+    w.deploy_source("net", source.format(v="v1"))
+    version, routes = w.client.run("net")
+    assert version == "v1" and "eth0" in routes
+    assert "lambda=net" in w.log() and "restored from" in w.log()
+    w.deploy_source("net", source.format(v="v2"))
+    version, routes = w.client.run("net")
+    assert version == "v2" and "eth0" in routes, routes

@@ -649,10 +649,13 @@ def install_seccomp(libc, program):
             raise OSError(ctypes.get_errno(), "installing the seccomp filter")
 
 
-def serve_pod_spare(uid, gid, seccomp):
+def serve_pod_spare(uid, gid, seccomp, held=None):
     """A spare forked in a pod: it drops to the handlers' user, becomes a subreaper, takes
     the seccomp filter, faults in a handler's pages, then connects to the worker on its own
-    and says which process it is; the worker binds it to a sandbox with the init frame."""
+    and says which process it is; the worker binds it to a sandbox with the init frame.
+    A spare forked in a template (`held`: its pipes to the Zygote) says it is ready and waits
+    to be let go before connecting: the template is checkpointed meanwhile, and the spare
+    connects in the pod restored from it."""
     global POD_HANDLER
     import ctypes
 
@@ -666,9 +669,77 @@ def serve_pod_spare(uid, gid, seccomp):
     if seccomp:
         install_seccomp(libc, bytes.fromhex(seccomp))
     prefault()
+    if held:
+        release, ready = held
+        os.write(ready, b"r")
+        os.close(ready)
+        if os.read(release, 1) != b"g":
+            return  # the Zygote went without letting it go
+        os.close(release)
+        if "random" in sys.modules:  # restored: every pod of the template had the same state
+            sys.modules["random"].seed()
     sock = connect()
     send_frame(sock, {"op": "spare", "pid": os.getpid()})
     serve_lambda(sock)
+
+
+def fork_spares(sock, order, held=None):
+    """Fork the spares `order` asks for (at most 64); returns their pids."""
+    pids = []
+    for _ in range(max(0, min(int(order.get("count", 1)), 64))):
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            try:
+                serve_pod_spare(int(order["uid"]), int(order["gid"]), order.get("seccomp"), held)
+            except BaseException:
+                traceback.print_exc()  # to the pod's output: the lambda's log
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    return pids
+
+
+RECONNECT_PAUSE = 0.0005  # seconds between a template's Zygote's tries to reach its new pod
+
+
+def become_template(sock, order):
+    """Make this pod a template: fork the spares `order` asks for, held until they are let
+    go, wait until they are ready, say so, and hang up (a host connection cannot be saved).
+    The worker then checkpoints the pod. Each pod restored from it resumes here: the Zygote
+    reaches the new pod's socket (tried every RECONNECT_PAUSE until it is there), says hello
+    as a restored pod naming its spares, and lets them go, each to connect on its own.
+    Returns the new pod's control socket."""
+    import time
+
+    release_r, release_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    pids = fork_spares(sock, order, (release_r, ready_w))
+    os.close(release_r)
+    os.close(ready_w)
+    ready = 0
+    while ready < len(pids):
+        got = os.read(ready_r, 64)
+        if not got:
+            break  # a spare died before it was ready
+        ready += len(got)
+    os.close(ready_r)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    send_frame(sock, {"pids": pids, "ready": ready})
+    sock.close()
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(SOCKET_PATH)
+            break
+        except OSError:
+            sock.close()
+            time.sleep(RECONNECT_PAUSE)
+    send_frame(sock, {"op": "hello", "role": "pod", "restored": True, "spares": pids})
+    os.write(release_w, b"g" * len(pids))
+    os.close(release_w)
+    return sock
 
 
 def serve_pod():
@@ -680,6 +751,8 @@ def serve_pod():
         {"op": "status", "pids": [...]}     how those ended (an exit code, a negated signal,
                                             or null while one runs)       -> {"status": {...}}
         {"op": "kill", "pid": p}            SIGKILL one of its handlers   -> {}
+        {"op": "template", "count": n, ...} become a template: fork n spares held until the
+                                            pod is restored (become_template) -> {"pids": [...]}
     """
     import gc
 
@@ -712,19 +785,9 @@ def serve_pod():
         op = order.get("op")
         reap()
         if op == "spares":
-            pids = []
-            for _ in range(max(0, min(int(order.get("count", 1)), 64))):
-                pid = os.fork()
-                if pid == 0:
-                    sock.close()
-                    try:
-                        serve_pod_spare(int(order["uid"]), int(order["gid"]), order.get("seccomp"))
-                    except BaseException:
-                        traceback.print_exc()  # to the pod's output: the lambda's log
-                    finally:
-                        os._exit(0)
-                pids.append(pid)
-            send_frame(sock, {"pids": pids})
+            send_frame(sock, {"pids": fork_spares(sock, order)})
+        elif op == "template":
+            sock = become_template(sock, order)
         elif op == "status":
             reap()
             send_frame(sock, {"status": {str(p): ended.pop(p, None) for p in order.get("pids") or []}})

@@ -3,8 +3,9 @@
 //! systrap platform ([`runsc`]), so a kernel bug reachable from a handler is gVisor's, not
 //! the host's. The hard boundary is between lambdas; inside a pod the lambda's Zygote forks
 //! its handlers (SOCK's idea, kept inside the boundary), from spares forked ahead, so only a
-//! lambda's first cold start pays for starting gVisor. A pod goes when its last handler
-//! does (scale to zero). Why this shape, and what each alternative measured: docs/isolation.md.
+//! lambda's first cold start pays for starting gVisor, and that start is a restore of its
+//! package set's [`template`] once there is one. A pod goes when its last handler does
+//! (scale to zero). Why this shape, and what each alternative measured: docs/isolation.md.
 //!
 //! A handler in a pod is the lean sandboxes' helper with their channel protocol; it differs
 //! in how it is reached: it connects to the pod's socket on its own, its output goes to a
@@ -13,8 +14,12 @@
 //! handler dies as under the OOM killer and the pod reports why), and the pod's cgroup on
 //! the host bounds the whole pod.
 
+mod ahead;
+mod bundle;
+mod claim;
 pub mod pod;
 pub mod runsc;
+mod template;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -33,8 +38,10 @@ use crate::error::{Doing, PlatformError};
 use crate::session::{handler_kind, session_methods, Calls, Session};
 use crate::spec::{BackendStats, CreateError, InvokeError, SandboxSpec};
 use crate::stage::Stage;
+use ahead::Created;
 use pod::{Pod, PodSettings};
 use runsc::Runsc;
+use template::Templates;
 
 /// The exit status of a handler that went past its memory limit (helper.py).
 const EXIT_OUT_OF_MEMORY: i32 = 75;
@@ -81,6 +88,13 @@ struct Inner {
     pods: Mutex<HashMap<String, Arc<PodSlot>>>,
     next_id: AtomicU64,
     counters: Counters,
+    /// Checkpoints to restore lambdas' first pods from, by package set.
+    templates: Arc<Templates>,
+    /// Whether pods come from templates (`SPROUT_GVISOR_TEMPLATES=0` in the worker's
+    /// environment turns it off, to compare).
+    use_templates: bool,
+    /// Containers created ahead, by template (package set), and how many are being made.
+    ahead: Mutex<HashMap<String, (Vec<Created>, usize)>>,
 }
 
 /// A lambda's pod, started once by the first sandbox that needs it.
@@ -121,6 +135,9 @@ impl GvisorBackend {
             pods: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
+            templates: Arc::new(Templates::default()),
+            use_templates: std::env::var("SPROUT_GVISOR_TEMPLATES").map_or(true, |v| v != "0"),
+            ahead: Mutex::new(HashMap::new()),
         };
         GvisorBackend { inner: Arc::new(inner) }
     }
@@ -187,11 +204,13 @@ impl Inner {
         let started = Instant::now();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let spare = pod.take_spare(self.settings.cfg.start_timeout).await?;
-        // A replacement, off this request's path.
-        if pod.pending() < self.settings.cfg.spares {
+        // Replacements (a restored pod's first: all but the one its template held), off this
+        // request's path.
+        let wanted = self.settings.cfg.spares.saturating_sub(pod.pending());
+        if wanted > 0 {
             let (inner, pod) = (self.clone(), pod.clone());
             tokio::spawn(async move {
-                if let Err(e) = pod.fork_spares(&inner.settings, 1).await {
+                if let Err(e) = pod.fork_spares(&inner.settings, wanted).await {
                     tracing::warn!(pod = pod.id, "forking a spare: {e}");
                 }
             });
@@ -234,21 +253,7 @@ impl Backend for GvisorBackend {
     async fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, CreateError> {
         let inner = &self.inner;
         let slot = inner.slot(spec);
-        let started = slot
-            .pod
-            .get_or_try_init(|| async {
-                let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-                match Pod::start(id, &inner.runsc, &inner.settings, &inner.stage, spec, spec.output_sink()).await {
-                    Ok(pod) => Ok(Arc::new(pod)),
-                    Err(e) => {
-                        inner.runsc.delete(&format!("sprout-pod-{id}")).await;
-                        crate::scratch::remove_dir(&inner.stage.run.join("gvisor").join(id.to_string())).await;
-                        Err(e)
-                    }
-                }
-            })
-            .await
-            .cloned();
+        let started = slot.pod.get_or_try_init(|| inner.start_pod(spec)).await.cloned();
         let result = match started {
             Ok(pod) => inner.provision(&pod, spec).await,
             Err(e) => Err(e),
@@ -269,6 +274,12 @@ impl Backend for GvisorBackend {
 
     async fn shutdown(&self) {
         let inner = &self.inner;
+        inner.templates.close();
+        inner.templates.settle().await;
+        let created: Vec<Created> = inner.ahead.lock().expect("ahead lock").drain().flat_map(|(_, (ready, _))| ready).collect();
+        for created in created {
+            created.discard(&inner.runsc).await;
+        }
         let slots: Vec<Arc<PodSlot>> = inner.pods.lock().expect("pods lock").drain().map(|(_, s)| s).collect();
         for slot in slots {
             if let Some(pod) = slot.pod.get() {
@@ -280,7 +291,7 @@ impl Backend for GvisorBackend {
                 inner.runsc.delete(&container).await;
             }
         }
-        crate::scratch::remove_dir(&inner.stage.run.join("gvisor")).await;
+        ahead::remove_bundle(&inner.stage.run.join("gvisor")).await;
         if let Some(layout) = &inner.layout {
             layout.remove_container_parent(&inner.settings.cfg.cgroup_parent);
         }

@@ -3,9 +3,12 @@
 //! forks the lambda's handlers inside gVisor's kernel. Every helper in the pod connects to
 //! one socket the worker listens on in the pod's scratch directory: the Zygote first (its
 //! control channel), then each spare it forks, which says its pid and waits to be bound.
-//! Spares are forked ahead, so a cold start inside a running pod only binds one.
+//! Spares are forked ahead, so a cold start inside a running pod only binds one. A pod is
+//! started afresh (`runsc run`, the Zygote then imports the packages) or restored from its
+//! package set's template ([`super::template`]), its Zygote and spares already made.
 
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,15 +17,17 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Mutex};
 
+use super::ahead::{remove_bundle, Created};
+use super::bundle::{Bundle, Contents};
 use super::runsc::Runsc;
+use super::template::Template;
 use super::GvisorConfig;
 use crate::channel::{Channel, Endpoint, Hello, ZygoteOrder};
 use crate::error::{Doing, PlatformError};
 use crate::network::LambdaNetwork;
 use crate::output::{OutputPipe, OutputSink};
-use crate::scratch::{make_scratch, remove_dir};
-use crate::spec::{sandbox_env_strings, CreateError, SandboxSpec};
-use crate::stage::{Stage, HELPER_IN_SANDBOX};
+use crate::spec::{CreateError, SandboxSpec};
+use crate::stage::Stage;
 
 /// What every pod of a worker is made with: the back-end's settings, and the lean sandboxes'
 /// seccomp filter (hex of its instructions), which each handler installs so that gVisor's
@@ -52,7 +57,9 @@ pub(crate) struct Pod {
     accepting: tokio::task::JoinHandle<()>,
     /// The lambda's namespace, held while the pod runs in it (idle, it may outlive the
     /// lambda's sandboxes, which hold it too).
-    _network: Option<Arc<LambdaNetwork>>,
+    network: Option<Arc<LambdaNetwork>>,
+    /// The namespace of a pod created ahead while its lambda's link is lent to it.
+    lent: std::sync::Mutex<Option<OwnedFd>>,
     /// Its own output (the Zygote's, and gVisor's), kept while it runs.
     _output: OutputPipe,
     next_fifo: AtomicU64,
@@ -77,24 +84,18 @@ impl Pod {
         spec: &SandboxSpec,
         sink: Arc<dyn OutputSink>,
     ) -> Result<Pod, CreateError> {
-        let container = format!("sprout-pod-{id}");
-        let bundle = stage.run.join("gvisor").join(id.to_string());
-        let scratch = bundle.join("scratch");
-        make_scratch(&scratch, settings.cfg.uid, settings.cfg.gid).at("making the pod's scratch directory", &scratch)?;
-        let endpoint = Endpoint::listen_in(&scratch)?;
-        let cgroup = format!("{}/pod-{id}", settings.cfg.cgroup_parent);
         let network = spec.network.clone().filter(|n| n.fd() >= 0);
-        let config = runtime_spec(settings, stage, spec, &scratch, &cgroup, network.as_deref());
-        let body = serde_json::to_vec(&config).doing("encoding the runtime spec")?;
-        tokio::fs::write(bundle.join("config.json"), body).await.at("writing", &bundle.join("config.json"))?;
+        let code = stage.code_view(&spec.code_dir);
+        let contents = Contents { handler: Some(&code), env: &spec.env, network: network.as_ref().map(|n| n.fd()), pids: pods_pids(spec) };
+        let bundle = Bundle::write(settings, stage, &format!("pod-{id}"), contents).await?;
         let (output, log) = OutputPipe::new(id, sink).doing("making the pod's log pipe")?;
         if let Some(network) = &network {
             // A pod before this one in the lambda's namespace took its address away.
             network.configure_again().doing("configuring the lambda's network namespace")?;
         }
-        runsc.run(&container, &bundle, network.is_some(), log).await?;
+        runsc.run(&bundle.container, &bundle.dir, network.is_some(), log).await?;
         let timeout = settings.cfg.start_timeout;
-        let (mut control, _) = endpoint.accept_next(timeout, settings.cfg.max_response).await?;
+        let (mut control, _) = bundle.endpoint.accept_next(timeout, settings.cfg.max_response).await?;
         let hello = recv_hello(&mut control, timeout, "start").await?;
         if hello.role.as_deref() != Some("pod") {
             return Err(PlatformError::Engine {
@@ -105,30 +106,94 @@ impl Pod {
             .into());
         }
         let imports: Vec<String> = spec.packages.iter().flat_map(|p| p.modules.iter().cloned()).collect();
-        let order = ZygoteOrder { op: "zygote", paths: &spec.paths, imports: &imports };
-        control.send(&order, &[]).await.doing("sending the pod's Zygote its packages")?;
-        let imported = recv_hello(&mut control, timeout, "import the lambda's packages").await?;
-        if let Some(failed) = imported.failed.filter(|f| !f.is_empty()) {
-            tracing::info!(lambda = %spec.lambda, ?failed, "a pod's Zygote could not import every package ahead");
-        }
-        let (sender, receiver) = mpsc::channel(64);
-        let accepting = tokio::spawn(accept_spares(endpoint, sender, settings.cfg.max_response));
-        let pod = Pod {
-            id,
-            container,
-            bundle,
-            scratch,
-            cgroup,
-            control: Mutex::new(control),
-            spares: Mutex::new(receiver),
-            pending: AtomicUsize::new(0),
-            accepting,
-            _network: network,
-            _output: output,
-            next_fifo: AtomicU64::new(1),
-        };
+        import_packages(&mut control, &spec.paths, &imports, timeout).await?;
+        let pod = Pod::assemble(id, bundle, control, network, output, 0, settings);
         pod.fork_spares(settings, settings.cfg.spares.max(1)).await?;
         Ok(pod)
+    }
+
+    /// A pod for `spec`'s lambda restored from `template`, into `created` (a container created
+    /// ahead: the lambda's code is bound onto its /handler and the lambda's link lent to its
+    /// namespace) or, without one, into a container created now with the lambda's code and
+    /// namespace. The restored Zygote reaches the new pod's socket on its own, with its spares
+    /// behind it.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn restore(
+        id: u64,
+        runsc: &Runsc,
+        settings: &PodSettings,
+        stage: &Stage,
+        spec: &SandboxSpec,
+        template: &Template,
+        created: Option<Created>,
+        sink: Arc<dyn OutputSink>,
+    ) -> Result<Pod, CreateError> {
+        let network = spec.network.clone().filter(|n| n.fd() >= 0);
+        let code = stage.code_view(&spec.code_dir);
+        let started = std::time::Instant::now();
+        let (bundle, lent) = match created {
+            Some(created) => {
+                if let Err(e) = lend(&created.netns, &code, &created.bundle, network.as_ref()).await {
+                    stop(runsc, &created.bundle.container, &created.bundle.dir, Some(&created.netns), network.as_deref()).await;
+                    return Err(e.into());
+                }
+                (created.bundle, Some(created.netns))
+            }
+            None => {
+                let contents =
+                    Contents { handler: Some(&code), env: &[], network: network.as_ref().map(|n| n.fd()), pids: pods_pids(spec) };
+                let bundle = Bundle::write(settings, stage, &format!("pod-{id}"), contents).await?;
+                if let Some(network) = &network {
+                    network.configure_again().doing("configuring the lambda's network namespace")?;
+                }
+                runsc.create(&bundle.container, &bundle.dir, network.is_some(), None).await?;
+                (bundle, None)
+            }
+        };
+        let create = started.elapsed();
+        let restored = restored(runsc, settings, &bundle, &template.image, network.is_some(), sink).await;
+        let (control, hello, output) = match restored {
+            Ok(restored) => restored,
+            Err(e) => {
+                stop(runsc, &bundle.container, &bundle.dir, lent.as_ref(), network.as_deref()).await;
+                return Err(e.into());
+            }
+        };
+        let spares = hello["spares"].as_array().map_or(0, Vec::len);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let restore = ms(started.elapsed() - create);
+        tracing::debug!(pod = id, create_ms = ms(create), restore_ms = restore, "a pod restored (the restore until the Zygote's hello)");
+        let mut pod = Pod::assemble(id, bundle, control, network, output, spares, settings);
+        pod.lent = std::sync::Mutex::new(lent);
+        Ok(pod)
+    }
+
+    fn assemble(
+        id: u64,
+        bundle: Bundle,
+        control: Channel,
+        network: Option<Arc<LambdaNetwork>>,
+        output: OutputPipe,
+        spares: usize,
+        settings: &PodSettings,
+    ) -> Pod {
+        let (sender, receiver) = mpsc::channel(64);
+        let accepting = tokio::spawn(accept_spares(bundle.endpoint, sender, settings.cfg.max_response));
+        Pod {
+            id,
+            container: bundle.container,
+            bundle: bundle.dir,
+            scratch: bundle.scratch,
+            cgroup: bundle.cgroup,
+            control: Mutex::new(control),
+            spares: Mutex::new(receiver),
+            pending: AtomicUsize::new(spares),
+            accepting,
+            network,
+            lent: std::sync::Mutex::new(None),
+            _output: output,
+            next_fifo: AtomicU64::new(1),
+        }
     }
 
     /// Ask the Zygote for `count` more spares.
@@ -212,7 +277,20 @@ impl Pod {
     pub async fn stop(&self, runsc: &Runsc) {
         self.accepting.abort();
         runsc.delete(&self.container).await;
-        remove_dir(&self.bundle).await;
+        self.return_link();
+        remove_bundle(&self.bundle).await;
+    }
+
+    /// Give the lambda's link back to its namespace, if it is lent to this pod (which has no
+    /// network from then on): when the pod stops, or when another pod of the lambda (new code)
+    /// is to start, which needs it.
+    pub fn return_link(&self) {
+        let lent = self.lent.lock().expect("lent lock").take();
+        if let (Some(netns), Some(network)) = (lent, &self.network) {
+            if let Err(e) = network.take_link_back(netns.as_raw_fd()) {
+                tracing::warn!(pod = self.id, "taking a lambda's link back from its pod: {e}");
+            }
+        }
     }
 }
 
@@ -241,7 +319,7 @@ async fn accept_spares(endpoint: Endpoint, spares: mpsc::Sender<Spare>, max_body
     }
 }
 
-async fn recv_hello(channel: &mut Channel, timeout: Duration, doing: &str) -> Result<Hello, PlatformError> {
+pub(crate) async fn recv_hello(channel: &mut Channel, timeout: Duration, doing: &str) -> Result<Hello, PlatformError> {
     match tokio::time::timeout(timeout, channel.recv::<Hello>()).await {
         Ok(Ok((hello, _))) => Ok(hello),
         Ok(Err(e)) => Err(e).doing(format!("the pod's Zygote died while it was to {doing}")),
@@ -249,57 +327,71 @@ async fn recv_hello(channel: &mut Channel, timeout: Duration, doing: &str) -> Re
     }
 }
 
-/// The OCI runtime spec of a pod: the base read-only with the lambda's code at /handler and
-/// the pod's scratch at /host; the lambda's network namespace joined when it has one; its
-/// first process the Zygote, as gVisor's root with only the capabilities it needs to drop
-/// its spares to the handlers' user and kill them.
-fn runtime_spec(
+/// Have a new pod's Zygote import `imports` from `paths` (a package that fails is only
+/// logged: the handler's own import will say why).
+pub(crate) async fn import_packages(
+    control: &mut Channel,
+    paths: &[String],
+    imports: &[String],
+    timeout: Duration,
+) -> Result<(), PlatformError> {
+    let order = ZygoteOrder { op: "zygote", paths, imports };
+    control.send(&order, &[]).await.doing("sending the pod's Zygote its packages")?;
+    let imported = recv_hello(control, timeout, "import the lambda's packages").await?;
+    if let Some(failed) = imported.failed.filter(|f| !f.is_empty()) {
+        tracing::info!(?failed, "a pod's Zygote could not import every package ahead");
+    }
+    Ok(())
+}
+
+/// The processes a pod of `spec`'s lambda may hold.
+pub(crate) fn pods_pids(spec: &SandboxSpec) -> u64 {
+    spec.limits.pids.max(64) * 8
+}
+
+/// Restore `image` into the created container of `bundle`, and wait for the restored Zygote's
+/// hello: its control channel, its hello, and the pod's output.
+async fn restored(
+    runsc: &Runsc,
     settings: &PodSettings,
-    stage: &Stage,
-    spec: &SandboxSpec,
-    scratch: &Path,
-    cgroup: &str,
-    network: Option<&LambdaNetwork>,
-) -> Value {
-    let bind = |dst: &str, src: &Path, mode: &str| json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", mode]});
-    let caps = ["CAP_SETUID", "CAP_SETGID", "CAP_KILL"];
-    let mut namespaces: Vec<Value> = ["pid", "ipc", "uts", "mount"].iter().map(|t| json!({"type": t})).collect();
-    namespaces.push(match network {
-        Some(n) => json!({"type": "network", "path": format!("/proc/{}/fd/{}", std::process::id(), n.fd())}),
-        None => json!({"type": "network"}),
-    });
-    let mut mounts = vec![
-        json!({"destination": "/proc", "type": "proc", "source": "proc"}),
-        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
-        bind("/handler", &stage.code_view(&spec.code_dir), "ro"),
-        bind("/host", scratch, "rw"),
-    ];
-    // Volumes are bound below the base on the host, but gVisor sees the root as one read-only
-    // mount: each is a mount of its own here, writable as configured.
-    mounts.extend(stage.volumes.iter().map(|v| bind(&v.path, &v.host, if v.writable { "rw" } else { "ro" })));
-    json!({
-        "ociVersion": "1.0.2",
-        "root": {"path": stage.base, "readonly": true},
-        "process": {
-            "terminal": false,
-            "user": {"uid": 0, "gid": 0},
-            "args": [settings.cfg.python, "-I", "-S", HELPER_IN_SANDBOX, "pod"],
-            "env": sandbox_env_strings(&spec.env),
-            "cwd": "/",
-            "noNewPrivileges": true,
-            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps, "inheritable": [], "ambient": []},
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}],
-        },
-        "hostname": "sandbox",
-        "mounts": mounts,
-        "linux": {
-            "namespaces": namespaces,
-            "cgroupsPath": format!("/{cgroup}"),
-            "resources": {
-                "memory": {"limit": settings.cfg.pod_memory_bytes},
-                "pids": {"limit": spec.limits.pids.max(64) * 8},
-                "cpu": {"cpus": settings.cfg.cpuset},
-            },
-        },
-    })
+    bundle: &Bundle,
+    image: &std::path::Path,
+    networked: bool,
+    sink: Arc<dyn OutputSink>,
+) -> Result<(Channel, Value, OutputPipe), PlatformError> {
+    let (output, log) = OutputPipe::new(0, sink).doing("making the pod's log pipe")?;
+    runsc.restore(&bundle.container, &bundle.dir, image, networked, log).await?;
+    let timeout = settings.cfg.start_timeout;
+    let (mut control, _) = bundle.endpoint.accept_next(timeout, settings.cfg.max_response).await?;
+    match tokio::time::timeout(timeout, control.recv::<Value>()).await {
+        Ok(Ok((hello, _))) if hello["role"] == "pod" && hello["restored"] == true => Ok((control, hello, output)),
+        Ok(Ok((hello, _))) => Err(PlatformError::Protocol { process: "the restored pod's Zygote".into(), said: hello.to_string() }),
+        Ok(Err(e)) => Err(e).doing("the restored pod's Zygote died before its hello"),
+        Err(_) => Err(PlatformError::timed_out("the restored pod's Zygote", "say hello", timeout)),
+    }
+}
+
+/// Bind the lambda's `code` onto a created container's /handler and lend the lambda's link to
+/// its namespace `netns`.
+async fn lend(netns: &OwnedFd, code: &std::path::Path, bundle: &Bundle, network: Option<&Arc<LambdaNetwork>>) -> Result<(), PlatformError> {
+    let handler = super::ahead::handler_dir(bundle);
+    crate::mounts::bind(code, &handler, false).at("binding the lambda's code onto", &handler)?;
+    if let Some(network) = network {
+        let (network, to) = (network.clone(), netns.as_raw_fd());
+        let lent = tokio::task::spawn_blocking(move || network.lend_link(to)).await.map_err(std::io::Error::other).and_then(|r| r);
+        lent.doing("lending the lambda's link to its pod's namespace")?;
+    }
+    Ok(())
+}
+
+/// Stop a pod's container and remove its bundle; the lambda's link, if lent to the pod's
+/// namespace, is taken back first.
+async fn stop(runsc: &Runsc, container: &str, bundle: &std::path::Path, lent: Option<&OwnedFd>, network: Option<&LambdaNetwork>) {
+    runsc.delete(container).await;
+    if let (Some(netns), Some(network)) = (lent, network) {
+        if let Err(e) = network.take_link_back(netns.as_raw_fd()) {
+            tracing::warn!(container, "taking a lambda's link back from its pod: {e}");
+        }
+    }
+    remove_bundle(bundle).await;
 }

@@ -53,20 +53,59 @@ impl Runsc {
     /// `runsc run --detach` the container `name` of `bundle`; its processes' stdout and
     /// stderr are `output`.
     pub async fn run(&self, name: &str, bundle: &Path, networked: bool, output: OwnedFd) -> Result<(), PlatformError> {
+        self.launch(&["run", "--detach"], name, bundle, networked, Some(output), "start the pod").await
+    }
+
+    /// `runsc create` the container `name` of `bundle`, to be restored into.
+    pub async fn create(&self, name: &str, bundle: &Path, networked: bool, output: Option<OwnedFd>) -> Result<(), PlatformError> {
+        self.launch(&["create"], name, bundle, networked, output, "create the pod's container").await
+    }
+
+    /// `runsc restore --detach` the checkpoint in `image` into the created container `name`;
+    /// the restored processes' stdout and stderr become `output`.
+    pub async fn restore(&self, name: &str, bundle: &Path, image: &Path, networked: bool, output: OwnedFd) -> Result<(), PlatformError> {
+        let image = format!("--image-path={}", image.display());
+        self.launch(&["restore", "--detach", &image], name, bundle, networked, Some(output), "restore the pod from its template").await
+    }
+
+    /// `runsc checkpoint` the container `name` into `image` (the container stops).
+    pub async fn checkpoint(&self, name: &str, bundle: &Path, image: &Path, networked: bool) -> Result<(), PlatformError> {
+        let image = format!("--image-path={}", image.display());
+        self.launch(&["checkpoint", &image], name, bundle, networked, None, "checkpoint the template").await
+    }
+
+    /// `runsc <args> [--bundle bundle] name`, its log in the bundle, its standard output and
+    /// error `output` (none: discarded).
+    async fn launch(
+        &self,
+        args: &[&str],
+        name: &str,
+        bundle: &Path,
+        networked: bool,
+        output: Option<OwnedFd>,
+        doing: &'static str,
+    ) -> Result<(), PlatformError> {
         let log = bundle.join("runsc.log");
         let mut cmd = self.command(networked, Some(&log));
-        cmd.args(["run", "--detach", "--bundle"]).arg(bundle).arg(name);
-        let err = output.try_clone().map_err(|e| PlatformError::Io { doing: "duplicating the log pipe".into(), error: e })?;
-        cmd.stdout(Stdio::from(output)).stderr(Stdio::from(err));
+        cmd.args(args);
+        if args[0] != "checkpoint" {
+            cmd.arg("--bundle").arg(bundle);
+        }
+        cmd.arg(name);
+        match output {
+            Some(output) => {
+                let err = output.try_clone().map_err(|e| PlatformError::Io { doing: "duplicating the log pipe".into(), error: e })?;
+                cmd.stdout(Stdio::from(output)).stderr(Stdio::from(err));
+            }
+            None => {
+                cmd.stdout(Stdio::null()).stderr(Stdio::null());
+            }
+        }
         let status = cmd.status().await.map_err(|e| self.spawn_error(e))?;
         if status.success() {
             return Ok(());
         }
-        Err(PlatformError::Engine {
-            engine: "runsc",
-            doing: "start the pod".into(),
-            message: complaint(&log).unwrap_or(status.to_string()),
-        })
+        Err(PlatformError::Engine { engine: "runsc", doing: doing.into(), message: complaint(&log).unwrap_or(status.to_string()) })
     }
 
     /// Kill and delete a container, if runsc knows it.

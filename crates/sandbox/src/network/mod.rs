@@ -133,6 +133,16 @@ impl LambdaNetwork {
     pub fn configure_again(&self) -> std::io::Result<()> {
         self.namespace.as_ref().map_or(Ok(()), Namespace::configure_again)
     }
+
+    /// Lend its link to the namespace `to` (a gVisor pod created ahead); [`Namespace::lend_link`].
+    pub fn lend_link(&self, to: std::os::fd::RawFd) -> std::io::Result<()> {
+        self.namespace.as_ref().map_or(Ok(()), |n| n.lend_link(to))
+    }
+
+    /// Take its link back from the namespace `from`.
+    pub fn take_link_back(&self, from: std::os::fd::RawFd) -> std::io::Result<()> {
+        self.namespace.as_ref().map_or(Ok(()), |n| n.take_link_back(from))
+    }
 }
 
 impl Drop for LambdaNetwork {

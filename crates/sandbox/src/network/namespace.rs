@@ -45,17 +45,89 @@ impl Namespace {
     /// away from the host's kernel while a gVisor sandbox uses the namespace, and does not
     /// give them back when it ends.
     pub fn configure_again(&self) -> io::Result<()> {
-        let ip = ip_binary().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "iproute2's ip is not installed"))?;
-        let mut inside = Command::new(ip);
-        inside.args(["-batch", "-"]);
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: the closure runs in the forked child before exec and makes one system call
-        // on a descriptor the child inherited.
-        unsafe {
-            inside.pre_exec(move || if libc::setns(fd, libc::CLONE_NEWNET) != 0 { Err(io::Error::last_os_error()) } else { Ok(()) });
-        }
-        run_script(inside, &self.inside)
+        ip_in(self.fd.as_raw_fd(), &self.inside)
     }
+
+    /// Lend its link (`eth0`) to the network namespace `to`, configured there as it is here:
+    /// a gVisor pod created ahead in a namespace of its own takes its lambda's link (the
+    /// host's end, and its rules, unchanged).
+    pub fn lend_link(&self, to: RawFd) -> io::Result<()> {
+        move_link(self.fd.as_raw_fd(), "eth0", to)?;
+        ip_in(to, &self.inside)
+    }
+
+    /// Take its link back from the namespace `from` it was lent to (configured again before
+    /// the next pod starts here).
+    pub fn take_link_back(&self, from: RawFd) -> io::Result<()> {
+        move_link(from, "eth0", self.fd.as_raw_fd())
+    }
+}
+
+/// Move the link `name` of the network namespace `from` into the namespace `to`: one
+/// rtnetlink request (`ip link set NAME netns`, without a process) from a thread that enters
+/// `from` and ends.
+fn move_link(from: RawFd, name: &str, to: RawFd) -> io::Result<()> {
+    const NLM_F_REQUEST_ACK: u16 = 1 | 4;
+    const NLMSG_ERROR: u16 = 2;
+    const IFLA_IFNAME: u16 = 3;
+    const IFLA_NET_NS_FD: u16 = 28;
+    let name_len = 4 + name.len() + 1;
+    let total = 16 + 16 + 8 + name_len.next_multiple_of(4);
+    let mut msg = Vec::with_capacity(total);
+    msg.extend((total as u32).to_ne_bytes());
+    msg.extend(libc::RTM_NEWLINK.to_ne_bytes());
+    msg.extend(NLM_F_REQUEST_ACK.to_ne_bytes());
+    msg.extend([1u32, 0].iter().flat_map(|v| v.to_ne_bytes())); // sequence, port
+    msg.extend([0u8; 16]); // ifinfomsg: any family, the link named below
+    msg.extend([8u16, IFLA_NET_NS_FD].iter().flat_map(|v| v.to_ne_bytes()));
+    msg.extend((to as u32).to_ne_bytes());
+    msg.extend([name_len as u16, IFLA_IFNAME].iter().flat_map(|v| v.to_ne_bytes()));
+    msg.extend(name.as_bytes());
+    msg.resize(total, 0);
+    let request = move || -> io::Result<()> {
+        // SAFETY: setns affects only this thread, which ends after the request; the socket is
+        // owned at once; send and recv get buffers of the lengths given.
+        unsafe {
+            if libc::setns(from, libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let sock = libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE);
+            if sock < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let sock = <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(sock);
+            if libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut reply = [0u8; 1024];
+            let got = libc::recv(sock.as_raw_fd(), reply.as_mut_ptr().cast(), reply.len(), 0);
+            if got < 20 {
+                return Err(if got < 0 { io::Error::last_os_error() } else { io::Error::other("a short netlink reply") });
+            }
+            let kind = u16::from_ne_bytes([reply[4], reply[5]]);
+            let error = i32::from_ne_bytes([reply[16], reply[17], reply[18], reply[19]]);
+            match (kind, error) {
+                (NLMSG_ERROR, 0) => Ok(()),
+                (NLMSG_ERROR, e) => Err(io::Error::from_raw_os_error(-e)),
+                _ => Err(io::Error::other(format!("a netlink reply of type {kind}"))),
+            }
+        }
+    };
+    let moved = std::thread::spawn(request).join().map_err(|_| io::Error::other("the thread moving a link panicked"))?;
+    moved.map_err(|e| io::Error::new(e.kind(), format!("moving {name} to another network namespace: {e}")))
+}
+
+/// Run `ip -batch` with `script` inside the network namespace `fd`.
+fn ip_in(fd: RawFd, script: &str) -> io::Result<()> {
+    let ip = ip_binary().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "iproute2's ip is not installed"))?;
+    let mut inside = Command::new(ip);
+    inside.args(["-batch", "-"]);
+    // SAFETY: the closure runs in the forked child before exec and makes one system call
+    // on a descriptor the child inherited.
+    unsafe {
+        inside.pre_exec(move || if libc::setns(fd, libc::CLONE_NEWNET) != 0 { Err(io::Error::last_os_error()) } else { Ok(()) });
+    }
+    run_script(inside, script)
 }
 
 /// Where iproute2's `ip` is; the worker refuses to isolate sandboxes without it.

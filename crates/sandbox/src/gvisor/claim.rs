@@ -1,0 +1,138 @@
+//! How a lambda's pod comes to be: restored from its package set's template, into a
+//! container created ahead when one is ready (else created now), or, while the set has no
+//! template yet, started afresh (and the template made meanwhile).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::ahead::{self, Created};
+use super::pod::Pod;
+use super::template::Recipe;
+use super::Inner;
+use crate::spec::{CreateError, SandboxSpec};
+
+/// Containers kept created ahead per template (each is `runsc create`, 45-80 ms, off a
+/// lambda's first cold start); `SPROUT_GVISOR_CREATED_AHEAD` in the worker's environment
+/// sets another number (0: create on the request's path, to compare).
+/// How long after a claim the container replacing the one it took is created.
+const REFILL_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
+
+fn created_ahead() -> usize {
+    std::env::var("SPROUT_GVISOR_CREATED_AHEAD").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
+}
+
+impl Inner {
+    /// Start a pod for `spec`'s lambda: restored from its package set's template when there
+    /// is one, else afresh (the first of a set, which has the template made meanwhile).
+    pub(super) async fn start_pod(self: &Arc<Self>, spec: &SandboxSpec) -> Result<Arc<Pod>, CreateError> {
+        self.return_lambdas_link(spec);
+        let recipe = Recipe::of(spec);
+        let (template, make) = if self.use_templates { self.templates.lookup(&recipe) } else { (None, false) };
+        if let Some(template) = template {
+            let created = self.ahead.lock().expect("ahead lock").get_mut(&recipe.key).and_then(|(ready, _)| ready.pop());
+            // The next one is created once this restore and its first request are done with
+            // the CPU (on one core, a create beside a restore slows it by a third).
+            let (inner, next) = (self.clone(), recipe.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(REFILL_AFTER).await;
+                inner.create_ahead(&next);
+            });
+            let id = created.as_ref().map_or_else(|| self.next_id.fetch_add(1, Ordering::Relaxed), |c| c.id);
+            let ahead = created.is_some();
+            let started = Instant::now();
+            match Pod::restore(id, &self.runsc, &self.settings, &self.stage, spec, &template, created, spec.output_sink()).await {
+                Ok(pod) => {
+                    template.failures.store(0, Ordering::Relaxed);
+                    let ms = started.elapsed().as_secs_f64() * 1e3;
+                    tracing::info!(lambda = %spec.lambda, pod = id, ahead, ms, "gVisor pod restored from its package set's template");
+                    return Ok(Arc::new(pod));
+                }
+                Err(e) => {
+                    tracing::warn!(lambda = %spec.lambda, "restoring a gVisor pod from its template (starting afresh): {e}");
+                    self.templates.failed(&recipe, &template);
+                    self.discard(id).await;
+                }
+            }
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let pod = match Pod::start(id, &self.runsc, &self.settings, &self.stage, spec, spec.output_sink()).await {
+            Ok(pod) => Arc::new(pod),
+            Err(e) => {
+                self.discard(id).await;
+                return Err(e);
+            }
+        };
+        if make {
+            let inner = self.clone();
+            tokio::spawn(async move {
+                inner.templates.make(recipe.clone(), &inner.runsc, &inner.settings, &inner.stage).await;
+                inner.create_ahead(&recipe);
+            });
+        }
+        Ok(pod)
+    }
+
+    /// Create containers ahead for `recipe`'s template, up to [`created_ahead`], in the
+    /// background.
+    fn create_ahead(self: &Arc<Self>, recipe: &Recipe) {
+        if self.templates.lookup_ready(recipe).is_none() {
+            return;
+        }
+        let wanted = {
+            let mut ahead = self.ahead.lock().expect("ahead lock");
+            let (ready, making) = ahead.entry(recipe.key.clone()).or_default();
+            let wanted = created_ahead().saturating_sub(ready.len() + *making);
+            *making += wanted;
+            wanted
+        };
+        for _ in 0..wanted {
+            let (inner, recipe) = (self.clone(), recipe.clone());
+            tokio::spawn(async move {
+                let _busy = inner.templates.busy();
+                let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+                let made = Created::make(id, &inner.runsc, &inner.settings, &inner.stage, &recipe).await;
+                let made = made
+                    .map_err(|e| match inner.templates.is_closed() {
+                        true => tracing::debug!("creating a gVisor container ahead while the worker stops: {e}"),
+                        false => tracing::warn!("creating a gVisor container ahead: {e}"),
+                    })
+                    .ok();
+                let leftover = {
+                    let mut ahead = inner.ahead.lock().expect("ahead lock");
+                    let (ready, making) = ahead.entry(recipe.key.clone()).or_default();
+                    *making -= 1;
+                    match made {
+                        Some(created) if !inner.templates.is_closed() => {
+                            ready.push(created);
+                            None
+                        }
+                        other => other,
+                    }
+                };
+                if let Some(created) = leftover {
+                    created.discard(&inner.runsc).await;
+                }
+            });
+        }
+    }
+
+    /// A lambda has one link: a pod of `spec`'s lambda that holds it lent (one of its earlier
+    /// code, idling or draining) gives it back before a new pod starts, which needs it.
+    fn return_lambdas_link(&self, spec: &SandboxSpec) {
+        let prefix = format!("{}\n", spec.lambda);
+        let others: Vec<Arc<Pod>> = (self.pods.lock().expect("pods lock").values())
+            .filter(|slot| slot.key.starts_with(&prefix))
+            .filter_map(|slot| slot.pod.get().cloned())
+            .collect();
+        for pod in others {
+            pod.return_link();
+        }
+    }
+
+    /// Remove what a pod that failed to start left.
+    async fn discard(&self, id: u64) {
+        self.runsc.delete(&super::bundle::container(&format!("pod-{id}"))).await;
+        ahead::remove_bundle(&self.stage.run.join("gvisor").join(format!("pod-{id}"))).await;
+    }
+}
