@@ -167,7 +167,7 @@ impl Default for RuncSection {
 
 impl Default for GvisorSection {
     fn default() -> Self {
-        GvisorSection { runsc: String::new(), spares: 2, pod_memory_mb: 1024, pod_idle_ms: 60_000 }
+        GvisorSection { runsc: String::new(), spares: 2, pod_memory_mb: 1024, pod_idle_ms: 60_000, templates: true, created_ahead: 1 }
     }
 }
 
@@ -363,6 +363,10 @@ pub struct GvisorSection {
     pub pod_memory_mb: u64,
     /// How long a pod without sandboxes stays up (then it stops: scale to zero).
     pub pod_idle_ms: u64,
+    /// Lambdas' first pods restored from a checkpoint of their package set's template.
+    pub templates: bool,
+    /// Containers kept created ahead per template.
+    pub created_ahead: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -12,15 +12,10 @@ use super::template::Recipe;
 use super::Inner;
 use crate::spec::{CreateError, SandboxSpec};
 
-/// Containers kept created ahead per template (each is `runsc create`, 45-80 ms, off a
-/// lambda's first cold start); `SPROUT_GVISOR_CREATED_AHEAD` in the worker's environment
-/// sets another number (0: create on the request's path, to compare).
-/// How long after a claim the container replacing the one it took is created.
+/// How long after a claim the container replacing the one it took is created (each is
+/// `runsc create`, 45-80 ms, off a lambda's first cold start; `[gvisor] created_ahead` says
+/// how many per template).
 const REFILL_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
-
-fn created_ahead() -> usize {
-    std::env::var("SPROUT_GVISOR_CREATED_AHEAD").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
-}
 
 impl Inner {
     /// Start a pod for `spec`'s lambda: restored from its package set's template when there
@@ -82,7 +77,7 @@ impl Inner {
         let wanted = {
             let mut ahead = self.ahead.lock().expect("ahead lock");
             let (ready, making) = ahead.entry(recipe.key.clone()).or_default();
-            let wanted = created_ahead().saturating_sub(ready.len() + *making);
+            let wanted = self.settings.cfg.created_ahead.saturating_sub(ready.len() + *making);
             *making += wanted;
             wanted
         };

@@ -69,6 +69,11 @@ pub struct GvisorConfig {
     pub pod_memory_bytes: u64,
     /// How long a pod without sandboxes stays up.
     pub pod_idle: Duration,
+    /// Start lambdas' first pods from templates (checkpoints per package set); false: each
+    /// pod afresh.
+    pub templates: bool,
+    /// Containers kept created ahead per template (0: created on the request's path).
+    pub created_ahead: usize,
     /// Filter handlers' system calls with the lean sandboxes' filter (inside gVisor).
     pub seccomp: bool,
 }
@@ -90,8 +95,7 @@ struct Inner {
     counters: Counters,
     /// Checkpoints to restore lambdas' first pods from, by package set.
     templates: Arc<Templates>,
-    /// Whether pods come from templates (`SPROUT_GVISOR_TEMPLATES=0` in the worker's
-    /// environment turns it off, to compare).
+    /// Whether pods come from templates (`[gvisor] templates`).
     use_templates: bool,
     /// Containers created ahead, by template (package set), and how many are being made.
     ahead: Mutex<HashMap<String, (Vec<Created>, usize)>>,
@@ -127,6 +131,7 @@ impl GvisorBackend {
             }
         }
         let runsc = Runsc { binary: cfg.runsc.clone(), root: stage.run.join("runsc-state") };
+        let use_templates = cfg.templates;
         let inner = Inner {
             settings: PodSettings { cfg, seccomp: seccomp.map(hex::encode) },
             runsc,
@@ -136,7 +141,7 @@ impl GvisorBackend {
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
             templates: Arc::new(Templates::default()),
-            use_templates: std::env::var("SPROUT_GVISOR_TEMPLATES").map_or(true, |v| v != "0"),
+            use_templates,
             ahead: Mutex::new(HashMap::new()),
         };
         GvisorBackend { inner: Arc::new(inner) }

@@ -345,6 +345,8 @@ async fn make_backend(
                     spares: config.gvisor.spares,
                     pod_memory_bytes: config.gvisor.pod_memory_mb << 20,
                     pod_idle: Duration::from_millis(config.gvisor.pod_idle_ms),
+                    templates: config.gvisor.templates,
+                    created_ahead: config.gvisor.created_ahead,
                     seccomp: config.sandbox.seccomp,
                 },
                 stage,
