@@ -33,7 +33,7 @@ use serde_json::{json, Map, Value};
 use sprout_sandbox::cgroup::{Layout, Version};
 use sprout_sandbox::mounts;
 
-use crate::report;
+use crate::report::{self, get};
 
 /// The parent cgroup (in every hierarchy used) of all groups the benchmark makes.
 pub const CGROUP_PARENT: &str = "sprout-bench-primitives";
@@ -958,14 +958,6 @@ fn network(work_dir: &Path, conc: &[usize], secs: f64) -> Result<Value> {
 
 // ---------------------------------------------------------------------------------------------
 // Summaries.
-
-fn get(v: &Value, path: &[&str]) -> Option<f64> {
-    let mut cur = v;
-    for p in path {
-        cur = cur.get(*p)?;
-    }
-    cur.as_f64()
-}
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> Value {
     match (a, b) {

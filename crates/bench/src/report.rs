@@ -7,6 +7,11 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 /// The median of `xs` (the upper one of an even count); None when there are none.
+/// The number at `path` in a result, if there is one.
+pub fn get(v: &serde_json::Value, path: &[&str]) -> Option<f64> {
+    path.iter().try_fold(v, |v, k| v.get(*k))?.as_f64()
+}
+
 pub fn median(mut xs: Vec<f64>) -> Option<f64> {
     xs.sort_by(|a, b| a.total_cmp(b));
     xs.get(xs.len() / 2).copied()

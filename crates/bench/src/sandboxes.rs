@@ -29,7 +29,7 @@ use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
 use crate::http::{Answer, Client};
-use crate::report;
+use crate::report::{self, get};
 
 pub const BACKENDS: [&str; 7] = ["sock", "sock-isolated", "sock-nospares", "sock-nozygote", "gvisor", "runc", "docker"];
 
@@ -504,10 +504,6 @@ pub fn run(opts: &Options) -> Result<Value> {
     crate::second_kernel::add(&mut results, second_kernel);
     report::write(&opts.out_dir, "sandboxes", &results, &markdown(&results), "plot_sandboxes.py")?;
     Ok(results)
-}
-
-fn get(v: &Value, path: &[&str]) -> Option<f64> {
-    path.iter().try_fold(v, |v, k| v.get(*k))?.as_f64()
 }
 
 fn summarize(opts: &Options, backends: serde_json::Map<String, Value>, pinned: bool) -> Value {

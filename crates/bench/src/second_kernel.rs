@@ -4,9 +4,7 @@
 
 use serde_json::{json, Value};
 
-fn get(v: &Value, path: &[&str]) -> Option<f64> {
-    path.iter().try_fold(v, |v, k| v.get(*k))?.as_f64()
-}
+use crate::report::get;
 
 /// Add the head-to-head results (if run) and gVisor's targets (if it was measured).
 pub fn add(results: &mut Value, head_to_head: Value) {

@@ -93,21 +93,10 @@ impl Backend for Backends {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::instances::fake::FakeBackend;
+    use crate::instances::fake::{plain_spec, FakeBackend};
 
     fn spec(lambda: &str) -> SandboxSpec {
-        SandboxSpec {
-            lambda: lambda.to_string(),
-            code_dir: "/nonexistent".into(),
-            limits: sprout_sandbox::Limits { memory_bytes: 64 << 20, pids: 16, cpus: 0.0 },
-            env: Vec::new(),
-            packages: Vec::new(),
-            paths: Vec::new(),
-            attached: None,
-            network: None,
-            output: None,
-            backend: None,
-        }
+        plain_spec(lambda, "/nonexistent".into(), sprout_sandbox::Limits { memory_bytes: 64 << 20, pids: 16, cpus: 0.0 })
     }
 
     #[tokio::test]

@@ -249,6 +249,11 @@ impl BackendKind {
     pub const ALL: [BackendKind; 6] =
         [BackendKind::Sock, BackendKind::SockNoZygote, BackendKind::Runc, BackendKind::Docker, BackendKind::Vm, BackendKind::Gvisor];
 
+    /// The back-end of this configuration name, if there is one.
+    pub fn from_name(name: &str) -> Option<BackendKind> {
+        BackendKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Sock => "sock",

@@ -56,7 +56,7 @@ impl Isolation {
     /// A class by its name, if this worker runs it.
     pub fn parse(&self, name: &str) -> Result<BackendKind, Unavailable> {
         let unavailable = || Unavailable { asked: name.to_string(), available: self.available.clone() };
-        let kind = BackendKind::ALL.into_iter().find(|k| k.name() == name).ok_or_else(unavailable)?;
+        let kind = BackendKind::from_name(name).ok_or_else(unavailable)?;
         self.available.contains(&kind).then_some(kind).ok_or_else(unavailable)
     }
 

@@ -191,7 +191,7 @@ pub fn parse(text: &str) -> Result<LambdaConfig, ConfigError> {
     let line_of = |needle: &str| text.lines().position(|l| l.contains(needle)).map(|i| i + 1);
     let mut config = LambdaConfig { reuse_sandbox: file.reuse_sandbox.unwrap_or(true), ..LambdaConfig::default() };
     if let Some(class) = file.isolation {
-        let kind = BackendKind::ALL.into_iter().find(|k| k.name() == class);
+        let kind = BackendKind::from_name(&class);
         let names = BackendKind::ALL.map(|k| k.name()).join(", ");
         config.isolation =
             Some(kind.ok_or_else(|| ConfigError::at(line_of("isolation"), format!("isolation: {class:?} is not one of {names}")))?);

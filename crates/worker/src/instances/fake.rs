@@ -202,17 +202,22 @@ pub struct PlainSpecs;
 #[async_trait]
 impl Prepare for PlainSpecs {
     async fn spec(&self, lambda: &Lambda, limits: Limits) -> Result<SandboxSpec, Failure> {
-        Ok(SandboxSpec {
-            lambda: lambda.name.clone(),
-            code_dir: lambda.dir.clone(),
-            limits,
-            env: Vec::new(),
-            packages: Vec::new(),
-            paths: Vec::new(),
-            attached: None,
-            network: None,
-            output: None,
-            backend: None,
-        })
+        Ok(plain_spec(&lambda.name, lambda.dir.clone(), limits))
+    }
+}
+
+/// A spec with nothing to install, the host's network and the default back-end.
+pub fn plain_spec(lambda: &str, code_dir: std::path::PathBuf, limits: Limits) -> SandboxSpec {
+    SandboxSpec {
+        lambda: lambda.to_string(),
+        code_dir,
+        limits,
+        env: Vec::new(),
+        packages: Vec::new(),
+        paths: Vec::new(),
+        attached: None,
+        network: None,
+        output: None,
+        backend: None,
     }
 }

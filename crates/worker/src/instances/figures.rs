@@ -64,7 +64,7 @@ impl InstanceFigures {
             start_times: Mutex::new(crate::metrics::microsecond_hdr()),
             backends: Mutex::new(Vec::new()),
         };
-        figures.state(default, SandboxState::Idle, 0);
+        figures.starting_with(default);
         for reason in Reason::ALL {
             let _shown_at_zero = figures.retries.get_or_create(&ReasonLabels { reason: reason.label() });
         }
@@ -73,17 +73,20 @@ impl InstanceFigures {
 }
 
 impl InstanceFigures {
-    /// `delta` more (or fewer) of `backend`'s sandboxes in `state`.
-    pub fn state(&self, backend: &'static str, state: SandboxState, delta: i64) {
-        {
-            let mut backends = self.backends.lock().unwrap();
-            if !backends.contains(&backend) {
-                backends.push(backend);
-                for state in SandboxState::ALL {
-                    self.sandboxes.get_or_create(&StateLabels { state: state.label(), backend }).set(0);
-                }
+    /// Count `backend`'s sandboxes from now on (every state shown, at zero at first): called
+    /// as one starts, so the states of every sandbox counted later are of a known back-end.
+    pub fn starting_with(&self, backend: &'static str) {
+        let mut backends = self.backends.lock().unwrap();
+        if !backends.contains(&backend) {
+            backends.push(backend);
+            for state in SandboxState::ALL {
+                self.sandboxes.get_or_create(&StateLabels { state: state.label(), backend }).set(0);
             }
         }
+    }
+
+    /// `delta` more (or fewer) of `backend`'s sandboxes in `state`.
+    pub fn state(&self, backend: &'static str, state: SandboxState, delta: i64) {
         if delta != 0 {
             self.sandboxes.get_or_create(&StateLabels { state: state.label(), backend }).inc_by(delta);
         }

@@ -555,6 +555,7 @@ impl Instances {
                 backend = spec.backend.unwrap_or(backend);
                 let output = self.logs.sandbox_output(&lambda.name, lambda.version, backend);
                 spec.output = Some(output.clone());
+                self.figures.starting_with(backend);
                 self.figures.state(backend, SandboxState::Starting, 1);
                 let created = self.backend.create(&spec).await;
                 self.figures.state(backend, SandboxState::Starting, -1);
