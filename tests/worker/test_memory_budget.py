@@ -87,11 +87,28 @@ def f(event):
 """
 
 
+def fill_until_a_sandbox_of(w, name):
+    """Evicting to fit a cold start can leave more room than the next one needs: top the
+    budget up with idle fillers sized to the room left until another sandbox of `name`
+    would not fit without evicting."""
+    for i in range(8):
+        stats = w.client.stats()["lambdas"]
+        budget, need = stats["memory_budget"], stats["per_lambda"][name]["memory_estimate_mb"]
+        room = budget["limit_mb"] - budget["reserve_mb"] - budget["used_mb"]
+        if room < need:
+            return
+        w.deploy_source(f"filler{i}", HOLDING.format(mb=max(1, int(room - need / 2) - 4)))
+        w.client.run(f"filler{i}")
+    raise AssertionError(f"the budget never filled: {budget}, a sandbox of {name} needs {need} MiB")
+
+
 def test_under_a_full_budget_a_busy_lambda_queues_for_its_sandbox_instead_of_evicting(make_worker):
     """A request that finds its lambda's sandbox busy, when a new one would not fit without
     evicting another lambda's, waits for that sandbox (queued_instead) and evicts nothing;
     the worker serves on afterwards."""
-    w = make_worker(instances={"memory_budget_mb": BUDGET_MB, "max_per_lambda": 4})
+    # A first sandbox's estimate a filler's size (not 32 MiB, which a filler's cold start
+    # would evict to make room for, leaving the room it was to fill).
+    w = make_worker(instances={"memory_budget_mb": BUDGET_MB, "max_per_lambda": 4, "sandbox_estimate_mb": 4})
     names = [f"holder{i}" for i in range(12)]
     for name in names:
         w.deploy_source(name, HOLDING.format(mb=12))
@@ -99,6 +116,7 @@ def test_under_a_full_budget_a_busy_lambda_queues_for_its_sandbox_instead_of_evi
     for name in names:  # fill the budget with idle sandboxes of other lambdas
         assert w.client.run(name) == 12
     assert w.client.run("slow") == "done"  # its one sandbox, made by evicting if need be
+    fill_until_a_sandbox_of(w, "slow")
     before = w.client.stats()["lambdas"]["memory_budget"]
     # Eight at once: several wait for the one sandbox together (rooms they give back must
     # not pass between them for ever, a livelock an earlier version had).
