@@ -223,3 +223,25 @@ def test_new_code_gets_the_lambdas_link_from_its_idle_pod(make_worker):
     w.deploy_source("net", source.format(v="v2"))
     version, routes = w.client.run("net")
     assert version == "v2" and "eth0" in routes, routes
+
+
+def test_a_quiet_pod_lets_its_spares_go_and_forks_one_for_the_next_cold_start(make_worker):
+    """Spares are for bursts of cold starts: inside gVisor each holds a handler's pages
+    (several MiB), so a pod with no cold start for `spares_idle_ms` lets them go, and the
+    next cold start forks one on its own path; then a burst finds spares again."""
+    w = make_worker(sandbox={"backend": "gvisor", "start_timeout_ms": 60000},
+                    gvisor={"spares_idle_ms": 300}, instances={"keep_warm": False})
+    w.deploy_source("quiet", WHO, **{"mark.txt": "quiet"})
+
+    def let_go():
+        return w.client.stats()["backends"]["gvisor"]["counters"]["spares_let_go"]
+
+    assert w.client.run("quiet")["mark"] == "quiet"  # the pod starts with its spares
+    assert wait_for(lambda: let_go() >= 2, 10), w.client.stats()["backends"]
+    gone = let_go()
+    # With none left, cold starts still bind, one after another and several at once.
+    assert w.client.run("quiet")["mark"] == "quiet"
+    with ThreadPoolExecutor(4) as pool:
+        assert [r["mark"] for r in pool.map(lambda _: w.client.run("quiet"), range(4))] == ["quiet"] * 4
+    assert wait_for(lambda: let_go() > gone, 10), "the burst's spares went too"
+    assert 'sprout_spares_let_go_total{backend="gvisor"}' in w.client.metrics()

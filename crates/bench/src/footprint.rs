@@ -34,11 +34,11 @@ pub(crate) async fn first_cold_starts(opts: &Options, worker: &Worker) -> Result
 }
 
 /// PSS in bytes of every process in `worker`'s cgroups (the memory hierarchy's on cgroup v1,
-/// the unified one's on v2), the worker's own process aside.
+/// the unified one's on v2), the worker's own process aside, each address space once.
 pub(crate) fn worker_pss(worker: &Worker) -> u64 {
     let prefix = format!("sprout-{}", worker.name);
     let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
-    let mut total = 0;
+    let mut pids = Vec::new();
     for entry in entries.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
         if pid == worker.pid() {
@@ -51,16 +51,15 @@ pub(crate) fn worker_pss(worker: &Worker) -> u64 {
             (controllers == "memory" || controllers.is_empty()) && path.split('/').any(|c| c.starts_with(&prefix))
         });
         if ours {
-            total += pss_kib(pid) * 1024;
+            pids.push(pid as i32);
         }
     }
-    total
+    sprout_sandbox::memory::pss_of_pids(&pids)
 }
 
-fn pss_kib(pid: u32) -> u64 {
-    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-    rollup.lines().find_map(|l| l.strip_prefix("Pss:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
-}
+/// How long a worker is left still before it is weighed: what it does after a burst (a gVisor
+/// pod lets its spares go after `[gvisor] spares_idle_ms`, 2 s by default) is done by then.
+pub(crate) const SETTLE: Duration = Duration::from_secs(4);
 
 /// Idle lambdas whose memory is weighed together: what one more costs in a worker holding
 /// several (pages of the runtime's own binaries are shared by all of them, as on a real host).
@@ -76,8 +75,7 @@ pub(crate) async fn idle_pss_mib(opts: &Options, worker: &Worker) -> Result<f64>
     for i in 0..IDLE_LAMBDAS {
         worker.deploy(opts, &dir, &format!("idle{i}"))?;
     }
-    let settle = Duration::from_secs(2);
-    tokio::time::sleep(settle).await;
+    tokio::time::sleep(SETTLE).await;
     let before = worker_pss(worker);
     let mut client = Client::connect(worker.port).await?;
     for i in 0..IDLE_LAMBDAS {
@@ -86,7 +84,7 @@ pub(crate) async fn idle_pss_mib(opts: &Options, worker: &Worker) -> Result<f64>
             bail!("idle{i} failed ({})", answer.status);
         }
     }
-    tokio::time::sleep(settle).await;
+    tokio::time::sleep(SETTLE).await;
     let after = worker_pss(worker);
     Ok(after.saturating_sub(before) as f64 / IDLE_LAMBDAS as f64 / (1 << 20) as f64)
 }

@@ -61,15 +61,11 @@ fn pss_of(pids: &[u32]) -> u64 {
     pss_each(pids).iter().map(|(_, bytes)| bytes).sum()
 }
 
-/// Each of these processes' PSS in bytes (those gone meanwhile left out).
+/// Each of these processes' PSS in bytes (those gone meanwhile left out; each address space
+/// once, as gVisor's stubs share theirs: [`sprout_sandbox::memory::pss_each`]).
 fn pss_each(pids: &[u32]) -> Vec<(u32, u64)> {
-    pids.iter()
-        .filter_map(|&pid| {
-            let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-            let kb = text.lines().find(|l| l.starts_with("Pss:"))?.split_whitespace().nth(1)?.parse::<u64>().ok()?;
-            Some((pid, kb * 1024))
-        })
-        .collect()
+    let pids: Vec<i32> = pids.iter().map(|&pid| pid as i32).collect();
+    sprout_sandbox::memory::pss_each(&pids).into_iter().map(|(pid, bytes)| (pid as u32, bytes)).collect()
 }
 
 /// The summed PSS, in bytes, of the processes in the cgroup directory `dir` and its

@@ -2,6 +2,8 @@
 //! each page shared by N processes 1/N to each, so handlers forked from one Zygote — sharing
 //! its interpreter and imported packages copy-on-write — are charged fairly (SOCK figure 19).
 
+use std::cmp::Ordering;
+use std::collections::HashMap;
 use std::fs;
 
 fn field_kb(text: &str, name: &str) -> Option<u64> {
@@ -20,9 +22,68 @@ pub fn rss_bytes(pid: i32) -> Option<u64> {
     field_kb(&text, "Rss:").map(|kb| kb << 10)
 }
 
-/// The summed PSS of `pids` (processes that are gone count nothing).
+/// The summed PSS of `pids` (processes that are gone count nothing; each address space
+/// once: [`pss_each`]).
 pub fn pss_of_pids(pids: &[i32]) -> u64 {
-    pids.iter().filter_map(|p| pss_bytes(*p)).sum()
+    pss_each(pids).iter().map(|(_, bytes)| bytes).sum()
+}
+
+/// Each of `pids`' PSS in bytes (those gone left out), counting each address space once: a
+/// process sharing its memory with one listed before it (`clone(CLONE_VM)` without being its
+/// thread, as gVisor's systrap stubs are, two to an address space) counts 0, for
+/// /proc/<pid>/smaps_rollup shows every such process the whole shared address space.
+pub fn pss_each(pids: &[i32]) -> Vec<(i32, u64)> {
+    // The address spaces counted, by their rollup's range (the same for processes sharing
+    // one), each list in the kernel's order of address spaces so a new one is placed in a few
+    // comparisons.
+    let mut counted: HashMap<String, Vec<i32>> = HashMap::new();
+    pids.iter()
+        .filter_map(|&pid| {
+            let text = fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+            let pss = field_kb(&text, "Pss:")? << 10;
+            let spaces = counted.entry(text.lines().next().unwrap_or_default().to_string()).or_default();
+            let shared = match locate(spaces, pid) {
+                Some(Ok(_)) => true,
+                Some(Err(at)) => {
+                    spaces.insert(at, pid);
+                    false
+                }
+                None => false, // the kernel cannot compare: counted
+            };
+            Some((pid, if shared { 0 } else { pss }))
+        })
+        .collect()
+}
+
+/// Where `pid`'s address space falls among `spaces` (distinct, in the kernel's order): `Ok`
+/// when it is one of them, else `Err` with where it goes; `None` where the kernel cannot
+/// compare (a process gone, no kcmp).
+fn locate(spaces: &[i32], pid: i32) -> Option<Result<usize, usize>> {
+    let (mut low, mut high) = (0, spaces.len());
+    while low < high {
+        let middle = (low + high) / 2;
+        match address_space_order(spaces[middle], pid)? {
+            Ordering::Equal => return Some(Ok(middle)),
+            Ordering::Less => low = middle + 1,
+            Ordering::Greater => high = middle,
+        }
+    }
+    Some(Err(low))
+}
+
+/// How two processes' address spaces compare in the kernel's (obfuscated, total) order:
+/// `Equal` when they share one (kcmp(2) `KCMP_VM`).
+fn address_space_order(a: i32, b: i32) -> Option<Ordering> {
+    const KCMP_VM: libc::c_long = 1;
+    // SAFETY: kcmp takes two pids, a type and two unused arguments, and touches no memory of ours.
+    let order =
+        unsafe { libc::syscall(libc::SYS_kcmp, a as libc::c_long, b as libc::c_long, KCMP_VM, 0 as libc::c_long, 0 as libc::c_long) };
+    match order {
+        0 => Some(Ordering::Equal),
+        1 => Some(Ordering::Less),
+        2 => Some(Ordering::Greater),
+        _ => None,
+    }
 }
 
 /// The memory a cgroup holds that the kernel cannot simply drop: what is charged to it
@@ -52,6 +113,43 @@ mod tests {
         let (pss, rss) = (pss_bytes(me).unwrap(), rss_bytes(me).unwrap());
         assert!(pss > 0 && pss <= rss, "pss {pss} rss {rss}");
         assert_eq!(pss_bytes(i32::MAX), None);
+    }
+
+    #[test]
+    fn processes_sharing_an_address_space_count_once() {
+        // A child cloned with CLONE_VM (not a thread: a process of its own) shares our
+        // address space and shows it all in its smaps_rollup.
+        let mut stack = vec![0u8; 64 << 10];
+        extern "C" fn wait_forever(_: *mut libc::c_void) -> libc::c_int {
+            loop {
+                // SAFETY: pause only waits for a signal.
+                unsafe { libc::pause() };
+            }
+        }
+        // SAFETY: the child runs only `wait_forever` on its own stack, which outlives it (it is
+        // killed and reaped below before `stack` is dropped).
+        let child = unsafe {
+            libc::clone(wait_forever, stack.as_mut_ptr().add(stack.len()).cast(), libc::CLONE_VM | libc::SIGCHLD, std::ptr::null_mut())
+        };
+        assert!(child > 0);
+        let me = std::process::id() as i32;
+        let each = pss_each(&[me, child]);
+        // SAFETY: plain syscalls on our own child.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+        assert_eq!(address_space_order(me, me), Some(Ordering::Equal));
+        let mut other = std::process::Command::new("sleep").arg("10").spawn().unwrap();
+        let apart = address_space_order(me, other.id() as i32);
+        let both = pss_each(&[me, other.id() as i32]);
+        other.kill().unwrap();
+        other.wait().unwrap();
+        assert!(matches!(apart, Some(Ordering::Less | Ordering::Greater)), "{apart:?}");
+        assert!(both.iter().all(|(_, pss)| *pss > 0), "a process of its own counts: {both:?}");
+        assert_eq!(each.len(), 2);
+        assert!(each[0].1 > 0, "{each:?}");
+        assert_eq!(each[1].1, 0, "the child's address space is ours, already counted: {each:?}");
     }
 
     #[test]

@@ -146,6 +146,8 @@ pub struct BackendStats {
     pub cgroups_created: u64,
     pub cgroups_reused: u64,
     pub zygote_restarts: u64,
+    /// Spares let go after a quiet spell (gvisor: a pod's, after `spares_idle`).
+    pub spares_let_go: u64,
 }
 
 /// The environment every sandbox process starts with; `extra` adds to it and overrides it.

@@ -69,6 +69,7 @@ impl Backend for Backends {
             sum.cgroups_created += s.cgroups_created;
             sum.cgroups_reused += s.cgroups_reused;
             sum.zygote_restarts += s.zygote_restarts;
+            sum.spares_let_go += s.spares_let_go;
         }
         sum
     }

@@ -167,7 +167,15 @@ impl Default for RuncSection {
 
 impl Default for GvisorSection {
     fn default() -> Self {
-        GvisorSection { runsc: String::new(), spares: 2, pod_memory_mb: 1024, pod_idle_ms: 60_000, templates: true, created_ahead: 1 }
+        GvisorSection {
+            runsc: String::new(),
+            spares: 2,
+            spares_idle_ms: 2000,
+            pod_memory_mb: 1024,
+            pod_idle_ms: 60_000,
+            templates: true,
+            created_ahead: 1,
+        }
     }
 }
 
@@ -362,8 +370,11 @@ pub struct RuncSection {
 pub struct GvisorSection {
     /// runsc; empty: where scripts/gvisor.sh builds the pinned version.
     pub runsc: String,
-    /// Spares each pod keeps forked ahead.
+    /// Spares each pod keeps forked ahead while its lambda has cold starts.
     pub spares: usize,
+    /// A pod with no cold start for this long lets its spares go (a spare holds a handler's
+    /// pages, several MiB inside gVisor); the next cold start forks one on its path.
+    pub spares_idle_ms: u64,
     /// Host memory limit of one pod: gVisor's kernel and all its lambda's handlers.
     pub pod_memory_mb: u64,
     /// How long a pod without sandboxes stays up (then it stops: scale to zero).

@@ -68,10 +68,11 @@ impl Collector for BackendCollector {
         let s = self.backend.stats();
         let each = self.backend.each_stats();
         type Figure = fn(&BackendStats) -> u64;
-        let by_backend: [(&str, &str, Figure); 3] = [
+        let by_backend: [(&str, &str, Figure); 4] = [
             ("sprout_sandboxes_created", "Sandboxes provisioned, by back-end", |s| s.created),
             ("sprout_sandboxes_destroyed", "Sandboxes destroyed, by back-end", |s| s.destroyed),
             ("sprout_sandbox_create_failures", "Sandboxes that failed to provision, by back-end", |s| s.create_failures),
+            ("sprout_spares_let_go", "Spares let go after a quiet spell (gVisor pods'), by back-end", |s| s.spares_let_go),
         ];
         for (name, help, value) in by_backend {
             let mut family = encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;

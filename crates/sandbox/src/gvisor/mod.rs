@@ -63,8 +63,10 @@ pub struct GvisorConfig {
     pub cgroup_parent: String,
     /// Pin pods to these CPUs (cpuset syntax).
     pub cpuset: Option<String>,
-    /// Spares each pod keeps forked ahead.
+    /// Spares each pod keeps forked ahead while its lambda has cold starts.
     pub spares: usize,
+    /// A pod with no cold start for this long lets its spares go.
+    pub spares_idle: Duration,
     /// Host memory limit of one pod (gVisor's kernel and all the lambda's handlers).
     pub pod_memory_bytes: u64,
     /// How long a pod without sandboxes stays up.
@@ -93,6 +95,8 @@ struct Inner {
     pods: Mutex<HashMap<String, Arc<PodSlot>>>,
     next_id: AtomicU64,
     counters: Counters,
+    /// Spares pods let go after `spares_idle` without a cold start.
+    spares_let_go: AtomicU64,
     /// Checkpoints to restore lambdas' first pods from, by package set.
     templates: Arc<Templates>,
     /// Whether pods come from templates (`[gvisor] templates`).
@@ -140,6 +144,7 @@ impl GvisorBackend {
             pods: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
+            spares_let_go: AtomicU64::new(0),
             templates: Arc::new(Templates::default()),
             use_templates,
             ahead: Mutex::new(HashMap::new()),
@@ -208,18 +213,23 @@ impl Inner {
     async fn provision(self: &Arc<Self>, pod: &Arc<Pod>, spec: &SandboxSpec) -> Result<(Session, i32), CreateError> {
         let started = Instant::now();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let spare = pod.take_spare(self.settings.cfg.start_timeout).await?;
+        let (spare, cold_starts) = pod.take_spare(&self.settings, self.settings.cfg.start_timeout).await?;
         // Replacements (a restored pod's first: all but the one its template held), off this
-        // request's path.
+        // request's path, and let go again once cold starts stop for `spares_idle`.
         let wanted = self.settings.cfg.spares.saturating_sub(pod.pending());
-        if wanted > 0 {
+        tokio::spawn({
             let (inner, pod) = (self.clone(), pod.clone());
-            tokio::spawn(async move {
-                if let Err(e) = pod.fork_spares(&inner.settings, wanted).await {
-                    tracing::warn!(pod = pod.id, "forking a spare: {e}");
+            async move {
+                if wanted > 0 {
+                    if let Err(e) = pod.fork_spares(&inner.settings, wanted).await {
+                        tracing::warn!(pod = pod.id, "forking a spare: {e}");
+                    }
                 }
-            });
-        }
+                tokio::time::sleep(inner.settings.cfg.spares_idle).await;
+                let gone = pod.let_spares_go(cold_starts).await;
+                inner.spares_let_go.fetch_add(gone as u64, Ordering::Relaxed);
+            }
+        });
         let (host_fifo, fifo) = pod.output_fifo();
         let (output, hold) =
             crate::output::OutputPipe::fifo(&host_fifo, id, spec.output_sink()).at("making the output FIFO", &host_fifo)?;
@@ -274,7 +284,7 @@ impl Backend for GvisorBackend {
     }
 
     fn stats(&self) -> BackendStats {
-        self.inner.counters.stats()
+        BackendStats { spares_let_go: self.inner.spares_let_go.load(Ordering::Relaxed), ..self.inner.counters.stats() }
     }
 
     async fn shutdown(&self) {

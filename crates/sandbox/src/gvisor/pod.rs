@@ -54,6 +54,8 @@ pub(crate) struct Pod {
     spares: Mutex<mpsc::Receiver<Spare>>,
     /// Spares asked for and not yet taken.
     pending: AtomicUsize,
+    /// Cold starts so far: the spares' trim after a quiet moment checks none came since.
+    cold_starts: AtomicU64,
     accepting: tokio::task::JoinHandle<()>,
     /// The lambda's namespace, held while the pod runs in it (idle, it may outlive the
     /// lambda's sandboxes, which hold it too).
@@ -188,6 +190,7 @@ impl Pod {
             control: Mutex::new(control),
             spares: Mutex::new(receiver),
             pending: AtomicUsize::new(spares),
+            cold_starts: AtomicU64::new(0),
             accepting,
             network,
             lent: std::sync::Mutex::new(None),
@@ -221,17 +224,41 @@ impl Pod {
         let _ = self.pending.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| Some(p.saturating_sub(n)));
     }
 
-    /// The next spare to connect, within `timeout`; a replacement is asked for by the caller.
-    pub async fn take_spare(&self, timeout: Duration) -> Result<Spare, PlatformError> {
+    /// The next spare to connect, within `timeout`, for a cold start (one is forked now when
+    /// none is on its way: the pod's were let go); replacements are asked for by the caller.
+    /// Returns it with the count of cold starts, its own included.
+    pub async fn take_spare(&self, settings: &PodSettings, timeout: Duration) -> Result<(Spare, u64), PlatformError> {
         let mut spares = self.spares.lock().await;
+        let cold_starts = self.cold_starts.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.pending() == 0 {
+            self.fork_spares(settings, 1).await?;
+        }
         match tokio::time::timeout(timeout, spares.recv()).await {
             Ok(Some(spare)) => {
                 self.uncount(1);
-                Ok(spare)
+                Ok((spare, cold_starts))
             }
             Ok(None) => Err(PlatformError::Engine { engine: "gvisor", doing: "take a spare".into(), message: "the pod stopped".into() }),
             Err(_) => Err(PlatformError::timed_out("a pod's spare", "connect", timeout)),
         }
+    }
+
+    /// Let the spares that have connected go, if there has been no cold start since the
+    /// `cold_starts`th: each holds a handler's pages (prefaulted, copied from the Zygote's)
+    /// while its lambda may have no cold start for hours. A spare whose channel closes exits.
+    /// Returns how many went.
+    pub async fn let_spares_go(&self, cold_starts: u64) -> usize {
+        let mut spares = self.spares.lock().await;
+        if self.cold_starts.load(Ordering::Relaxed) != cold_starts {
+            return 0;
+        }
+        let mut gone = 0;
+        while let Ok(spare) = spares.try_recv() {
+            drop(spare);
+            gone += 1;
+        }
+        self.uncount(gone);
+        gone
     }
 
     /// Spares asked for and not yet bound.

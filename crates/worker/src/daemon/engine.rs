@@ -343,6 +343,7 @@ async fn make_backend(
                     cgroup_parent: parents[1].clone(),
                     cpuset: config.cpuset(),
                     spares: config.gvisor.spares,
+                    spares_idle: Duration::from_millis(config.gvisor.spares_idle_ms),
                     pod_memory_bytes: config.gvisor.pod_memory_mb << 20,
                     pod_idle: Duration::from_millis(config.gvisor.pod_idle_ms),
                     templates: config.gvisor.templates,
