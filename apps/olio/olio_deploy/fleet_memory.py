@@ -45,9 +45,12 @@ PG_BASE_MB = 32  # the postmaster and its helpers, shared_buffers aside (PSS 28 
 PG_BACKEND_MB = 10  # one backend after Olio's pages (PSS 9 among 3, 4-5 among 40-1,000)
 SANDBOX_MB = 25  # one Olio sandbox forked from the Zygote (its cgroup 16-25, PSS 17-24)
 RUNC_SANDBOX_MB = 45  # one Olio runc container, its own interpreter (PSS 34-40)
-# One Olio site's gVisor sandbox serving: PSS 245 with one site (Sentry 133, gofer 18, its
-# Zygote, two spares and the handler 94; 2026-11-27, `sprout olio up --stack sprout-gvisor`).
-GVISOR_SANDBOX_MB = 250
+# One Olio site's gVisor sandbox: PSS 118 after five page views with one handler, its spares
+# let go (Sentry 75, gofer 7, the Zygote's and handler's stubs 35; each address space once),
+# about 22 more while its two spares are up after a cold start, 178 with three handlers; the
+# template's container created ahead (25) is shared. 2026-11-27, `sprout olio up --stack
+# sprout-gvisor`. (245, measured earlier, counted each systrap stub twice.)
+GVISOR_SANDBOX_MB = 150
 
 
 def memory_plan(stack, memory_mb, sites, cores, per_worker=None):
