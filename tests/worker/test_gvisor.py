@@ -175,12 +175,14 @@ def wait_for(predicate, seconds=30):
     return predicate()
 
 
-def test_first_pods_come_from_a_template_and_stay_apart(make_worker):
+@pytest.mark.parametrize("network", ["sandbox", "host"])
+def test_first_pods_come_from_a_template_and_stay_apart(make_worker, network):
     """The first lambda of a package set starts its pod afresh and has the set's template
     made (a checkpoint of a pod whose Zygote imported the packages, its spares forked); the
     next lambdas' first pods are restored from it: each with its own code at /handler, its
-    spares ready at once, in a gVisor sandbox and a network namespace of its own."""
-    w = make_worker(sandbox={"backend": "gvisor", "start_timeout_ms": 60000})
+    spares ready at once, in a gVisor sandbox and a network namespace of its own (with either
+    network stack: gVisor's, or the host's inside the lambda's namespace)."""
+    w = make_worker(sandbox={"backend": "gvisor", "start_timeout_ms": 60000}, gvisor={"network": network})
     w.deploy_source("first", WHO, **{"mark.txt": "first"})
     assert w.client.run("first")["mark"] == "first"
     assert wait_for(lambda: "gVisor template made" in w.log()), w.log()[-3000:]

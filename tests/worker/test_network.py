@@ -126,14 +126,16 @@ def refused_at_once(attempt):
         and "timed out" not in attempt["outcome"] and attempt["ms"] < 500
 
 
-@pytest.mark.parametrize("backend", ["sock", "gvisor"])
+@pytest.mark.parametrize("backend", ["sock", "gvisor", "gvisor-host"])
 def test_a_sandbox_reaches_its_services_by_name_and_nothing_else(make_worker, echo, backend):
     """On the lean back-end the host's kernel routes the lambda's namespace; on gvisor, gVisor's
-    own network stack runs over the same namespace, with the same allow-list on the host."""
+    own network stack runs over the same namespace, or (gvisor-host: `[gvisor] network =
+    "host"`) the Sentry makes host sockets inside it; the same allow-list on the host."""
     allowed = echo("db")
     other = echo("other")  # listening on the host too, but not allowed
     udp = echo("dns", udp=True)
-    w = make_worker(sandbox={"backend": backend},
+    host_stack = {"gvisor": {"network": "host"}} if backend == "gvisor-host" else {}
+    w = make_worker(sandbox={"backend": backend.removesuffix("-host")}, **host_stack,
                     network={"allow": [{"name": "db", "address": f"127.0.0.1:{allowed.port}"},
                                        {"name": "dns", "address": f"127.0.0.1:{udp.port}", "protocol": "udp"}]})
     w.deploy_source("probe", PROBE)
@@ -161,6 +163,26 @@ def test_a_sandbox_reaches_its_services_by_name_and_nothing_else(make_worker, ec
     assert allowed.peers and set(allowed.peers) == {"127.0.0.1"}, allowed.peers
     # The worker's API was never reached from the sandbox, over any address.
     assert w.client.status() == "ready\n"
+
+
+@pytest.mark.parametrize("network", ["sandbox", "host"])
+def test_a_gvisor_pod_restored_from_a_template_reaches_its_services(make_worker, echo, network):
+    """A lambda's first pod restored from the template another lambda's made, in a container
+    created ahead in a namespace of its own and lent the lambda's link, reaches its services
+    and nothing else, through either network stack."""
+    allowed, other = echo("db"), echo("other")
+    w = make_worker(sandbox={"backend": "gvisor", "start_timeout_ms": 60000}, gvisor={"network": network},
+                    network={"allow": [{"name": "db", "address": f"127.0.0.1:{allowed.port}"}]})
+    w.deploy_source("maker", PROBE)
+    run_probe(w, "maker", [])
+    deadline = time.time() + 30
+    while "gVisor template made" not in w.log() and time.time() < deadline:
+        time.sleep(0.1)
+    w.deploy_source("restored", PROBE)
+    out = run_probe(w, "restored", [("db", allowed.port, "tcp"), ("db", other.port, "tcp")])
+    assert w.log().count("restored from its package set's template") == 1, w.log()[-3000:]
+    assert out["tries"][0]["outcome"] == "ok pong db", out["tries"]
+    assert refused_at_once(out["tries"][1]), out["tries"]
 
 
 def test_services_for_some_lambdas_only(make_worker, echo):

@@ -36,6 +36,9 @@ def parser():
     up.add_argument("--network", choices=["isolated", "shared"], default="isolated",
                     help="Sprout: the Olio lambda in a network of its own reaching only its services (default), "
                     "or the host's network as SOCK's sandboxes had (to measure what isolation costs)")
+    up.add_argument("--gvisor-network", choices=["sandbox", "host"], default="sandbox",
+                    help="sprout-gvisor: the lambda's network through gVisor's own stack (default) or the host "
+                    "kernel's, inside the lambda's namespace ([gvisor] network)")
     up.add_argument("--wait", type=float, default=900, help="seconds to wait for the site's first 200 (default 900)")
 
     for name, text in (("down", "stop everything of a deployment"), ("status", "report on a deployment as JSON "
@@ -76,7 +79,7 @@ def main(argv=None):
                 stack=args.stack, state=args.dir, cpus=args.cpus, port=args.port, bind=args.bind, cache=args.cache == "on",
                 users=args.users, concurrent=args.concurrent, seed=args.seed, allow_small=args.allow_small, files=args.files,
                 workers=args.workers, cache_mb=args.cache_mb, app_dir=args.app_dir, package_cache=args.package_cache,
-                network=args.network,
+                network=args.network, gvisor_network=args.gvisor_network,
                 wait_s=args.wait)
             site = deploy.up(options)
             print(site.url)

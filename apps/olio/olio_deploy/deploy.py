@@ -40,6 +40,7 @@ class Options:
     app_dir: str = None  # the directory holding the `olio` package; default apps/olio
     package_cache: str = "/var/cache/sprout/packages"
     network: str = "isolated"  # Sprout: the lambda's own network (the default) or the host's ("shared")
+    gvisor_network: str = "sandbox"  # sprout-gvisor: through gVisor's network stack, or the host's ("host")
     wait_s: float = 900.0
 
 
@@ -73,6 +74,7 @@ class Deployment:
         self.app_dir = Path(record["app_dir"])
         self.package_cache = Path(record["package_cache"])
         self.network = record.get("network", "isolated")
+        self.gvisor_network = record.get("gvisor_network", "sandbox")
         self.confinement = confine.Confinement.existing(record["confinement"], self.cpus)
         self.python_dir = REPO / "python"
         self.static_dir = self.app_dir / "olio" / "static"
@@ -121,6 +123,8 @@ def _record(options, state):
         raise DeployError(f"--app-dir {app_dir}: no olio package there")
     if options.network not in ("isolated", "shared"):
         raise DeployError(f"--network {options.network!r}: choose isolated or shared")
+    if options.gvisor_network not in ("sandbox", "host"):
+        raise DeployError(f"--gvisor-network {options.gvisor_network!r}: choose sandbox or host")
     workers = options.workers or 2 * len(cpus) + 1
     if workers < 1:
         raise DeployError("--workers must be at least 1")
@@ -128,7 +132,8 @@ def _record(options, state):
         "stack": options.stack, "cpus": cpus, "port": options.port, "bind": options.bind, "cache": options.cache,
         "files": str(Path(options.files).resolve() if options.files else state.files), "workers": workers,
         "cache_mb": options.cache_mb, "max_body_mb": options.max_body_mb, "app_dir": str(app_dir),
-        "package_cache": options.package_cache, "network": options.network, "confinement": confine.group_name(state.dir),
+        "package_cache": options.package_cache, "network": options.network,
+        "gvisor_network": options.gvisor_network, "confinement": confine.group_name(state.dir),
         "ports": {"postgres": procs.free_port(), "cache": procs.free_port(), "api": procs.free_port()},
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -75,6 +75,9 @@ path = {t(SANDBOX_BASE)}        # its python3 is the conventional stack's too (s
 # The file store, shared with every sandbox (the app writes uploads and thumbnails there).
 volumes = [{{ host = {t(str(dep.files))}, path = {t(FILES_IN_SANDBOX)}, writable = true }}]
 {GVISOR if dep.stack == "sprout-gvisor" else ""}
+[gvisor]
+network = {t(dep.gvisor_network)}     # the lambda's sockets: gVisor's network stack, or the host's in its namespace
+
 [limits]
 # Flask, Jinja2, Pillow and psycopg in one interpreter take about 60 MiB; a thumbnail of an
 # upload needs the decoded picture besides.

@@ -175,6 +175,7 @@ impl Default for GvisorSection {
             pod_idle_ms: 60_000,
             templates: true,
             created_ahead: 1,
+            network: GvisorNetwork::Sandbox,
         }
     }
 }
@@ -383,6 +384,20 @@ pub struct GvisorSection {
     pub templates: bool,
     /// Containers kept created ahead per template.
     pub created_ahead: usize,
+    /// Whose network stack a pod's sockets use inside its lambda's namespace.
+    pub network: GvisorNetwork,
+}
+
+/// Whose network stack a gVisor pod's sockets use, inside its lambda's namespace either way
+/// (the allow-list, on the host's side of its link, holds for both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GvisorNetwork {
+    /// gVisor's own network stack (netstack), in the Sentry: the host kernel sees packets only.
+    Sandbox,
+    /// The host kernel's, the Sentry making its sockets (runsc `--network=host`): no netstack
+    /// on each query's path, and socket calls in the Sentry's allowed host calls.
+    Host,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -78,6 +78,9 @@ pub struct GvisorConfig {
     pub created_ahead: usize,
     /// Filter handlers' system calls with the lean sandboxes' filter (inside gVisor).
     pub seccomp: bool,
+    /// Pods' sockets are the host kernel's, inside the lambda's namespace (runsc
+    /// `--network=host`): no gVisor network stack on the way, more host calls for the Sentry.
+    pub host_network: bool,
 }
 
 /// The `gvisor` back-end.
@@ -134,7 +137,7 @@ impl GvisorBackend {
                 tracing::warn!("preparing the pods' cpuset group: {e}");
             }
         }
-        let runsc = Runsc { binary: cfg.runsc.clone(), root: stage.run.join("runsc-state") };
+        let runsc = Runsc { binary: cfg.runsc.clone(), root: stage.run.join("runsc-state"), host_network: cfg.host_network };
         let use_templates = cfg.templates;
         let inner = Inner {
             settings: PodSettings { cfg, seccomp: seccomp.map(hex::encode) },

@@ -1,7 +1,8 @@
 //! gVisor's `runsc` as the gvisor back-end runs it: always the systrap platform (no hardware
 //! virtualization needed), helpers allowed to open the host sockets and FIFOs in their
-//! scratch directory (the only ones a pod's mounts hold), each pod's network either gVisor's
-//! own stack over the lambda's namespace or none; and its complaints read back from its log.
+//! scratch directory (the only ones a pod's mounts hold), each pod's network gVisor's own
+//! stack over the lambda's namespace, the host kernel's stack inside that namespace
+//! (`[gvisor] network = "host"`), or none; and its complaints read back from its log.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -24,15 +25,24 @@ pub fn default_binary() -> PathBuf {
 pub struct Runsc {
     pub binary: PathBuf,
     pub root: PathBuf,
+    /// A networked pod's sockets are the host kernel's, made by the Sentry inside the pod's
+    /// namespace (runsc's `--network=host`), not gVisor's network stack's.
+    pub host_network: bool,
 }
 
 impl Runsc {
-    /// `runsc <global flags>`; `networked`: gVisor's network stack over the pod's namespace
-    /// (else none but loopback); runsc's own log in `log` when given.
+    /// `runsc <global flags>`; `networked`: the pod's namespace's network, through gVisor's
+    /// network stack or the host's ([`Runsc::host_network`]), else none but loopback; runsc's
+    /// own log in `log` when given.
     pub fn command(&self, networked: bool, log: Option<&Path>) -> Command {
         let mut cmd = Command::new(&self.binary);
         cmd.arg("--root").arg(&self.root).args(["--platform", "systrap", "--host-uds", "open", "--host-fifo", "open"]);
-        cmd.args(["--network", if networked { "sandbox" } else { "none" }]);
+        let network = match (networked, self.host_network) {
+            (false, _) => "none",
+            (true, false) => "sandbox",
+            (true, true) => "host",
+        };
+        cmd.args(["--network", network]);
         if let Some(log) = log {
             cmd.arg("--log").arg(log).args(["--log-format", "json"]);
         }

@@ -349,6 +349,7 @@ async fn make_backend(
                     templates: config.gvisor.templates,
                     created_ahead: config.gvisor.created_ahead,
                     seccomp: config.sandbox.seccomp,
+                    host_network: config.gvisor.network == crate::config::GvisorNetwork::Host,
                 },
                 stage,
             );
