@@ -10,7 +10,9 @@ environment (the same CPython build and Olio's pins, conventional.py), imports
 `olio.wsgi:app` in its master and forks its processes from it; after `vassal_idle_s`
 without a request (`idle` + `die-on-idle`) it exits and the Emperor waits on the socket
 again: an idle site holds no process, scale to zero. A site whose app fails to import exits
-at once (`need-app`), answering 502 through nginx, and touches no other site.
+at once (`need-app`), answering 502 through nginx, and touches no other site. A request
+arriving in the milliseconds between a vassal's idle check and its exit can be cut off (a
+502); one arriving after waits in the socket's backlog for the next vassal.
 
 The stack's two settings (fleet-up's --vassal-idle and --vassal-processes, in the record's
 `stack_options`):
