@@ -16,8 +16,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from cloudstone_report import existing, read_json  # noqa: E402
 
-ORDER = ["sprout", "sprout-runc", "sprout-gvisor", "conventional"]
-COLORS = {"sprout": "#2a9d8f", "sprout-runc": "#e9c46a", "sprout-gvisor": "#6d597a", "conventional": "#8d99ae"}
+ORDER = ["sprout", "sprout-runc", "sprout-gvisor", "conventional-ondemand", "conventional"]
+COLORS = {"sprout": "#2a9d8f", "sprout-runc": "#e9c46a", "sprout-gvisor": "#6d597a", "conventional-ondemand": "#e76f51",
+          "conventional": "#8d99ae"}
 
 
 def cpus(text):
@@ -60,6 +61,7 @@ def table(summary):
     cut = [n for n in ORDER if summary["stacks"].get(n, {}).get("lower_bound")]
     lines.append("")
     lines.append("Ratios: sprout / conventional " + fmt(ratios.get("sprout_vs_conventional"))
+                 + ", sprout / conventional-ondemand " + fmt(ratios.get("sprout_vs_conventional_ondemand"))
                  + ", sprout / sprout-runc " + fmt(ratios.get("sprout_vs_sprout_runc")) + "."
                  + (f" A + marks a search that stopped while its last run held ({', '.join(cut)}): a lower bound, "
                     "so a ratio against it is an upper bound." if cut else ""))

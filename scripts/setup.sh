@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pkg in debootstrap runc docker.io postgresql memcached libmemcached-tools nginx acl chromium chromium-driver nftables iproute2 python3-venv binutils librdkafka-dev pkg-config maven e2fsprogs haproxy prometheus; do
+for pkg in debootstrap runc docker.io postgresql memcached libmemcached-tools nginx acl chromium chromium-driver nftables iproute2 python3-venv binutils librdkafka-dev pkg-config maven e2fsprogs haproxy prometheus uwsgi uwsgi-plugin-python3; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -25,6 +25,11 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     if [[ " ${need_apt[*]} " == *" nginx "* ]]; then
         # Likewise nginx on port 80: the Olio deployments start their own (sprout olio up).
         service nginx stop >/dev/null 2>&1 || true
+    fi
+    if [[ " ${need_apt[*]} " == *" uwsgi "* ]]; then
+        # Debian's uWSGI service runs the apps in /etc/uwsgi/apps-enabled (none); the
+        # conventional-ondemand Olio fleet starts its own Emperor (sprout olio fleet-up).
+        service uwsgi stop >/dev/null 2>&1 || true
     fi
     if [[ " ${need_apt[*]} " == *" prometheus "* ]]; then
         # And Prometheus on port 9090 (without recommends it pulls in no node exporter; stopped

@@ -1,5 +1,5 @@
 """Cloudstone for a fleet end to end: `sprout cloudstone fleet --sites 3` deploys three Olio
-sites (each its own PostgreSQL database and host name) as each of the four deployments,
+sites (each its own PostgreSQL database and host name) as each of the five deployments,
 drives every site with its own load profile through one port, judges every site, and writes
 the summary, its table and its plot. Also: a bad stack name is refused before anything starts."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, SPROUT, free_port
 
-STACKS = ["sprout", "sprout-runc", "sprout-gvisor", "conventional"]
+STACKS = ["sprout", "sprout-runc", "sprout-gvisor", "conventional", "conventional-ondemand"]
 
 
 @pytest.fixture

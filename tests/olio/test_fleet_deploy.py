@@ -1,17 +1,17 @@
 """Fleet deployments (apps/olio/olio_deploy/fleet.py): three Olio sites on one port, told apart
 by Host, on each stack (Sprout's lean sandboxes, Sprout with runc containers, nginx + a
-gunicorn per site), each started for real through `sprout olio fleet-up`. Every host answers
+gunicorn per site, nginx + uWSGI's Emperor with a vassal per site started on demand), each
+started for real through `sprout olio fleet-up`. Every host answers
 from its own database (one site's database is changed and only that host shows it, even
 through the shared cache), an unknown host is refused, every process is under the printed
 cgroup, and fleet-down leaves nothing. Bad input is refused before anything starts.
 
-The three stacks use one state directory in turn, so the template database is loaded once."""
+The stacks use one state directory in turn, so the template database is loaded once. The
+on-demand stack's own behaviour (vassals started and stopped) is test_fleet_ondemand.py's."""
 
 import json
-import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -20,35 +20,19 @@ import psycopg
 import pytest
 import requests
 
-from conftest import ROOT, SPROUT, free_port, mounts_under
+from conftest import ROOT, free_port, mounts_under
+from olio_fleet_helpers import cgroup_pids, fleet_file, host, olio
+from olio_fleet_helpers import command as _command
 
 sys.path.insert(0, str(ROOT / "apps" / "olio"))
 
 from olio_deploy import procs  # noqa: E402
 
-PYTHONPATH = f"{ROOT / 'python'}:{ROOT / 'apps' / 'olio'}"
 SITES = ["alpha", "bravo", "charlie"]
-CPUS = {"sprout": "0", "sprout-runc": "0", "conventional": "1"}
+CPUS = {"sprout": "0", "sprout-runc": "0", "conventional": "1", "conventional-ondemand": "0"}
+LIMITED = ("conventional", "conventional-ondemand")  # nginx in front; the budget is a memory limit
 MARKER = "Fleet marker: only bravo has this event title"
 MEMORY_MB = 2048
-
-
-def fleet_file(path, sites, users=20):
-    path.write_text(json.dumps({
-        "version": 1, "seed": 3, "span_s": 300.0, "registered_users": users,
-        "sites": [{"name": name, "host": host, "rate_per_day": 100.0, "trigger": "bursty", "sessions": 1,
-                   "peak_users": 1, "mean_users": 0.1, "profile": [[0.0, 0], [10.0, 1], [20.0, 0]]} for name, host in sites],
-    }))
-    return path
-
-
-def olio(*args, timeout=600):
-    return subprocess.run([str(SPROUT), "olio", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": PYTHONPATH})
-
-
-def host(name):
-    return f"{name}.fleet.test"
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +56,7 @@ class Fleet:
         return requests.get(self.url + path, headers={"Host": site_host}, timeout=60, allow_redirects=False)
 
     def pids(self):
-        found = set()
-        for procs_file in Path(self.printed["cgroup"]).rglob("cgroup.procs"):
-            found |= {int(p) for p in procs_file.read_text().split()}
+        found = cgroup_pids(self.printed["cgroup"])
         self.seen |= found
         return found
 
@@ -84,7 +66,7 @@ class Fleet:
             conn.execute(statement)
 
 
-@pytest.fixture(scope="module", params=["sprout", "sprout-runc", "conventional"])
+@pytest.fixture(scope="module", params=["sprout", "sprout-runc", "conventional", "conventional-ondemand"])
 def fleet(request, workdir):
     stack, state = request.param, workdir / "state"
     out = olio("fleet-up", "--stack", stack, "--dir", str(state), "--fleet", str(workdir / "fleet.json"),
@@ -107,9 +89,9 @@ def test_fleet_up_prints_the_deployment(fleet):
     assert printed["hosts"] == [host(n) for n in SITES]
     assert printed["url"].startswith("http://127.0.0.1:") and printed["setup_s"] > 0
     assert Path(printed["cgroup"]).is_dir()
-    # The conventional stack's budget is a memory limit (its group is named for the OOM
+    # The conventional stacks' budget is a memory limit (its group is named for the OOM
     # kills a run counts); the Sprout stacks keep theirs in the worker (on cgroup v1).
-    if fleet.stack == "conventional":
+    if fleet.stack in LIMITED:
         group = Path(printed["memory_cgroup"])
         limit = group / ("memory.limit_in_bytes" if (group / "memory.limit_in_bytes").exists() else "memory.max")
         assert limit.read_text().strip() == str(MEMORY_MB * 2**20)
@@ -132,7 +114,7 @@ def test_an_unknown_host_is_refused(fleet):
     for unknown in ("nowhere.fleet.test", "127.0.0.1"):
         answer = fleet.get(unknown)
         assert answer.status_code == 404, unknown
-        if fleet.stack != "conventional":
+        if fleet.stack not in LIMITED:
             assert answer.json()["error"] == "site_not_found"
 
 
@@ -140,13 +122,6 @@ def test_static_files_are_served_for_every_site(fleet):
     for name in SITES:
         css = fleet.get(host(name), "/static/css/olio.css")
         assert css.status_code == 200 and css.content == (ROOT / "apps/olio/olio/static/css/olio.css").read_bytes()
-
-
-def _command(pid):
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def test_the_cgroup_holds_every_process_of_the_fleet_on_its_cpus(fleet):
@@ -166,6 +141,13 @@ def test_the_cgroup_holds_every_process_of_the_fleet_on_its_cpus(fleet):
         masters = [procs.read_pid(fleet.state / "run" / "sites" / s / "gunicorn.pid") for s in SITES]
         assert set(masters) <= pids and all(set(procs.children(m)) <= pids for m in masters)
         assert count("gunicorn") == 3 * 2, "a master and one sync worker per site (peak 1 user)"
+    if fleet.stack == "conventional-ondemand":
+        emperor = procs.read_pid(fleet.state / "run" / "emperor.pid")
+        assert emperor in pids and set(procs.descendants(emperor)) <= pids
+        assert count("--emperor-on-demand-directory") == 1
+        for name in SITES:  # each site's vassal, started by the requests above: its master and one process
+            assert count(f"olio-{name} uWSGI master") == 1 and count(f"olio-{name} uWSGI worker 1") == 1, (name, commands)
+    if fleet.stack in LIMITED:
         assert count("nginx: worker process") == 1 and count("/usr/bin/memcached") == 1
         limit = Path(fleet.record["memory_cgroup"]) / "memory.limit_in_bytes"
         assert int(limit.read_text()) == MEMORY_MB << 20

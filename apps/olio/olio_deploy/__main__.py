@@ -50,7 +50,8 @@ def parser():
     fleet_up.add_argument("--stack", required=True, choices=list(fleet.STACKS),
                           help="sprout: a lambda per site on one Sprout worker; sprout-runc: the same with a runc "
                           "container per sandbox; sprout-gvisor: a gVisor sandbox per site; "
-                          "conventional: nginx + a gunicorn per site")
+                          "conventional: nginx + a gunicorn per site, always running; conventional-ondemand: nginx + "
+                          "uWSGI's Emperor, a vassal per site started at its first request and stopped when idle")
     fleet_up.add_argument("--dir", required=True, help="the state directory (database, file store, configs, logs, pids)")
     fleet_up.add_argument("--fleet", required=True, help="the fleet file (JSON: version, seed, registered_users, sites)")
     fleet_up.add_argument("--cpus", default="0", help="CPUs every process of the fleet runs on (default 0)")
@@ -64,6 +65,12 @@ def parser():
     fleet_up.add_argument("--app-dir", help="the directory holding the olio package (default: the repository's apps/olio)")
     fleet_up.add_argument("--package-cache", default="/var/cache/sprout/packages",
                           help="the Sprout worker's install cache (default %(default)s)")
+    fleet_up.add_argument("--vassal-idle", metavar="SECONDS",
+                          help="conventional-ondemand: a site's vassal stops after this many seconds without a request "
+                          "(default 60)")
+    fleet_up.add_argument("--vassal-processes", metavar="auto|N",
+                          help="conventional-ondemand: each vassal's processes, auto (the fewest that meet the site's "
+                          "peak, as the conventional stack's gunicorns) or a number (default auto)")
     for name, text in (("fleet-down", "stop everything of a fleet"),
                        ("fleet-status", "report on a fleet as JSON (exit 0 up, 3 down, 4 part of it runs)")):
         cmd = sub.add_parser(name, help=text)
@@ -88,7 +95,7 @@ def main(argv=None):
             options = fleet.FleetOptions(
                 stack=args.stack, state=args.dir, fleet=args.fleet, cpus=args.cpus, port=args.port, bind=args.bind,
                 memory_mb=args.memory_mb, wait_s=args.wait, fresh=args.fresh, app_dir=args.app_dir,
-                package_cache=args.package_cache)
+                package_cache=args.package_cache, vassal_idle=args.vassal_idle, vassal_processes=args.vassal_processes)
             print(json.dumps(fleet.up(options)), flush=True)
             return 0
         if args.command == "fleet-down":

@@ -1,12 +1,14 @@
 """Bring a fleet of Olio sites up on one port, told apart by Host, take it down, or report on it.
 
-`fleet-up --stack sprout|sprout-runc|sprout-gvisor|conventional --dir STATE --fleet FILE` deploys every
-site of a fleet file (fleet_file.py) under one memory budget B (`--memory-mb`), confined to
-`--cpus`, and prints one line of JSON: the stack, the URL, the sites, B, the cgroup holding
+`fleet-up --stack sprout|sprout-runc|sprout-gvisor|conventional|conventional-ondemand --dir STATE --fleet FILE`
+deploys every site of a fleet file (fleet_file.py) under one memory budget B (`--memory-mb`),
+confined to `--cpus`, and prints one line of JSON: the stack, the URL, the sites, B, the cgroup holding
 every process of the deployment, the set-up time and the hosts. What all stacks share: the
 confinement (confine.py), one PostgreSQL with a database per site copied from one loaded
-template (fleet_db.py) and one file store; the stacks are in fleet_sprout.py and
-fleet_conventional.py.
+template (fleet_db.py) and one file store; the stacks are in fleet_sprout.py,
+fleet_conventional.py (a gunicorn per site, always running) and fleet_ondemand.py (uWSGI's
+Emperor, a vassal per site started on demand and stopped when idle; its settings are
+fleet-up's --vassal-idle and --vassal-processes), both behind fleet_front.py's nginx.
 
 Memory: B is the budget of every process of the deployment together, judged as their peak
 PSS; how each stack keeps it is fleet_memory.py's.
@@ -22,15 +24,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import confine, conventional, deploy, filestore, fleet_conventional, fleet_file, fleet_sprout, procs
+from . import confine, conventional, deploy, filestore, fleet_conventional, fleet_file, fleet_ondemand, fleet_sprout, procs
 from .fleet_db import FleetPostgres
-from .fleet_memory import MIN_MEMORY_MB, FleetConfinement, memory_plan, pss_mib
+from .fleet_memory import LIMITED_STACKS, MIN_MEMORY_MB, FleetConfinement, memory_plan, pss_mib
 from .postgres import server_log
 from .procs import DeployError
 from .state import State
 
 REPO = Path(__file__).resolve().parents[3]
-STACKS = {"sprout": fleet_sprout, "sprout-runc": fleet_sprout, "sprout-gvisor": fleet_sprout, "conventional": fleet_conventional}
+STACKS = {"sprout": fleet_sprout, "sprout-runc": fleet_sprout, "sprout-gvisor": fleet_sprout, "conventional": fleet_conventional,
+          "conventional-ondemand": fleet_ondemand}
 RECORD = "fleet.json"
 EXIT_DOWN, EXIT_DEGRADED = 3, 4
 PROBES = 8  # sites asked for GET / besides the first, spread over the fleet
@@ -50,6 +53,8 @@ class FleetOptions:
     fresh: bool = False  # copy every site's database again from the template
     app_dir: str = None
     package_cache: str = "/var/cache/sprout/packages"
+    vassal_idle: str = None  # conventional-ondemand: seconds idle before a vassal stops (default 60)
+    vassal_processes: str = None  # conventional-ondemand: processes per vassal, auto or a number
 
 
 class FleetDeployment:
@@ -119,7 +124,17 @@ def _check(options):
     """Everything about the request that can be refused before anything starts."""
     if options.stack not in STACKS:
         raise DeployError(f"--stack {options.stack!r}: choose {', '.join(STACKS)}")
+    stack_options = {}
+    if options.stack == "conventional-ondemand":
+        stack_options = fleet_ondemand.options(options.vassal_idle, options.vassal_processes)
+    else:
+        given = [flag for flag, value in (("--vassal-idle", options.vassal_idle), ("--vassal-processes", options.vassal_processes))
+                 if value is not None]
+        if given:
+            raise DeployError(f"{' and '.join(given)}: settings of the conventional-ondemand stack, not of {options.stack}")
     fleet = fleet_file.load(options.fleet)
+    if options.stack == "conventional-ondemand":
+        fleet_ondemand.check(options.state, fleet.sites)
     cpus = confine.parse_cpus(options.cpus)
     if not 0 < options.port < 65536:
         raise DeployError(f"--port {options.port}: not a TCP port")
@@ -130,14 +145,14 @@ def _check(options):
     app_dir = Path(options.app_dir or REPO / "apps" / "olio").resolve()
     if not (app_dir / "olio" / "__init__.py").exists():
         raise DeployError(f"--app-dir {app_dir}: no olio package there")
-    plan = memory_plan(options.stack, options.memory_mb, fleet.sites, len(cpus))
-    return fleet, cpus, app_dir, plan
+    plan = memory_plan(options.stack, options.memory_mb, fleet.sites, len(cpus), stack_options=stack_options)
+    return fleet, cpus, app_dir, plan, stack_options
 
 
 def up(options, log=_log):
     """Start the fleet; returns fleet-up's JSON. On failure, stops what it started and raises."""
     begun = time.monotonic()
-    fleet, cpus, app_dir, plan = _check(options)
+    fleet, cpus, app_dir, plan, stack_options = _check(options)
     state = State(options.state)
     if state.record_path.exists():
         raise DeployError(f"{state.dir} holds a single-site deployment (deploy.json); give the fleet a directory of its own")
@@ -150,7 +165,8 @@ def up(options, log=_log):
                                   f"`fleet-down --dir {state.dir}` first")
         record = {
             "stack": options.stack, "cpus": cpus, "port": options.port, "bind": options.bind,
-            "memory_mb": options.memory_mb, "plan": plan, "files": str(state.files), "app_dir": str(app_dir),
+            "memory_mb": options.memory_mb, "plan": plan, "stack_options": stack_options, "files": str(state.files),
+            "app_dir": str(app_dir),
             "package_cache": options.package_cache, "confinement": confine.group_name(state.dir),
             "ports": {"postgres": procs.free_port(), "cache": procs.free_port(), "api": procs.free_port()},
             "fleet": {"path": str(Path(options.fleet).resolve()), "seed": fleet.seed,
@@ -161,7 +177,7 @@ def up(options, log=_log):
         state.prepare()
         if os.geteuid() == 0:
             procs.require_traversable(state.dir, "postgres", "PostgreSQL's server")
-            if options.stack == "conventional":
+            if options.stack in LIMITED_STACKS:  # nginx in front
                 procs.require_traversable(state.dir, conventional.WEB_USER, "nginx's workers")
         _save(state, record)
         fd = FleetDeployment(state, record, log)
@@ -183,7 +199,7 @@ def _start(fd, options, fleet):
     log = fd.log
     fd.confinement = FleetConfinement.create(fd.confinement.name, fd.cpus, warn=log)
     log(f"confining the fleet to CPUs {confine.format_cpus(fd.cpus)} ({fd.confinement.describe()['mechanism']})")
-    if fd.stack == "conventional" or fd.confinement.kind == "v2":
+    if fd.stack in LIMITED_STACKS or fd.confinement.kind == "v2":
         group = fd.confinement.limit_memory(fd.memory_mb)
         log(f"memory limit {fd.memory_mb} MiB on {group}" if group else "warning: no memory cgroup here; the budget is not enforced")
         fd.record["memory_cgroup"] = str(group) if group else None
@@ -203,7 +219,7 @@ def _start(fd, options, fleet):
     pg.make_site_databases(fresh=options.fresh)
     fd.module.start(fd)
     probe(fd, options.wait_s)
-    if fd.stack == "conventional" and fd.confinement.oom_kills():
+    if fd.stack in LIMITED_STACKS and fd.confinement.oom_kills():
         raise DeployError(f"the fleet does not fit in --memory-mb {fd.memory_mb}: the memory limit killed "
                           f"{fd.confinement.oom_kills()} process(es) during start-up; give it more memory or fewer sites")
     pss, counted = pss_mib(fd.pids())

@@ -1,40 +1,26 @@
 """A fleet conventionally: nginx with a server per site, a gunicorn per site, one memcached.
 
-nginx has one `server` per site (server_name its host; /static/ and /files/ from disk as for
-one site; everything else proxied to the site's gunicorn over its Unix socket) and a default
-server answering 404 to any other host. Each site's gunicorn runs `olio.wsgi:app` with its
-own olio.toml (its own database), the app preloaded and as few sync workers as meet the
-site's peak: max(1, ceil(peak_users / U)), at most 2 x cores + 1, where U is one sync
-worker's capacity in Cloudstone users (`users_per_worker`). The gunicorns start a few at a
-time, with progress. The virtual environment, the user check and memcached are the
-single-site deployment's (conventional.py).
+nginx, memcached and each site's olio.toml are fleet_front.py's; nginx proxies each site to
+its gunicorn over a Unix socket. Each site's gunicorn runs `olio.wsgi:app` with its own
+olio.toml (its own database), the app preloaded and as few sync workers as meet the site's
+peak: max(1, ceil(peak_users / U)), at most 2 x cores + 1, where U is one sync worker's
+capacity in Cloudstone users (`users_per_worker`). Every gunicorn starts at fleet-up and
+stays, a few starting at a time, with progress. The virtual environment is the single-site
+deployment's (conventional.py).
 """
 
 import json
 import math
 import os
 import signal
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import conventional
-from .conventional import MEMCACHED, NGINX, WEB_USER
-from .fleet_db import database
-from .procs import (
-    DeployError,
-    alive,
-    children,
-    daemon_pid,
-    demote_to,
-    group_id,
-    read_pid,
-    run,
-    stop,
-    wait_for_port,
-)
+from . import conventional, fleet_front
+from .fleet_front import app_env, site_dir
+from .procs import alive, children, read_pid, run, stop
 
 REPO = Path(__file__).resolve().parents[3]
 CLOUDSTONE_RESULT = REPO / "bench" / "results" / "cloudstone.json"
@@ -59,101 +45,6 @@ def users_per_worker(path=CLOUDSTONE_RESULT):
 
 def workers_for(peak_users, cores, per_worker):
     return min(2 * cores + 1, max(1, math.ceil(peak_users / per_worker)))
-
-
-def site_dir(fd, site):
-    """STATE/run/sites/<name>: the site's socket, pid file and gunicorn's control socket."""
-    return fd.state.run / "sites" / site.name
-
-
-def nginx_conf(fd):
-    run_dir, logs, temp = fd.state.run, fd.state.logs, fd.state.run / "nginx"
-    upstreams, servers = [], []
-    for site in fd.sites:
-        upstreams.append(f"    upstream site_{site.name} {{ server unix:{site_dir(fd, site)}/gunicorn.sock fail_timeout=0; }}\n")
-        servers.append(f"""
-    server {{
-        listen {fd.bind}:{fd.port};
-        server_name {site.host};
-        include {fd.state.conf}/nginx-site-common.conf;
-        location / {{
-            proxy_pass http://site_{site.name};
-            include {fd.state.conf}/nginx-proxy.conf;
-        }}
-    }}
-""")
-    return f"""\
-# Written by olio_deploy (fleet_conventional.py) at every fleet-up; edits are lost.
-# {len(fd.sites)} Olio site(s), one server each, told apart by Host; any other host: 404.
-
-user {WEB_USER};
-worker_processes {fd.cores};
-worker_rlimit_nofile 16384;
-pid {run_dir}/nginx.pid;
-error_log {logs}/nginx-error.log warn;
-
-events {{
-    worker_connections 4096;
-}}
-
-http {{
-    include /etc/nginx/mime.types;
-    default_type application/octet-stream;
-    server_tokens off;
-    server_names_hash_max_size {max(512, 2 * len(fd.sites))};
-    server_names_hash_bucket_size 128;
-
-    log_format olio '$host $remote_addr [$time_local] "$request" $status $body_bytes_sent '
-                    '$request_time "$upstream_addr" $upstream_response_time';
-    access_log {logs}/nginx-access.log olio buffer=64k flush=5s;
-
-    sendfile on;
-    tcp_nopush on;
-    tcp_nodelay on;
-    keepalive_timeout 65s;
-    keepalive_requests 10000;
-    client_max_body_size {fd.max_body_mb}m;
-    client_body_buffer_size 256k;
-    open_file_cache max=10000 inactive=60s;
-    open_file_cache_valid 30s;
-
-    client_body_temp_path {temp}/client_body;
-    proxy_temp_path {temp}/proxy;
-    fastcgi_temp_path {temp}/fastcgi;
-    uwsgi_temp_path {temp}/uwsgi;
-    scgi_temp_path {temp}/scgi;
-
-{"".join(upstreams)}
-    # A host the fleet does not name.
-    server {{
-        listen {fd.bind}:{fd.port} default_server backlog=4096;
-        server_name _;
-        return 404;
-    }}
-{"".join(servers)}}}
-"""
-
-
-def nginx_includes(fd):
-    common = f"""\
-# Every site's static assets and file store, as for one site (conventional.py).
-location /static/ {{
-    alias {fd.static_dir}/;
-    expires 1h;
-}}
-location /files/ {{
-    alias {fd.files}/;
-    expires 7d;
-    location ~ /\\. {{ return 404; }}
-}}
-"""
-    proxy = """\
-proxy_set_header Host $http_host;
-proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-proxy_set_header X-Forwarded-Proto $scheme;
-proxy_redirect off;
-"""
-    return {"nginx-site-common.conf": common, "nginx-proxy.conf": proxy}
 
 
 def gunicorn_conf(fd, site, workers, user):
@@ -182,77 +73,15 @@ control_socket = "{d}/control.sock"
 """
 
 
-def site_config_path(fd, site):
-    return fd.state.conf / "sites" / f"{site.name}.olio.toml"
-
-
-def write_site_config(fd, site):
-    path = site_config_path(fd, site)
-    values = {"db": fd.postgres.url_of(database(site.name), fd.db_password),
-              "cache": f"127.0.0.1:{fd.ports['cache']}" if fd.cache else "", "files": str(fd.files),
-              "secret": fd.site_secret(site.name)}
-    path.write_text(f"# Written by olio_deploy: Olio site {site.name} ({site.host}) for gunicorn.\n"
-                    + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
-    os.chmod(path, 0o640)
-    if os.geteuid() == 0:
-        os.chown(path, 0, group_id(WEB_USER))
-
-
-def app_env(fd, site):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYENV", "VIRTUAL_ENV"))}
-    env["PYTHONPATH"] = fd.pythonpath
-    env["OLIO_CONFIG"] = str(site_config_path(fd, site))
-    return env
-
-
-def gunicorn_user(fd):
-    """www-data when it can run the interpreter and import the app, else root (warned)."""
-    if os.geteuid() != 0:
-        return None
-    try:
-        out = subprocess.run([str(fd.venv / "bin" / "python"), "-c", "import olio.wsgi"], env=app_env(fd, fd.sites[0]),
-                             capture_output=True, preexec_fn=demote_to(WEB_USER), timeout=120, cwd="/")
-        if out.returncode == 0:
-            return WEB_USER
-        why = (out.stderr.decode(errors="replace").strip().splitlines() or [f"exit {out.returncode}"])[-1]
-    except (OSError, subprocess.SubprocessError) as e:
-        why = str(e)
-    fd.log(f"warning: {WEB_USER} cannot import the app with {fd.venv}/bin/python ({why}); gunicorn runs as root")
-    return "root"
-
-
 def start(fd):
-    state = fd.state
-    if not os.path.exists(NGINX):
-        raise DeployError("nginx is not installed (scripts/setup.sh installs it: apt-get install nginx)")
-    if fd.cache and not os.path.exists(MEMCACHED):
-        raise DeployError("memcached is not installed (scripts/setup.sh installs it)")
-    fd.venv = conventional.ensure_venv(fd)
-    for d in (state.conf / "sites", state.logs / "sites", state.run / "sites", state.run / "nginx"):
-        d.mkdir(parents=True, exist_ok=True)
-    web_gid = group_id(WEB_USER) if os.geteuid() == 0 else None
-    for d in [state.run / "nginx", state.logs / "sites"] + [site_dir(fd, s) for s in fd.sites]:
-        d.mkdir(exist_ok=True)
-        if web_gid is not None:
-            os.chown(d, 0, web_gid)
-        d.chmod(0o770)
-    for site in fd.sites:
-        write_site_config(fd, site)
-    user = gunicorn_user(fd)
+    fleet_front.prepare(fd)
+    user = fleet_front.app_user(fd, "gunicorn")
     for site in fd.sites:
         workers = fd.plan["workers"][site.name]
-        (state.conf / "sites" / f"{site.name}.gunicorn.py").write_text(gunicorn_conf(fd, site, workers, user))
-    for name, text in nginx_includes(fd).items():
-        (state.conf / name).write_text(text)
-    (state.conf / "nginx.conf").write_text(nginx_conf(fd))
-    if fd.cache:
-        conventional.start_memcached(fd)
+        (fd.state.conf / "sites" / f"{site.name}.gunicorn.py").write_text(gunicorn_conf(fd, site, workers, user))
+    fleet_front.start_cache(fd)
     start_gunicorns(fd, user)
-    nginx = [NGINX, "-p", str(state.run), "-e", str(state.logs / "nginx-error.log"), "-c", str(state.conf / "nginx.conf")]
-    run(nginx + ["-t", "-q"], "checking nginx.conf")
-    fd.log(f"starting nginx: {fd.cores} worker process(es) on {fd.bind}:{fd.port}, {len(fd.sites)} server(s)")
-    run(nginx, "starting nginx", preexec=fd.enter)
-    wait_for_port(fd.bind, fd.port, 30, pid=read_pid(state.run / "nginx.pid"), log=state.logs / "nginx-error.log", what="nginx")
+    fleet_front.start_nginx(fd, fleet_front.nginx_conf(fd, lambda site: site_dir(fd, site) / "gunicorn.sock"))
 
 
 def start_gunicorns(fd, user):
@@ -293,16 +122,10 @@ def wait_for_gunicorn(fd, site, seconds=120):
 
 
 def processes(fd):
-    found = {}
-    pid = read_pid(fd.state.run / "nginx.pid")
-    if pid and alive(pid):
-        found["nginx"] = [pid, *children(pid)]
+    found = fleet_front.processes(fd)
     masters = [p for p in (read_pid(site_dir(fd, s) / "gunicorn.pid") for s in fd.sites) if p and alive(p)]
     if masters:
         found["gunicorn"] = masters
-    pid = daemon_pid(fd.state.run / "memcached.pid")
-    if pid:
-        found["memcached"] = [pid]
     return found
 
 
@@ -312,11 +135,7 @@ def expected(fd):
 
 def stop_all(fd):
     """nginx, then every gunicorn (all told at once, then waited for), then memcached."""
-    stopped = []
-    pid = read_pid(fd.state.run / "nginx.pid")
-    if pid and alive(pid):
-        stop(pid, signal.SIGQUIT, grace=35)
-        stopped.append("nginx")
+    stopped = fleet_front.stop_nginx(fd)
     masters = [p for p in (read_pid(site_dir(fd, s) / "gunicorn.pid") for s in fd.sites) if p and alive(p)]
     for pid in masters:
         try:
@@ -327,11 +146,7 @@ def stop_all(fd):
         list(pool.map(lambda p: stop(p, signal.SIGTERM, grace=35), masters))
     if masters:
         stopped.append(f"gunicorn x {len(masters)}")
-    pid = daemon_pid(fd.state.run / "memcached.pid")
-    if pid:
-        stop(pid, signal.SIGTERM, grace=10)
-        stopped.append("memcached")
-    return stopped
+    return stopped + fleet_front.stop_cache(fd)
 
 
 def failure(body):
@@ -345,7 +160,6 @@ def log_hint(fd):
 def status(fd):
     running = processes(fd)
     masters = running.get("gunicorn", [])
-    return {"nginx": {"running": "nginx" in running, "workers": len(running.get("nginx", [])[1:])},
+    return {**fleet_front.status(fd, running),
             "gunicorn": {"running": len(masters), "sites": len(fd.sites),
-                         "workers": sum(len(children(p)) for p in masters)},
-            "memcached": {"running": "memcached" in running, "address": f"127.0.0.1:{fd.ports['cache']}"}}
+                         "workers": sum(len(children(p)) for p in masters)}}

@@ -13,11 +13,14 @@ of all of them (the processes found under the printed cgroup). How each stack ke
   by a count: at most (B - fixed reserve) / (sandbox + backend) sandboxes at once
   (`max_total`), a runc container each, or for gVisor a site's pod with its handler (the
   pod's Sentry, gofer and Zygote are counted with its first sandbox, the dearest case).
-- conventional: nothing inside adapts (every gunicorn keeps its workers), so the budget is
-  a limit: on cgroup v1 a memory group of B MiB, named as the confinement and made below
-  the memory cgroup fleet-up runs in (so whatever limits that one has still hold), holds
-  every process (they join it with the cpuset group); a fleet that does not fit is
-  OOM-killed during start-up, which fleet-up reports as a failure naming B.
+- conventional, conventional-ondemand: nothing inside adapts to the budget (every gunicorn
+  keeps its workers; uWSGI's Emperor starts a site's vassal at its first request whatever
+  the others hold, and stops it only when idle), so the budget is a limit: on cgroup v1 a
+  memory group of B MiB, named as the confinement and made below the memory cgroup fleet-up
+  runs in (so whatever limits that one has still hold), holds every process (they join it
+  with the cpuset group; vassals are the Emperor's children, so in it too); a fleet that
+  does not fit is OOM-killed during start-up, which fleet-up reports as a failure naming B
+  (on demand: later, at whichever site's start finds the memory used).
 
 On cgroup v1 the confinement is a cpuset group only, and the Sprout worker makes its own
 cgroups at the root of the other hierarchies (memory, pids, cpu, freezer): its sandboxes
@@ -34,10 +37,11 @@ import platform
 import time
 from pathlib import Path
 
-from . import confine, fleet_conventional, fleet_sprout
+from . import confine, fleet_conventional, fleet_ondemand, fleet_sprout
 from .procs import DeployError
 
 MIN_MEMORY_MB = 512
+LIMITED_STACKS = ("conventional", "conventional-ondemand")  # the budget is a memory cgroup's limit
 
 # Measured on this VM (2 cores, Debian 12, cgroup v1) with each site's home page served, MiB.
 WORKER_MB = 16  # the worker alone (PSS 11-25 at 3-1,000 sites; Zygotes and sandboxes are in its budget)
@@ -53,14 +57,20 @@ RUNC_SANDBOX_MB = 45  # one Olio runc container, its own interpreter (PSS 34-40)
 GVISOR_SANDBOX_MB = 150
 
 
-def memory_plan(stack, memory_mb, sites, cores, per_worker=None):
-    """How B is divided (see the module's docstring): JSON-able."""
+def memory_plan(stack, memory_mb, sites, cores, per_worker=None, stack_options=None):
+    """How B is divided (see the module's docstring): JSON-able. `workers` is each site's app
+    processes (gunicorn's sync workers, or a vassal's processes when its site is busy)."""
     shared_buffers = memory_mb // 8
     cache_mb = min(64, max(16, memory_mb // 32))
     plan = {"memory_mb": memory_mb, "cache_mb": cache_mb, "pg_shared_buffers_mb": shared_buffers}
     if stack == "conventional":
         per_worker = per_worker or fleet_conventional.users_per_worker()
         workers = {s.name: fleet_conventional.workers_for(s.peak_users, cores, per_worker) for s in sites}
+        plan.update(users_per_worker=per_worker, workers=workers, max_connections=sum(workers.values()) + 20)
+        return plan
+    if stack == "conventional-ondemand":
+        workers, per_worker = fleet_ondemand.processes_per_site(sites, cores, stack_options, per_worker)
+        # Every vassal's processes at once, each with its database connection: the most there can be.
         plan.update(users_per_worker=per_worker, workers=workers, max_connections=sum(workers.values()) + 20)
         return plan
     fixed = PG_BASE_MB + shared_buffers + cache_mb + WORKER_MB

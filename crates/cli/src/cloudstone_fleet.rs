@@ -12,13 +12,22 @@ use serde::{Deserialize, Serialize};
 use sprout_bench::fleet::{self, Bracket, FleetParams};
 
 /// The deployments `sprout olio fleet-up` makes.
-const STACKS: [&str; 4] = ["sprout", "sprout-runc", "sprout-gvisor", "conventional"];
+const STACKS: [&str; 5] = ["sprout", "sprout-runc", "sprout-gvisor", "conventional", "conventional-ondemand"];
 
 #[derive(Args, Clone)]
 pub struct FleetArgs {
-    /// Deployments to search, in order: sprout, sprout-runc, sprout-gvisor, conventional.
-    #[arg(long, value_delimiter = ',', default_value = "sprout,sprout-runc,sprout-gvisor,conventional")]
+    /// Deployments to search, in order: sprout, sprout-runc, sprout-gvisor, conventional,
+    /// conventional-ondemand.
+    #[arg(long, value_delimiter = ',', default_value = "sprout,sprout-runc,sprout-gvisor,conventional,conventional-ondemand")]
     pub stacks: Vec<String>,
+    /// conventional-ondemand: seconds without a request before a site's uWSGI vassal stops
+    /// (fleet-up's --vassal-idle; its default when not given).
+    #[arg(long)]
+    pub vassal_idle: Option<u32>,
+    /// conventional-ondemand: processes per vassal, auto or a number (fleet-up's
+    /// --vassal-processes; its default when not given).
+    #[arg(long)]
+    pub vassal_processes: Option<String>,
     /// Run exactly this many sites once per stack instead of searching.
     #[arg(long)]
     pub sites: Option<usize>,
@@ -206,6 +215,10 @@ pub struct StackResult {
     pub usd_per_site_month: Option<f64>,
     /// The same at every price in the pricing file.
     pub usd_per_site_month_by_price: std::collections::BTreeMap<String, f64>,
+    /// The stack's own settings the search ran with (conventional-ondemand's vassals; null:
+    /// fleet-up's defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<serde_json::Value>,
     pub steps: Vec<FleetStep>,
 }
 
@@ -217,6 +230,15 @@ pub fn search(a: &FleetArgs) -> Result<()> {
     let price = pricing.prices.iter().find(|p| p.name == pricing.default).context("the pricing file's default price is missing")?.clone();
     if let Some(bad) = a.stacks.iter().find(|s| !STACKS.contains(&s.as_str())) {
         bail!("--stacks: {bad:?} is not a deployment (choose from {})", STACKS.join(", "));
+    }
+    // The vassals' settings are fleet-up's to check too; these would fail every run.
+    if a.vassal_idle == Some(0) {
+        bail!("--vassal-idle 0: give the seconds (at least 1) without a request after which a vassal stops");
+    }
+    if let Some(p) = a.vassal_processes.as_deref().filter(|p| *p != "auto") {
+        if !matches!(p.parse::<u32>(), Ok(1..=32)) {
+            bail!("--vassal-processes {p:?}: give auto or a number from 1 to 32");
+        }
     }
     // A bad --fleet file is refused before anything starts; its size caps the search.
     let max = match &a.fleet {
@@ -252,7 +274,7 @@ pub fn search(a: &FleetArgs) -> Result<()> {
             eprintln!("==> {stack}: {n} sites {} {}", if step.passed { "held" } else { "failed:" }, step.reason);
             bracket.record(n, step.passed);
             steps.push(step);
-            let partial = stack_result(&steps, &bracket, &pricing, &price, a);
+            let partial = stack_result(stack, &steps, &bracket, &pricing, &price, a);
             stacks.insert(stack.clone(), serde_json::to_value(&partial)?);
             write_summary(a, &stacks, &price)?;
             teardown.context("taking the fleet down after its run (recorded; continue with --resume once it is down)")?;
@@ -274,6 +296,7 @@ fn per_site_month(price: &sprout_load::Price, sites: usize) -> f64 {
 }
 
 fn stack_result(
+    stack: &str,
     steps: &[FleetStep],
     bracket: &Bracket,
     pricing: &sprout_load::Pricing,
@@ -290,6 +313,8 @@ fn stack_result(
         } else {
             Default::default()
         },
+        settings: (stack == "conventional-ondemand")
+            .then(|| serde_json::json!({"vassal_idle_s": a.vassal_idle, "vassal_processes": a.vassal_processes})),
         steps: steps.to_vec(),
     }
 }
@@ -322,6 +347,7 @@ fn write_summary(
             "sprout_vs_conventional": ratio("sprout", "conventional"),
             "sprout_vs_sprout_runc": ratio("sprout", "sprout-runc"),
             "sprout_gvisor_vs_conventional": ratio("sprout-gvisor", "conventional"),
+            "sprout_vs_conventional_ondemand": ratio("sprout", "conventional-ondemand"),
         },
     });
     let text = serde_json::to_vec_pretty(&summary)?;
@@ -425,6 +451,7 @@ fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<(Flee
         .arg(&fleet_path)
         .arg("--dir")
         .arg(&state)
+        .args(stack_flags(a, stack))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -492,6 +519,20 @@ fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<(Flee
         std::fs::remove_dir_all(&state).with_context(|| format!("removing {}", state.display()))
     });
     Ok((step, teardown))
+}
+
+/// fleet-up's flags of the stack's own settings (conventional-ondemand's vassals), as given.
+fn stack_flags(a: &FleetArgs, stack: &str) -> Vec<String> {
+    let mut flags = Vec::new();
+    if stack == "conventional-ondemand" {
+        if let Some(idle) = a.vassal_idle {
+            flags.extend(["--vassal-idle".to_string(), idle.to_string()]);
+        }
+        if let Some(processes) = &a.vassal_processes {
+            flags.extend(["--vassal-processes".to_string(), processes.clone()]);
+        }
+    }
+    flags
 }
 
 /// Pass: every site within SLA-2, every first request after an idle spell within its
@@ -619,6 +660,22 @@ mod tests {
             setup_s: 1.0,
             run: None,
         }
+    }
+
+    #[test]
+    fn only_the_on_demand_stack_is_given_the_vassals_settings() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            fleet: FleetArgs,
+        }
+        let cli = Cli::parse_from(["fleet", "--vassal-idle", "30", "--vassal-processes", "2"]);
+        assert_eq!(stack_flags(&cli.fleet, "conventional-ondemand"), ["--vassal-idle", "30", "--vassal-processes", "2"]);
+        assert!(stack_flags(&cli.fleet, "conventional").is_empty() && stack_flags(&cli.fleet, "sprout").is_empty());
+        let defaults = Cli::parse_from(["fleet"]);
+        assert!(stack_flags(&defaults.fleet, "conventional-ondemand").is_empty(), "fleet-up's defaults");
+        assert!(defaults.fleet.stacks.iter().any(|s| s == "conventional-ondemand"));
     }
 
     #[test]

@@ -168,8 +168,9 @@ enum OlioCommand {
     #[command(disable_help_flag = true)]
     Status(PassThrough),
     /// Start a fleet of Olio sites on one port, told apart by Host: --stack
-    /// sprout|sprout-runc|sprout-gvisor|conventional --dir STATE --fleet FILE [--cpus 0] [--port 8080]
-    /// [--memory-mb 2048]; prints one line of JSON.
+    /// sprout|sprout-runc|sprout-gvisor|conventional|conventional-ondemand --dir STATE --fleet FILE
+    /// [--cpus 0] [--port 8080] [--memory-mb 2048] [--vassal-idle 60 --vassal-processes auto];
+    /// prints one line of JSON.
     #[command(disable_help_flag = true)]
     FleetUp(PassThrough),
     /// Stop everything of a fleet: --dir STATE.
