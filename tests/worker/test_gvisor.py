@@ -156,7 +156,7 @@ def test_a_lambdas_next_pod_has_its_network_again(make_worker):
     w.deploy_source("routes", "def f(e):\n    return open('/proc/net/route').read()\n")
     for _ in range(3):
         assert "eth0" in w.client.run("routes")
-        deadline = time.time() + 10
+        deadline = time.time() + 60  # (the first pod's template is made meanwhile: slow on a busy host)
         while pods(w) and time.time() < deadline:
             time.sleep(0.1)
         assert pods(w) == []
