@@ -619,6 +619,9 @@ mod tests {
         assert!(format!("{err:#}").contains("worker.listen"), "{err:#}");
         let err = Config::parse("[sandbox]\nbackend = \"firecracker\"\n").unwrap_err();
         assert!(format!("{err:#}").contains("firecracker"), "{err:#}");
+        let err = Config::parse("[gvisor]\nnetwork = \"bridge\"\n").unwrap_err();
+        assert!(format!("{err:#}").contains("bridge"), "{err:#}");
+        assert_eq!(Config::parse("[gvisor]\nnetwork = \"host\"\n").unwrap().gvisor.network, GvisorNetwork::Host);
         let err = Config::parse("[limits]\ntimeout_ms = 0\n").unwrap_err();
         assert!(format!("{err:#}").contains("timeout_ms"), "{err:#}");
     }

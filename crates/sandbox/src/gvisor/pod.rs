@@ -248,6 +248,11 @@ impl Pod {
     /// while its lambda may have no cold start for hours. A spare whose channel closes exits.
     /// Returns how many went.
     pub async fn let_spares_go(&self, cold_starts: u64) -> usize {
+        // Checked before the lock too: a busy pod's timers end here without queueing behind a
+        // cold start waiting for its spare.
+        if self.cold_starts.load(Ordering::Relaxed) != cold_starts {
+            return 0;
+        }
         let mut spares = self.spares.lock().await;
         if self.cold_starts.load(Ordering::Relaxed) != cold_starts {
             return 0;
