@@ -1,6 +1,12 @@
 """The Olio WSGI application: `create_app()` wires configuration, data, cache, file store,
 the page modules (`olio.views_events`, `olio.views_users`), error pages and the static and
 file-store routes together.
+
+It does so in two steps, so that many sites can share one loaded application: `build_app`
+makes the application without any site's settings (routes, pages, error handlers, every
+template loaded), `configure` gives it one site's. `prepare()` builds one ahead, in the
+process that will fork the sites' processes (a Sprout code Zygote, by the lambda's ol.yaml
+`preload`); the first `create_app` in each forked process then only configures it.
 """
 
 import logging
@@ -27,32 +33,43 @@ STATIC_MAX_AGE = 3600  # seconds browsers may keep static files and uploads befo
 COMPILED_TEMPLATES = Path(__file__).resolve().parent / "compiled_templates"
 
 
+_prepared = None  # (the URLs it was built with, an application built ahead by prepare())
+
+
 def create_app(config=None):
-    """The Flask application serving Olio with `config` (default: `olio.config.load()`)."""
+    """The Flask application serving Olio with `config` (default: `olio.config.load()`): the
+    one `prepare()` built, if it was built for the same URLs and not yet given out, else a
+    new one."""
+    global _prepared
     config = config or olio_config.load()
     for key in ("static_url", "files_url"):
         value = getattr(config, key)
         if not value.startswith("/") or value.endswith("/") or len(value) < 2:
             raise olio_config.ConfigError(f"{key} must be a path like /static (not {value!r})")
-    app = Flask("olio", static_url_path=config.static_url)
-    store = FileStore(config.files)
-    store.ensure()
+    urls = (config.static_url, config.files_url)
+    if _prepared is not None and _prepared[0] == urls:
+        app, _prepared = _prepared[1], None
+    else:
+        app = build_app(*urls)
+    return configure(app, config)
+
+
+def build_app(static_url="/static", files_url="/files"):
+    """The application without a site's settings: its routes, pages, error handlers and
+    templates. `configure` must be called before it serves."""
+    from .views_events import events
+    from .views_users import users
+
+    app = Flask("olio", static_url_path=static_url)
     app.config.update(
-        SECRET_KEY=config.secret or _kept_secret(store.root),
         MAX_CONTENT_LENGTH=MAX_REQUEST_BYTES,
         SESSION_COOKIE_SAMESITE="Lax",  # a cross-site POST carries no session (no CSRF)
         SESSION_COOKIE_HTTPONLY=True,
         SEND_FILE_MAX_AGE_DEFAULT=STATIC_MAX_AGE,
     )
-    app.extensions["olio"] = {"config": config, "cache": caching.make(config), "files": store}
-    data.configure(config.db)
-
-    from .views_events import events
-    from .views_users import users
-
     app.register_blueprint(events)
     app.register_blueprint(users)
-    app.add_url_rule(f"{config.files_url}/<path:name>", "stored_file", stored_file)
+    app.add_url_rule(f"{files_url}/<path:name>", "stored_file", stored_file)
     app.before_request(_who_is_there)
     app.after_request(_headers)
     app.register_error_handler(HTTPException, _http_error)
@@ -63,6 +80,30 @@ def create_app(config=None):
         app.register_error_handler(lost, _store_error)
     _setup_jinja(app, COMPILED_TEMPLATES)
     return app
+
+
+def configure(app, config):
+    """Give `app` (from `build_app`) one site's settings: its database, cache, file store and
+    cookie key."""
+    store = FileStore(config.files)
+    store.ensure()
+    app.config["SECRET_KEY"] = config.secret or _kept_secret(store.root)
+    app.extensions["olio"] = {"config": config, "cache": caching.make(config), "files": store}
+    data.configure(config.db)
+    return app
+
+
+def prepare():
+    """Build the application ahead, with every page's template loaded and its URL map
+    compiled, for the processes forked from this one (ol.yaml's `preload` call). Reads no
+    settings and opens no connection."""
+    global _prepared
+    app = build_app()
+    templates = Path(__file__).resolve().parent / "templates"
+    for path in sorted(templates.rglob("*.html")):
+        app.jinja_env.get_template(path.relative_to(templates).as_posix())
+    app.url_map.bind("localhost").match("/")
+    _prepared = (("/static", "/files"), app)
 
 
 def _setup_jinja(app, compiled):

@@ -31,6 +31,16 @@ FILES_IN_SANDBOX = sprout_stack.FILES_IN_SANDBOX
 MAX_PER_LAMBDA = 3
 IDLE_TIMEOUT_S = 600
 UPLOADS_AT_ONCE = 4
+# Every site runs the same code with its own olio.toml: the worker loads Olio once, in a code
+# Zygote all the sites' sandboxes are forked from (olio.web.prepare builds the application
+# without settings there; each sandbox's create_app gives it its site's).
+PRELOAD = """\
+# Written by olio_deploy (fleet_sprout.py): every site's lambda shares this code but for olio.toml.
+preload:
+  modules: [olio.web]
+  call: olio.web:prepare
+  settings: [olio.toml]
+"""
 
 
 def worker_name(fd):
@@ -151,6 +161,7 @@ def build_code(fd):
     sprout_stack.copy_code(fd, out)
     (out / "f.py").write_text('"""An Olio site of a fleet as one WSGI lambda (olio_deploy builds it)."""\n'
                               "from olio.wsgi import app  # noqa: F401\n")
+    (out / "ol.yaml").write_text(PRELOAD)
     buffer = io.BytesIO()
     archive = tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT)
     for entry in sorted(out.iterdir()):

@@ -96,6 +96,17 @@ pub struct ZygoteOrder<'a> {
     pub op: &'static str,
     pub paths: &'a [String],
     pub imports: &'a [String],
+    /// A code Zygote's: the lambda code's modules to import from /handler, then the function
+    /// to call; any failure fails the Zygote.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<CodeOrder<'a>>,
+}
+
+/// What a code Zygote loads of the lambda code at its /handler.
+#[derive(Debug, Clone, Serialize)]
+pub struct CodeOrder<'a> {
+    pub modules: &'a [String],
+    pub call: Option<&'a str>,
 }
 
 /// A helper's answer: an HTTP status with headers, or an error the handler caused — or,

@@ -215,7 +215,7 @@ impl Lean {
             Some(zygotes) => {
                 let mut attempt = 0;
                 loop {
-                    let source = zygotes.source_for(&spec.packages).await?;
+                    let source = zygotes.source_for(&spec.packages, spec.shared_code.as_ref()).await?;
                     match zygotes.fork_handler(&source.node, root, &log, cgroup, self.cfg.mount_proc, netns).await {
                         Ok(f) => break (f.process, Some(f.hold), f.tree),
                         // The Zygote died under us: choose again (it is gone from the tree).

@@ -29,6 +29,23 @@ pub struct Package {
     pub size_bytes: u64,
 }
 
+/// Code that lambdas share but for their settings files (ol.yaml's `preload`): imported once,
+/// in a code Zygote, which their sandboxes are forked from ([`crate::import_cache`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedCode {
+    /// Digest of the code without its settings files (what to preload included): lambdas
+    /// with equal digests and packages share a code Zygote.
+    pub digest: String,
+    /// That code, without the settings files: the code Zygote's /handler.
+    pub dir: PathBuf,
+    /// Modules the code Zygote imports from it.
+    pub modules: Vec<String>,
+    /// `module:function` the code Zygote calls after the imports, if any.
+    pub call: Option<String>,
+    /// Bytes of the code (what evicting its Zygote would cost to import again).
+    pub size_bytes: u64,
+}
+
 /// What to run in a new sandbox.
 #[derive(Clone)]
 pub struct SandboxSpec {
@@ -54,6 +71,8 @@ pub struct SandboxSpec {
     /// Which of the worker's back-ends makes it (its lambda's isolation class, by the
     /// back-end's name); None: the worker's default.
     pub backend: Option<&'static str>,
+    /// Code to fork from a code Zygote (the lean back-end's; others load it in the sandbox).
+    pub shared_code: Option<SharedCode>,
 }
 
 impl std::fmt::Debug for SandboxSpec {

@@ -19,7 +19,17 @@
 //!   OL_WSGI_ENTRY: application  # the WSGI callable, if not `app` (OL_ASGI_ENTRY: ASGI)
 //! reuse-sandbox: false        # a fresh sandbox per request, destroyed after it
 //! isolation: gvisor           # Sprout's: a stronger isolation class than the operator gave
+//! preload:                    # Sprout's: load this once for every lambda sharing this code
+//!   modules: [app.web]        # imported in a code Zygote the lambda's sandboxes fork from
+//!   call: app.web:prepare     # then called there (optional)
+//!   settings: [app.toml]      # each lambda's own files: left out of what is shared
 //! ```
+//!
+//! `preload` is for many lambdas running one application with different settings (sites):
+//! lambdas whose code is the same but for their `settings` files, with the same packages,
+//! share one Zygote that has imported `modules` from that code (without any lambda's
+//! settings or environment) and called `call`; each sandbox forked from it then reads its
+//! own settings. What runs there must not read settings, the environment or the network.
 
 use std::collections::BTreeMap;
 
@@ -52,6 +62,56 @@ pub struct LambdaConfig {
     /// ([`crate::isolation`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<BackendKind>,
+    /// What a code Zygote shared with lambdas of the same code loads ahead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preload: Option<Preload>,
+}
+
+/// ol.yaml's `preload` (see the module's documentation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Preload {
+    /// Modules of the lambda's code to import, by dotted name.
+    #[serde(default)]
+    pub modules: Vec<String>,
+    /// `module:function` to call after them, with no arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<String>,
+    /// Paths (files or directories, relative to the lambda's top) that each lambda has its
+    /// own of: left out of the shared code and of what makes two lambdas' code the same.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub settings: Vec<String>,
+}
+
+impl Preload {
+    fn check(&self) -> Result<(), String> {
+        if self.modules.is_empty() && self.call.is_none() {
+            return Err("preload: name the modules to import (modules) or a function to call (call)".into());
+        }
+        if let Some(bad) = self.modules.iter().find(|m| !is_module_name(m)) {
+            return Err(format!("preload: {bad:?} is not a module's dotted name"));
+        }
+        if let Some(call) = &self.call {
+            let valid = call.split_once(':').is_some_and(|(module, function)| is_module_name(module) && is_identifier(function));
+            if !valid {
+                return Err(format!("preload: call {call:?} must be module:function"));
+            }
+        }
+        for path in &self.settings {
+            let parts: Vec<&str> = path.split('/').collect();
+            if path.is_empty() || path.starts_with('/') || parts.iter().any(|p| p.is_empty() || *p == "." || *p == "..") {
+                return Err(format!("preload: settings {path:?} must be a path inside the lambda, like site.toml or conf/site.toml"));
+            }
+            if path == FILE_NAME {
+                return Err(format!("preload: settings cannot hold {FILE_NAME}, which says what is shared"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_module_name(name: &str) -> bool {
+    name.split('.').all(is_identifier)
 }
 
 fn yes() -> bool {
@@ -60,7 +120,14 @@ fn yes() -> bool {
 
 impl Default for LambdaConfig {
     fn default() -> LambdaConfig {
-        LambdaConfig { http_methods: None, environment: BTreeMap::new(), reuse_sandbox: true, kafka: Vec::new(), isolation: None }
+        LambdaConfig {
+            http_methods: None,
+            environment: BTreeMap::new(),
+            reuse_sandbox: true,
+            kafka: Vec::new(),
+            isolation: None,
+            preload: None,
+        }
     }
 }
 
@@ -125,6 +192,8 @@ struct File {
     reuse_sandbox: Option<bool>,
     #[serde(default)]
     isolation: Option<String>,
+    #[serde(default)]
+    preload: Option<Preload>,
 }
 
 #[derive(Deserialize)]
@@ -195,6 +264,10 @@ pub fn parse(text: &str) -> Result<LambdaConfig, ConfigError> {
         let names = BackendKind::ALL.map(|k| k.name()).join(", ");
         config.isolation =
             Some(kind.ok_or_else(|| ConfigError::at(line_of("isolation"), format!("isolation: {class:?} is not one of {names}")))?);
+    }
+    if let Some(preload) = file.preload {
+        preload.check().map_err(|reason| ConfigError::at(line_of("preload"), reason))?;
+        config.preload = Some(preload);
     }
     if let Some(triggers) = file.triggers {
         if triggers.cron.is_some() {
@@ -429,6 +502,18 @@ mod tests {
     }
 
     #[test]
+    fn preload_names_modules_a_call_and_each_lambdas_own_settings() {
+        let config =
+            parse("preload:\n  modules: [olio.web, olio.views_events]\n  call: olio.web:prepare\n  settings: [olio.toml, conf/site]\n")
+                .unwrap();
+        let preload = config.preload.unwrap();
+        assert_eq!(preload.modules, ["olio.web", "olio.views_events"]);
+        assert_eq!(preload.call.as_deref(), Some("olio.web:prepare"));
+        assert_eq!(preload.settings, ["olio.toml", "conf/site"]);
+        assert!(parse("").unwrap().preload.is_none());
+    }
+
+    #[test]
     fn unknown_keys_and_bad_values_are_refused_with_their_line() {
         let cases = [
             ("triggers:\n  http:\n    - method: GET\nenviroment:\n  A: b\n", Some(4), "unknown field `enviroment`"),
@@ -445,6 +530,13 @@ mod tests {
             ("triggers:\n  cron:\n    - schedule: \"* * * * *\"\n", Some(2), "cron triggers are not supported"),
             ("triggers:\n  kafka:\n    - bootstrap_servers: [\"k:9092\"]\n      topics: []\n      group_id: g\n", Some(2), "at least one topic"),
             ("triggers:\n  kafka:\n    - bootstrap_servers: [\"k:9092\"]\n      topics: [a]\n      group_id: g\n      auto_offset_reset: middle\n", Some(6), "unknown variant `middle`"),
+            ("preload: {}\n", Some(1), "name the modules to import"),
+            ("preload:\n  modules: [app-web]\n", Some(1), "is not a module's dotted name"),
+            ("preload:\n  call: app.web\n", Some(1), "must be module:function"),
+            ("preload:\n  modules: [app]\n  settings: [../secrets]\n", Some(1), "must be a path inside the lambda"),
+            ("preload:\n  modules: [app]\n  settings: [/etc/passwd]\n", Some(1), "must be a path inside the lambda"),
+            ("preload:\n  modules: [app]\n  settings: [ol.yaml]\n", Some(1), "cannot hold ol.yaml"),
+            ("preload:\n  modules: [app]\n  setting: [a.toml]\n", Some(3), "unknown field `setting`"),
         ];
         for (text, line, reason) in cases {
             let e = parse(text).expect_err(text);

@@ -57,6 +57,7 @@ mod packages;
 mod preinstall;
 mod registry;
 mod retry;
+mod shared_code;
 mod shared_registry;
 mod site_routes;
 mod sites;

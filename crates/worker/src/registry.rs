@@ -10,7 +10,8 @@
 //! A `requirements.txt` beside f.py is parsed and checked at upload (pinned versions unless
 //! the configuration allows otherwise); its packages are installed by [`crate::packages`].
 //! An `ol.yaml` (and `.env`) is parsed and checked at upload too ([`crate::lambda_config`]);
-//! it may name another entry file than f.py, which must then be there.
+//! it may name another entry file than f.py, which must then be there. One that asks to
+//! `preload` holds the shared copy of its code ([`crate::shared_code`]), made at upload.
 
 use std::collections::HashMap;
 use std::fs;
@@ -28,6 +29,7 @@ use crate::errors::ErrorCode;
 use crate::isolation::{Isolation, Unavailable};
 use crate::lambda_config::{self, ConfigError, LambdaConfig};
 use crate::packages::requirements::{self, Requirement, RequirementsError};
+use crate::shared_code::{SharedCodeDir, SharedCodes};
 use crate::syntax::Checker;
 
 /// One published version of a lambda.
@@ -56,6 +58,10 @@ pub struct Lambda {
     pub parsed_requirements: Vec<Requirement>,
     #[serde(skip)]
     pub dir: PathBuf,
+    /// Its code without its settings files, shared with lambdas of the same code (ol.yaml's
+    /// `preload`).
+    #[serde(skip)]
+    pub shared_code: Option<Arc<SharedCodeDir>>,
     #[serde(skip)]
     retired: AtomicBool,
 }
@@ -82,6 +88,7 @@ impl Lambda {
             isolation: None,
             parsed_requirements: Vec::new(),
             dir: PathBuf::from("/nonexistent"),
+            shared_code: None,
             retired: AtomicBool::new(false),
         })
     }
@@ -158,6 +165,7 @@ pub struct Registry {
     checker: Checker,
     allow_unpinned: bool,
     isolation: Arc<Isolation>,
+    shared: SharedCodes,
     lambdas: RwLock<HashMap<String, Arc<Lambda>>>,
     next_version: AtomicU64,
 }
@@ -170,6 +178,7 @@ impl Registry {
         if staging.exists() {
             fs::remove_dir_all(&staging)?;
         }
+        let shared = SharedCodes::open(&dir.join(".shared"))?;
         let mut newest: HashMap<String, Lambda> = HashMap::new();
         let mut max_version = 0;
         for entry in fs::read_dir(dir)? {
@@ -193,6 +202,12 @@ impl Registry {
                 continue;
             };
             lambda.dir = path;
+            if let Some(preload) = &lambda.config.preload {
+                match shared.share(&lambda.dir, preload) {
+                    Ok(code) => lambda.shared_code = Some(code),
+                    Err(e) => tracing::warn!(lambda = %name, "its code cannot be shared (each sandbox loads it): {e}"),
+                }
+            }
             let text = lambda.requirements.join("\n");
             match requirements::parse(&text, true) {
                 Ok(parsed) => lambda.parsed_requirements = parsed,
@@ -215,6 +230,7 @@ impl Registry {
             checker,
             allow_unpinned,
             isolation,
+            shared,
             lambdas: RwLock::new(lambdas),
             next_version: AtomicU64::new(max_version + 1),
         })
@@ -321,11 +337,20 @@ impl Registry {
             isolation: chosen,
             parsed_requirements: parsed,
             dir: dir.clone(),
+            shared_code: None,
             retired: AtomicBool::new(false),
         };
         let internal = |e: std::io::Error| UploadError::Internal(e.to_string());
         fs::write(dir.with_extension("json"), serde_json::to_vec_pretty(&lambda).unwrap()).map_err(internal)?;
         fs::rename(staging, &dir).map_err(internal)?;
+        let mut lambda = lambda;
+        if let Some(preload) = &lambda.config.preload {
+            // Shared from the published code; failing that, each sandbox loads its own.
+            match self.shared.share(&dir, preload) {
+                Ok(code) => lambda.shared_code = Some(code),
+                Err(e) => tracing::warn!(lambda = name, "its code cannot be shared (each sandbox loads it): {e}"),
+            }
+        }
         let lambda = Arc::new(lambda);
         let previous = self.lambdas.write().unwrap().insert(name.to_string(), lambda.clone());
         if let Some(old) = previous {

@@ -31,9 +31,13 @@ enters its root with fchdir + chroot, joins its cgroups, takes its user, connect
 own socket and returns into Python here, either as a handler or as a new Zygote (SOCK's
 import cache, section 4.3): a child Zygote receives ``{"op": "zygote", "paths": [...],
 "imports": [...]}``, imports those modules from those package directories, says which
-imports failed, and serves forks in turn. A Zygote never loads lambda code, and imports only
-packages every lambda forked from it asked for, so no function sees another's state or code
-it did not request.
+imports failed, and serves forks in turn. A package Zygote never loads lambda code, and
+imports only packages every lambda forked from it asked for, so no function sees another's
+state or code it did not request. A code Zygote's order also carries ``"code": {"modules":
+[...], "call": "module:function"}``: its /handler is code that several lambdas share but for
+their settings files (which it does not hold), and it imports those modules from there and
+calls that function, so each of those lambdas' handlers starts with its application loaded;
+any failure there is the Zygote's, and the worker forks their handlers elsewhere.
 
 A spare is a third kind of child: forked ahead of demand, bound to no lambda. It warms its
 own copy of the handler's paths, then waits in C until the worker binds it to a sandbox,
@@ -62,6 +66,7 @@ MAX_LEARNED = 300  # package modules reported per package
 LEARN_REQUESTS = 3  # requests after which a handler reports modules they loaded lazily
 
 ROLE_HANDLER, ROLE_ZYGOTE, ROLE_SPARE = 0, 1, 2
+SHARED_CODE = False  # this process was forked from a code Zygote (its /handler was listed there)
 
 
 # ---------------------------------------------------------------- framing
@@ -171,6 +176,8 @@ def load_lambda():
     Compiled and executed directly rather than through importlib's loaders: after a fork,
     every page the interpreter touches is copied, and the loaders touch many."""
     sys.dont_write_bytecode = True  # /handler and /packages are read-only
+    if SHARED_CODE:
+        sys.path_importer_cache.pop(HANDLER_DIR, None)  # list this lambda's own /handler afresh
     entry_file = os.environ.get("OL_ENTRY_FILE", "f.py")
     name = entry_file[:-3]
     path = HANDLER_DIR + "/" + entry_file
@@ -504,6 +511,9 @@ def import_packages(sock):
         return False
     paths = order.get("paths") or []
     sys.path[:] = [p for p in paths if p.startswith(PACKAGES_DIR)] + BASE_PATH
+    code = order.get("code")
+    if code is not None:
+        return load_shared_code(sock, paths, code)
     imported, failed = [], {}
     for name in order.get("imports") or []:
         try:
@@ -516,6 +526,34 @@ def import_packages(sock):
     sys.stdout.flush()
     sys.stderr.flush()
     send_frame(sock, {"op": "hello", "role": "zygote", "imported": imported, "failed": failed})
+    return True
+
+
+def load_shared_code(sock, paths, code):
+    """A code Zygote: import the shared code's modules from /handler with the lambda's
+    sys.path, then call its `module:function`; say hello, or why it failed (and stop)."""
+    global SHARED_CODE
+    import importlib
+
+    set_path(paths)
+    sys.dont_write_bytecode = True  # /handler is read-only
+    try:
+        for name in code.get("modules") or []:
+            importlib.import_module(name)
+        call = code.get("call")
+        if call:
+            module, _, function = call.partition(":")
+            getattr(importlib.import_module(module), function)()
+    except BaseException as exc:  # the code may do anything, even exit
+        sys.stdout.flush()
+        sys.stderr.flush()
+        send_frame(sock, {"op": "hello", "role": "zygote", "error": "load_error",
+                          "message": f"{type(exc).__name__}: {exc}"[:2000], "traceback": _short_traceback(exc)})
+        return False
+    SHARED_CODE = True
+    sys.stdout.flush()
+    sys.stderr.flush()
+    send_frame(sock, {"op": "hello", "role": "zygote", "imported": [], "failed": {}})
     return True
 
 

@@ -367,7 +367,7 @@ pub(crate) async fn import_packages(
     imports: &[String],
     timeout: Duration,
 ) -> Result<(), PlatformError> {
-    let order = ZygoteOrder { op: "zygote", paths, imports };
+    let order = ZygoteOrder { op: "zygote", paths, imports, code: None };
     control.send(&order, &[]).await.doing("sending the pod's Zygote its packages")?;
     let imported = recv_hello(control, timeout, "import the lambda's packages").await?;
     if let Some(failed) = imported.failed.filter(|f| !f.is_empty()) {

@@ -18,9 +18,16 @@
 //!   namespace); the next request for its packages makes a new one, and until then is served
 //!   by the nearest live ancestor. A dead root Zygote is restarted.
 //!
+//! * **Code Zygotes.** A lambda whose ol.yaml asks to `preload` its own modules is forked from
+//!   a child of its package Zygote that has imported them (and run its `call`) from the
+//!   lambda's code without its settings files: one such Zygote serves every lambda with the
+//!   same code and packages (many sites of one application), made in the background at the
+//!   first cold start that finds none ([`code`]).
+//!
 //! Package Zygotes are confined more tightly than handlers need: see `userns` and
 //! `mounts::clone_tree`. Starting and stopping Zygotes is in [`spawn`], eviction in [`evict`].
 
+mod code;
 mod evict;
 mod spares;
 mod spawn;
@@ -40,14 +47,15 @@ use serde_json::{json, Value};
 use tokio::sync::OnceCell;
 
 use crate::cgroup::{Cgroup, Layout, Limits};
-use crate::channel::{Endpoint, Hello, ZygoteOrder};
+use crate::channel::{CodeOrder, Endpoint, Hello, ZygoteOrder};
 use crate::error::{Doing, PlatformError};
 use crate::mounts;
 use crate::output::log_pipe;
 use crate::process::{spawn, PidFd, SpawnSpec};
-use crate::spec::{sandbox_env, CreateError, Package};
+use crate::spec::{sandbox_env, CreateError, Package, SharedCode};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
 use crate::zygote::{ForkError, ForkRequest, ZygoteProcess, FLAG_MOUNT_PROC, FLAG_NETNS, FLAG_USERNS, FLAG_ZYGOTE};
+use code::{code_key, code_label};
 
 /// Times an exact Zygote may be replaced by a fuller one as lambdas reveal what they import.
 pub const MAX_REFRESHES: u32 = 3;
@@ -123,6 +131,9 @@ pub struct Node {
     failed: BTreeMap<String, String>,
     pinned: bool,
     refreshes: u32,
+    /// A code Zygote's key ([`code::code_key`]): it holds lambda code, so it serves only
+    /// lambdas with that code and these packages.
+    code: Option<String>,
     created: Instant,
     start_ms: f64,
     process: tokio::sync::Mutex<Option<ZygoteProcess>>,
@@ -182,6 +193,7 @@ struct Counters {
     spares_missed: AtomicU64,
     spares_lost: AtomicU64,
     spares_released: AtomicU64,
+    code_hits: AtomicU64,
 }
 
 /// A Zygote chosen for a handler.
@@ -202,6 +214,8 @@ pub struct ImportCache {
     nodes: Mutex<BTreeMap<u64, Arc<Node>>>,
     root: tokio::sync::Mutex<Option<Arc<Node>>>,
     pending: Pending,
+    /// Code Zygotes being made, by key (no request waits for them).
+    code_pending: Mutex<std::collections::HashSet<String>>,
     failed_sets: Mutex<HashMap<BTreeSet<String>, Instant>>,
     learned: Mutex<HashMap<String, BTreeSet<String>>>,
     userns: Option<OwnedFd>,
@@ -237,6 +251,7 @@ impl ImportCache {
             nodes: Mutex::new(BTreeMap::new()),
             root: tokio::sync::Mutex::new(None),
             pending: Mutex::new(HashMap::new()),
+            code_pending: Mutex::default(),
             failed_sets: Mutex::new(HashMap::new()),
             learned: Mutex::new(HashMap::new()),
             userns,
@@ -276,8 +291,27 @@ impl ImportCache {
     }
 
     /// The Zygote to fork a handler of a lambda needing `packages` from; makes a child
-    /// Zygote first when no exact one exists.
-    pub async fn source_for(self: &Arc<Self>, packages: &[Package]) -> Result<Source, CreateError> {
+    /// Zygote first when no exact one exists. With `code`, the code Zygote of that code over
+    /// it when one is ready (else one is made in the background: [`code`]).
+    pub async fn source_for(self: &Arc<Self>, packages: &[Package], code: Option<&SharedCode>) -> Result<Source, CreateError> {
+        let source = self.package_source(packages).await?;
+        let Some(code) = code.filter(|_| self.enabled()) else {
+            return Ok(source);
+        };
+        if !matches!(source.outcome, "none" | "hit" | "created") {
+            return Ok(source); // no Zygote holds exactly its packages to build on
+        }
+        match self.code_source(&source.node, packages, code) {
+            Some(node) => {
+                self.counters.code_hits.fetch_add(1, Ordering::Relaxed);
+                Ok(Source { node, outcome: "code" })
+            }
+            None => Ok(source),
+        }
+    }
+
+    /// The package Zygote to fork a handler of a lambda needing `packages` from.
+    async fn package_source(self: &Arc<Self>, packages: &[Package]) -> Result<Source, CreateError> {
         let root = self.root().await?;
         if packages.is_empty() {
             return Ok(Source { node: root, outcome: "none" });
@@ -324,7 +358,7 @@ impl ImportCache {
         let nodes = self.nodes.lock().unwrap();
         let fitting: Vec<&Arc<Node>> = nodes
             .values()
-            .filter(|n| n.packages.is_subset(want))
+            .filter(|n| n.packages.is_subset(want) && n.code.is_none())
             .filter(|n| {
                 let info = n.info.lock().unwrap();
                 info.alive && !info.retired
@@ -369,7 +403,7 @@ impl ImportCache {
     /// make a fuller replacement in the background (on idle CPU time) and retire this one
     /// when it is ready; until then handlers keep being forked from this one.
     fn maybe_refresh(self: &Arc<Self>, node: &Arc<Node>, packages: &[Package]) {
-        if node.is_root() || node.pinned || node.refreshes >= MAX_REFRESHES || !self.cfg.learn || !node.alive() {
+        if node.is_root() || node.pinned || node.code.is_some() || node.refreshes >= MAX_REFRESHES || !self.cfg.learn || !node.alive() {
             return;
         }
         let Some(parent) = node.parent.clone() else {
@@ -388,7 +422,7 @@ impl ImportCache {
         }
         let (cache, old, packages) = (self.clone(), node.clone(), packages.to_vec());
         tokio::spawn(async move {
-            let made = cache.create_child_with(&parent, &packages, false, old.refreshes + 1).await;
+            let made = cache.create_child_with(&parent, &packages, false, old.refreshes + 1, None).await;
             if made.is_some() {
                 cache.counters.refreshes.fetch_add(1, Ordering::Relaxed);
                 old.info.lock().unwrap().retired = true;
@@ -491,7 +525,7 @@ impl ImportCache {
         }
     }
 
-    pub fn counters(&self) -> [(&'static str, &'static str, u64); 14] {
+    pub fn counters(&self) -> [(&'static str, &'static str, u64); 15] {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         [
@@ -509,6 +543,7 @@ impl ImportCache {
             ("sprout_spares_missed", "Cold starts that found no spare ready and forked", get(&c.spares_missed)),
             ("sprout_spares_lost", "Spares found dead or unbindable when taken", get(&c.spares_lost)),
             ("sprout_spares_released", "Spares let go as their Zygote went idle", get(&c.spares_released)),
+            ("sprout_code_zygote_hits", "Handlers forked from a code Zygote holding their lambda's code", get(&c.code_hits)),
         ]
     }
 
@@ -533,6 +568,7 @@ impl ImportCache {
                 "start_ms": node.start_ms,
                 "age_s": node.created.elapsed().as_secs(),
                 "pinned": node.pinned && node.parent.is_some(),
+                "code": node.code.is_some(),
                 "retired": info.retired,
                 "spares": node.spares.lock().unwrap().ready(),
                 "children": children,

@@ -61,6 +61,7 @@ impl ImportCache {
                 failed: BTreeMap::new(),
                 pinned: true,
                 refreshes: 0,
+                code: None,
                 created: Instant::now(),
                 start_ms: started.elapsed().as_secs_f64() * 1000.0,
                 process: tokio::sync::Mutex::new(Some(zygote)),
@@ -130,24 +131,31 @@ impl ImportCache {
     }
 
     pub(super) async fn create_child(self: &Arc<Self>, parent: &Arc<Node>, packages: &[Package], pinned: bool) -> Option<Arc<Node>> {
-        self.create_child_with(parent, packages, pinned, 0).await
+        self.create_child_with(parent, packages, pinned, 0, None).await
     }
 
-    /// Fork a child Zygote of `parent` holding `packages` and wait until it has imported them.
+    /// Fork a child Zygote of `parent` holding `packages` (and `code`, for a code Zygote) and
+    /// wait until it has imported them.
     pub(super) async fn create_child_with(
         self: &Arc<Self>,
         parent: &Arc<Node>,
         packages: &[Package],
         pinned: bool,
         refreshes: u32,
+        code: Option<&SharedCode>,
     ) -> Option<Arc<Node>> {
         let want: BTreeSet<String> = packages.iter().map(|p| p.key.clone()).collect();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        match self.spawn_child(id, parent, packages).await {
+        match self.spawn_child(id, parent, packages, code).await {
             Ok((zygote, hello)) => {
-                let added: Vec<String> = packages.iter().filter(|p| !parent.packages.contains(&p.key)).map(|p| p.key.clone()).collect();
-                let benefit = packages.iter().filter(|p| added.contains(&p.key)).map(|p| p.size_bytes).sum();
+                let code_key = code.map(|c| code_key(&want, c));
+                let mut added: Vec<String> = packages.iter().filter(|p| !parent.packages.contains(&p.key)).map(|p| p.key.clone()).collect();
+                let mut benefit = packages.iter().filter(|p| added.contains(&p.key)).map(|p| p.size_bytes).sum();
+                if let Some(code) = code {
+                    added.push(code_label(code));
+                    benefit += code.size_bytes;
+                }
                 let mut modules = parent.modules.clone();
                 modules.extend(hello.imported.unwrap_or_default());
                 let failed = hello.failed.unwrap_or_default();
@@ -165,6 +173,7 @@ impl ImportCache {
                     failed,
                     pinned,
                     refreshes,
+                    code: code_key,
                     created: Instant::now(),
                     start_ms: started.elapsed().as_secs_f64() * 1000.0,
                     process: tokio::sync::Mutex::new(Some(zygote)),
@@ -206,8 +215,16 @@ impl ImportCache {
             }
             Err(e) => {
                 self.counters.creation_failures.fetch_add(1, Ordering::Relaxed);
-                self.failed_sets.lock().unwrap().insert(want, Instant::now());
-                tracing::warn!(parent = parent.id, "a child Zygote failed to start: {e}");
+                let failed = match code {
+                    Some(code) => BTreeSet::from([code_key(&want, code)]),
+                    None => want,
+                };
+                self.failed_sets.lock().unwrap().insert(failed, Instant::now());
+                match code {
+                    Some(code) => tracing::warn!(parent = parent.id, code = %code_label(code), "a code Zygote failed to start \
+                        (its lambdas' sandboxes load their code themselves meanwhile): {e}"),
+                    None => tracing::warn!(parent = parent.id, "a child Zygote failed to start: {e}"),
+                }
                 None
             }
         }
@@ -218,11 +235,14 @@ impl ImportCache {
         id: u64,
         parent: &Arc<Node>,
         packages: &[Package],
+        code: Option<&SharedCode>,
     ) -> Result<(ZygoteProcess, Hello), CreateError> {
         let dir = self.stage.run.join("zygote").join(id.to_string());
         let root = dir.join("root");
         std::fs::create_dir_all(&root).at("creating a Zygote's root", &root)?;
-        self.stage.stitch(&root, None, 16, self.cfg.uid, self.cfg.gid).at("stitching a Zygote's root", &root)?;
+        // A code Zygote's /handler is the shared code, which holds no lambda's settings.
+        let handler = code.map(|c| c.dir.as_path());
+        self.stage.stitch(&root, handler, 16, self.cfg.uid, self.cfg.gid).at("stitching a Zygote's root", &root)?;
         let name = format!("{}/zygote-{id}", self.cgroup_parent);
         let mut cgroup = match Cgroup::create(self.layout.clone(), &name) {
             Ok(c) => c,
@@ -256,10 +276,15 @@ impl ImportCache {
             let (mut channel, process) = accepted?;
             let imports = self.imports_for(parent, packages);
             let paths: Vec<String> = packages.iter().map(|p| p.path.clone()).collect();
-            let order = ZygoteOrder { op: "zygote", paths: &paths, imports: &imports };
+            let code_order = code.map(|c| CodeOrder { modules: &c.modules, call: c.call.as_deref() });
+            let order = ZygoteOrder { op: "zygote", paths: &paths, imports: &imports, code: code_order };
             channel.send(&order, &[]).await.doing("sending a child Zygote its imports")?;
             let hello = tokio::time::timeout(self.cfg.import_timeout, channel.recv::<Hello>()).await;
             let hello = match hello {
+                Ok(Ok((h, _))) if code.is_some() && h.error.is_some() => {
+                    let said = format!("{}{}", h.message.unwrap_or_default(), h.traceback.map(|t| format!("\n{t}")).unwrap_or_default());
+                    return Err(PlatformError::exited("the code Zygote", format!("loading the shared code: {said}")).into());
+                }
                 Ok(Ok((h, _))) if h.role.as_deref() == Some("zygote") => h,
                 Ok(Ok((h, _))) => return Err(PlatformError::protocol("the child Zygote", h).into()),
                 Ok(Err(_)) if cgroup.oom_kills() > 0 => {

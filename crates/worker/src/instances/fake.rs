@@ -219,5 +219,6 @@ pub fn plain_spec(lambda: &str, code_dir: std::path::PathBuf, limits: Limits) ->
         network: None,
         output: None,
         backend: None,
+        shared_code: None,
     }
 }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use sprout_sandbox::{Limits, SandboxSpec};
+use sprout_sandbox::{Limits, SandboxSpec, SharedCode};
 
 use super::Failure;
 use crate::isolation::Isolation;
@@ -47,6 +47,19 @@ impl Prepare for Provisioning {
             attached: Some(packages),
             output: None, // the instance manager's, per sandbox
             backend: Some(class.name()),
+            shared_code: shared_code(lambda),
         })
     }
+}
+
+/// What a code Zygote of `lambda`'s shared code loads (ol.yaml's `preload`), when it has one.
+fn shared_code(lambda: &Lambda) -> Option<SharedCode> {
+    let (preload, copy) = (lambda.config.preload.as_ref()?, lambda.shared_code.as_ref()?);
+    Some(SharedCode {
+        digest: copy.digest.clone(),
+        dir: copy.dir.clone(),
+        modules: preload.modules.clone(),
+        call: preload.call.clone(),
+        size_bytes: copy.size_bytes,
+    })
 }
