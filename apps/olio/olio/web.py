@@ -93,16 +93,31 @@ def configure(app, config):
     return app
 
 
+WARM_PAGES = ("/", "/events/1", "/events/tag_search?tag=x", "/users/1", "/users/login", "/no-such-page")
+
+
 def prepare():
-    """Build the application ahead, with every page's template loaded and its URL map
-    compiled, for the processes forked from this one (ol.yaml's `preload` call). Reads no
-    settings and opens no connection."""
+    """Build the application ahead for the processes forked from this one (ol.yaml's
+    `preload` call): every page's template loaded, and a few pages served once against an
+    empty in-memory database with a throwaway key and file store, so that what Flask, Jinja
+    and the store build on first use is built here, shared by the forks. Reads no site's
+    settings and opens no connection; the warm-up's configuration is taken off again."""
     global _prepared
     app = build_app()
     templates = Path(__file__).resolve().parent / "templates"
     for path in sorted(templates.rglob("*.html")):
         app.jinja_env.get_template(path.relative_to(templates).as_posix())
-    app.url_map.bind("localhost").match("/")
+    with tempfile.TemporaryDirectory(prefix="olio-warm-") as files:
+        configure(app, olio_config.Config(db="sqlite::memory:", files=files, secret=secrets.token_hex(32)))
+        try:
+            client = app.test_client()
+            for page in WARM_PAGES:
+                client.get(page)
+        finally:
+            data.forget_connection()
+            data.configure(None)
+            del app.extensions["olio"]
+            app.config["SECRET_KEY"] = None
     _prepared = (("/static", "/files"), app)
 
 

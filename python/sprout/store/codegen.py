@@ -109,6 +109,16 @@ def _encode_lines(f, i, type_name):
     return lines
 
 
+_CODE = {}  # (source, file name) -> code object: compiled once per process (and by a forking parent)
+
+
+def _compiled(source, filename):
+    code = _CODE.get((source, filename))
+    if code is None:
+        code = _CODE[(source, filename)] = compile(source, filename, "exec")
+    return code
+
+
 def make_encoder(model):
     """``encode(obj, save_ref) -> tuple`` of the model's column values, in column order."""
     type_name = model.cls.__qualname__
@@ -123,7 +133,7 @@ def make_encoder(model):
     values = ", ".join(f"c{i}" for i in range(len(model.columns)))
     source = ("def encode(obj, save_ref):\n" + "".join(f"    {line}\n" for line in body)
               + f"    return ({values}{',' if len(model.columns) == 1 else ''})\n")
-    exec(compile(source, f"<sprout.store encoder of {type_name}>", "exec"), env)
+    exec(_compiled(source, f"<sprout.store encoder of {type_name}>"), env)
     encode = env["encode"]
     encode.source = source
     return encode
@@ -178,11 +188,12 @@ def make_decoder(model, identity_key=None):
             items.append(f"{f.name!r}: {_decode_expression(f, i + 1)}")
         items += [f"{f.name!r}: []" for f in model.reflists]
         if identity_key is not None:
-            items.append(f"{identity_key!r}: (row[0], id(obj))")
+            env["K"] = identity_key  # a name, not a literal: the source is the same for every database
+            items.append("K: (row[0], id(obj))")
         lines.append("obj.__dict__.update({" + ", ".join(items) + "})")
     lines.append("return obj")
     source = "def decode(row):\n" + "".join(f"    {line}\n" for line in lines)
-    exec(compile(source, f"<sprout.store decoder of {type_name}>", "exec"), env)
+    exec(_compiled(source, f"<sprout.store decoder of {type_name}>"), env)
     decode = env["decode"]
     decode.source = source
     return decode
