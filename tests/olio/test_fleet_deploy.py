@@ -10,10 +10,13 @@ The stacks use one state directory in turn, so the template database is loaded o
 on-demand stack's own behaviour (vassals started and stopped) is test_fleet_ondemand.py's."""
 
 import json
+import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psycopg
@@ -169,6 +172,43 @@ def test_fleet_status_and_a_second_fleet_up(fleet):
                  "--port", str(free_port()))
     assert again.returncode == 1 and "already running" in again.stderr
     assert fleet.get(host("alpha")).status_code == 200
+
+
+def test_sprouts_sites_are_forked_from_one_code_zygote_each_with_its_own_settings(fleet):
+    """The sites share Olio's code but for olio.toml (ol.yaml's preload): once the code Zygote
+    is up, every new sandbox of every site is forked from it, and still answers from its own
+    site's database."""
+    if fleet.stack != "sprout":
+        pytest.skip("lean sandboxes only")
+    import sprout
+
+    api = sprout.Client(f"http://127.0.0.1:{fleet.record['ports']['api']}",
+                        token=(fleet.state / "worker" / "api-token").read_text().strip())
+
+    def code_nodes(stats):
+        nodes, stack = [], [stats["import_cache"]["tree"]]
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            stack.extend(node["children"])
+        return [n for n in nodes if n["code"]]
+
+    deadline = time.time() + 30
+    while not code_nodes(api.stats()) and time.time() < deadline:
+        time.sleep(0.2)
+    assert len(code_nodes(api.stats())) == 1
+    hits = api.stats()["import_cache"]["code_zygote_hits"]
+    # Every site's sandboxes go; the next request of each is a cold start.
+    sandboxes = Path("/sys/fs/cgroup/pids") / f"sprout-fleet-{fleet.record['confinement'].rsplit('-', 1)[-1]}"
+    for group in sandboxes.glob("sb-*"):
+        for pid in (group / "cgroup.procs").read_text().split():
+            os.kill(int(pid), signal.SIGKILL)
+    fleet.sql("bravo", f"UPDATE event SET title = '{MARKER}' WHERE id = 1")
+    assert MARKER in fleet.get(host("bravo"), "/events/1").text
+    for name in ("alpha", "charlie"):
+        page = fleet.get(host(name), "/events/1")
+        assert page.status_code == 200 and MARKER not in page.text, name
+    assert api.stats()["import_cache"]["code_zygote_hits"] >= hits + len(SITES)
 
 
 def test_fleet_down_leaves_no_process_mount_or_cgroup(fleet):
