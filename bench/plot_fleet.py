@@ -46,8 +46,9 @@ def table(summary):
     lines = [f"Cloudstone for a fleet: the most Olio sites within SLA-2 in {budget} MiB on CPU(s) "
              f"{summary['sut_cpus']} (load on CPU(s) {','.join(map(str, summary['agent_cpus']))}), "
              f"{summary['span_s']:.0f} s runs.", "",
-             "| deployment | sites at SLA-2 | $ per site-month (each price in bench/pricing.toml) | runs (sites: result) |",
-             "|---|---|---|---|"]
+             "| deployment | sites at SLA-2 | MiB per site: at rest, at peak | a resident site's processes: private (PSS) MiB | "
+             "a database connection: private (PSS) MiB | $ per site-month (each price in bench/pricing.toml) | runs (sites: result) |",
+             "|---|---|---|---|---|---|---|"]
     for name in ORDER:
         s = summary["stacks"].get(name)
         if not s:
@@ -56,7 +57,8 @@ def table(summary):
                          for st in s["steps"])
         usd = ", ".join(f"{k} ${v:.3f}" for k, v in s.get("usd_per_site_month_by_price", {}).items()) or "-"
         held = f"{s['sites_sla2']}{'+' if s.get('lower_bound') else ''}"
-        lines.append(f"| {name} | {held} | {usd} | {runs} |")
+        per_site, processes, connection = memory_columns(s)
+        lines.append(f"| {name} | {held} | {per_site} | {processes} | {connection} | {usd} | {runs} |")
     ratios = summary.get("ratios", {})
     cut = [n for n in ORDER if summary["stacks"].get(n, {}).get("lower_bound")]
     lines.append("")
@@ -66,6 +68,25 @@ def table(summary):
                  + (f" A + marks a search that stopped while its last run held ({', '.join(cut)}): a lower bound, "
                     "so a ratio against it is an upper bound." if cut else ""))
     return "\n".join(lines) + "\n"
+
+
+def memory_columns(stack):
+    """At the largest passing run (else the smallest run): the deployment's PSS per site at rest
+    after the load and at its peak, and the median site's processes and database connection."""
+    steps = stack["steps"]
+    passed = [s for s in steps if s["passed"]]
+    step = max(passed, key=lambda s: s["sites"]) if passed else min(steps, key=lambda s: s["sites"], default=None)
+    if step is None:
+        return "-", "-", "-"
+    n = step["sites"]
+    rest, peak = step.get("rest_mb"), step.get("peak_mb")
+    per_site = f"{rest / n:.1f}, {peak / n:.1f} ({n} sites)" if rest and peak else "-"
+
+    def unit(kind):
+        m = (step.get("sites_at_rest") or {}).get(kind) or {}
+        return f"{m['private_mb']:.1f} ({m['pss_mb']:.1f}), {m['count']} at rest" if m.get("count") else "-"
+
+    return per_site, unit("site_processes"), unit("db_connections")
 
 
 def fmt(x):

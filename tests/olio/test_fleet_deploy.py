@@ -168,6 +168,12 @@ def test_fleet_status_and_a_second_fleet_up(fleet):
     assert status.returncode == 0, status.stdout + status.stderr
     report = json.loads(status.stdout)
     assert report["state"] == "up" and report["sites"] == 3 and report["memory"]["pss_mb"] > 0
+    # What the sites hold, told from what they share: every site has served pages by now.
+    sites = report["memory"]["sites"]
+    assert len(SITES) <= sites["site_processes"]["count"] <= 3 * len(SITES), sites
+    assert sites["db_connections"]["count"] >= 1, sites
+    for kind in ("site_processes", "db_connections"):
+        assert 0 < sites[kind]["private_mb"] <= sites[kind]["pss_mb"] < 200, sites
     again = olio("fleet-up", "--stack", fleet.stack, "--dir", str(fleet.state), "--fleet", str(fleet.state.parent / "fleet.json"),
                  "--port", str(free_port()))
     assert again.returncode == 1 and "already running" in again.stderr

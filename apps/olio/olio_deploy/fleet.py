@@ -26,7 +26,7 @@ from pathlib import Path
 
 from . import confine, conventional, deploy, filestore, fleet_conventional, fleet_file, fleet_ondemand, fleet_sprout, procs
 from .fleet_db import FleetPostgres
-from .fleet_memory import LIMITED_STACKS, MIN_MEMORY_MB, FleetConfinement, memory_plan, pss_mib
+from .fleet_memory import LIMITED_STACKS, MIN_MEMORY_MB, FleetConfinement, memory_plan, pss_mib, site_memory
 from .postgres import server_log
 from .procs import DeployError
 from .state import State
@@ -293,7 +293,7 @@ def status(state_dir):
         "state": condition, "stack": fd.stack, "url": fd.url, "dir": str(state.dir), "sites": len(fd.sites),
         "first_site_status": answers, "missing": missing, "confinement": fd.confinement.describe(),
         "memory": {"budget_mb": fd.memory_mb, "pss_mb": pss, "processes": counted,
-                   "memory_cgroup": _existing(fd.confinement.memory_dir), "plan": fd.plan},
+                   "memory_cgroup": _existing(fd.confinement.memory_dir), "plan": fd.plan, "sites": site_memory(pids)},
         "processes": {name: len(ps) for name, ps in running.items()},
         "cpus_allowed": sorted({procs.cpus_allowed(p) for p in pids} - {None}),
         "postgres": {"running": "postgres" in running, "port": fd.ports["postgres"], "log": str(server_log(fd.postgres) or "")},

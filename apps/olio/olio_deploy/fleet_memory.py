@@ -34,6 +34,7 @@ it, runc.rs), so walking the printed cgroup finds every process.
 
 import ctypes
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -168,6 +169,68 @@ def pss_mib(pids):
             continue
         total += pss
     return round(total / 1024, 1), counted
+
+
+def site_memory(pids):
+    """What the sites hold, by the processes among `pids` that serve one site (a Sprout
+    sandbox: a lean sandbox's handler, a runc container, a gVisor pod; a gunicorn's master and
+    workers; a uWSGI vassal's) and the database connections: how many of each there are, and
+    the median of their PSS and of their private memory (pages no other process maps), MiB.
+    The rest (PostgreSQL's own processes, the cache, nginx, the worker, Zygotes, spares, the
+    Emperor) is shared by every site."""
+    units, connections = {}, []
+    for pid in pids:
+        unit = _site_unit(pid)
+        if unit == "db":
+            connections.append([pid])
+        elif unit is not None:
+            units.setdefault(unit, []).append(pid)
+
+    def summary(groups):
+        measured = [m for m in (_pss_and_private(g) for g in groups) if m is not None]
+        if not measured:
+            return {"count": 0, "pss_mb": None, "private_mb": None}
+        return {"count": len(measured), "pss_mb": round(statistics.median(m[0] for m in measured), 1),
+                "private_mb": round(statistics.median(m[1] for m in measured), 1)}
+
+    return {"site_processes": summary(units.values()), "db_connections": summary(connections)}
+
+
+def _site_unit(pid):
+    """The site unit `pid` belongs to (see `site_memory`), "db" for a database connection, or None."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        cgroups = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return None
+    if command.startswith("postgres: olio olio_"):
+        return "db"
+    if " -m gunicorn -c " in command and ".gunicorn.py" in command:  # a site's master and workers (fleet_conventional)
+        return "gunicorn " + command.split(".gunicorn.py", 1)[0].rsplit("/", 1)[-1]
+    if command.startswith("olio-") and " uWSGI " in command:
+        return "vassal " + command.split(" ", 1)[0]
+    memory = next((line.split(":", 2)[2] for line in cgroups.splitlines() if line.split(":", 2)[1] in ("memory", "")), "")
+    parent, _, last = memory.rstrip().rpartition("/")
+    if last.startswith("sb-") or last.startswith("pod-") or parent.endswith("-runc"):
+        return "sandbox " + memory
+    return None
+
+
+def _pss_and_private(pids):
+    """(PSS, private) of `pids` in MiB, each address space once; None if none could be read."""
+    pss = private = 0
+    spaces, read = {}, False
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        fields = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in text.splitlines()[1:]) if v.strip()}
+        read = True
+        if _another_address_space(spaces.setdefault(text.partition("\n")[0], []), pid):
+            pss += fields.get("Pss", 0)
+            private += fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
+    return (pss / 1024, private / 1024) if read else None
 
 
 _KCMP = {"x86_64": 312, "aarch64": 272}.get(platform.machine())

@@ -198,6 +198,13 @@ pub struct FleetStep {
     pub peak_mb: Option<f64>,
     pub mean_mb: Option<f64>,
     pub cpu_seconds: Option<f64>,
+    /// At rest after the run: the deployment's PSS, MiB, and what its sites hold (fleet-status's
+    /// `memory.sites`: the processes serving one site and the database connections, with
+    /// their median PSS and private memory).
+    #[serde(default)]
+    pub rest_mb: Option<f64>,
+    #[serde(default)]
+    pub sites_at_rest: Option<serde_json::Value>,
     /// Processes the deployment's memory limit killed during the run.
     #[serde(default)]
     pub oom_kills: u64,
@@ -485,6 +492,8 @@ fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<(Flee
         peak_mb: None,
         mean_mb: None,
         cpu_seconds: None,
+        rest_mb: None,
+        sites_at_rest: None,
         oom_kills: 0,
         setup_s: began.elapsed().as_secs_f64(),
         run: None,
@@ -509,6 +518,10 @@ fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> Result<(Flee
     let kills_before = memory_group.as_deref().map(oom_kills).unwrap_or(0);
     let run = run_load(a, exe, stack, &deployed.url, &fleet_path, cgroup, &dir);
     step.oom_kills = memory_group.as_deref().map(oom_kills).unwrap_or(0).saturating_sub(kills_before);
+    if let Some(memory) = at_rest(exe, &state) {
+        step.rest_mb = memory["pss_mb"].as_f64();
+        step.sites_at_rest = Some(memory["sites"].clone());
+    }
     let down = olio(exe, &["fleet-down", "--dir"], &state);
     let report = run?;
     judge(&mut step, &report, budget);
@@ -617,6 +630,13 @@ fn run_load(
         .with_context(|| format!("parsing {}", path.display()))
 }
 
+/// fleet-status's `memory` once the load has stopped (None if it cannot say).
+fn at_rest(exe: &Path, state: &Path) -> Option<serde_json::Value> {
+    let out = Command::new(exe).args(["olio", "fleet-status", "--dir"]).arg(state).stderr(Stdio::null()).output().ok()?;
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    Some(status["memory"].clone()).filter(|m| m.is_object())
+}
+
 /// Processes killed in a memory cgroup by its limit so far (v1 memory.oom_control, v2
 /// memory.events); 0 when it cannot be read.
 fn oom_kills(group: &Path) -> u64 {
@@ -656,6 +676,8 @@ mod tests {
             peak_mb: None,
             mean_mb: None,
             cpu_seconds: None,
+            rest_mb: None,
+            sites_at_rest: None,
             oom_kills: 0,
             setup_s: 1.0,
             run: None,
