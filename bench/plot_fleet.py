@@ -109,6 +109,7 @@ def main(src):
         label = f"{bar.get_height():.0f}{'+' if stack.get('lower_bound') else ''}" + (
             f"\n${usd:.3f}/site-month ({summary['price']['name']})" if usd else "")
         bars.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    bars.set_xticks(range(len(names)), [n.replace("-", "-\n") for n in names])  # long names side by side
     bars.set_ylim(0, max(held + [1]) * 1.18)  # room for the labels above the tallest bar
     bars.set_ylabel("sites within SLA-2 and the memory budget")
     bars.set_title(f"Sites held in {summary['memory_budget_mb']} MiB")
