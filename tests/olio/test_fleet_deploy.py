@@ -23,7 +23,7 @@ import psycopg
 import pytest
 import requests
 
-from conftest import ROOT, free_port, mounts_under
+from conftest import ROOT, free_port, mounts_under, zygote_nodes
 from olio_fleet_helpers import cgroup_pids, fleet_file, host, olio
 from olio_fleet_helpers import command as _command
 
@@ -192,12 +192,7 @@ def test_sprouts_sites_are_forked_from_one_code_zygote_each_with_its_own_setting
                         token=(fleet.state / "worker" / "api-token").read_text().strip())
 
     def code_nodes(stats):
-        nodes, stack = [], [stats["import_cache"]["tree"]]
-        while stack:
-            node = stack.pop()
-            nodes.append(node)
-            stack.extend(node["children"])
-        return [n for n in nodes if n["code"]]
+        return [n for n in zygote_nodes(stats) if n["code"]]
 
     deadline = time.time() + 30
     while not code_nodes(api.stats()) and time.time() < deadline:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import targz
+from conftest import targz, zygote_nodes
 from sprout.client import SproutError
 
 APP = '''
@@ -81,9 +81,9 @@ def test_sites_of_one_code_share_a_zygote_that_never_saw_their_settings(make_wor
     # Each sandbox is its own copy: what one handler changes no other sees.
     assert w.client.run("site-a", {"append": "a"})["state"] == ["a"]
     assert w.client.run("site-b")["state"] == []
-    stats = w.client.stats()["import_cache"]
-    assert stats["code_zygote_hits"] >= 3
-    codes = [n for n in _nodes(stats["tree"]) if n["code"]]
+    stats = w.client.stats()
+    assert stats["import_cache"]["code_zygote_hits"] >= 3
+    codes = [n for n in zygote_nodes(stats) if n["code"]]
     assert len(codes) == 1 and codes[0]["adds"][0].startswith("code:")
 
 
@@ -145,10 +145,13 @@ def test_a_bad_preload_is_refused_at_upload(make_worker, preload, reason):
     assert "bad" not in str(w.client.list())
 
 
-def _nodes(tree):
-    out, stack = [], [tree]
-    while stack:
-        node = stack.pop()
-        out.append(node)
-        stack.extend(node["children"])
-    return out
+
+def test_a_restarted_worker_shares_its_lambdas_code_again(make_worker):
+    w = make_worker()
+    site(w, "site-a", "A")
+    w.stop()
+    w.start()
+    copies = [p for p in (w.dir / "registry" / ".shared").iterdir() if not p.name.startswith(".")]
+    assert len(copies) == 1 and not (copies[0] / "site.txt").exists()
+    out = run_until_preloaded(w, "site-a")
+    assert out["preloaded"] and out["site"] == "A"

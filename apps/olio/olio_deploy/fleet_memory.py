@@ -153,7 +153,13 @@ class FleetConfinement(confine.Confinement):
 def pss_mib(pids):
     """(PSS of `pids` in MiB, how many were measured): /proc/PID/smaps_rollup, each address
     space once (gVisor's systrap stubs share theirs two to one, and each shows all of it)."""
-    total = counted = 0
+    pss, _, counted = _rollup_totals(pids)
+    return round(pss / 1024, 1), counted
+
+
+def _rollup_totals(pids):
+    """(PSS, private memory in KiB, processes read) of `pids`, each address space counted once."""
+    pss = private = counted = 0
     spaces = {}  # rollup range -> pids of the address spaces counted, in the kernel's order
     for pid in pids:
         try:
@@ -161,14 +167,14 @@ def pss_mib(pids):
                 text = f.read()
         except OSError:
             continue
-        pss = next((int(line.split()[1]) for line in text.splitlines() if line.startswith("Pss:")), None)
-        if pss is None:
+        fields = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in text.splitlines()[1:]) if v.strip()}
+        if "Pss" not in fields:
             continue
         counted += 1
-        if not _another_address_space(spaces.setdefault(text.partition("\n")[0], []), pid):
-            continue
-        total += pss
-    return round(total / 1024, 1), counted
+        if _another_address_space(spaces.setdefault(text.partition("\n")[0], []), pid):
+            pss += fields["Pss"]
+            private += fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
+    return pss, private, counted
 
 
 def site_memory(pids):
@@ -187,11 +193,11 @@ def site_memory(pids):
             units.setdefault(unit, []).append(pid)
 
     def summary(groups):
-        measured = [m for m in (_pss_and_private(g) for g in groups) if m is not None]
+        measured = [m for m in map(_rollup_totals, groups) if m[2]]
         if not measured:
             return {"count": 0, "pss_mb": None, "private_mb": None}
-        return {"count": len(measured), "pss_mb": round(statistics.median(m[0] for m in measured), 1),
-                "private_mb": round(statistics.median(m[1] for m in measured), 1)}
+        return {"count": len(measured), "pss_mb": round(statistics.median(m[0] for m in measured) / 1024, 1),
+                "private_mb": round(statistics.median(m[1] for m in measured) / 1024, 1)}
 
     return {"site_processes": summary(units.values()), "db_connections": summary(connections)}
 
@@ -214,23 +220,6 @@ def _site_unit(pid):
     if last.startswith("sb-") or last.startswith("pod-") or parent.endswith("-runc"):
         return "sandbox " + memory
     return None
-
-
-def _pss_and_private(pids):
-    """(PSS, private) of `pids` in MiB, each address space once; None if none could be read."""
-    pss = private = 0
-    spaces, read = {}, False
-    for pid in pids:
-        try:
-            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-        except OSError:
-            continue
-        fields = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in text.splitlines()[1:]) if v.strip()}
-        read = True
-        if _another_address_space(spaces.setdefault(text.partition("\n")[0], []), pid):
-            pss += fields.get("Pss", 0)
-            private += fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
-    return (pss / 1024, private / 1024) if read else None
 
 
 _KCMP = {"x86_64": 312, "aarch64": 272}.get(platform.machine())

@@ -151,6 +151,16 @@ impl UploadError {
     }
 }
 
+/// The shared copy of `lambda`'s published code when its ol.yaml asks to `preload`; failing
+/// that, none (each sandbox loads its own code).
+fn share(shared: &SharedCodes, lambda: &Lambda) -> Option<Arc<SharedCodeDir>> {
+    let preload = lambda.config.preload.as_ref()?;
+    shared
+        .share(&lambda.dir, preload)
+        .map_err(|e| tracing::warn!(lambda = %lambda.name, "its code cannot be shared (each sandbox loads it): {e}"))
+        .ok()
+}
+
 /// Whether `name` is a valid lambda name.
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
@@ -202,12 +212,6 @@ impl Registry {
                 continue;
             };
             lambda.dir = path;
-            if let Some(preload) = &lambda.config.preload {
-                match shared.share(&lambda.dir, preload) {
-                    Ok(code) => lambda.shared_code = Some(code),
-                    Err(e) => tracing::warn!(lambda = %name, "its code cannot be shared (each sandbox loads it): {e}"),
-                }
-            }
             let text = lambda.requirements.join("\n");
             match requirements::parse(&text, true) {
                 Ok(parsed) => lambda.parsed_requirements = parsed,
@@ -223,7 +227,13 @@ impl Registry {
                 old.retire();
             }
         }
-        let lambdas = newest.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
+        let lambdas = newest
+            .into_iter()
+            .map(|(k, mut v)| {
+                v.shared_code = share(&shared, &v);
+                (k, Arc::new(v))
+            })
+            .collect();
         Ok(Registry {
             dir: dir.to_path_buf(),
             caps,
@@ -324,7 +334,7 @@ impl Registry {
             tracing::warn!(lambda = name, "bytecode left to the sandboxes: {failure}");
         }
         let dir = self.dir.join(format!("{name}@{version}"));
-        let lambda = Lambda {
+        let mut lambda = Lambda {
             name: name.to_string(),
             version,
             sha256: hex::encode(Sha256::digest(data)),
@@ -343,14 +353,7 @@ impl Registry {
         let internal = |e: std::io::Error| UploadError::Internal(e.to_string());
         fs::write(dir.with_extension("json"), serde_json::to_vec_pretty(&lambda).unwrap()).map_err(internal)?;
         fs::rename(staging, &dir).map_err(internal)?;
-        let mut lambda = lambda;
-        if let Some(preload) = &lambda.config.preload {
-            // Shared from the published code; failing that, each sandbox loads its own.
-            match self.shared.share(&dir, preload) {
-                Ok(code) => lambda.shared_code = Some(code),
-                Err(e) => tracing::warn!(lambda = name, "its code cannot be shared (each sandbox loads it): {e}"),
-            }
-        }
+        lambda.shared_code = share(&self.shared, &lambda);
         let lambda = Arc::new(lambda);
         let previous = self.lambdas.write().unwrap().insert(name.to_string(), lambda.clone());
         if let Some(old) = previous {
