@@ -64,7 +64,8 @@ def table(summary):
     lines.append("")
     lines.append("Ratios: sprout / conventional " + fmt(ratios.get("sprout_vs_conventional"))
                  + ", sprout / conventional-ondemand " + fmt(ratios.get("sprout_vs_conventional_ondemand"))
-                 + ", sprout / sprout-runc " + fmt(ratios.get("sprout_vs_sprout_runc")) + "."
+                 + ", sprout / sprout-runc " + fmt(ratios.get("sprout_vs_sprout_runc"))
+                 + ", sprout / sprout-gvisor " + fmt(ratios.get("sprout_vs_sprout_gvisor")) + "."
                  + (f" A + marks a search that stopped while its last run held ({', '.join(cut)}): a lower bound, "
                     "so a ratio against it is an upper bound." if cut else ""))
     return "\n".join(lines) + "\n"

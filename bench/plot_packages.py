@@ -48,6 +48,10 @@ def per_package(ax, data):
             if y:
                 ax.annotate(f"{y:.0f}" if y >= 10 else f"{y:.1f}", (bar.get_x() + bar.get_width() / 2, y),
                             ha="center", va="bottom", fontsize=6, rotation=90)
+    floor = data.get("no_package", {}).get("cold_p50_ms")
+    if floor:
+        ax.axhline(floor, color="black", linestyle="--", linewidth=0.8, label=f"no package ({floor:.1f} ms)")
+        ax.axhline(1.5 * floor, color="grey", linestyle=":", linewidth=0.8, label="target: 1.5x no package")
     ax.set_xticks(range(len(packages)))
     ax.set_xticklabels(packages)
     ax.set_yscale("log")

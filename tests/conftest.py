@@ -248,10 +248,12 @@ def probe(imports=()):
 
 @pytest.fixture(scope="session")
 def wheel_dir(tmp_path_factory):
-    """Wheels of small test packages: alpha 1.0 (needs beta >= 1; has alpha.sub), beta 1.0
+    """Wheels of small test packages: alpha 1.0 (needs beta >= 1; has alpha.sub, and alpha.slow,
+    which takes 2 s to import), beta 1.0
     and 2.0, gamma 1.0, bigpkg 1.0 (3 MiB on disk)."""
     d = tmp_path_factory.mktemp("wheels")
-    make_wheel(d, "alpha", "1.0", {**module("alpha", deps=["beta"]), "alpha/sub.py": "SUB = True\n"}, requires=["beta>=1.0"])
+    make_wheel(d, "alpha", "1.0", {**module("alpha", deps=["beta"]), "alpha/sub.py": "SUB = True\n",
+                                        "alpha/slow.py": "import time\ntime.sleep(2)\nSLOW = True\n"}, requires=["beta>=1.0"])
     make_wheel(d, "beta", "1.0", module("beta"))
     make_wheel(d, "beta", "2.0", module("beta", "VERSION2 = True"))
     make_wheel(d, "gamma", "1.0", module("gamma"))

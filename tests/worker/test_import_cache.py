@@ -6,6 +6,7 @@ eviction spares Zygotes with live children."""
 import json
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -80,31 +81,72 @@ def test_a_partial_match_grows_a_child_zygote_and_an_exact_one_is_a_hit(make_wor
     assert cache["import_cache_misses"] == 2 and cache["import_cache_hits"] == 3 and cache["zygotes_created"] == 2
 
 
-def test_zygotes_learn_the_modules_lambdas_load(make_worker, wheel_dir):
+def test_a_zygote_imports_ahead_the_package_modules_its_lambdas_code_imports(make_worker, wheel_dir):
+    # f.py imports alpha.sub: found at upload, so the first Zygote imports it, and no fuller
+    # one has to replace it after the first handlers imported it themselves.
     w = make_worker(**offline(wheel_dir, instances={"keep_warm": False}))
     deploy_with(w, "sub", probe(["alpha.sub"]), AB)
-    first = w.client.run("sub")["preloaded"]
-    assert "alpha" in first and "alpha.sub" not in first  # top-level modules only, at first
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        if "alpha.sub" in w.client.run("sub")["preloaded"]:
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail("the Zygote never learned alpha.sub")
-    assert w.client.stats()["import_cache"]["zygote_refreshes"] >= 1
+    assert "alpha.sub" in w.client.run("sub")["preloaded"]
+    assert "alpha.sub" in w.client.run("sub")["preloaded"]
+    cache = w.client.stats()["import_cache"]
+    assert cache["zygotes_created"] == 1 and cache["zygote_refreshes"] == 0
 
 
-def test_zygotes_learn_what_handlers_import_lazily_while_serving(make_worker, wheel_dir):
-    # f.py imports alpha; alpha.sub is imported only inside f, on the first request.
-    lazy = probe(["alpha"]).replace("def f(event):\n", "def f(event):\n    import alpha.sub\n")
+def test_zygotes_learn_what_handlers_import_at_run_time(make_worker, wheel_dir):
+    # alpha.sub is imported by name while serving, where reading the code cannot see it.
     w = make_worker(**offline(wheel_dir, instances={"keep_warm": False}))
-    deploy_with(w, "lazy", lazy, AB)
-    assert "alpha.sub" not in w.client.run("lazy")["preloaded"]
+    deploy_with(w, "lazy", probe(["alpha"]), AB)
+    first = w.client.run("lazy", {"try": ["alpha.sub"]})
+    assert first["alpha.sub"] is True and "alpha.sub" not in first["preloaded"]
     deadline = time.time() + 20
     while "alpha.sub" not in w.client.run("lazy")["preloaded"]:
         assert time.time() < deadline, "the Zygote never learned alpha.sub"
         time.sleep(0.2)
+    assert w.client.stats()["import_cache"]["zygote_refreshes"] >= 1
+
+
+def test_a_request_during_a_zygotes_replacement_is_served_by_the_old_one(make_worker, wheel_dir):
+    # "slow" needs alpha.slow (2 s to import): the exact Zygote lacks it, so a fuller one is
+    # built in the background; "plain" keeps being forked from the old one meanwhile.
+    w = make_worker(**offline(wheel_dir, instances={"keep_warm": False}))
+    deploy_with(w, "plain", probe(["alpha"]), AB)
+    deploy_with(w, "slow", probe(["alpha.slow"]), AB)
+    assert "alpha.slow" not in w.client.run("plain")["preloaded"]
+    old = node_with(w.client.stats(), "alpha==1.0", "beta==1.0")
+    slow = threading.Thread(target=w.client.run, args=("slow",))
+    slow.start()
+    try:
+        deadline = time.time() + 10
+        while not node_with(w.client.stats(), "alpha==1.0", "beta==1.0")["replacing"]:
+            assert time.time() < deadline, "no replacement was started"
+            time.sleep(0.05)
+        out = w.client.run("plain")
+        during = w.client.stats()
+        assert "alpha.slow" not in out["preloaded"]  # forked from the old Zygote...
+        current = node_with(during, "alpha==1.0", "beta==1.0")
+        assert current["id"] == old["id"] and current["replacing"]  # ...without waiting for the new
+    finally:
+        slow.join()
+    deadline = time.time() + 20
+    while "alpha.slow" not in w.client.run("plain")["preloaded"]:
+        assert time.time() < deadline, "the replacement never took over"
+        time.sleep(0.2)
+    assert w.client.stats()["import_cache"]["zygote_refreshes"] == 1
+
+
+def test_a_zygote_that_fails_to_build_leaves_its_request_served_without_it(make_worker, wheel_dir):
+    # The Zygote for "slow" cannot import alpha.slow within the import timeout: the request is
+    # served by a handler forked from the root, which imports the packages itself.
+    w = make_worker(**offline(wheel_dir, instances={"keep_warm": False}, import_cache={"import_timeout_ms": 500}))
+    deploy_with(w, "slow", probe(["alpha.slow"]), AB)
+    out = w.client.run("slow", {"try": ["alpha.slow"]})
+    assert out["preloaded"] == [] and out["alpha.slow"] is True
+    cache = w.client.stats()["import_cache"]
+    assert cache["zygote_creation_failures"] == 1 and cache["import_cache_fallbacks"] == 1
+    # Within the back-off the next cold start does not wait for another attempt.
+    assert w.client.run("slow")["preloaded"] == []
+    cache = w.client.stats()["import_cache"]
+    assert cache["zygote_creation_failures"] == 1 and cache["import_cache_fallbacks"] == 2
 
 
 def test_a_dead_zygote_is_replaced_and_its_lambdas_served_meanwhile(make_worker, wheel_dir):

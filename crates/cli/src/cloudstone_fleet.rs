@@ -286,6 +286,10 @@ pub fn search(a: &FleetArgs) -> Result<()> {
             write_summary(a, &stacks, &price)?;
             teardown.context("taking the fleet down after its run (recorded; continue with --resume once it is down)")?;
         }
+        if !steps.is_empty() {
+            // A resumed search that was already complete keeps its result.
+            stacks.insert(stack.clone(), serde_json::to_value(stack_result(stack, &steps, &bracket, &pricing, &price, a))?);
+        }
     }
     let summary = write_summary(a, &stacks, &price)?;
     println!("{}", summary_text(&summary));
@@ -353,6 +357,7 @@ fn write_summary(
         "ratios": {
             "sprout_vs_conventional": ratio("sprout", "conventional"),
             "sprout_vs_sprout_runc": ratio("sprout", "sprout-runc"),
+            "sprout_vs_sprout_gvisor": ratio("sprout", "sprout-gvisor"),
             "sprout_gvisor_vs_conventional": ratio("sprout-gvisor", "conventional"),
             "sprout_vs_conventional_ondemand": ratio("sprout", "conventional-ondemand"),
         },

@@ -808,7 +808,11 @@ pub struct PoolStats {
     pub free: usize,
 }
 
-/// Cgroups made ahead and reused: `sprout-<worker>/sb-<n>` in every hierarchy.
+/// How long after a pooled group is taken the pool is refilled.
+const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(30);
+
+/// Cgroups made ahead and reused: `sprout-<worker>/sb-<n>` in every hierarchy, refilled in the
+/// background as cold starts take them.
 pub struct CgroupPool {
     layout: Arc<Layout>,
     parent: String,
@@ -818,6 +822,10 @@ pub struct CgroupPool {
     created: AtomicU64,
     reused: AtomicU64,
     max_free: usize,
+    /// Free groups kept ready: taking one below half of this refills the pool in the
+    /// background, so that a cold start makes a group itself only when the pool ran dry.
+    prefill: usize,
+    refilling: std::sync::atomic::AtomicBool,
 }
 
 impl CgroupPool {
@@ -833,6 +841,8 @@ impl CgroupPool {
             created: AtomicU64::new(0),
             reused: AtomicU64::new(0),
             max_free: max_free.max(prefill),
+            prefill,
+            refilling: false.into(),
         };
         let mut made = Vec::with_capacity(prefill);
         for _ in 0..prefill {
@@ -859,8 +869,34 @@ impl CgroupPool {
     }
 
     /// An empty cgroup with `limits` in place: a pooled one when there is one.
-    pub fn acquire(&self, limits: &Limits) -> io::Result<Cgroup> {
-        let pooled = self.free.lock().unwrap().pop();
+    pub fn acquire(self: &Arc<Self>, limits: &Limits) -> io::Result<Cgroup> {
+        let (pooled, left) = {
+            let mut free = self.free.lock().unwrap();
+            (free.pop(), free.len())
+        };
+        if left < self.prefill / 2 && !self.refilling.swap(true, Ordering::AcqRel) {
+            let pool = self.clone();
+            let refill = move || {
+                // Not while the cold start that took a group is under way, on the same CPU.
+                std::thread::sleep(REFILL_DELAY);
+                // Stops when the parent is gone (the worker cleaning up): make would make it again.
+                let parent = pool.layout.dirs(&pool.parent);
+                while pool.free.lock().unwrap().len() < pool.prefill && parent.iter().all(|d| d.exists()) {
+                    match pool.make() {
+                        Ok(cg) => pool.free.lock().unwrap().push(cg),
+                        Err(e) => {
+                            tracing::warn!("refilling the cgroup pool: {e}");
+                            break;
+                        }
+                    }
+                }
+                pool.refilling.store(false, Ordering::Release);
+            };
+            if let Err(e) = std::thread::Builder::new().name("cgroup-pool".into()).spawn(refill) {
+                tracing::warn!("refilling the cgroup pool: {e}");
+                self.refilling.store(false, Ordering::Release);
+            }
+        }
         let mut cg = match pooled {
             Some(cg) => {
                 self.reused.fetch_add(1, Ordering::Relaxed);

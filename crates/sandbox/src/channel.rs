@@ -49,6 +49,9 @@ pub struct Hello {
     pub imported: Option<Vec<String>>,
     #[serde(default)]
     pub failed: Option<std::collections::BTreeMap<String, String>>,
+    /// Names it was asked to import that are no modules (`from X import Y`'s `X.Y`).
+    #[serde(default)]
+    pub absent: Option<Vec<String>>,
 }
 
 /// One request to a lambda, as the helper receives it (the body travels beside it).

@@ -213,6 +213,7 @@ impl Lean {
         let netns = spec.network.as_ref().map(|n| n.fd());
         let (forked, hold, tree) = match &self.zygotes {
             Some(zygotes) => {
+                zygotes.hint(&spec.packages, &spec.imports);
                 let mut attempt = 0;
                 loop {
                     let source = zygotes.source_for(&spec.packages, spec.shared_code.as_ref()).await?;

@@ -73,6 +73,9 @@ pub struct SandboxSpec {
     pub backend: Option<&'static str>,
     /// Code to fork from a code Zygote (the lean back-end's; others load it in the sandbox).
     pub shared_code: Option<SharedCode>,
+    /// Modules the lambda's code imports (found at upload): a Zygote made for its packages
+    /// imports those belonging to them ahead.
+    pub imports: Arc<[String]>,
 }
 
 impl std::fmt::Debug for SandboxSpec {

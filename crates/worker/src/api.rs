@@ -323,6 +323,7 @@ async fn upload(State(api): State<Api>, Path(name): Path<String>, RawQuery(query
         Ok(Ok(lambda)) => {
             tracing::info!(lambda = %lambda.name, version = lambda.version, files = lambda.files, "lambda uploaded");
             uploaded(&api, &lambda, true);
+            api.networks.prepare(&lambda.name).await;
             if let Some(shared) = &api.shared {
                 if let Err(e) = shared.publish(&lambda.name, &lambda.sha256, &archive, lambda.isolation.map(|k| k.name())).await {
                     let message = format!("the lambda is stored on this worker but not in the fleet's shared registry, so the other workers do not have it; upload it again: {e:#}");

@@ -110,6 +110,19 @@ impl LambdaNetworks {
         Ok(Some(held))
     }
 
+    /// `lambda` was just uploaded: take its namespace now and make the pool's replacement
+    /// before the upload is answered, rather than at its first cold start, where making one
+    /// competes with the start for the CPU (measured: +5 ms on a 3 ms cold start). A failure
+    /// is left to the first cold start, which reports it.
+    pub async fn prepare(&self, lambda: &str) {
+        let Some(network) = &self.network else { return };
+        if let Err(e) = self.for_lambda(lambda).await {
+            tracing::debug!(lambda, "no network namespace at upload (the first cold start tries again): {e}");
+            return;
+        }
+        network.top_up().await;
+    }
+
     /// `lambda` was deleted: its namespace goes once its last sandbox has.
     pub async fn forget(&self, lambda: &str) {
         self.assigned.lock().await.remove(lambda);

@@ -54,6 +54,10 @@ pub struct Lambda {
     /// versions uploaded without one; None: the configuration's ([`crate::isolation`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<BackendKind>,
+    /// The absolute modules its entry file imports (found at upload, never run): a Zygote
+    /// made for its packages imports those of them ahead.
+    #[serde(default)]
+    pub imports: Vec<String>,
     #[serde(skip)]
     pub parsed_requirements: Vec<Requirement>,
     #[serde(skip)]
@@ -86,6 +90,7 @@ impl Lambda {
             requirements: Vec::new(),
             config,
             isolation: None,
+            imports: Vec::new(),
             parsed_requirements: Vec::new(),
             dir: PathBuf::from("/nonexistent"),
             shared_code: None,
@@ -316,11 +321,11 @@ impl Registry {
         let entry = config.entry_file();
         archive::check_entry(staging, entry)?;
         let source = fs::read(staging.join(entry)).map_err(|e| UploadError::Internal(format!("reading {entry}: {e}")))?;
-        match self.checker.check(entry, &source) {
-            Ok(None) => {}
-            Ok(Some(err)) => return Err(UploadError::Syntax(err)),
+        let imports = match self.checker.check(entry, &source) {
+            Ok(Ok(imports)) => imports,
+            Ok(Err(err)) => return Err(UploadError::Syntax(err)),
             Err(e) => return Err(UploadError::Internal(format!("{e:#}"))),
-        }
+        };
         let parsed = match fs::read(staging.join("requirements.txt")) {
             Ok(bytes) => {
                 let text = String::from_utf8(bytes)
@@ -345,6 +350,7 @@ impl Registry {
             requirements: parsed.iter().map(|r| r.canonical()).collect(),
             config,
             isolation: chosen,
+            imports,
             parsed_requirements: parsed,
             dir: dir.clone(),
             shared_code: None,

@@ -515,17 +515,23 @@ def import_packages(sock):
     if code is not None:
         return load_shared_code(sock, paths, code)
     imported, failed = [], {}
+    absent = []
     for name in order.get("imports") or []:
         try:
             importlib.import_module(name)
             imported.append(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                absent.append(name)  # a name a module defines (`from X import Y`), not a module
+            else:
+                failed[name] = f"{type(exc).__name__}: {exc}"[:500]
         except BaseException as exc:  # a package's import may do anything, even exit
             failed[name] = f"{type(exc).__name__}: {exc}"[:500]
     if "asyncio" in sys.modules:
         warm_asgi()  # its packages serve ASGI apps (Starlette, FastAPI, Quart...)
     sys.stdout.flush()
     sys.stderr.flush()
-    send_frame(sock, {"op": "hello", "role": "zygote", "imported": imported, "failed": failed})
+    send_frame(sock, {"op": "hello", "role": "zygote", "imported": imported, "failed": failed, "absent": absent})
     return True
 
 
@@ -604,8 +610,10 @@ def serve_zygote(sock):
     role = ctypes.c_int(ROLE_HANDLER)
     warm_up()
     send_frame(sock, {"op": "hello", "role": "zygote"})
+    collect = True
     while True:
-        gc.collect()
+        if collect:
+            gc.collect()
         gc.freeze()  # keep the shared heap out of the collector so forks stay copy-on-write
         channel = provision(sock.fileno(), ctypes.byref(role))  # returns in a child, or at hang-up
         if channel < 0:
@@ -622,6 +630,11 @@ def serve_zygote(sock):
             return
         if not import_packages(sock):
             return
+        # A package Zygote's imports leave next to no cyclic garbage, and a full collection
+        # of a large package's heap (about 14 ms for django) would hold up its first fork,
+        # for which a request waits: freezing alone keeps its heap out of the forks'
+        # collections. A code Zygote's code may have run anything: it collects first.
+        collect = SHARED_CODE
 
 
 # ---------------------------------------------------------------- pod role

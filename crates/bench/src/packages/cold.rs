@@ -5,42 +5,51 @@
 //! * `install`: packages installed ahead, each handler imports them itself;
 //! * `import`: the import cache too (a Zygote holding the package is forked);
 //! * `all`: with the handler cache as well (which cannot help here: every lambda is new).
+//!
+//! The yardstick is the fork floor: with the import cache, each package cold start is
+//! followed by the cold start of a new lambda importing nothing, on the same worker, and the
+//! package's p50 is compared with theirs (`no_package`). A package's first cold starts are
+//! kept in order (`first_five_ms`): the first may build its Zygote, the next ones must not
+//! wait for one.
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
 use super::{as_refs, lambda_files, summary, Bench, Caches, PACKAGES};
+use crate::worker::BenchWorker;
 
+/// Cold starts per package: (configuration, caches, samples, samples with --quick).
+const CONFIGS: [(&str, Caches, usize, usize); 4] =
+    [("none", Caches::NONE, 3, 1), ("install", Caches::INSTALL, 10, 5), ("import", Caches::IMPORT, 20, 8), ("all", Caches::ALL, 20, 8)];
+
+/// `{"no_package": {...}, <package>: {...}}`.
 pub fn run(bench: &Bench) -> Result<Value> {
     for (name, requirement, _) in PACKAGES {
         eprintln!("  preinstalling {name}");
         bench.preinstall(requirement)?;
     }
-    let quick = bench.opts.quick;
-    let configs: [(&str, Caches, usize); 4] = [
-        ("none", Caches::NONE, if quick { 1 } else { 3 }),
-        ("install", Caches::INSTALL, if quick { 3 } else { 10 }),
-        ("import", Caches::IMPORT, if quick { 5 } else { 20 }),
-        ("all", Caches::ALL, if quick { 5 } else { 20 }),
-    ];
     let mut out = serde_json::Map::new();
-    for (config, caches, samples) in configs {
+    let mut no_package = Vec::new();
+    for (config, caches, full, quick) in CONFIGS {
+        let samples = if bench.opts.quick { quick } else { full };
         let worker = bench.start(&format!("cold-{config}"), &bench.config(caches, 1024, ""))?;
         let result = (|| {
             for (name, requirement, import) in PACKAGES {
                 let mut ms = Vec::new();
                 for i in 0..samples {
-                    let lambda = format!("{name}-{config}-{i}");
-                    worker.upload(&lambda, &as_refs(&lambda_files(import, requirement, "    return \"ok\"")))?;
-                    let reply = worker.invoke(&lambda, b"null")?;
-                    if reply.status != 200 || reply.start != "cold" {
-                        bail!("{lambda}: {} {} {}", reply.status, reply.start, String::from_utf8_lossy(&reply.body));
+                    ms.push(cold_start(&worker, &format!("{name}-{config}-{i}"), &lambda_files(import, requirement, "    return \"ok\""))?);
+                    if config == "import" {
+                        // The same worker's fork floor, interleaved so that both see the same machine.
+                        let plain = vec![("f.py".to_string(), b"def f(event):\n    return \"ok\"\n".to_vec())];
+                        no_package.push(cold_start(&worker, &format!("plain-{name}-{i}"), &plain)?);
                     }
-                    ms.push(reply.ms);
                 }
                 let s = summary(&ms);
                 eprintln!("  {name:>9} {config:>8}: p50 {:>9.2} ms  ({} samples)", s["p50_ms"].as_f64().unwrap_or(0.0), ms.len());
                 let entry = out.entry(name.to_string()).or_insert_with(|| json!({"requirement": requirement, "import": import}));
+                if config == "import" {
+                    entry["first_five_ms"] = json!(ms.iter().take(5).collect::<Vec<_>>());
+                }
                 entry[config] =
                     json!({"cold_p50_ms": s["p50_ms"], "cold_p90_ms": s["p90_ms"], "cold_mean_ms": s["mean_ms"], "samples": ms});
             }
@@ -49,5 +58,21 @@ pub fn run(bench: &Bench) -> Result<Value> {
         worker.stop()?;
         result?;
     }
+    let s = summary(&no_package);
+    eprintln!("  no package   import: p50 {:>9.2} ms  ({} samples)", s["p50_ms"].as_f64().unwrap_or(0.0), no_package.len());
+    out.insert(
+        "no_package".into(),
+        json!({"cold_p50_ms": s["p50_ms"], "cold_p90_ms": s["p90_ms"], "cold_mean_ms": s["mean_ms"], "samples": no_package}),
+    );
     Ok(Value::Object(out))
+}
+
+/// Upload `files` as the new lambda `lambda` and time its first invocation (a cold start).
+fn cold_start(worker: &BenchWorker, lambda: &str, files: &[(String, Vec<u8>)]) -> Result<f64> {
+    worker.upload(lambda, &as_refs(files))?;
+    let reply = worker.invoke(lambda, b"null")?;
+    if reply.status != 200 || reply.start != "cold" {
+        bail!("{lambda}: {} {} {}", reply.status, reply.start, String::from_utf8_lossy(&reply.body));
+    }
+    Ok(reply.ms)
 }

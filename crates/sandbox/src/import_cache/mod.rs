@@ -7,9 +7,12 @@
 //!   is made first (requests for the same set wait for it), and the handler is forked from
 //!   the child. The root Zygote imports nothing and serves lambdas without packages.
 //! * **What a Zygote imports.** For each package it adds: the top-level modules of packages
-//!   the lambda named, and the package modules lambdas were seen to load (their hellos report
-//!   them). When lambdas turn out to load more than an exact Zygote holds, a fuller one
-//!   replaces it, up to [`MAX_REFRESHES`] times.
+//!   the lambda named, the modules of them its code imports (read at upload, [`ImportCache::hint`]),
+//!   and those lambdas were seen to load (their hellos report them). When lambdas turn out to
+//!   load more than an exact Zygote holds, a fuller one replaces it, up to [`MAX_REFRESHES`]
+//!   times: built in the background on CPU time no request wants, while handlers keep being
+//!   forked from the old one, and switched in when ready. Only the first cold start of a
+//!   package set (and any arriving while its Zygote is built) waits for a Zygote.
 //! * **Eviction.** When the Zygotes' PSS passes the limit, the one with the highest benefit/cost
 //!   goes first: benefit = on-disk size of the packages it adds over its parent, cost = its
 //!   uses (forks) within the recent window. Zygotes with live children (Zygotes or handlers)
@@ -513,6 +516,27 @@ impl ImportCache {
         }
     }
 
+    /// Record the modules a lambda's code imports (found at upload) that belong to packages
+    /// it asked for, as if a handler had reported loading them: the Zygote made for the
+    /// lambda's first cold start then imports them ahead, rather than its first handlers each
+    /// importing them and a fuller Zygote replacing it afterwards.
+    pub fn hint(&self, packages: &[Package], imports: &[String]) {
+        if !self.cfg.learn || imports.is_empty() {
+            return;
+        }
+        let mut learned = self.learned.lock().unwrap();
+        for name in imports {
+            let top = name.split('.').next().unwrap_or(name);
+            let Some(package) = packages.iter().find(|p| p.modules.iter().any(|m| m == top)) else {
+                continue;
+            };
+            let set = learned.entry(package.key.clone()).or_default();
+            if set.len() < MAX_LEARNED && !set.contains(name) {
+                set.insert(name.clone());
+            }
+        }
+    }
+
     /// Make the Zygotes of a static tree (pinned: never evicted, remade when they die).
     pub async fn preload(self: &Arc<Self>, tree: &[StaticNode]) {
         let Ok(root) = self.root().await else { return };
@@ -570,6 +594,7 @@ impl ImportCache {
                 "pinned": node.pinned && node.parent.is_some(),
                 "code": node.code.is_some(),
                 "retired": info.retired,
+                "replacing": info.refreshing,
                 "spares": node.spares.lock().unwrap().ready(),
                 "children": children,
             })

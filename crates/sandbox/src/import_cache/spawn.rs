@@ -147,7 +147,10 @@ impl ImportCache {
         let want: BTreeSet<String> = packages.iter().map(|p| p.key.clone()).collect();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        match self.spawn_child(id, parent, packages, code).await {
+        // Replacements and code Zygotes are made while requests are served by what exists:
+        // they import on CPU time no request wants.
+        let background = refreshes > 0 || code.is_some();
+        match self.spawn_child(id, parent, packages, code, background).await {
             Ok((zygote, hello)) => {
                 let code_key = code.map(|c| code_key(&want, c));
                 let mut added: Vec<String> = packages.iter().filter(|p| !parent.packages.contains(&p.key)).map(|p| p.key.clone()).collect();
@@ -158,10 +161,12 @@ impl ImportCache {
                 }
                 let mut modules = parent.modules.clone();
                 modules.extend(hello.imported.unwrap_or_default());
-                let failed = hello.failed.unwrap_or_default();
+                let mut failed = hello.failed.unwrap_or_default();
                 if !failed.is_empty() {
                     tracing::info!(zygote = id, ?failed, "some modules could not be imported ahead; handlers import them");
                 }
+                // Not tried again by a fuller Zygote either.
+                failed.extend(hello.absent.unwrap_or_default().into_iter().map(|name| (name, "not a module".to_string())));
                 let node = Arc::new(Node {
                     id,
                     parent: Some(parent.clone()),
@@ -236,6 +241,7 @@ impl ImportCache {
         parent: &Arc<Node>,
         packages: &[Package],
         code: Option<&SharedCode>,
+        background: bool,
     ) -> Result<(ZygoteProcess, Hello), CreateError> {
         let dir = self.stage.run.join("zygote").join(id.to_string());
         let root = dir.join("root");
@@ -253,6 +259,9 @@ impl ImportCache {
         };
         let result = async {
             cgroup.set_limits(&self.cfg.zygote_limits).doing("limiting a Zygote's cgroup")?;
+            if background {
+                cgroup.set_idle(true).doing("idling a Zygote's cgroup")?;
+            }
             let endpoint = Endpoint::listen_in(&root.join("host"))?;
             let log = log_pipe(&format!("<zygote {id}>"), id).doing("making a Zygote's log pipe")?;
             let tree = mounts::clone_tree(&root)?;
@@ -293,6 +302,9 @@ impl ImportCache {
                 Ok(Err(e)) => return Err(PlatformError::io("the child Zygote died while importing", e).into()),
                 Err(_) => return Err(PlatformError::timed_out("the child Zygote", "import", self.cfg.import_timeout).into()),
             };
+            if background {
+                cgroup.set_idle(false).doing("un-idling a Zygote's cgroup")?;
+            }
             Ok((channel, process, hello))
         }
         .await;

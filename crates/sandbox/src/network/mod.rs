@@ -192,6 +192,42 @@ impl Network {
         &self.services
     }
 
+    /// Make namespaces until the pool holds its target, and return when they are made. The
+    /// worker calls it as a lambda is uploaded (after taking the lambda's namespace), so that
+    /// making them does not compete for the CPU with the lambda's cold starts.
+    pub async fn top_up(self: &Arc<Self>) {
+        let want = {
+            let mut st = self.state.lock().unwrap();
+            let n = if st.closed {
+                0
+            } else {
+                pool::shortfall(self.cfg.pool, st.ready.len(), st.making, st.slots.in_use() as usize, self.cfg.max_namespaces)
+            };
+            st.making += n;
+            n
+        };
+        for _ in 0..want {
+            let me = self.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                let made = me.make_one();
+                let mut st = me.state.lock().unwrap();
+                st.making -= 1;
+                match made {
+                    Ok(ns) if !st.closed => {
+                        st.ready.push(ns);
+                        me.freed.notify_waiters();
+                    }
+                    Ok(ns) => {
+                        drop(st);
+                        namespace::destroy(ns);
+                    }
+                    Err(_) => {}
+                }
+            })
+            .await;
+        }
+    }
+
     /// A namespace for `lambda`: a ready one (made now when none is), with its grants.
     pub async fn take(self: &Arc<Self>, lambda: &str) -> std::io::Result<LambdaNetwork> {
         let ready = self.state.lock().unwrap().ready.pop();
@@ -323,44 +359,26 @@ impl Network {
     }
 }
 
+/// How long after a namespace is taken its replacement is made (when others are ready).
+const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(30);
+
 /// The pool's background work: make namespaces up to the target, remove retired ones. It
 /// ends once the network and every lambda's namespace are gone.
 async fn maintain(weak: std::sync::Weak<Network>, refill: Arc<Notify>, mut retired: mpsc::UnboundedReceiver<Retired>) {
     loop {
         if let Some(network) = weak.upgrade() {
-            let want = {
-                let mut st = network.state.lock().unwrap();
-                let n = if st.closed {
-                    0
-                } else {
-                    pool::shortfall(network.cfg.pool, st.ready.len(), st.making, st.slots.in_use() as usize, network.cfg.max_namespaces)
-                };
-                st.making += n;
-                n
-            };
-            for _ in 0..want {
-                let me = network.clone();
-                let _ = tokio::task::spawn_blocking(move || {
-                    let made = me.make_one();
-                    let mut st = me.state.lock().unwrap();
-                    st.making -= 1;
-                    match made {
-                        Ok(ns) if !st.closed => {
-                            st.ready.push(ns);
-                            me.freed.notify_waiters();
-                        }
-                        Ok(ns) => {
-                            drop(st);
-                            namespace::destroy(ns);
-                        }
-                        Err(_) => {}
-                    }
-                })
-                .await;
-            }
+            network.top_up().await;
         }
         tokio::select! {
-            _ = refill.notified() => {}
+            _ = refill.notified() => {
+                // A namespace was just taken by a cold start: making its replacement (several
+                // milliseconds of kernel work on the same CPU) waits until that start is over,
+                // unless the pool ran dry.
+                let dry = weak.upgrade().map(|n| n.state.lock().unwrap().ready.is_empty()).unwrap_or(true);
+                if !dry {
+                    tokio::time::sleep(REFILL_DELAY).await;
+                }
+            }
             gone = retired.recv() => {
                 let Some(gone) = gone else { return };
                 let network = weak.upgrade();

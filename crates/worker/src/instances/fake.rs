@@ -220,5 +220,6 @@ pub fn plain_spec(lambda: &str, code_dir: std::path::PathBuf, limits: Limits) ->
         output: None,
         backend: None,
         shared_code: None,
+        imports: Arc::from([]),
     }
 }
