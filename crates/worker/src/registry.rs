@@ -57,7 +57,7 @@ pub struct Lambda {
     /// The absolute modules its entry file imports (found at upload, never run): a Zygote
     /// made for its packages imports those of them ahead.
     #[serde(default)]
-    pub imports: Vec<String>,
+    pub imports: Arc<[String]>,
     #[serde(skip)]
     pub parsed_requirements: Vec<Requirement>,
     #[serde(skip)]
@@ -90,7 +90,7 @@ impl Lambda {
             requirements: Vec::new(),
             config,
             isolation: None,
-            imports: Vec::new(),
+            imports: Arc::from([]),
             parsed_requirements: Vec::new(),
             dir: PathBuf::from("/nonexistent"),
             shared_code: None,
@@ -350,7 +350,7 @@ impl Registry {
             requirements: parsed.iter().map(|r| r.canonical()).collect(),
             config,
             isolation: chosen,
-            imports,
+            imports: imports.into(),
             parsed_requirements: parsed,
             dir: dir.clone(),
             shared_code: None,

@@ -521,7 +521,7 @@ impl ImportCache {
     /// lambda's first cold start then imports them ahead, rather than its first handlers each
     /// importing them and a fuller Zygote replacing it afterwards.
     pub fn hint(&self, packages: &[Package], imports: &[String]) {
-        if !self.cfg.learn || imports.is_empty() {
+        if !self.cfg.learn || imports.is_empty() || packages.is_empty() {
             return;
         }
         let mut learned = self.learned.lock().unwrap();

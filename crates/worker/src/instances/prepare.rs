@@ -48,7 +48,7 @@ impl Prepare for Provisioning {
             output: None, // the instance manager's, per sandbox
             backend: Some(class.name()),
             shared_code: shared_code(lambda),
-            imports: lambda.imports.as_slice().into(),
+            imports: lambda.imports.clone(),
         })
     }
 }
