@@ -15,11 +15,14 @@ one a worker on this machine leaves in ``/run/sprout/api/<host>:<port>`` while i
 never sends it to ``/run``, whose handlers see the request's headers.
 """
 
+import http.client
 import io
 import ipaddress
 import json
 import os
+import socket
 import tarfile
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -110,11 +113,32 @@ def discovered_token(url):
     return None
 
 
+# A reused keep-alive connection that fails with one of these before any reply was read was
+# most likely closed by the server while idle: the request is sent once more on a new one.
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+
 class Client:
     def __init__(self, url="http://127.0.0.1:5000", timeout=120, token=None):
         self.url = url.rstrip("/")
         self.timeout = timeout
         self._token = token
+        self._idle = []  # keep-alive connections not in use (sprout.map's requests)
+        self._idle_lock = threading.Lock()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Close the keep-alive connections this client holds (they are opened again when
+        needed)."""
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
 
     def token(self):
         """The API token this client sends: ``token=``, else ``$SPROUT_TOKEN``, else the one
@@ -135,6 +159,49 @@ class Client:
         except urllib.error.HTTPError as err:
             return Response(err.code, err.headers, err.read())
 
+    def _connect(self):
+        parts = urllib.parse.urlsplit(self.url)
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        connection = kind(parts.hostname, parts.port, timeout=self.timeout)
+        connection.connect()
+        connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        return connection
+
+    def _keep_alive_call(self, method, path, body=None, headers=None, read_timeout=None):
+        """Send a request without a token over one of the client's keep-alive connections
+        (each thread takes one of its own while the request lasts; they are kept for later
+        calls); returns the :class:`Response`. The client's timeout bounds connecting, and
+        ``read_timeout`` (None: none) the wait for each part of the reply. Connection errors
+        raise (OSError, http.client.HTTPException)."""
+        path = urllib.parse.urlsplit(self.url).path.rstrip("/") + path
+        headers = dict(headers or {})
+        with self._idle_lock:
+            connection = self._idle.pop() if self._idle else None
+        while True:
+            reused = connection is not None
+            if connection is None:
+                connection = self._connect()
+            try:
+                connection.sock.settimeout(read_timeout)
+                connection.request(method, path, body=body, headers=headers)
+                reply = connection.getresponse()
+                data = reply.read()
+            except _STALE:
+                connection.close()
+                if not reused:
+                    raise
+                connection = None  # closed while idle: once more, on a new connection
+                continue
+            except BaseException:
+                connection.close()
+                raise
+            if reply.will_close:
+                connection.close()
+            else:
+                with self._idle_lock:
+                    self._idle.append(connection)
+            return Response(reply.status, reply.headers, data)
+
     @staticmethod
     def _check(response):
         if response.status < 400:
@@ -150,6 +217,13 @@ class Client:
         body = json.dumps(event).encode()
         response = self._check(self._call("POST", f"/run/{name}", body, {"Content-Type": "application/json"}))
         return json.loads(response.body)
+
+    def map(self, target, items, **options):
+        """``sprout.map(target, items, client=self, **options)``: run a lambda (or a Python
+        function, shipped as one) over many items; yields the results."""
+        from sprout.offload import map as offload_map
+
+        return offload_map(target, items, client=self, **options)
 
     def request(self, method, name, path="/", body=b"", headers=None):
         """Send an HTTP request to a WSGI lambda; returns the raw :class:`Response`

@@ -19,6 +19,9 @@
 //!   from [`azure`], and the search for the most sites a deployment holds.
 //! * [`neighbours`]: noisy neighbours: a victim lambda's warm latency alone and beside lambdas
 //!   flooding stdout, spinning the CPU or churning memory, on one worker.
+//! * [`offload`]: elastic offload: `sprout.map` over a worker's sandboxes against Ray and
+//!   `multiprocessing.Pool` on the same two CPUs: no-op tasks per second, a task's round trip,
+//!   the makespan of CPU-bound tasks (the driver is bench/offload.py).
 //! * [`primitives`]: SOCK section 2 (figures 1-5) on this kernel: bind against overlay
 //!   mounts, namespace creation and teardown, cgroup reuse against creation.
 
@@ -33,6 +36,7 @@ mod http;
 pub mod isolation;
 pub mod keepalive;
 pub mod neighbours;
+pub mod offload;
 pub mod packages;
 pub mod primitives;
 pub mod report;

@@ -862,11 +862,7 @@ pub fn markdown(r: &Value) -> String {
 pub fn summary(r: &Value) -> String {
     let mut s = String::new();
     for g in r["goals"].as_array().into_iter().flatten() {
-        let met = match g["met"].as_bool() {
-            Some(true) => "met",
-            Some(false) => "NOT met",
-            None => "not measured",
-        };
+        let met = crate::report::verdict(g["met"].as_bool());
         s += &format!(
             "{:<10} {:<12} {} — {}\n",
             g["id"].as_str().unwrap_or(""),

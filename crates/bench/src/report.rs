@@ -6,12 +6,21 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-/// The median of `xs` (the upper one of an even count); None when there are none.
+/// A goal's verdict for a command's output: met, NOT met, or not measured.
+pub fn verdict(met: Option<bool>) -> &'static str {
+    match met {
+        Some(true) => "met",
+        Some(false) => "NOT met",
+        None => "not measured",
+    }
+}
+
 /// The number at `path` in a result, if there is one.
 pub fn get(v: &serde_json::Value, path: &[&str]) -> Option<f64> {
     path.iter().try_fold(v, |v, k| v.get(*k))?.as_f64()
 }
 
+/// The median of `xs` (the upper one of an even count); None when there are none.
 pub fn median(mut xs: Vec<f64>) -> Option<f64> {
     xs.sort_by(|a, b| a.total_cmp(b));
     xs.get(xs.len() / 2).copied()

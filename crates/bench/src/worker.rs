@@ -1,5 +1,5 @@
 //! A real worker for a benchmark phase: configured from TOML, started with `sprout worker up`
-//! pinned to one CPU, driven over HTTP (blocking, one agent per client thread), stopped with
+//! pinned to one CPU (or a set of them), driven over HTTP (blocking, one agent per client thread), stopped with
 //! `sprout worker down`. Uploads, deletes and `/stats` send the worker's token, read from
 //! `DIR/api-token` (which `sprout worker init` makes); `/run` needs none.
 
@@ -13,8 +13,15 @@ use serde_json::Value;
 
 /// Pin the calling thread (and the processes it starts later) to `cpu`.
 pub fn pin_to(cpu: usize) -> std::io::Result<()> {
+    pin_to_cpus(&[cpu])
+}
+
+/// Pin the calling thread (and the processes it starts later) to the CPUs `cpus`.
+pub fn pin_to_cpus(cpus: &[usize]) -> std::io::Result<()> {
     let mut set = nix::sched::CpuSet::new();
-    set.set(cpu).map_err(std::io::Error::from)?;
+    for &cpu in cpus {
+        set.set(cpu).map_err(std::io::Error::from)?;
+    }
     nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(std::io::Error::from)
 }
 
@@ -48,6 +55,11 @@ impl BenchWorker {
     /// Write `config` (the [worker] section is added) to DIR/config.toml, init and start the
     /// worker on `cpu`, and wait until it answers.
     pub fn start(sprout: &Path, dir: &Path, port: u16, cpu: Option<usize>, config: &str) -> Result<BenchWorker> {
+        BenchWorker::start_on(sprout, dir, port, cpu.as_slice(), config)
+    }
+
+    /// As [`BenchWorker::start`], pinned to the CPUs `cpus` (none: not pinned).
+    pub fn start_on(sprout: &Path, dir: &Path, port: u16, cpus: &[usize], config: &str) -> Result<BenchWorker> {
         if dir.exists() {
             // A stale worker directory of an earlier run: make sure nothing of it is mounted.
             let _ = Command::new(sprout).args(["worker", "down"]).arg(dir).output();
@@ -68,12 +80,13 @@ impl BenchWorker {
         let log = std::fs::File::create(dir.join("bench-worker.log"))?;
         let mut cmd = Command::new(sprout);
         cmd.args(["worker", "up"]).arg(dir).stdout(log.try_clone()?).stderr(log);
-        if let Some(cpu) = cpu {
-            // SAFETY: the closure runs in the forked child before exec; pin_to only fills a CpuSet on the
-            // stack and calls sched_setaffinity, which is async-signal-safe, and allocates nothing.
+        if !cpus.is_empty() {
+            let cpus = cpus.to_vec();
+            // SAFETY: the closure runs in the forked child before exec; pin_to_cpus only fills a CpuSet on
+            // the stack and calls sched_setaffinity, which is async-signal-safe, and allocates nothing.
             unsafe {
                 use std::os::unix::process::CommandExt;
-                cmd.pre_exec(move || pin_to(cpu));
+                cmd.pre_exec(move || pin_to_cpus(&cpus));
             }
         }
         let child = cmd.spawn()?;

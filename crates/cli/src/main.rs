@@ -5,6 +5,7 @@ mod client;
 mod cloudstone_fleet;
 mod fleet;
 mod load;
+mod map;
 mod olio;
 
 use std::path::PathBuf;
@@ -50,6 +51,11 @@ enum Command {
         #[arg(long, env = "SPROUT_URL", default_value = "http://127.0.0.1:5000")]
         url: String,
     },
+    /// Run a lambda over many JSON events (one a line of ITEMS, `-`: standard input) through
+    /// the worker's /map, and print one line per outcome in the items' order: the result's
+    /// JSON or the error object. Exit status 1 if an item failed, 2 if the map could not be
+    /// done (a line that is not JSON: nothing is sent; a request that failed).
+    Map(map::MapArgs),
     /// List the lambdas: name, version, upload time, sandboxes (busy/idle), invocations.
     Ls {
         #[command(flatten)]
@@ -448,6 +454,31 @@ enum BenchCommand {
         #[arg(long)]
         memaslap_only: bool,
     },
+    /// Elastic offload: sprout.map over the worker's sandboxes against Ray and
+    /// multiprocessing.Pool, every peer on the same CPUs (no-op tasks per second, a task's
+    /// round trip, the makespan of CPU-bound tasks).
+    Offload {
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+        /// Fewer tasks (1,000 no-ops, 50 round trips, 200 CPU tasks) and one round, to try it.
+        #[arg(long)]
+        quick: bool,
+        /// Rounds of every peer, the median reported (default 3; --quick 1).
+        #[arg(long)]
+        rounds: Option<usize>,
+        /// CPUs of every peer (the worker and its sandboxes, the driver, Ray, the pools),
+        /// comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "0,1")]
+        cpus: Vec<usize>,
+        /// The worker's [instances] max_per_lambda (at least 2).
+        #[arg(long, default_value_t = 2)]
+        sandboxes: usize,
+        /// Peers to run, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "sprout,sprout_unbatched,ray,multiprocessing,multiprocessing_chunked")]
+        peers: Vec<String>,
+        #[arg(long, default_value = "/tmp/sprout-bench-offload")]
+        work_dir: PathBuf,
+    },
     /// Linux primitives behind containers (SOCK figures 1-5).
     Primitives {
         #[arg(long, default_value = "bench/results")]
@@ -526,6 +557,12 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Invoke { name, event, url } => {
             println!("{}", client::invoke(url.trim_end_matches('/'), &name, &event)?);
+        }
+        Command::Map(args) => {
+            let code = map::main(&args);
+            if code != 0 {
+                std::process::exit(code);
+            }
         }
         Command::Ls { endpoint } => admin::ls(&endpoint)?,
         Command::Show { name, endpoint } => admin::show(&endpoint, &name)?,
@@ -725,6 +762,20 @@ fn run(cli: Cli) -> Result<()> {
                 OlioCommand::Load(PassThrough { args }) => ("olio.loader", None, args),
             };
             return Err(olio::exec_python(module, verb, &args));
+        }
+        Command::Bench(BenchCommand::Offload { out, quick, rounds, cpus, sandboxes, peers, work_dir }) => {
+            let opts = sprout_bench::offload::Options {
+                out_dir: out,
+                work_dir,
+                sprout: std::env::current_exe()?,
+                cpus,
+                quick,
+                rounds,
+                sandboxes,
+                peers,
+            };
+            let results = sprout_bench::offload::run(&opts)?;
+            print!("{}", sprout_bench::offload::summary(&results));
         }
         Command::Bench(BenchCommand::Primitives { out, seconds, quick }) => {
             let opts = sprout_bench::primitives::Options { out_dir: out, seconds_per_point: seconds, quick, ..Default::default() };

@@ -71,6 +71,10 @@ pub struct Request {
     /// The worker's id of this request (`sprout.request_id()` in the handler).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub request_id: String,
+    /// A map's chunk: the body is a JSON array of events, `f(event)` runs for each in turn and
+    /// the reply's body is a JSON array of their outcomes (a function's handler only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub batch: bool,
 }
 
 /// The worker's first frame to a handler: its environment and its packages' directories.
@@ -114,13 +118,17 @@ pub struct CodeOrder<'a> {
 
 /// A helper's answer: an HTTP status with headers, or an error the handler caused — or,
 /// while the handler runs, a call to another lambda (`op` = "invoke", `lambda` its name,
-/// the body its event), which the worker answers with one frame before the handler goes on.
+/// the body its event; with `batch`, a JSON array of events to map the lambda over), which
+/// the worker answers with one frame before the handler goes on.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Reply {
     #[serde(default)]
     pub op: Option<String>,
     #[serde(default)]
     pub lambda: Option<String>,
+    /// A call's: the body is an array of events, run as a map (the reply: their outcomes).
+    #[serde(default)]
+    pub batch: bool,
     /// Package modules the handler first loaded while serving this request (early requests).
     #[serde(default)]
     pub package_modules: Option<std::collections::BTreeMap<String, Vec<String>>>,

@@ -19,10 +19,11 @@ use crate::spec::{CreateError, HandlerKind, InvokeError, Phase};
 /// What answers a handler's calls to other lambdas (`sprout.invoke`) during a request.
 #[async_trait]
 pub trait Calls: Send + Sync {
-    /// Run `lambda` on `event` within `time_left`; the header and body of the frame sent back
-    /// to the handler: `{"status": 200}` and the result, or `{"error": code, "message": ...,
-    /// "status": ...}`.
-    async fn call(&self, lambda: &str, event: Bytes, time_left: Duration) -> (serde_json::Value, Bytes);
+    /// Run `lambda` on `event` within `time_left` (with `batch`, over each event of the JSON
+    /// array `event`: a map); the header and body of the frame sent back to the handler:
+    /// `{"status": 200}` and the result (a map's: the array of outcomes), or `{"error": code,
+    /// "message": ..., "status": ...}`.
+    async fn call(&self, lambda: &str, event: Bytes, batch: bool, time_left: Duration) -> (serde_json::Value, Bytes);
 }
 
 /// A live handler: its channel, its helper process, and what tells its health.
@@ -108,7 +109,7 @@ impl Session {
                 // how it ended (a timeout, say) in time to answer.
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 let budget = left.saturating_sub((left / 10).min(Duration::from_millis(100)));
-                let (header, result) = calls.call(&lambda, body, budget).await;
+                let (header, result) = calls.call(&lambda, body, reply.batch, budget).await;
                 self.channel.send(&header, &result).await.map_err(|e| (e, Phase::Replying))?;
             }
         };

@@ -3,6 +3,7 @@
 //! | Route                          | Does                                                      |
 //! |--------------------------------|-----------------------------------------------------------|
 //! | `POST /run/<name>[/<path>]`    | runs the lambda: JSON to `f(event)`, or HTTP to a WSGI `app` |
+//! | `POST /map/<name>[?chunk=N]`   | runs `f(event)` on each item of a JSON array, in chunks over its sandboxes ([`crate::map_routes`]) |
 //! | `POST /registry/<name>`        | uploads a tar.gz of the lambda's directory (201)          |
 //! | `GET /registry`                | lists lambda names                                        |
 //! | `GET /registry/<name>`         | the lambda's metadata                                     |
@@ -11,7 +12,8 @@
 //! | `GET /stats`, `GET /metrics`   | JSON figures; Prometheus text                             |
 //! | `GET /packages`                | the install cache's packages                              |
 //!
-//! Every route but `/run/...` and `GET /status` needs the worker's token ([`crate::auth`]).
+//! Every route but `/run/...`, `/map/...` and `GET /status` needs the worker's token
+//! ([`crate::auth`]).
 //!
 //! Every failure answers with JSON `{"error": <code>, "message": ...}` and a status that says
 //! whose fault it was; the codes are [`ErrorCode`]'s and never change meaning. The app port
@@ -81,6 +83,7 @@ pub fn router(api: Api) -> Router {
         .route("/run/{name}", any(run))
         .route("/run/{name}/", any(run))
         .route("/run/{name}/{*rest}", any(run))
+        .route("/map/{name}", axum::routing::post(crate::map_routes::map))
         .route("/registry", get(list_lambdas))
         .route("/registry/{name}", get(show_lambda).post(upload).put(upload).delete(delete_lambda))
         .route("/status", get(|| async { "ready\n" }))
@@ -244,6 +247,7 @@ pub(crate) async fn forward(
         remote_addr: peer.ip().to_string(),
         depth: 0,
         request_id: String::new(), // the invoker's
+        batch: false,
     };
     let call = Call { lambda, request, body: &body, request_id, trigger, limit: api.invoker.timeout(), depth: 0 };
     let invocation = api.invoker.invoke(call).await?;

@@ -1,7 +1,7 @@
 //! Bearer-token authentication of the admin plane: who may use which endpoint of `worker.listen`.
 //!
-//! Protected by default, open by exception: only `/run/...` (any method, any sub-path) and
-//! `GET /status` (a health check) are open; every other path, including unknown ones and any
+//! Protected by default, open by exception: only `/run/...` and `/map/...` (any method, any
+//! sub-path: a lambda's invocations) and `GET /status` (a health check) are open; every other path, including unknown ones and any
 //! endpoint added later, needs `Authorization: Bearer <token>` with the worker's token
 //! ([`token`]: `DIR/api-token`). No header answers 401 `unauthorized` with
 //! `WWW-Authenticate: Bearer realm="sprout"`; a malformed header or a wrong token answers 403
@@ -39,6 +39,7 @@ fn is_read(method: &Method) -> bool {
 /// Whether a request may reach `path` without a token.
 pub fn is_open(method: &Method, path: &str) -> bool {
     path.starts_with("/run/")
+        || path.starts_with("/map/")
         || (path == "/status" && is_read(method))
         || (path == LOGIN_PATH && (is_read(method) || method == Method::POST))
         || (path == "/console/logout" && method == Method::POST)
@@ -277,9 +278,11 @@ mod tests {
     }
 
     #[test]
-    fn only_run_and_get_status_are_open() {
+    fn only_run_map_and_get_status_are_open() {
         for (method, path) in [
             (Method::POST, "/run/echo"),
+            (Method::POST, "/map/echo"),
+            (Method::POST, "/map/echo?chunk=4"),
             (Method::GET, "/run/hello/ada/x?y=1"),
             (Method::DELETE, "/run/app/"),
             (Method::PUT, "/run/x"),
@@ -300,6 +303,8 @@ mod tests {
             (Method::GET, "/status/"),
             (Method::GET, "/run"),
             (Method::GET, "/running"),
+            (Method::POST, "/map"),
+            (Method::POST, "/mapping/echo"),
             (Method::GET, "//run/echo"),
             (Method::GET, "/RUN/echo"),
             (Method::GET, "/%72un/echo"),

@@ -48,6 +48,8 @@ error_codes! {
     SiteNotFound = "site_not_found", NOT_FOUND;
     InvalidName = "invalid_name", BAD_REQUEST;
     PayloadTooLarge = "payload_too_large", PAYLOAD_TOO_LARGE;
+    // A map (`/map/<name>`) over a lambda that is a WSGI or ASGI app, not a function.
+    NotAFunction = "not_a_function", BAD_REQUEST;
     Unauthorized = "unauthorized", UNAUTHORIZED;
     Forbidden = "forbidden", FORBIDDEN;
     // An upload (4xx).
@@ -82,11 +84,13 @@ error_codes! {
 
 impl ErrorCode {
     /// The error a handler's reply reports: the helper says `invalid_json`, `invalid_result`
-    /// or `handler_exception`; anything else it might say is a handler exception.
+    /// or `handler_exception` (or, to a map's chunk, `not_a_function`); anything else it might
+    /// say is a handler exception.
     pub fn from_handler(code: &str) -> ErrorCode {
         match code {
             "invalid_json" => ErrorCode::InvalidJson,
             "invalid_result" => ErrorCode::InvalidResult,
+            "not_a_function" => ErrorCode::NotAFunction,
             _ => ErrorCode::HandlerException,
         }
     }
@@ -216,7 +220,7 @@ mod tests {
             let status = code.status();
             assert!(status.is_client_error() || status.is_server_error(), "{code}: {status}");
         }
-        assert_eq!(ErrorCode::ALL.len(), 33);
+        assert_eq!(ErrorCode::ALL.len(), 34);
     }
 
     #[test]

@@ -78,6 +78,15 @@ impl Invoker {
         self.instances.timeout()
     }
 
+    /// How many sandboxes one lambda may have at once: how many chunks of a map run at once.
+    pub fn max_per_lambda(&self) -> usize {
+        self.instances.max_per_lambda()
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// The lambda named `name`, or the error to answer.
     pub fn lambda(&self, name: &str) -> Result<Arc<Lambda>, ApiError> {
         if !valid_name(name) {
@@ -158,9 +167,10 @@ pub fn handler_failure(invocation: &Invocation, lambda: &str) -> Option<ApiError
 }
 
 /// Answers the calls (`sprout.invoke`) of a handler serving request `caller`, `depth` calls
-/// deep: each runs as `POST /run/<name>` with the event as its body would, with the same
-/// limits and error codes, within what is left of the caller's time limit, at most
-/// `limits.max_invoke_depth` calls deep. The channel carries nothing else a handler could ask
+/// deep: each runs as `POST /run/<name>` with the event as its body would (a call with
+/// `batch`, as `POST /map/<name>`: [`crate::map_run::call`]), with the same limits and error
+/// codes, within what is left of the caller's time limit, at most `limits.max_invoke_depth`
+/// calls deep. The channel carries nothing else a handler could ask
 /// of the worker: a lambda can call others, never deploy, replace or delete one.
 pub struct LambdaCalls {
     invoker: Weak<Invoker>,
@@ -170,14 +180,20 @@ pub struct LambdaCalls {
 
 #[async_trait]
 impl Calls for LambdaCalls {
-    async fn call(&self, lambda: &str, event: Bytes, time_left: Duration) -> (Value, Bytes) {
+    async fn call(&self, lambda: &str, event: Bytes, batch: bool, time_left: Duration) -> (Value, Bytes) {
         let Some(invoker) = self.invoker.upgrade() else {
             return (ApiError::new(ErrorCode::ShuttingDown, "the worker is shutting down").into_call_reply(), Bytes::new());
         };
         let (name, depth, caller) = (lambda.to_string(), self.depth + 1, self.caller.clone());
         // A task of its own: the callee's sandbox is returned (or destroyed) properly even if
         // the caller's request is cut off meanwhile; it ends within `time_left` anyway.
-        match tokio::spawn(async move { invoker.call(name, event, time_left, depth, caller).await }).await {
+        let call = async move {
+            match batch {
+                true => crate::map_run::call(&invoker, &name, event, time_left, depth, caller).await,
+                false => invoker.call(name, event, time_left, depth, caller).await,
+            }
+        };
+        match tokio::spawn(call).await {
             Ok(reply) => reply,
             Err(e) => (ApiError::new(ErrorCode::Internal, e.to_string()).into_call_reply(), Bytes::new()),
         }
@@ -203,6 +219,7 @@ impl Invoker {
             remote_addr: String::new(),
             depth,
             request_id: String::new(),
+            batch: false,
         };
         let call = Call {
             lambda,

@@ -8,6 +8,9 @@
 //!   [`app`] — the app port, lambdas served as web sites chosen by host name ([`sites`]),
 //!   with [`static_files`] before them.
 //! * [`calls`] — a handler's calls to other lambdas (`sprout.invoke`), over its channel.
+//! * [`map_routes`] — `/map/<name>`: a lambda over many items, in chunks over its sandboxes
+//!   ([`map_run`]), planned by a pure state machine ([`map_plan`]); a handler's calls with
+//!   `batch` are the same map.
 //! * [`registry`] and [`archive`], [`syntax`], [`lambda_config`] — what runs: lambda code and
 //!   its `ol.yaml`, uploaded and checked.
 //! * [`instances`] — which sandbox serves a request: warm reuse, cold starts, queues; idle
@@ -51,6 +54,9 @@ mod keepalive;
 mod lambda_config;
 mod log_routes;
 mod logs;
+mod map_plan;
+mod map_routes;
+mod map_run;
 mod metrics;
 mod networks;
 mod packages;

@@ -33,6 +33,12 @@ struct InvocationLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MapItemLabels {
+    lambda: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StartLabels {
     start: &'static str,
 }
@@ -254,6 +260,7 @@ pub struct Metrics {
     latency: Family<StartLabels, Histogram>,
     errors: Family<KindLabels, Counter>,
     statics: Family<StaticLabels, Counter>,
+    map_items: Family<MapItemLabels, Counter>,
     /// The same counts by prefix and status, for `/stats` (families cannot be listed).
     static_counts: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
     percentiles: Mutex<Percentiles>,
@@ -337,6 +344,7 @@ impl Metrics {
         let latency = Family::<StartLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
         let errors = Family::<KindLabels, Counter>::default();
         let statics = Family::<StaticLabels, Counter>::default();
+        let map_items = Family::<MapItemLabels, Counter>::default();
         let figures = instances.figures();
         registry.register("sprout_invocations", "Requests to lambdas, by lambda, start and outcome", invocations.clone());
         registry.register("sprout_cold_starts", "Requests that needed a new sandbox", cold_starts.clone());
@@ -362,6 +370,11 @@ impl Metrics {
             "Requests the app port answered from a static directory, by prefix and status",
             statics.clone(),
         );
+        registry.register(
+            "sprout_map_items",
+            "Items of maps (/map/<name>, a handler's batch calls), by lambda and outcome (ok or the error code)",
+            map_items.clone(),
+        );
         let collector = BackendCollector { backend: backend.clone(), instances: instances.clone(), packages, networks, logs };
         registry.register_collector(Box::new(collector));
         Metrics {
@@ -371,6 +384,7 @@ impl Metrics {
             latency,
             errors,
             statics,
+            map_items,
             static_counts: Mutex::default(),
             percentiles: Mutex::new(Percentiles { cold: microsecond_hdr(), warm: microsecond_hdr() }),
             timeline: Mutex::default(),
@@ -438,6 +452,17 @@ impl Metrics {
     pub fn static_request(&self, prefix: &str, status: u16) {
         self.statics.get_or_create(&StaticLabels { prefix: prefix.to_string(), status }).inc();
         *self.static_counts.lock().unwrap().entry(prefix.to_string()).or_default().entry(status).or_default() += 1;
+    }
+
+    /// The items of a map over `lambda`, by their outcomes (`ok` or an error code).
+    pub fn map_items(&self, lambda: &str, outcomes: impl Iterator<Item = &'static str>) {
+        let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for outcome in outcomes {
+            *counts.entry(outcome).or_default() += 1;
+        }
+        for (outcome, n) in counts {
+            self.map_items.get_or_create(&MapItemLabels { lambda: lambda.to_string(), outcome }).inc_by(n);
+        }
     }
 
     pub fn error(&self, code: ErrorCode) {

@@ -219,6 +219,22 @@ def load_runtime_module(name):
     return module
 
 
+def call_function(func, event, allow_nan=True):
+    """f(event): (its result as JSON, None), or (None, the error header) when it raised or
+    returned what JSON cannot encode (with allow_nan=False, NaN and infinities too)."""
+    try:
+        result = func(event)
+    except BaseException as exc:  # a handler's SystemExit is its failure too
+        return None, _error("handler_exception", f"{type(exc).__name__}: {exc}", exc)[0]
+    try:
+        return json.dumps(result, allow_nan=allow_nan).encode(), None
+    except (TypeError, ValueError) as exc:
+        return None, _error("invalid_result", f"handler returned a value JSON cannot encode: {exc}")[0]
+
+
+JSON_REPLY = {"status": 200, "headers": [["Content-Type", "application/json"]]}
+
+
 def invoke_function(func, request, body):
     if body.strip():
         try:
@@ -227,15 +243,31 @@ def invoke_function(func, request, body):
             return _error("invalid_json", f"request body is not JSON: {exc}")
     else:
         event = None
+    out, error = call_function(func, event)
+    if error is not None:
+        return error, b""
+    return dict(JSON_REPLY), out
+
+
+def invoke_batch(func, request, body):
+    """A chunk of a map: the body is a JSON array of events; f(event) runs for each in turn,
+    and the reply is a JSON array of their outcomes, ``{"result": r}`` or ``{"error": code,
+    "message": m, "traceback": t}`` (an item's failure is its own; the others go on)."""
     try:
-        result = func(event)
-    except BaseException as exc:  # a handler's SystemExit is its failure too
-        return _error("handler_exception", f"{type(exc).__name__}: {exc}", exc)
-    try:
-        out = json.dumps(result).encode()
-    except (TypeError, ValueError) as exc:
-        return _error("invalid_result", f"handler returned a value JSON cannot encode: {exc}")
-    return {"status": 200, "headers": [["Content-Type", "application/json"]]}, out
+        events = json.loads(body)
+    except ValueError as exc:
+        return _error("invalid_json", f"a batch's body is not JSON: {exc}")
+    if not isinstance(events, list):
+        return _error("invalid_json", "a batch's body must be a JSON array of events")
+    outcomes = []
+    for event in events:
+        out, error = call_function(func, event, allow_nan=False)  # the worker reads the outcomes
+        if error is None:
+            outcomes.append(b'{"result":' + out + b"}")
+        else:
+            error.setdefault("traceback", None)
+            outcomes.append(json.dumps(error).encode())
+    return dict(JSON_REPLY), b"[" + b",".join(outcomes) + b"]"
 
 
 def wsgi_environ(request, body):
@@ -304,6 +336,14 @@ def invoke_wsgi(app, request, body):
     return {"status": code, "headers": [[k, v] for k, v in response_headers]}, b"".join(chunks)
 
 
+def refuse_batch(kind):
+    """What answers a map's chunk for a lambda that is a WSGI or ASGI app: a refusal, before
+    the app sees anything."""
+    def refuse(_app, _request, _body):
+        return _error("not_a_function", f"the lambda is a {kind.upper()} app; a map calls a function f(event)")
+    return refuse
+
+
 def kill_leftovers():
     """End every process the request left behind. As PID 1 of the sandbox's PID namespace,
     kill(-1) reaches all of them at once, and each one's exit reparents its orphans to us.
@@ -338,11 +378,17 @@ class Calls:
         self.serving = False
         self.lock = threading.Lock()
 
-    def call(self, name, body):
+    def call(self, name, body, batch=False):
+        """Run lambda `name` on the event `body` (JSON); with `batch`, on each event of the JSON
+        array `body` (a map: the reply's body is the array of their outcomes). Returns the
+        worker's reply frame: (header, body)."""
+        header = {"op": "invoke", "lambda": name}
+        if batch:
+            header["batch"] = True
         with self.lock:
             if not self.serving:
                 raise RuntimeError("sprout.invoke can be called only while the lambda serves a request")
-            send_frame(self.sock, {"op": "invoke", "lambda": name}, body)
+            send_frame(self.sock, header, body)
             return recv_frame(self.sock)
 
 
@@ -427,6 +473,7 @@ def serve_lambda(sock):
     if server is not None:
         def invoke(_app, request, body):
             return server.invoke(request, body)
+    invoke_many = invoke_batch if kind == "function" else refuse_batch(kind)
     served = 0
     while True:
         try:
@@ -441,7 +488,7 @@ def serve_lambda(sock):
         channel.request_id = request.get("request_id", "")
         calls.serving = True
         try:
-            header, out = invoke(entry, request, body)
+            header, out = (invoke_many if request.get("batch") else invoke)(entry, request, body)
         finally:
             with calls.lock:  # a call still under way in another thread finishes first
                 calls.serving = False
@@ -494,6 +541,7 @@ def warm_up():
         compile(source.read(), __file__, "exec", dont_inherit=True)
     invoke_function(lambda event: event, {}, b'{"a": [1, 2.5, "x", null, true]}')
     invoke_function(lambda event: 1 / 0, {}, b"")
+    invoke_batch(lambda event: 1 / event, {}, b"[1, 0]")
     request = {"method": "GET", "path": "/a%20b", "query": "q=1", "headers": [["Host", "h:80"], ["X-A", "b"]]}
     invoke_wsgi(_warm_app, request, b"")
     apply_init({"env": {}})

@@ -118,6 +118,8 @@ pub struct Invocation {
     pub body: Bytes,
     pub cold: bool,
     pub sandbox: u64,
+    /// How long it ran in its sandbox (queueing and a cold start left out).
+    pub ran: Duration,
 }
 
 /// A sandbox and the version of the lambda it serves: what the pools keep.
@@ -309,6 +311,11 @@ impl Instances {
         self.cfg.timeout
     }
 
+    /// How many sandboxes one lambda may have at once.
+    pub fn max_per_lambda(&self) -> usize {
+        self.cfg.max_per_lambda
+    }
+
     /// Run one request on a sandbox of `lambda`, answering its handler's calls to other
     /// lambdas with `calls`: it may queue for up to `limit` and run for up to the time limit
     /// ([`Instances::timeout`]), or, when `limit` is shorter (a call from a handler, which
@@ -425,7 +432,7 @@ impl Instances {
         let reusable = result.is_ok() && lease.kept.sandbox.reusable();
         self.release(lease, reusable);
         let (reply, body) = result?;
-        Ok(Invocation { reply, body, cold, sandbox })
+        Ok(Invocation { reply, body, cold, sandbox, ran: duration })
     }
 
     /// A sandbox for `lambda`: an idle one, a new one, or one handed over within `wait`.

@@ -19,7 +19,7 @@ struct NoCalls;
 
 #[async_trait]
 impl Calls for NoCalls {
-    async fn call(&self, _lambda: &str, _event: Bytes, _time_left: Duration) -> (serde_json::Value, Bytes) {
+    async fn call(&self, _lambda: &str, _event: Bytes, _batch: bool, _time_left: Duration) -> (serde_json::Value, Bytes) {
         (serde_json::json!({"status": 404}), Bytes::new())
     }
 }
@@ -73,6 +73,7 @@ fn request(method: &str) -> Request {
         remote_addr: "127.0.0.1".into(),
         depth: 0,
         request_id: String::new(),
+        batch: false,
     }
 }
 

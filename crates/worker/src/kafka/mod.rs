@@ -272,6 +272,7 @@ impl TriggerConsumer {
             remote_addr: String::new(),
             depth: 0,
             request_id: String::new(), // the invoker's
+            batch: false,
         };
         let body = message.payload().unwrap_or_default();
         let invoker = &self.api.invoker;
