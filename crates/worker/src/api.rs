@@ -4,6 +4,11 @@
 //! |--------------------------------|-----------------------------------------------------------|
 //! | `POST /run/<name>[/<path>]`    | runs the lambda: JSON to `f(event)`, or HTTP to a WSGI `app` |
 //! | `POST /map/<name>[?chunk=N]`   | runs `f(event)` on each item of a JSON array, in chunks over its sandboxes ([`crate::map_routes`]) |
+//! | `POST /leases/<name>`          | holds N sandboxes of the lambda for a client's object (201) ([`crate::lease_routes`]) |
+//! | `POST /leases/<id>/<part>`     | runs `f(event)` on that part's sandbox, answering as `/run` |
+//! | `POST /leases/<id>/keepalive`  | resets the lease's idle clock                             |
+//! | `DELETE /leases/<id>`          | releases the lease (its sandboxes are destroyed)          |
+//! | `GET /leases`                  | lists the leases                                          |
 //! | `POST /registry/<name>`        | uploads a tar.gz of the lambda's directory (201)          |
 //! | `GET /registry`                | lists lambda names                                        |
 //! | `GET /registry/<name>`         | the lambda's metadata                                     |
@@ -56,6 +61,8 @@ pub struct Api {
     pub auth: Arc<Guard>,
     /// The one path every invocation takes.
     pub invoker: Arc<Invoker>,
+    /// The user leases: sandboxes held for clients' objects.
+    pub leases: Arc<crate::lease_routes::LeaseBook>,
     /// The lambdas' logs.
     pub logs: Arc<Logs>,
     pub max_upload: usize,
@@ -84,6 +91,9 @@ pub fn router(api: Api) -> Router {
         .route("/run/{name}/", any(run))
         .route("/run/{name}/{*rest}", any(run))
         .route("/map/{name}", axum::routing::post(crate::map_routes::map))
+        .route("/leases", get(crate::lease_routes::list))
+        .route("/leases/{key}", axum::routing::post(crate::lease_routes::create).delete(crate::lease_routes::release))
+        .route("/leases/{id}/{part}", axum::routing::post(crate::lease_routes::call))
         .route("/registry", get(list_lambdas))
         .route("/registry/{name}", get(show_lambda).post(upload).put(upload).delete(delete_lambda))
         .route("/status", get(|| async { "ready\n" }))
@@ -251,8 +261,14 @@ pub(crate) async fn forward(
     };
     let call = Call { lambda, request, body: &body, request_id, trigger, limit: api.invoker.timeout(), depth: 0 };
     let invocation = api.invoker.invoke(call).await?;
+    reply_of(api, invocation, &name, is_head)
+}
+
+/// The response to an invocation of lambda `name`: the handler's reply (its status, headers
+/// and body) or the error it reports, with the worker's headers.
+pub(crate) fn reply_of(api: &Api, invocation: crate::instances::Invocation, name: &str, is_head: bool) -> Result<Response, ApiError> {
     let start = if invocation.cold { "cold" } else { "warm" };
-    let mut response = if let Some(e) = crate::invoker::handler_failure(&invocation, &name) {
+    let mut response = if let Some(e) = crate::invoker::handler_failure(&invocation, name) {
         fail(e)
     } else {
         let reply = &invocation.reply;
@@ -394,6 +410,7 @@ async fn delete_lambda(State(api): State<Api>, Path(name): Path<String>) -> Resp
 /// also keeps the lambda's route in the fleet's HAProxy (`fleet_routes`), once the packages
 /// are installed.
 pub(crate) fn uploaded(api: &Api, lambda: &Arc<crate::registry::Lambda>, took_upload: bool) {
+    api.leases.release_lambda(&lambda.name); // the replaced version's
     let routes = api.routes.clone().filter(|_| took_upload);
     if !lambda.parsed_requirements.is_empty() || routes.is_some() {
         let (packages, reqs, name) = (api.packages.clone(), lambda.parsed_requirements.clone(), lambda.name.clone());
@@ -425,6 +442,7 @@ pub(crate) async fn deleted(api: &Api, name: &str) -> bool {
     }
     api.networks.forget(name).await;
     api.instances.forget(name);
+    api.leases.release_lambda(name);
     api.kafka.stop(name).await;
     tracing::info!(lambda = %name, "lambda deleted");
     true
@@ -439,6 +457,7 @@ async fn stats(State(api): State<Api>) -> Response {
     out["import_cache"] = api.metrics.import_cache_stats();
     out["network"] = api.networks.stats();
     out["kafka"] = api.kafka.stats();
+    out["leases"] = api.leases.stats();
     // Each lambda's invocations since the worker started (its sandboxes may all be gone).
     out["lambda_invocations"] = api
         .metrics

@@ -50,6 +50,8 @@ error_codes! {
     PayloadTooLarge = "payload_too_large", PAYLOAD_TOO_LARGE;
     // A map (`/map/<name>`) over a lambda that is a WSGI or ASGI app, not a function.
     NotAFunction = "not_a_function", BAD_REQUEST;
+    // A user lease (`/leases/<id>/...`) that does not exist (any more).
+    LeaseNotFound = "lease_not_found", NOT_FOUND;
     Unauthorized = "unauthorized", UNAUTHORIZED;
     Forbidden = "forbidden", FORBIDDEN;
     // An upload (4xx).
@@ -78,6 +80,8 @@ error_codes! {
     OutOfMemory = "out_of_memory", BAD_GATEWAY;
     SandboxCrashed = "sandbox_crashed", BAD_GATEWAY;
     CallDepthExceeded = "call_depth_exceeded", LOOP_DETECTED;
+    // A lease's part whose sandbox died: the state it held is gone.
+    LeasePartLost = "lease_part_lost", BAD_GATEWAY;
     // The worker's own fault.
     Internal = "internal", INTERNAL_SERVER_ERROR;
 }
@@ -220,7 +224,7 @@ mod tests {
             let status = code.status();
             assert!(status.is_client_error() || status.is_server_error(), "{code}: {status}");
         }
-        assert_eq!(ErrorCode::ALL.len(), 34);
+        assert_eq!(ErrorCode::ALL.len(), 36);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! One invocation path: every way a lambda runs — `/run`, the app port, `sprout.invoke` and
-//! Kafka deliveries — goes through [`Invoker::invoke`], which checks the call's limits, runs it
+//! Kafka deliveries go through [`Invoker::invoke`], a user lease's calls through
+//! [`Invoker::invoke_held`], which both check the call's limits, run it
 //! on a sandbox ([`Instances`]), counts it ([`Metrics`]) and logs what no sandbox logs
 //! ([`Logs`]: why a request found no sandbox). Request ids come from here too ([`RequestIds`]).
 
@@ -14,7 +15,7 @@ use sprout_sandbox::channel::Request;
 use sprout_sandbox::Calls;
 
 use crate::errors::{failure_error, handler_error, ApiError, ErrorCode};
-use crate::instances::{Failure, Instances, Invocation};
+use crate::instances::{Failure, Held, Instances, Invocation};
 use crate::logs::{Details, Entry, Kind, Logs, RequestTag, Trigger};
 use crate::metrics::Metrics;
 use crate::registry::{valid_name, Lambda, Registry};
@@ -99,6 +100,16 @@ impl Invoker {
     /// or sent no valid result: [`handler_failure`]) — or the error to answer (with `lambda` in
     /// its body).
     pub async fn invoke(&self, call: Call<'_>) -> Result<Invocation, ApiError> {
+        self.invoke_on(call, None).await
+    }
+
+    /// Run `call` on a held sandbox (a user lease's part, [`crate::lease_routes`]), as
+    /// [`Invoker::invoke`] runs one: the same checks, metrics and logs; never retried.
+    pub async fn invoke_held(&self, call: Call<'_>, held: &mut Held) -> Result<Invocation, ApiError> {
+        self.invoke_on(call, Some(held)).await
+    }
+
+    async fn invoke_on(&self, call: Call<'_>, held: Option<&mut Held>) -> Result<Invocation, ApiError> {
         let Call { lambda, mut request, body, request_id, trigger, limit, depth } = call;
         let name = lambda.name.clone();
         let refused = if depth > self.limits.max_invoke_depth {
@@ -120,7 +131,10 @@ impl Invoker {
         let started = Instant::now();
         let calls = LambdaCalls { invoker: self.me.clone(), depth, caller: request_id.clone() };
         let tag = RequestTag { id: request_id.clone(), trigger };
-        let outcome = self.instances.invoke(&lambda, &request, body, limit, &calls, &tag).await;
+        let outcome = match held {
+            None => self.instances.invoke(&lambda, &request, body, limit, &calls, &tag).await,
+            Some(held) => self.instances.run_held(held, &request, body, limit, &calls, &tag).await,
+        };
         match outcome {
             Ok(invocation) => {
                 let code = invocation.reply.error.as_deref().unwrap_or("ok");

@@ -11,6 +11,8 @@
 //! * [`map_routes`] — `/map/<name>`: a lambda over many items, in chunks over its sandboxes
 //!   ([`map_run`]), planned by a pure state machine ([`map_plan`]); a handler's calls with
 //!   `batch` are the same map.
+//! * [`lease_routes`] — `/leases`: N sandboxes of a lambda held for a client's object, calls
+//!   run on the part they name; the bookkeeping (idle expiry, lost parts) is [`leases`].
 //! * [`registry`] and [`archive`], [`syntax`], [`lambda_config`] — what runs: lambda code and
 //!   its `ol.yaml`, uploaded and checked.
 //! * [`instances`] — which sandbox serves a request: warm reuse, cold starts, queues; idle
@@ -52,6 +54,8 @@ mod isolation;
 mod kafka;
 mod keepalive;
 mod lambda_config;
+mod lease_routes;
+mod leases;
 mod log_routes;
 mod logs;
 mod map_plan;

@@ -62,6 +62,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
     let served = listeners.serve(api.clone()).await;
     tracing::info!("shutting down");
     api.kafka.stop_all().await; // their messages under way finish first
+    api.leases.release_all();
     api.instances.shutdown().await;
     let logs = api.logs.clone();
     tokio::task::spawn_blocking(move || logs.flush()).await.ok();
@@ -213,6 +214,7 @@ async fn assemble(claimed: &Claimed, engine: &Engine, listeners: &Listeners) -> 
         metrics,
         auth: Arc::new(Guard::new(claimed.token.clone(), config.worker.auth, listeners.listening.to_string())),
         invoker,
+        leases: crate::lease_routes::LeaseBook::new(),
         logs,
         max_upload: (config.limits.max_upload_mb << 20) as usize,
         kafka: Arc::new(crate::kafka::KafkaTriggers::new(dir.join("kafka-failed.jsonl"), Default::default())),

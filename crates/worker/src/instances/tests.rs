@@ -345,3 +345,34 @@ async fn shutdown_destroys_the_idle_and_refuses_new_requests() {
     assert!(matches!(call(&instances, &f, "GET").await, Err(Failure::ShuttingDown)));
     assert_eq!(idle(&instances), 0);
 }
+
+#[tokio::test]
+async fn a_held_sandbox_serves_its_holder_alone_is_never_reaped_and_is_destroyed_when_let_go() {
+    let cfg =
+        InstanceConfig { max_per_lambda: 2, idle_timeout: Duration::from_millis(10), timeout: Duration::from_millis(300), ..config() };
+    let (backend, instances) = start(cfg);
+    let f = Lambda::fake("f", 1);
+    let (mut a, mut b) = (instances.hold(&f, instances.timeout()).await.unwrap(), instances.hold(&f, instances.timeout()).await.unwrap());
+    async fn run_on(instances: &Instances, held: &mut super::Held) -> Result<Invocation, Failure> {
+        instances.run_held(held, &request("POST"), b"", instances.timeout(), &NoCalls, &tag()).await
+    }
+    let first = run_on(&instances, &mut a).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await; // past the idle timeout, reaped if idle
+    let again = run_on(&instances, &mut a).await.unwrap();
+    assert!(first.cold && !again.cold && first.sandbox == again.sandbox, "the same sandbox, held");
+    assert_ne!(run_on(&instances, &mut b).await.unwrap().sandbox, first.sandbox);
+    assert_eq!((backend.count(Event::Created), backend.count(Event::Destroyed), idle(&instances)), (2, 0, 0));
+    // Both held: a request of the lambda waits, and gives up.
+    assert!(matches!(call(&instances, &f, "GET").await, Err(Failure::QueueTimeout(_))));
+    // A held sandbox that dies is lost, destroyed, never replaced.
+    backend.script.lock().unwrap().outcomes.push_back(Outcome::Crash(Phase::AwaitingReply));
+    assert!(matches!(run_on(&instances, &mut b).await, Err(Failure::Sandbox(_))));
+    assert!(b.is_lost() && !a.is_lost());
+    until("the dead one destroyed", || backend.count(Event::Destroyed) == 1).await;
+    // Let go, a held sandbox is destroyed, not kept idle, and its room serves others.
+    drop(a);
+    until("the let-go one destroyed", || backend.count(Event::Destroyed) == 2).await;
+    assert_eq!(idle(&instances), 0);
+    assert!(call(&instances, &f, "GET").await.unwrap().cold);
+    drop(b);
+}
