@@ -16,6 +16,8 @@ Parts, for each peer:
   (b) CPU tasks: CPU_TASKS calls of `spin(ms)`, a busy loop until time.process_time() has
       moved TASK_MS ms, at once: the makespan against the ideal CPU_TASKS * TASK_MS / CPUs.
 Every answer is checked (a no-op returns its item; a spin reports the CPU time it used).
+Parts (c), a tiled matmul against NumPy's, and (d), the worker's memory over a Matrix's
+life, are bench/offload_matmul.py's (`--parts` picks them).
 
 The task functions are the same code everywhere: the lambdas' f.py are made from their
 source here (inspect.getsource) and deployed with the SDK.
@@ -26,8 +28,9 @@ offload.json, .md and .png from its output. Without --url the Sprout peers are l
 Ray is installed (`python3 -m pip install ray==2.60.0`) when `import ray` fails; a failed
 install stops the run.
 
-usage: offload.py OUT.json [--url URL] [--cpus 0,1] [--peers a,b,...] [--quick]
-                           [--rounds N] [--tasks N] [--cpu-tasks N] [--round-trips N]
+usage: offload.py OUT.json [--url URL] [--worker-dir DIR] [--cpus 0,1] [--peers a,b,...]
+                           [--parts tasks,matmul] [--quick] [--rounds N] [--tasks N]
+                           [--cpu-tasks N] [--round-trips N] [--matmul-n N] [--tile N]
 """
 
 import argparse
@@ -327,6 +330,10 @@ def main():
     ap.add_argument("--cpu-tasks", type=int, help="CPU tasks (default 1,000; --quick 200)")
     ap.add_argument("--task-ms", type=float, default=10.0, help="CPU milliseconds per CPU task")
     ap.add_argument("--round-trips", type=int, help="one-at-a-time calls (default 200; --quick 50)")
+    ap.add_argument("--parts", default="tasks,matmul", help="tasks: (a) and (b); matmul: (c) and (d)")
+    ap.add_argument("--matmul-n", type=int, help="the matmul's N (default 4096; --quick 2048)")
+    ap.add_argument("--tile", type=int, default=1024, help="the matmul's tile edge")
+    ap.add_argument("--worker-dir", help="the worker's directory (its leases' files are weighed in (d))")
     ap.add_argument("--measure", help=argparse.SUPPRESS)  # one round of one peer (a child's work)
     ap.add_argument("--plan", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -364,20 +371,35 @@ def main():
         log(f"deploying {NOOP_LAMBDA} and {SPIN_LAMBDA} to {args.url} with the SDK")
         deploy(args.url)
 
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    if parts - {"tasks", "matmul"}:
+        raise SystemExit(f"unknown parts {sorted(parts - {'tasks', 'matmul'})}; the parts are tasks, matmul")
     rounds = {name: [] for name in peers}
     notes = {}
-    for r in range(plan["rounds"]):
+    for r in range(plan["rounds"] if "tasks" in parts else 0):
         for name in peers:
             log(f"round {r + 1}/{plan['rounds']}: {name}")
             got = measure_in_child(name, args.url, plan)
             rounds[name].append(got["figures"])
             notes[name] = got["how"]
+    matmul = {}
+    if "matmul" in parts:
+        import offload_matmul
+
+        plan["matmul"] = {"n": args.matmul_n or (2048 if args.quick else 4096), "tile": args.tile, "cpus": cpus,
+                          "rounds": plan["rounds"], "url": args.url, "worker_dir": args.worker_dir}
+        matmul = offload_matmul.run({"numpy", *peers}, plan["matmul"])
+    figures = {name: summarize(rounds[name], plan, notes[name]) if rounds[name] else {} for name in peers}
+    for name, got in matmul.items():
+        figures.setdefault(name, {})["matmul_s"] = got["matmul_s"]
     out = {
         "plan": plan,
-        "peers": {name: summarize(rounds[name], plan, notes[name]) for name in peers},
+        "peers": figures,
+        "matmul": matmul,
         "versions": {
             "python": platform.python_version(),
             "ray": ray_version,
+            "numpy": importlib.import_module("numpy").__version__ if matmul else None,
             "multiprocessing_start_method": multiprocessing.get_start_method(),
         },
         "affinity": sorted(os.sched_getaffinity(0)),

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tarfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -85,6 +87,19 @@ def targz(files):
             info.mode = 0o644
             archive.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+def api_request(worker, method, path, body=None, token=True):
+    """(status, body) of one request to `worker`'s API, with its token unless `token` is
+    False; urllib's errors for a connection the worker closed."""
+    req = urllib.request.Request(worker.url + path, data=body, method=method)
+    if token:
+        req.add_header("Authorization", f"Bearer {worker.client.token().strip()}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
 
 
 ALL_WORKERS = []

@@ -14,7 +14,9 @@ or at interpreter exit. While the object lives a daemon thread sends keepalives 
 ``idle_timeout / 3`` seconds, so a client killed outright loses its lease once the worker has
 seen it idle for ``idle_timeout`` seconds. A part whose sandbox died raises
 :class:`SproutError` ``lease_part_lost`` from then on: its state is gone, and what to do is
-the caller's choice (docs/api.md, leases).
+the caller's choice (docs/api.md, leases). The parts share a directory, ``lease.dir``
+(``/leases/<id>`` in each), removed with the lease; :mod:`sprout.elastic` keeps its tiles
+there.
 """
 
 import json
@@ -99,6 +101,7 @@ class Lease:
         self.lambda_name = made["lambda"]
         self.parts = made["parts"]
         self.idle_timeout = made["idle_timeout_s"]
+        self.dir = made["dir"]  # where every part sees the lease's shared directory
         self._stop = threading.Event()
         self._finalizer = weakref.finalize(self, _release, client, self.id, self._stop)
         interval = self.idle_timeout / 3

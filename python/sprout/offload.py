@@ -23,6 +23,11 @@ request (404 unknown lambda, 400 ``not_a_function``, 413...) raises :class:`Spro
 once. A request waits for its reply as long as the worker works on it (the lambda's time
 limit bounds each of its chunks); the client's timeout bounds connecting.
 
+An item whose JSON is larger than :data:`BLOB_MIN` travels through the worker's blob store
+(``PUT /blobs/<name>``, 128 random bits naming it; the request carries ``{"$sprout_blob":
+name}``), and a result as large comes back the same way (``{"blob": name}`` in the reply,
+read with ``GET`` and deleted): neither passes through a request body or a channel frame.
+
 Inside a sandbox, by default, map goes over the sandbox's channel to its worker, one request
 at a time (the channel takes calls in turn), within the caller's time left; a function cannot
 be shipped from there (a lambda cannot deploy).
@@ -41,6 +46,11 @@ MAX_ITEMS = 2048
 """Most items in one request."""
 MAX_BYTES = 2 << 20
 """About the most bytes of one request's JSON body (an item larger than that goes alone)."""
+BLOB_MIN = 1 << 20
+"""An item (or result) whose JSON is larger goes through the blob store (as the helper's)."""
+BLOB_KEY = "$sprout_blob"
+BLOBS_DIR = "/blobs"
+"""Where a sandbox sees the blob store."""
 DEFAULT_CONCURRENCY = 4
 RETRY_STATUSES = frozenset({429, 502, 503})
 """Statuses of a request that did not reach a sandbox: it is sent again."""
@@ -201,7 +211,15 @@ def _http_sender(client, name, retries, chunk, redeploy=None):
     headers = {"Content-Type": "application/json"}
 
     def send(batch):
-        body = body_of(batch)
+        blobs = []
+        try:
+            body = body_of([_put_blob(client, item, blobs) if len(item) > BLOB_MIN else item for item in batch])
+            return [_resolve(value, lambda name: _take_blob(client, name)) for value in post(body, len(batch))]
+        finally:
+            for name in blobs:
+                _delete_blob(client, name)
+
+    def post(body, count):
         resent, redeployed = 0, redeploy is None
         while True:
             try:
@@ -217,12 +235,65 @@ def _http_sender(client, name, retries, chunk, redeploy=None):
                     continue
                 if reply.status not in RETRY_STATUSES or resent >= retries:
                     Client._check(reply)
-                    return outcomes_of(reply.status, reply.body, len(batch))
+                    return outcomes_of(reply.status, reply.body, count)
                 wait = _retry_after(reply.headers)
             time.sleep(backoff(resent) if wait is None else wait)
             resent += 1
 
     return send
+
+
+def _blob_call(client, method, name, body=None):
+    from sprout.lease import _authorized
+
+    return client._keep_alive_call(method, f"/blobs/{name}", body, _authorized(client))
+
+
+def _put_blob(client, item, names):
+    """Send item (its JSON) to the blob store; the reference the request carries instead."""
+    name = os.urandom(16).hex() + ".json"
+    Client._check(_blob_call(client, "PUT", name, item.encode()))
+    names.append(name)
+    return json.dumps({BLOB_KEY: name})
+
+
+def _take_blob(client, name):
+    """A result in the blob store: read, then deleted."""
+    data = Client._check(_blob_call(client, "GET", name)).body
+    _delete_blob(client, name)
+    return data
+
+
+def _delete_blob(client, name):
+    try:
+        _blob_call(client, "DELETE", name)
+    except (OSError, ValueError):
+        pass  # the worker removes it when its time is up
+
+
+def _take_local_blob(name):
+    """A result in the blob store, from inside a sandbox (which sees it at /blobs)."""
+    if not isinstance(name, str) or "/" in name or name.startswith("."):
+        raise ValueError(f"{name!r} is not a blob's name")
+    path = os.path.join(BLOBS_DIR, name)
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return data
+
+
+def _resolve(value, take):
+    """An outcome with its result in the blob store (``{"blob": name}``) as ``{"result": ...}``;
+    any other as it is. A blob that cannot be read is the item's ``invalid_reply``."""
+    if not (isinstance(value, dict) and set(value) == {"blob"}):
+        return value
+    try:
+        return {"result": json.loads(take(value["blob"]))}
+    except (SproutError, OSError, ValueError) as e:
+        return {"error": "invalid_reply", "message": f"the result's blob {value['blob']!r} cannot be read: {e}"}
 
 
 def _error_code(data):
@@ -241,7 +312,7 @@ def _channel_sender(channel, name, retries):
         while True:
             header, reply = channel.call(name, body, batch=True)
             if "error" not in header:
-                return outcomes_of(200, reply, len(batch))
+                return [_resolve(value, _take_local_blob) for value in outcomes_of(200, reply, len(batch))]
             status = header.get("status", 500)
             if status not in RETRY_STATUSES or resent >= retries:
                 raise InvokeError(status, header["error"], header.get("message", ""), header)

@@ -427,16 +427,24 @@ def deploy(function, client, requirements=None):
         if key not in packed:
             packed[key] = package(function, requirements)
         shipped = packed[key]
+    return deploy_package(shipped, client)
+
+
+def deploy_package(shipped, client):
+    """Upload :class:`Package` ``shipped`` to the worker of ``client`` unless it is there
+    already (asked once per process); returns the lambda's name."""
+    with _lock:
         if (client.url, shipped.name) in _deployed:
             return shipped.name
-        try:
-            client.get(shipped.name)
-        except SproutError as e:
-            if e.status != 404:
-                raise
-            client.upload(shipped.name, shipped.archive())
+    try:
+        client.get(shipped.name)
+    except SproutError as e:
+        if e.status != 404:
+            raise
+        client.upload(shipped.name, shipped.archive())
+    with _lock:
         _deployed.add((client.url, shipped.name))
-        return shipped.name
+    return shipped.name
 
 
 def forget(client, name):

@@ -18,8 +18,12 @@
 //! Parts: (a) 10,000 no-op tasks (tasks per second, per-task overhead = 1000 / tasks per
 //! second, in ms) and the median of 200 one-at-a-time round trips; (b) 1,000 tasks of 10 ms
 //! of CPU each (a busy loop on `time.process_time`): the makespan against the ideal
-//! (1000 × 10 ms / 2 CPUs = 5 s). (c) the tiled matmul and (d) memory are not built yet
-//! (`matmul_s: null`). Results: offload.json, .md and .png (bench/plot_offload.py).
+//! (1000 × 10 ms / 2 CPUs = 5 s); (c) a 4096 × 4096 float64 matmul in tiles of 1024:
+//! `sprout.elastic` (one part per CPU), Ray's tasks and the pool over tiles, against NumPy's
+//! `a @ b` in one process with a BLAS thread per CPU (bench/offload_matmul.py); (d) the
+//! worker's memory (PSS of it and every process below it, plus its leases' files) before,
+//! during and after a Matrix's life. `--parts tasks` or `matmul` runs (a)+(b) or (c)+(d)
+//! alone. Results: offload.json, .md and .png (bench/plot_offload.py).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,6 +41,8 @@ pub const PEERS: [&str; 5] = ["sprout", "sprout_unbatched", "ray", "multiprocess
 pub const OVERHEAD_GOAL_MS: f64 = 0.3;
 pub const RAY_GOAL_X: f64 = 3.0;
 pub const POOL_MAKESPAN_GOAL_X: f64 = 1.15;
+pub const MATMUL_GOAL_X: f64 = 1.3;
+pub const MEMORY_BACK_GOAL_S: f64 = 5.0;
 /// A pool's CPU makespan over the ideal beyond which the machine was not quiet.
 pub const QUIET_POOL_X: f64 = 1.10;
 
@@ -55,6 +61,8 @@ pub struct Options {
     pub sandboxes: usize,
     /// Peers to run (default: all).
     pub peers: Vec<String>,
+    /// `tasks` ((a) and (b)) and/or `matmul` ((c) and (d)).
+    pub parts: Vec<String>,
 }
 
 impl Default for Options {
@@ -68,6 +76,7 @@ impl Default for Options {
             rounds: None,
             sandboxes: 2,
             peers: PEERS.iter().map(|p| p.to_string()).collect(),
+            parts: vec!["tasks".into(), "matmul".into()],
         }
     }
 }
@@ -137,6 +146,7 @@ fn drive(opts: &Options, worker: Option<&BenchWorker>, raw_path: &Path) -> Resul
     let cpus = opts.cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
     let mut cmd = Command::new("python3");
     cmd.arg(bench_dir().join("offload.py")).arg(raw_path).args(["--cpus", &cpus, "--peers", &opts.peers.join(",")]);
+    cmd.args(["--parts", &opts.parts.join(",")]);
     if opts.quick {
         cmd.arg("--quick");
     }
@@ -145,7 +155,7 @@ fn drive(opts: &Options, worker: Option<&BenchWorker>, raw_path: &Path) -> Resul
     }
     if let Some(worker) = worker {
         let token = std::fs::read_to_string(worker.dir.join("api-token")).context("reading the worker's api-token")?;
-        cmd.args(["--url", &worker.url()]).env("SPROUT_TOKEN", token.trim());
+        cmd.args(["--url", &worker.url()]).arg("--worker-dir").arg(&worker.dir).env("SPROUT_TOKEN", token.trim());
     }
     let status = cmd.status().context("running bench/offload.py (python3)")?;
     if !status.success() {
@@ -203,9 +213,7 @@ pub fn results(raw: &Value) -> Value {
     let mut peers = Map::new(); // (serde_json's map sorts its keys: tables follow PEERS)
     for p in PEERS {
         if let Some(v) = raw["peers"].get(p) {
-            let mut v = v.clone();
-            v["matmul_s"] = Value::Null; // (c) is not built yet
-            peers.insert(p.to_string(), v);
+            peers.insert(p.to_string(), v.clone());
         }
     }
     let peers = Value::Object(peers);
@@ -216,6 +224,8 @@ pub fn results(raw: &Value) -> Value {
         .flatten()
         .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))));
     let tps = |peer: &str| at(peer, "noop_tasks_per_s");
+    let numpy_matmul = get(raw, &["matmul", "numpy", "matmul_s"]);
+    let memory = &raw["matmul"]["sprout"]["memory"];
     let ratios = json!({
         "sprout_over_ray_noop_tasks_per_s": ratio(tps("sprout"), tps("ray")),
         "sprout_over_multiprocessing_noop_tasks_per_s": ratio(tps("sprout"), tps("multiprocessing")),
@@ -227,6 +237,9 @@ pub fn results(raw: &Value) -> Value {
         "sprout_cpu_makespan_over_multiprocessing": ratio(at("sprout", "cpu_makespan_s"), pool_makespan),
         "sprout_cpu_makespan_over_ray": ratio(at("sprout", "cpu_makespan_s"), at("ray", "cpu_makespan_s")),
         "sprout_unbatched_cpu_makespan_over_multiprocessing": ratio(at("sprout_unbatched", "cpu_makespan_s"), pool_makespan),
+        "sprout_matmul_over_numpy": ratio(at("sprout", "matmul_s"), numpy_matmul),
+        "ray_matmul_over_numpy": ratio(at("ray", "matmul_s"), numpy_matmul),
+        "multiprocessing_matmul_over_numpy": ratio(at("multiprocessing", "matmul_s"), numpy_matmul),
     });
     let goal = |text: &str, target: f64, at_most: bool, measured: Option<f64>, unit: &str| {
         json!({
@@ -237,7 +250,7 @@ pub fn results(raw: &Value) -> Value {
             "met": measured.map(|m| if at_most { m <= target } else { m >= target }),
         })
     };
-    let goals = json!([
+    let mut goals = json!([
         goal(
             "warm per-task overhead <= 0.3 ms (sprout.map, the worker's chunks: 1000 / no-op tasks per second)",
             OVERHEAD_GOAL_MS,
@@ -253,7 +266,24 @@ pub fn results(raw: &Value) -> Value {
             ratios["sprout_cpu_makespan_over_multiprocessing"].as_f64(),
             "x",
         ),
+        goal(
+            "tiled matmul within 1.3x of NumPy's time on the same cores",
+            MATMUL_GOAL_X,
+            true,
+            ratios["sprout_matmul_over_numpy"].as_f64(),
+            "x"
+        ),
+        goal(
+            "the worker's memory back where it was within 5 s of the Matrix being collected",
+            MEMORY_BACK_GOAL_S,
+            true,
+            memory["back_s"].as_f64(),
+            "s",
+        ),
     ]);
+    if memory.is_object() && memory["back_s"].is_null() {
+        goals[4]["met"] = json!(false); // weighed, and never back within the driver's wait
+    }
     let plan = &raw["plan"];
     let mut notes = Vec::new();
     // The pool runs CPU-bound work at the machine's pace: far off the ideal, the CPUs were not free.
@@ -273,10 +303,8 @@ pub fn results(raw: &Value) -> Value {
         "plan": plan,
         "versions": raw["versions"],
         "affinity": raw["affinity"],
-        "not_built": {
-            "matmul": "(c) the tiled matmul is not built yet: matmul_s is null for every peer",
-            "memory": "(d) memory is not built yet",
-        },
+        "numpy_matmul_s": numpy_matmul,
+        "matmul": raw["matmul"],
     })
 }
 
@@ -302,7 +330,8 @@ pub fn markdown(r: &Value) -> String {
     }
     s += &format!(
         "\n(a) {} no-op tasks at once, and one task's round trip (median of {} one at a time); (b) {} tasks of {} ms of CPU \
-         at once: the makespan against the ideal {} s ({} × {} ms / {} CPUs); (c) matmul: not built yet.\n\n",
+         at once: the makespan against the ideal {} s ({} × {} ms / {} CPUs); (c) a {n} × {n} float64 matmul in tiles of {t} \
+         (time of `A @ B` with A and B already in place; [below](#c-the-tiled-matmul)).\n\n",
         plan["tasks"],
         plan["round_trips"],
         plan["cpu_tasks"],
@@ -311,18 +340,21 @@ pub fn markdown(r: &Value) -> String {
         plan["cpu_tasks"],
         plan["task_ms"],
         plan["cpus"].as_array().map_or(0, |c| c.len()),
+        n = plan["matmul"]["n"],
+        t = plan["matmul"]["tile"],
     );
     s += "| peer | no-op tasks/s | per-task overhead (ms) | round trip (ms) | CPU makespan (s) | ÷ ideal | matmul (s) | how |\n\
           |---|---:|---:|---:|---:|---:|---:|---|\n";
     for p in PEERS {
         let Some(v) = r["peers"].get(p) else { continue };
         s += &format!(
-            "| {p} | {} | {} | {} | {} | {} | not built | {} |\n",
+            "| {p} | {} | {} | {} | {} | {} | {} | {} |\n",
             f(v["noop_tasks_per_s"].as_f64(), 0),
             f(v["task_overhead_ms"].as_f64(), 3),
             f(v["round_trip_ms"].as_f64(), 3),
             f(v["cpu_makespan_s"].as_f64(), 2),
             f(v["cpu_makespan_ratio"].as_f64(), 3),
+            f(v["matmul_s"].as_f64(), 2),
             v["how"].as_str().unwrap_or("").replace('|', "\\|"),
         );
     }
@@ -346,11 +378,48 @@ pub fn markdown(r: &Value) -> String {
             Some(false) => "**no**",
             None => "not measured",
         };
-        let unit = if g["unit"] == "x" { "×" } else { " ms" };
+        let unit = match g["unit"].as_str().unwrap_or("") {
+            "x" => "×".to_string(),
+            u => format!(" {u}"),
+        };
         let measured = g["measured"].as_f64().map(|m| format!("{m:.3}{unit}")).unwrap_or_else(|| "—".into());
         s += &format!("| {} | {}{unit} | {measured} | {met} |\n", g["goal"].as_str().unwrap_or(""), f(g["target"].as_f64(), 2));
     }
-    s += "\nNot built yet: (c) the tiled matmul (`matmul_s` is null for every peer) and (d) memory.\n";
+    s += &matmul_markdown(r);
+    s
+}
+
+/// (c) and (d): every peer's matmul against NumPy's, and the worker's memory over a Matrix's life.
+fn matmul_markdown(r: &Value) -> String {
+    let f = |v: Option<f64>, d: usize| v.map(|x| format!("{x:.d$}")).unwrap_or_else(|| "—".into());
+    let numpy = r["numpy_matmul_s"].as_f64();
+    let mut s = "\n## (c) the tiled matmul\n\n| peer | A @ B (s) | ÷ NumPy | placing A and B (s) | reading C (s) | how |\n\
+                 |---|---:|---:|---:|---:|---|\n"
+        .to_string();
+    for p in ["numpy", "sprout", "multiprocessing", "ray"] {
+        let Some(m) = r["matmul"].get(p) else { continue };
+        s += &format!(
+            "| {p} | {} | {} | {} | {} | {} |\n",
+            f(m["matmul_s"].as_f64(), 3),
+            f(ratio(m["matmul_s"].as_f64(), numpy), 2),
+            f(m["upload_s"].as_f64(), 2),
+            f(m["fetch_s"].as_f64(), 2),
+            m["how"].as_str().unwrap_or("").replace('|', "\\|"),
+        );
+    }
+    let memory = &r["matmul"]["sprout"]["memory"];
+    if memory.is_object() {
+        s += &format!(
+            "\n## (d) the worker's memory over a Matrix's life\n\n{}: {} MiB before the Matrix's context, {} MiB at the \
+             peak, back within {} of where it was {} s after the context and its matrices were collected ({} MiB a moment later).\n",
+            memory["how"].as_str().unwrap_or(""),
+            f(memory["before_mib"].as_f64(), 0),
+            f(memory["peak_mib"].as_f64(), 0),
+            memory["tolerance"].as_str().unwrap_or(""),
+            f(memory["back_s"].as_f64(), 2),
+            f(memory["after_mib"].as_f64(), 0),
+        );
+    }
     s
 }
 
@@ -359,7 +428,10 @@ pub fn summary(r: &Value) -> String {
     let mut s = String::new();
     for g in r["goals"].as_array().into_iter().flatten() {
         let met = crate::report::verdict(g["met"].as_bool());
-        let unit = if g["unit"] == "x" { "×" } else { " ms" };
+        let unit = match g["unit"].as_str().unwrap_or("") {
+            "x" => "×".to_string(),
+            u => format!(" {u}"),
+        };
         let measured = g["measured"].as_f64().map(|m| format!("{m:.3}{unit}")).unwrap_or_else(|| "—".into());
         s += &format!("{met}: {} (measured {measured}, target {}{unit})\n", g["goal"].as_str().unwrap_or(""), g["target"]);
     }
@@ -371,18 +443,26 @@ mod tests {
     use super::*;
 
     fn raw() -> Value {
-        let peer = |tps: f64, rt: f64, makespan: f64| {
+        let peer = |tps: f64, rt: f64, makespan: f64, matmul: Option<f64>| {
             json!({"noop_tasks_per_s": tps, "task_overhead_ms": 1000.0 / tps, "round_trip_ms": rt, "cpu_makespan_s": makespan,
-                   "cpu_makespan_ratio": makespan / 5.0, "matmul_s": null, "how": "x", "rounds": []})
+                   "cpu_makespan_ratio": makespan / 5.0, "matmul_s": matmul, "how": "x", "rounds": []})
         };
         json!({
-            "plan": {"tasks": 10000, "round_trips": 200, "cpu_tasks": 1000, "task_ms": 10.0, "cpus": [0, 1], "rounds": 3, "quick": false, "ideal_s": 5.0},
+            "plan": {"tasks": 10000, "round_trips": 200, "cpu_tasks": 1000, "task_ms": 10.0, "cpus": [0, 1], "rounds": 3, "quick": false,
+                     "ideal_s": 5.0, "matmul": {"n": 4096, "tile": 1024}},
             "peers": {
-                "ray": peer(2000.0, 2.0, 5.6),
-                "sprout": peer(8000.0, 1.0, 5.5),
-                "sprout_unbatched": peer(2500.0, 1.0, 5.9),
-                "multiprocessing": peer(50000.0, 0.2, 5.2),
-                "multiprocessing_chunked": peer(500000.0, 0.2, 5.0),
+                "ray": peer(2000.0, 2.0, 5.6, Some(6.0)),
+                "sprout": peer(8000.0, 1.0, 5.5, Some(4.8)),
+                "sprout_unbatched": peer(2500.0, 1.0, 5.9, None),
+                "multiprocessing": peer(50000.0, 0.2, 5.2, Some(4.5)),
+                "multiprocessing_chunked": peer(500000.0, 0.2, 5.0, None),
+            },
+            "matmul": {
+                "numpy": {"matmul_s": 4.0, "how": "a @ b"},
+                "sprout": {"matmul_s": 4.8, "upload_s": 1.0, "fetch_s": 0.5, "how": "elastic",
+                           "memory": {"before_mib": 100.0, "peak_mib": 900.0, "after_mib": 101.0, "back_s": 1.5,
+                                      "tolerance": "max(2%, 8 MiB)", "how": "PSS"}},
+                "ray": {"matmul_s": 6.0, "how": "tasks"},
             },
             "versions": {"ray": "2.60.0"},
             "affinity": [0, 1],
@@ -392,19 +472,23 @@ mod tests {
     #[test]
     fn goals_are_judged_against_the_issues_targets() {
         let r = results(&raw());
-        assert!(PEERS.iter().all(|p| r["peers"][p]["matmul_s"].is_null()));
+        assert_eq!(r["ratios"]["sprout_matmul_over_numpy"], 1.2);
+        assert_eq!(r["ratios"]["ray_matmul_over_numpy"], 1.5);
         assert_eq!(r["ratios"]["sprout_over_ray_noop_tasks_per_s"], 4.0);
         assert_eq!(r["ratios"]["sprout_over_sprout_unbatched_noop_tasks_per_s"], 3.2);
         // Against the better of the pool's two rows.
         assert_eq!(r["ratios"]["sprout_cpu_makespan_over_multiprocessing"], 1.1);
         let goals = r["goals"].as_array().unwrap();
-        assert_eq!(goals.len(), 3);
+        assert_eq!(goals.len(), 5);
+        assert_eq!(goals[4]["measured"], 1.5);
         assert_eq!(goals[0]["measured"], 0.125);
         assert_eq!(goals[0]["target"], 0.3);
         assert!(goals.iter().all(|g| g["met"] == true), "{goals:?}");
         let md = markdown(&r);
-        assert!(md.contains("| sprout | 8000 | 0.125 | 1.000 | 5.50 | 1.100 | not built |"), "{md}");
-        assert!(md.contains("Not built yet: (c) the tiled matmul"));
+        assert!(md.contains("| sprout | 8000 | 0.125 | 1.000 | 5.50 | 1.100 | 4.80 |"), "{md}");
+        assert!(md.contains("| sprout | 4.800 | 1.20 | 1.00 | 0.50 | elastic |"), "{md}");
+        assert!(md.contains("| numpy | 4.000 | 1.00 |"), "{md}");
+        assert!(md.contains("900 MiB at the peak") && md.contains("1.50 s after"), "{md}");
         assert!(!summary(&r).contains("NOT"));
         assert!(r["notes"].as_array().unwrap().is_empty());
     }
@@ -416,9 +500,11 @@ mod tests {
         raw["peers"]["sprout"]["task_overhead_ms"] = json!(1000.0 / 3000.0);
         raw["peers"]["sprout"]["cpu_makespan_s"] = json!(5.8);
         raw["peers"].as_object_mut().unwrap().remove("ray");
+        raw["peers"]["sprout"]["matmul_s"] = json!(6.0);
+        raw["matmul"]["sprout"]["memory"]["back_s"] = Value::Null; // never back within the wait
         let r = results(&raw);
         let met: Vec<Value> = r["goals"].as_array().unwrap().iter().map(|g| g["met"].clone()).collect();
-        assert_eq!(met, [json!(false), Value::Null, json!(false)]);
+        assert_eq!(met, [json!(false), Value::Null, json!(false), json!(false), json!(false)], "never back: not met");
         assert!(r["ratios"]["sprout_over_ray_noop_tasks_per_s"].is_null());
         let md = markdown(&r);
         assert!(md.contains("| **no** |") && md.contains("| not measured |"), "{md}");

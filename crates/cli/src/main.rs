@@ -476,6 +476,10 @@ enum BenchCommand {
         /// Peers to run, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "sprout,sprout_unbatched,ray,multiprocessing,multiprocessing_chunked")]
         peers: Vec<String>,
+        /// Parts to run: tasks ((a) no-op and (b) CPU tasks), matmul ((c) the tiled matmul and
+        /// (d) the worker's memory over a Matrix's life).
+        #[arg(long, value_delimiter = ',', default_value = "tasks,matmul", value_parser = ["tasks", "matmul"])]
+        parts: Vec<String>,
         #[arg(long, default_value = "/tmp/sprout-bench-offload")]
         work_dir: PathBuf,
     },
@@ -763,7 +767,7 @@ fn run(cli: Cli) -> Result<()> {
             };
             return Err(olio::exec_python(module, verb, &args));
         }
-        Command::Bench(BenchCommand::Offload { out, quick, rounds, cpus, sandboxes, peers, work_dir }) => {
+        Command::Bench(BenchCommand::Offload { out, quick, rounds, cpus, sandboxes, peers, parts, work_dir }) => {
             let opts = sprout_bench::offload::Options {
                 out_dir: out,
                 work_dir,
@@ -773,6 +777,7 @@ fn run(cli: Cli) -> Result<()> {
                 rounds,
                 sandboxes,
                 peers,
+                parts,
             };
             let results = sprout_bench::offload::run(&opts)?;
             print!("{}", sprout_bench::offload::summary(&results));

@@ -9,6 +9,8 @@
 //! | `POST /leases/<id>/keepalive`  | resets the lease's idle clock                             |
 //! | `DELETE /leases/<id>`          | releases the lease (its sandboxes are destroyed)          |
 //! | `GET /leases`                  | lists the leases                                          |
+//! | `PUT`/`GET /leases/<id>/files/<file>` | writes or reads a file of the lease's directory    |
+//! | `PUT`/`GET`/`DELETE /blobs/<name>` | a map's large item or result ([`crate::blobs`])        |
 //! | `POST /registry/<name>`        | uploads a tar.gz of the lambda's directory (201)          |
 //! | `GET /registry`                | lists lambda names                                        |
 //! | `GET /registry/<name>`         | the lambda's metadata                                     |
@@ -63,6 +65,8 @@ pub struct Api {
     pub invoker: Arc<Invoker>,
     /// The user leases: sandboxes held for clients' objects.
     pub leases: Arc<crate::lease_routes::LeaseBook>,
+    /// Large items and results of maps, shared with the sandboxes.
+    pub blobs: Arc<crate::blobs::Blobs>,
     /// The lambdas' logs.
     pub logs: Arc<Logs>,
     pub max_upload: usize,
@@ -94,6 +98,8 @@ pub fn router(api: Api) -> Router {
         .route("/leases", get(crate::lease_routes::list))
         .route("/leases/{key}", axum::routing::post(crate::lease_routes::create).delete(crate::lease_routes::release))
         .route("/leases/{id}/{part}", axum::routing::post(crate::lease_routes::call))
+        .route("/leases/{id}/files/{file}", get(crate::lease_routes::get_file).put(crate::lease_routes::put_file))
+        .route("/blobs/{name}", get(crate::blobs::get).put(crate::blobs::put).delete(crate::blobs::delete))
         .route("/registry", get(list_lambdas))
         .route("/registry/{name}", get(show_lambda).post(upload).put(upload).delete(delete_lambda))
         .route("/status", get(|| async { "ready\n" }))

@@ -9,6 +9,12 @@
 //! | `POST /leases/<id>/keepalive`   | resets the lease's idle clock                           |
 //! | `DELETE /leases/<id>`           | releases it: its sandboxes are destroyed                |
 //! | `GET /leases`                   | every lease: id, lambda, parts, idle seconds            |
+//! | `PUT /leases/<id>/files/<file>` | writes the body as a file of the lease's directory      |
+//! | `GET /leases/<id>/files/<file>` | reads a file of the lease's directory                   |
+//!
+//! A lease's directory ([`crate::lease_files`]) is `/leases/<id>` in every sandbox (`dir` in
+//! the lease's JSON): its parts share files there, and a client reads and writes them
+//! without a sandbox in the way (bodies up to `limits.max_upload_mb`, streamed to disk).
 //!
 //! The parts are made as any request's sandbox is (an idle one, or a cold start through
 //! admission: they count against `max_total`, `max_per_lambda` and the memory budget), and
@@ -33,29 +39,35 @@ use crate::api::{fail, read_body, reply_of, Api, RequestId};
 use crate::errors::{failure_error, ApiError, ErrorCode};
 use crate::instances::Held;
 use crate::invoker::Call;
+use crate::lease_files::{LeaseDir, LeaseFiles};
 use crate::leases::{Leases, Refused, DEFAULT_IDLE_TIMEOUT_S};
 use crate::logs::Trigger;
 use crate::registry::Lambda;
+use crate::shared_files;
 
 /// Largest body of a lease's creation.
 const MAX_SPEC: usize = 64 << 10;
 /// How often leases idle past their timeout are looked for.
 const EXPIRY_TICK: Duration = Duration::from_millis(500);
 
-/// One part of a lease: its held sandbox, one call at a time.
+/// One part of a lease: its held sandbox, one call at a time, and the lease's directory
+/// (which goes with the last part).
 pub struct Part {
     lambda: Arc<Lambda>,
     held: tokio::sync::Mutex<Held>,
+    dir: Arc<LeaseDir>,
 }
 
-/// The worker's leases: the table, and a task that releases those idle past their timeout.
+/// The worker's leases: the table, their directories, and a task that releases those idle
+/// past their timeout.
 pub struct LeaseBook {
     table: Mutex<Leases<Arc<Part>>>,
+    files: Arc<LeaseFiles>,
 }
 
 impl LeaseBook {
-    pub fn new() -> Arc<LeaseBook> {
-        let book = Arc::new(LeaseBook { table: Mutex::new(Leases::default()) });
+    pub fn new(files: Arc<LeaseFiles>) -> Arc<LeaseBook> {
+        let book = Arc::new(LeaseBook { table: Mutex::new(Leases::default()), files });
         tokio::spawn(Self::expire(Arc::downgrade(&book)));
         book
     }
@@ -152,20 +164,28 @@ async fn make(api: &Api, name: &str, body: Body) -> Result<Value, ApiError> {
     let body = read_body(body, MAX_SPEC).await?;
     let (parts, idle_timeout) = spec(&body, api.invoker.max_per_lambda())?;
     let wait = api.invoker.timeout();
+    let id = new_id();
+    let dir = api
+        .leases
+        .files
+        .make(&id)
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("making the lease's directory: {e}")).with("lambda", name))?;
+    let dir = Arc::new(dir);
     let held = futures_util::future::join_all((0..parts).map(|_| api.instances.hold(&lambda, wait))).await;
     let mut made = Vec::with_capacity(parts);
     let mut failure = None;
     for h in held {
         match h {
-            Ok(h) => made.push(Arc::new(Part { lambda: lambda.clone(), held: tokio::sync::Mutex::new(h) })),
+            Ok(h) => made.push(Arc::new(Part { lambda: lambda.clone(), held: tokio::sync::Mutex::new(h), dir: dir.clone() })),
             Err(f) => failure = failure.or(Some(f)),
         }
     }
     if let Some(failure) = failure {
-        drop(made); // the sandboxes made so far go
+        drop(made); // the sandboxes made so far go, and the directory with them
         return Err(failure_error(failure).with("lambda", name));
     }
-    let id = new_id();
+    let in_sandbox = dir.in_sandbox().to_string();
+    drop(dir);
     api.leases.table.lock().unwrap().insert(id.clone(), name.to_string(), idle_timeout, made, Instant::now());
     if !lambda.is_current() {
         // Replaced or deleted while its parts were made: its leases were released before
@@ -175,7 +195,7 @@ async fn make(api: &Api, name: &str, body: Body) -> Result<Value, ApiError> {
         return Err(ApiError::new(ErrorCode::LambdaNotFound, message).with("lambda", name));
     }
     tracing::info!(lease = %id, lambda = %name, parts, "lease made");
-    Ok(json!({"lease": id, "lambda": name, "parts": parts, "idle_timeout_s": idle_timeout.as_secs()}))
+    Ok(json!({"lease": id, "lambda": name, "parts": parts, "idle_timeout_s": idle_timeout.as_secs(), "dir": in_sandbox}))
 }
 
 /// `POST /leases/<id>/<part>` (a call) and `POST /leases/<id>/keepalive`.
@@ -271,6 +291,30 @@ async fn run(
         }
         Err(e) => Err(e),
     }
+}
+
+/// `PUT /leases/<id>/files/<file>`: the body becomes the file (replacing one there),
+/// streamed to disk as it arrives; a body past `limits.max_upload_mb` leaves nothing.
+pub async fn put_file(State(api): State<Api>, Path((id, file)): Path<(String, String)>, body: Body) -> Response {
+    let written = match lease_dir(&api, &id) {
+        Ok(dir) => shared_files::receive(&dir.files, &file, body, api.max_upload).await,
+        Err(e) => Err(e),
+    };
+    match written {
+        Ok(size) => axum::Json(json!({"lease": id, "file": file, "bytes": size})).into_response(),
+        Err(e) => fail(e.with("lease", id.as_str())),
+    }
+}
+
+/// `GET /leases/<id>/files/<file>`: the file's bytes, streamed.
+pub async fn get_file(State(api): State<Api>, Path((id, file)): Path<(String, String)>) -> Response {
+    lease_dir(&api, &id).and_then(|dir| shared_files::send(&dir.files, &file)).unwrap_or_else(|e| fail(e.with("lease", id.as_str())))
+}
+
+/// Lease `id`'s directory (a use of the lease: its idle clock starts again).
+fn lease_dir(api: &Api, id: &str) -> Result<Arc<LeaseDir>, ApiError> {
+    let part = api.leases.table.lock().unwrap().touch(id, Instant::now());
+    part.map(|p| p.dir.clone()).ok_or_else(|| not_found(id))
 }
 
 /// `DELETE /leases/<id>`: release a lease; its sandboxes are destroyed.

@@ -118,13 +118,15 @@ impl<P: Clone> Leases<P> {
 
     /// Reset lease `id`'s idle clock; false when there is no such lease.
     pub fn keepalive(&mut self, id: &str, now: Instant) -> bool {
-        match self.leases.get_mut(id) {
-            Some(lease) => {
-                lease.last_used = now;
-                true
-            }
-            None => false,
-        }
+        self.touch(id, now).is_some()
+    }
+
+    /// Reset lease `id`'s idle clock (a use of its files), and lend its first part (what
+    /// every part shares, such as the lease's directory); `None` when there is no such lease.
+    pub fn touch(&mut self, id: &str, now: Instant) -> Option<P> {
+        let lease = self.leases.get_mut(id)?;
+        lease.last_used = now;
+        lease.parts.first().cloned()
     }
 
     pub fn remove(&mut self, id: &str) -> Option<Lease<P>> {
@@ -216,10 +218,13 @@ mod tests {
         assert!(leases.expired(t0 + s(10)).is_empty(), "not past its timeout yet");
         assert!(leases.keepalive("a", t0 + s(9)));
         assert!(leases.expired(t0 + s(15)).is_empty(), "kept alive at 9 s");
-        let gone = leases.expired(t0 + s(20));
+        assert_eq!(leases.touch("a", t0 + s(14)), Some("a0"), "a use of its files lends its first part");
+        assert!(leases.expired(t0 + s(19)).is_empty(), "and keeps it alive too");
+        let gone = leases.expired(t0 + s(25));
         assert_eq!(gone.iter().map(|l| l.id.as_str()).collect::<Vec<_>>(), ["a"]);
         assert_eq!(gone[0].parts, ["a0", "a1"], "its parts, to let go");
-        assert!(!leases.keepalive("a", t0 + s(20)), "gone");
+        assert!(!leases.keepalive("a", t0 + s(25)), "gone");
+        assert_eq!(leases.touch("a", t0 + s(25)), None);
         // A call under way is never idle, however long it runs; its end restarts the clock.
         assert_eq!(leases.begin_call("b", 0), Ok("b0"));
         assert!(leases.expired(t0 + s(500)).is_empty());

@@ -249,10 +249,46 @@ def invoke_function(func, request, body):
     return dict(JSON_REPLY), out
 
 
+BLOB_DIR = "/blobs"  # the worker's blob store (crates/worker/src/blobs.rs)
+BLOB_KEY = "$sprout_blob"
+BLOB_MIN = 1 << 20  # a map's result whose JSON is larger goes to the blob store
+
+
+def _blob_path(name):
+    if not isinstance(name, str) or not 1 <= len(name) <= 128 or name.startswith(".") or \
+            not all(c.isascii() and (c.isalnum() or c in "._-") for c in name):
+        raise ValueError(f"{name!r} is not a blob's name")
+    return os.path.join(BLOB_DIR, name)
+
+
+def unblob(event):
+    """A map's item: ``{"$sprout_blob": name}`` is the JSON in blob ``name`` (an item too
+    large for a request body, docs/offload.md); anything else is itself."""
+    if isinstance(event, dict) and len(event) == 1 and BLOB_KEY in event:
+        with open(_blob_path(event[BLOB_KEY]), "rb") as f:
+            return json.loads(f.read())
+    return event
+
+
+def blob_outcome(out):
+    """A result's JSON too large for the reply frame, written as a blob of its own (128
+    random bits name it; only this sandbox's user owns it): ``{"blob": name}``. None when it
+    is small, or there is no blob store."""
+    if len(out) <= BLOB_MIN or not os.path.isdir(BLOB_DIR):
+        return None
+    name = os.urandom(16).hex() + ".json"
+    fd = os.open(_blob_path(name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(out)
+    return json.dumps({"blob": name}).encode()
+
+
 def invoke_batch(func, request, body):
     """A chunk of a map: the body is a JSON array of events; f(event) runs for each in turn,
-    and the reply is a JSON array of their outcomes, ``{"result": r}`` or ``{"error": code,
-    "message": m, "traceback": t}`` (an item's failure is its own; the others go on)."""
+    and the reply is a JSON array of their outcomes, ``{"result": r}``, ``{"blob": name}``
+    (a result of more than BLOB_MIN bytes of JSON, in the blob store) or ``{"error": code,
+    "message": m, "traceback": t}`` (an item's failure is its own; the others go on). An
+    event ``{"$sprout_blob": name}`` is read from the blob store first."""
     try:
         events = json.loads(body)
     except ValueError as exc:
@@ -261,10 +297,19 @@ def invoke_batch(func, request, body):
         return _error("invalid_json", "a batch's body must be a JSON array of events")
     outcomes = []
     for event in events:
+        try:
+            event = unblob(event)
+        except (OSError, ValueError) as exc:
+            error = _error("invalid_json", f"the item's blob cannot be read: {type(exc).__name__}: {exc}")[0]
+            outcomes.append(json.dumps({**error, "traceback": None}).encode())
+            continue
         out, error = call_function(func, event, allow_nan=False)  # the worker reads the outcomes
         if error is None:
-            outcomes.append(b'{"result":' + out + b"}")
-        else:
+            try:
+                outcomes.append(blob_outcome(out) or b'{"result":' + out + b"}")
+            except OSError as exc:
+                error = _error("invalid_result", f"the result ({len(out)} bytes of JSON) cannot be written as a blob: {exc}")[0]
+        if error is not None:
             error.setdefault("traceback", None)
             outcomes.append(json.dumps(error).encode())
     return dict(JSON_REPLY), b"[" + b",".join(outcomes) + b"]"

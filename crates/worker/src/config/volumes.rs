@@ -16,9 +16,21 @@ pub struct VolumeSection {
     pub writable: bool,
 }
 
-/// Where a sandbox's own mounts, the runtime and the packages live (and /tmp, a link into
-/// /host): no volume may cover them or lie within them.
-const RESERVED: [&str; 9] = ["/proc", "/sys", "/dev", "/host", "/handler", "/opt/sprout", "/packages", "/wheels", "/tmp"];
+/// Where a sandbox's own mounts, the runtime, the packages, the leases' files and the blobs live (and
+/// /tmp, a link into /host): no volume may cover them or lie within them.
+const RESERVED: [&str; 11] = [
+    "/proc",
+    "/sys",
+    "/dev",
+    "/host",
+    "/handler",
+    "/opt/sprout",
+    "/packages",
+    "/wheels",
+    "/tmp",
+    crate::lease_files::IN_SANDBOX,
+    crate::blobs::IN_SANDBOX,
+];
 
 impl VolumeSection {
     /// The volume as the sandbox engine takes it.

@@ -35,7 +35,12 @@ pub(super) struct Engine {
     pub backend: Arc<Backends>,
     pub isolation: Arc<Isolation>,
     pub networks: Arc<LambdaNetworks>,
+    /// How many volumes the configuration binds (the leases' and the blobs' aside).
     pub volumes: usize,
+    /// The leases' shared directories, every sandbox's `/leases`.
+    pub leases: Arc<crate::lease_files::LeaseFiles>,
+    /// The maps' large items and results, every sandbox's `/blobs`.
+    pub blobs: Arc<crate::blobs::Blobs>,
 }
 
 impl Engine {
@@ -51,10 +56,18 @@ impl Engine {
         if config.packages.cache_dir.is_empty() {
             install_cache.sweep(); // ours alone: remove what an interrupted install left
         }
-        let volumes: Vec<_> = config.sandbox.volumes.iter().map(|v| v.to_volume()).collect();
+        let mut volumes: Vec<_> = config.sandbox.volumes.iter().map(|v| v.to_volume()).collect();
         for (i, volume) in volumes.iter().enumerate() {
             sprout_sandbox::stage::mount_point_in_base(&config.base.path, &volume.path)
                 .with_context(|| format!("sandbox.volumes[{i}].path = {:?}", volume.path))?;
+        }
+        // The leases' directories and the blobs: volumes of the worker's own.
+        let leases = crate::lease_files::LeaseFiles::prepare(dir, config.sandbox.uid, config.sandbox.gid)?;
+        let blobs = Arc::new(crate::blobs::Blobs::prepare(dir)?);
+        for (path, volume) in [(crate::lease_files::IN_SANDBOX, leases.volume()), (crate::blobs::IN_SANDBOX, blobs.volume())] {
+            sprout_sandbox::stage::mount_point_in_base(&config.base.path, path)
+                .with_context(|| format!("making {path} in the base image"))?;
+            volumes.push(volume);
         }
         let stage = Stage::prepare_with_volumes(dir, &config.base.path, &install_cache.installed_dir(), &volumes);
         let stage = Arc::new(stage.map_err(|e| {
@@ -92,7 +105,9 @@ impl Engine {
         if let Some(tree) = static_tree {
             preload_tree(tree, &backend, &packages);
         }
-        Ok(Engine { stage, packages, backend, isolation, networks, volumes: volumes.len() })
+        let configured = volumes.len() - 2;
+        blobs.sweep_in_background();
+        Ok(Engine { stage, packages, backend, isolation, networks, volumes: configured, leases: Arc::new(leases), blobs })
     }
 
     /// Take down what the engine holds beyond the sandboxes (those go with the instances):
