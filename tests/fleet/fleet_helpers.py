@@ -1,8 +1,9 @@
-"""Helpers of the fleet tests: run `sprout`, stop a fleet and find what it left behind."""
+"""Helpers of the fleet tests: run `sprout`, start and stop a fleet and find what it left behind."""
 
+import json
 import subprocess
 
-from conftest import SPROUT
+from conftest import SPROUT, free_port
 
 
 def sprout(*args, check=True, timeout=300):
@@ -26,3 +27,12 @@ def stop_fleet(directory, state):
     assert down.returncode == 0, down.stderr
     assert leftovers(directory, state) == []
     assert not (directory / "fleet.json").exists()
+
+
+def start_fleet(directory, workers, policy):
+    """`sprout fleet up` in `directory`: (HAProxy's URL, the fleet's state)."""
+    port = free_port()
+    up = sprout("fleet", "up", directory, "--workers", workers, "--cpus", "0,1", "--memory-mb", 384, "--policy", policy,
+                "--listen", f"127.0.0.1:{port}", check=False)
+    assert up.returncode == 0, up.stderr
+    return f"http://127.0.0.1:{port}", json.loads((directory / "fleet.json").read_text())

@@ -17,15 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLES, LAMBDAS, free_port
-from fleet_helpers import leftovers, sprout, stop_fleet
-
-
-def start_fleet(directory, workers, policy):
-    port = free_port()
-    up = sprout("fleet", "up", directory, "--workers", workers, "--cpus", "0,1", "--memory-mb", 384, "--policy", policy,
-                "--listen", f"127.0.0.1:{port}", check=False)
-    assert up.returncode == 0, up.stderr
-    return f"http://127.0.0.1:{port}", json.loads((directory / "fleet.json").read_text())
+from fleet_helpers import leftovers, sprout, start_fleet, stop_fleet
 
 
 @pytest.fixture

@@ -500,6 +500,7 @@ mod tests {
         raw["peers"]["sprout"]["task_overhead_ms"] = json!(1000.0 / 3000.0);
         raw["peers"]["sprout"]["cpu_makespan_s"] = json!(5.8);
         raw["peers"].as_object_mut().unwrap().remove("ray");
+        raw["matmul"].as_object_mut().unwrap().remove("ray");
         raw["peers"]["sprout"]["matmul_s"] = json!(6.0);
         raw["matmul"]["sprout"]["memory"]["back_s"] = Value::Null; // never back within the wait
         let r = results(&raw);
