@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, LAMBDAS, free_port
+from conftest import EXAMPLES, LAMBDAS, SPROUT, free_port
 from fleet_helpers import leftovers, sprout, start_fleet, stop_fleet
 
 
@@ -193,6 +193,33 @@ def classes_of_every_worker(state, token, name):
         except urllib.error.HTTPError as e:
             seen.append(e.code)
     return seen
+
+
+def test_a_worker_answers_ready_only_once_it_has_every_lambda_of_the_fleet(fleet):
+    """HAProxy routes to a worker once /status answers: a worker that starts with an empty
+    registry (a new member, or one whose disk was lost) must not say ready before it has
+    unpacked the fleet's lambdas, or requests for them meet a 404."""
+    from conftest import targz
+
+    directory, _, state = fleet
+    token = (directory / "api-token").read_text().strip()
+    first = f"http://{state['members'][0]['addr']}:5000"
+    names = [f"catchup{i}" for i in range(40)]
+    for name in names:
+        put(f"{first}/registry/{name}", token, targz({"f.py": f"def f(event):\n    return {name!r}\n"}))
+    last = state["members"][-1]
+    worker_dir = directory / last["name"]
+    sprout("worker", "down", worker_dir)
+    subprocess.run(["rm", "-rf", worker_dir / "registry"], check=True)
+    subprocess.run(["nsenter", f"--net=/run/netns/{last['netns']}", SPROUT, "worker", "up", worker_dir, "--detach"],
+                   check=True, capture_output=True, timeout=120)
+    answers = {}
+    for name in names:
+        try:
+            answers[name] = json.loads(get(f"http://{last['addr']}:5000/run/{name}", timeout=30)[2])
+        except urllib.error.HTTPError as e:
+            answers[name] = e.code
+    assert answers == {name: name for name in names}, {k: v for k, v in answers.items() if v != k}
 
 
 def test_an_upload_the_shared_registry_cannot_take_is_refused_with_its_reason(fleet):

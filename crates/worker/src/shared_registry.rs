@@ -133,21 +133,28 @@ fn redact(url: &str) -> String {
     }
 }
 
-/// Apply the fleet's changes to this worker's registry, for as long as the worker runs.
-pub async fn follow(api: Api, shared: Arc<SharedRegistry>, url: String, poll: Duration) {
+/// Apply every change after `applied` now; returns the last change applied. The worker does
+/// this once before it answers /status, so a worker that joins a fleet (or restarts) takes
+/// no request for a lambda the fleet has and it has not yet unpacked.
+pub async fn catch_up(api: &Api, shared: &SharedRegistry, applied: i64) -> Result<i64> {
+    let mut last = applied;
+    for change in shared.changes_since(applied).await? {
+        if let Err(e) = apply(api, shared, &change).await {
+            tracing::warn!(lambda = %change.name, "applying the shared registry's change {}: {e:#}", change.change);
+        }
+        last = last.max(change.change);
+    }
+    Ok(last)
+}
+
+/// Apply the fleet's changes after `applied` to this worker's registry, for as long as the
+/// worker runs.
+pub async fn follow(api: Api, shared: Arc<SharedRegistry>, url: String, poll: Duration, mut applied: i64) {
     let wake = Arc::new(tokio::sync::Notify::new());
     tokio::spawn(listen(url, wake.clone()));
-    let mut applied = 0i64;
     loop {
-        match shared.changes_since(applied).await {
-            Ok(changes) => {
-                for change in changes {
-                    if let Err(e) = apply(&api, &shared, &change).await {
-                        tracing::warn!(lambda = %change.name, "applying the shared registry's change {}: {e:#}", change.change);
-                    }
-                    applied = applied.max(change.change);
-                }
-            }
+        match catch_up(&api, &shared, applied).await {
+            Ok(last) => applied = last,
             Err(e) => tracing::warn!("reading the shared registry: {e:#}"),
         }
         let _ = tokio::time::timeout(poll, wake.notified()).await;

@@ -45,7 +45,12 @@ pub async fn serve(dir: &Path) -> Result<()> {
     api.kafka.sync_all(&api).await;
     if let Some(shared) = &api.shared {
         let poll = Duration::from_millis(claimed.config.registry.poll_ms.max(10));
-        tokio::spawn(crate::shared_registry::follow(api.clone(), shared.clone(), claimed.config.registry.shared.clone(), poll));
+        // The fleet's lambdas are here before /status says ready (and HAProxy routes here).
+        let applied = crate::shared_registry::catch_up(&api, shared, 0).await.unwrap_or_else(|e| {
+            tracing::warn!("reading the shared registry: {e:#}; following it from the start");
+            0
+        });
+        tokio::spawn(crate::shared_registry::follow(api.clone(), shared.clone(), claimed.config.registry.shared.clone(), poll, applied));
     }
     let own_cpu = join_own_cpu_group(&claimed.config, &claimed.layout, &claimed.parents[0]);
     let c = &claimed.config;
