@@ -372,7 +372,7 @@ impl Sandbox for LeanSandbox {
         let LeanSandbox { session, slot, cgroup, lean, .. } = *self;
         let Session { channel, process, attached, .. } = session;
         drop(channel);
-        let root = lean.stage.run.join("sb").join(slot.to_string()).join("root");
+        let root = lean.stage.slot_root_path(slot);
         lean.release(slot, root, cgroup, process).await;
         lean.counters.destroyed();
         drop(attached); // its Zygote's use count, its packages: only now that nothing runs

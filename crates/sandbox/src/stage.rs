@@ -43,6 +43,9 @@ pub const PYTHON_PACKAGE: &[(&str, &[u8])] = include!(concat!(env!("OUT_DIR"), "
 /// Where the helper is inside every sandbox.
 pub const HELPER_IN_SANDBOX: &str = "/opt/sprout/helper.py";
 
+/// Size of the tmpfs holding the slot directories (empty mount points: no data goes there).
+const SLOTS_TMPFS_MB: u64 = 1;
+
 /// Directories every sandbox root needs as mount points; `init` creates them in the base.
 /// `wheels` is where installer sandboxes see a local wheel directory.
 pub const BASE_MOUNT_POINTS: [&str; 5] = ["handler", "host", "packages", "opt/sprout", "wheels"];
@@ -129,9 +132,12 @@ impl Stage {
         fs::create_dir_all(&stage.run)?;
         mounts::bind(&stage.run, &stage.run, false)?;
         mounts::make_rprivate(&stage.run)?;
-        for dir in [&stage.base, &stage.code, &stage.run.join("sb")] {
+        for dir in [&stage.base, &stage.code, &stage.slots()] {
             fs::create_dir_all(dir)?;
         }
+        // Slot directories live in memory: each kept sandbox holds one, so a cold start next
+        // to kept ones makes a new directory, and on ext4 that cost 0.2-0.7 ms of inode search.
+        mounts::tmpfs(&stage.slots(), SLOTS_TMPFS_MB, 0, 0)?;
         // Each source lies outside the private tree and may be shared: make every new mount
         // private before anything is mounted below it.
         let private_ro = |src: &Path, dst: &Path, nodev: bool| -> io::Result<()> {
@@ -179,11 +185,21 @@ impl Stage {
 
     /// Root directory of sandbox slot `slot` (created on first use).
     pub fn slot_root(&self, slot: usize) -> io::Result<PathBuf> {
-        let root = self.run.join("sb").join(slot.to_string()).join("root");
+        let root = self.slot_root_path(slot);
         if !root.is_dir() {
             fs::create_dir_all(&root)?;
         }
         Ok(root)
+    }
+
+    /// Where slot `slot`'s root is (made or not).
+    pub fn slot_root_path(&self, slot: usize) -> PathBuf {
+        self.slots().join(slot.to_string()).join("root")
+    }
+
+    /// The directory of the sandbox slots (a tmpfs once the stage is prepared).
+    fn slots(&self) -> PathBuf {
+        self.run.join("sb")
     }
 
     /// The read-only view of a code directory under the registry.
