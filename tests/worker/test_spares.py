@@ -1,12 +1,15 @@
 """Spares: children forked from a Zygote ahead of demand, bound to a lambda on its cold
 start. A spare is bound once, so no lambda ever sees another's environment, files, modules
-or processes through one; a spare that dies while waiting is skipped; with `spares = 0`
-every cold start forks on demand. The sizing policy is unit-tested on synthetic arrivals
+or processes through one; a spare that dies while waiting is skipped; a new package
+Zygote is a spare of its parent when one is ready; with `spares = 0` every cold start forks
+on demand. The sizing policy is unit-tested on synthetic arrivals
 (crates/sandbox/src/import_cache/spares.rs)."""
 
 import os
 import signal
 import time
+
+from conftest import deploy_with, offline, probe, zygote_nodes
 
 # Each lambda marks everything a reused process would carry over, then reports what of
 # the other lambda's marks it can see.
@@ -107,3 +110,25 @@ def test_with_no_spares_every_cold_start_forks_on_demand(make_worker):
         assert w.client.run("noop") == "ok"
     figures = spares(w)
     assert figures["spares_forked"] == 0 and figures["spares_bound"] == 0 and figures["spares_ready"] == 0
+
+
+def test_a_new_package_zygote_is_a_spare_of_its_parent_when_one_is_ready(make_worker, wheel_dir):
+    w = make_worker(**offline(wheel_dir, instances={"keep_warm": False}))
+    w.deploy_source("noop", "def f(event):\n    return 'ok'\n")
+    assert w.client.run("noop") == "ok"
+    wait_for(lambda: spares(w)["spares_ready"] >= 1, "the root Zygote keeps a spare")
+    deploy_with(w, "b", probe(["beta"]), "beta==1.0\n")
+    before = spares(w)
+    assert w.client.run("b")["preloaded"] == ["beta"]
+    after = spares(w)
+    # The Zygote was the root's spare; its own first handler found no spare of it yet.
+    assert after["spares_bound"] == before["spares_bound"] + 1, (before, after)
+    assert after["spares_missed"] == before["spares_missed"] + 1, (before, after)
+    stats = w.client.stats()
+    (node,) = [n for n in zygote_nodes(stats) if n["adds"] == ["beta==1.0"]]
+    pid = int(open(f"/sys/fs/cgroup/pids/{w.cgroup_names[0]}/zygote-{node['id']}/cgroup.procs").read().split()[0])
+    spare_pids = open(f"/sys/fs/cgroup/pids/{w.cgroup_names[0]}/spares/cgroup.procs").read().split()
+    assert str(pid) not in spare_pids, "the Zygote left the spares' cgroup for its own"
+    for _ in range(3):
+        assert w.client.run("b")["preloaded"] == ["beta"]
+    assert w.client.stats()["import_cache"]["import_cache_hits"] >= 3

@@ -191,9 +191,8 @@ static int become_sandbox(const struct fork_request *req, const int *fds, int nf
 }
 
 /* Say on a spare's link that it is ready, wait for the request that binds it, and become
- * that sandbox: returns
- * the sandbox's channel with *role 0 (a handler), or -1 when the worker closed the link
- * (the spare is not needed: its caller exits). */
+ * that sandbox: returns the sandbox's channel with *role 0 (a handler) or 1 (a child
+ * Zygote), or -1 when the worker closed the link (the spare is not needed: its caller exits). */
 int sprout_spare_wait(int link, int *role) {
     char ready = 'R'; /* warmed up: the worker binds ready spares first */
     if (send(link, &ready, 1, MSG_NOSIGNAL) != 1) return -1;
@@ -205,11 +204,11 @@ int sprout_spare_wait(int link, int *role) {
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0) return -1;
         int needed = 2 + !!(req.flags & FLAG_USERNS) + !!(req.flags & FLAG_NETNS);
-        if (req.magic != FORK_MAGIC || nfds < needed || (req.flags & (FLAG_ZYGOTE | FLAG_SPARE))) {
+        if (req.magic != FORK_MAGIC || nfds < needed || (req.flags & FLAG_SPARE)) {
             dprintf(2, "sprout: a spare got a malformed binding request\n");
             return -1;
         }
-        *role = 0;
+        *role = (req.flags & FLAG_ZYGOTE) ? 1 : 0; /* a handler, or a child Zygote */
         return become_sandbox(&req, fds, nfds);
     }
 }

@@ -43,8 +43,8 @@ pub const PYTHON_PACKAGE: &[(&str, &[u8])] = include!(concat!(env!("OUT_DIR"), "
 /// Where the helper is inside every sandbox.
 pub const HELPER_IN_SANDBOX: &str = "/opt/sprout/helper.py";
 
-/// Size of the tmpfs holding the slot directories (empty mount points: no data goes there).
-const SLOTS_TMPFS_MB: u64 = 1;
+/// Size of each tmpfs holding sandbox and Zygote directories (mount points: no data goes there).
+const MOUNT_POINTS_TMPFS_MB: u64 = 1;
 
 /// Directories every sandbox root needs as mount points; `init` creates them in the base.
 /// `wheels` is where installer sandboxes see a local wheel directory.
@@ -132,12 +132,16 @@ impl Stage {
         fs::create_dir_all(&stage.run)?;
         mounts::bind(&stage.run, &stage.run, false)?;
         mounts::make_rprivate(&stage.run)?;
-        for dir in [&stage.base, &stage.code, &stage.slots()] {
+        for dir in [&stage.base, &stage.code] {
             fs::create_dir_all(dir)?;
         }
-        // Slot directories live in memory: each kept sandbox holds one, so a cold start next
-        // to kept ones makes a new directory, and on ext4 that cost 0.2-0.7 ms of inode search.
-        mounts::tmpfs(&stage.slots(), SLOTS_TMPFS_MB, 0, 0)?;
+        // Sandbox slots and Zygote roots live in memory: each kept sandbox holds its slot, so
+        // a cold start next to kept ones makes a new directory (a new package set, a Zygote's),
+        // and on ext4 that cost 0.2-0.7 ms of inode search.
+        for dir in [stage.slots(), stage.zygotes()] {
+            fs::create_dir_all(&dir)?;
+            mounts::tmpfs(&dir, MOUNT_POINTS_TMPFS_MB, 0, 0)?;
+        }
         // Each source lies outside the private tree and may be shared: make every new mount
         // private before anything is mounted below it.
         let private_ro = |src: &Path, dst: &Path, nodev: bool| -> io::Result<()> {
@@ -200,6 +204,16 @@ impl Stage {
     /// The directory of the sandbox slots (a tmpfs once the stage is prepared).
     fn slots(&self) -> PathBuf {
         self.run.join("sb")
+    }
+
+    /// The directory of Zygote `id` (its root is `root` in it).
+    pub fn zygote_dir(&self, id: u64) -> PathBuf {
+        self.zygotes().join(id.to_string())
+    }
+
+    /// The directory of the Zygotes' directories (a tmpfs once the stage is prepared).
+    fn zygotes(&self) -> PathBuf {
+        self.run.join("zygote")
     }
 
     /// The read-only view of a code directory under the registry.
