@@ -92,6 +92,31 @@ def test_a_zygote_imports_ahead_the_package_modules_its_lambdas_code_imports(mak
     assert cache["zygotes_created"] == 1 and cache["zygote_refreshes"] == 0
 
 
+GC_PROBE = """import gc
+import alpha
+
+
+def f(event):
+    before = gc.get_stats()[0]["collections"]
+    for _ in range(5000):
+        cycle = []
+        cycle.append(cycle)
+    return {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
+            "collections": gc.get_stats()[0]["collections"] - before}
+"""
+
+
+def test_a_handler_from_a_package_zygote_has_the_collector_on_and_the_imports_frozen(make_worker, wheel_dir):
+    # The Zygote imports with the collector off: its handlers must get it back, running on
+    # their own garbage (5,000 cycles start collections by themselves) and not on the imports.
+    w = make_worker(**offline(wheel_dir, instances={"keep_warm": False}))
+    deploy_with(w, "gc", GC_PROBE, AB)
+    out = w.client.run("gc")
+    assert out["enabled"] is True and out["collections"] >= 1, out
+    assert out["frozen"] > 1000, out
+    assert w.client.stats()["import_cache"]["zygotes_created"] == 1
+
+
 def test_zygotes_learn_what_handlers_import_at_run_time(make_worker, wheel_dir):
     # alpha.sub is imported by name while serving, where reading the code cannot see it.
     w = make_worker(**offline(wheel_dir, instances={"keep_warm": False}))
