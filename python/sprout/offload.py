@@ -10,9 +10,11 @@
 
 Items (any iterable, read as they are needed: a generator of a million items is never held
 at once) go in requests of at most :data:`MAX_ITEMS` items and about :data:`MAX_BYTES` of
-JSON; ``concurrency`` of them are in flight, each over a keep-alive connection of the client,
-and the worker spreads each over the lambda's sandboxes (docs/offload.md). Results come in the
-items' order (``ordered=True``) or request by request as they are answered.
+JSON; a sized iterable (a list, a range) goes in about ``4 × concurrency`` requests of at
+least :data:`MIN_ITEMS` items, so that they spread over a fleet. ``concurrency`` of them are
+in flight, each over a keep-alive connection of the client, and the worker spreads each over
+the lambda's sandboxes (docs/offload.md). Results come in the items' order
+(``ordered=True``) or request by request as they are answered.
 
 An item whose run failed raises :class:`TaskError` (its code, message, traceback and index)
 when its turn comes, after the results before it, or is yielded as that exception with
@@ -44,6 +46,8 @@ from sprout.client import Client, SproutError
 
 MAX_ITEMS = 2048
 """Most items in one request."""
+MIN_ITEMS = 64
+"""Fewest items a request of a sized map is cut to (see :func:`request_size`)."""
 MAX_BYTES = 2 << 20
 """About the most bytes of one request's JSON body (an item larger than that goes alone)."""
 BLOB_MIN = 1 << 20
@@ -98,6 +102,10 @@ def map(target, items, *, concurrency=None, ordered=True, retries=2, return_exce
         raise ValueError(f"retries must be an int >= 0, not {retries!r}")
     if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or not 1 <= chunk <= 1024):
         raise ValueError(f"chunk must be an int from 1 to 1024, not {chunk!r}")
+    try:
+        count = len(items)  # a list or a range: sized so that the requests spread
+    except TypeError:
+        count = None  # a generator: read as it goes, in requests of MAX_ITEMS
     items = iter(items)
 
     channel = sys.modules.get("_sprout_sandbox") if client is None else None
@@ -106,6 +114,7 @@ def map(target, items, *, concurrency=None, ordered=True, retries=2, return_exce
             raise TypeError("inside a sandbox, sprout.map takes a deployed lambda's name: a lambda cannot deploy a function")
         send = _channel_sender(channel, _lambda_name(target), retries)
         concurrency = 1
+        count = None  # one request at a time, to the one worker: no spreading to do
     else:
         client = _client(client)
         redeploy = None
@@ -122,7 +131,7 @@ def map(target, items, *, concurrency=None, ordered=True, retries=2, return_exce
         else:
             raise TypeError(f"sprout.map needs a lambda's name or a function, not {type(target).__name__}")
         send = _http_sender(client, name, retries, chunk, redeploy)
-    return _results(send, batches(items), concurrency, ordered, return_exceptions)
+    return _results(send, batches(items, request_size(count, concurrency)), concurrency, ordered, return_exceptions)
 
 
 _default_clients = {}
@@ -149,6 +158,18 @@ def _lambda_name(name):
 
 
 # ---------------------------------------------------------------- requests
+
+
+def request_size(count, concurrency):
+    """Most items in one request of a map of ``count`` items (None: not known ahead) with
+    ``concurrency`` requests in flight, as ``sprout map`` cuts them: about four requests for
+    each in flight, so that behind a fleet's HAProxy (which hands ``/map/`` requests to its
+    workers in turn) a map of a few hundred items uses every worker, and one that ends
+    unevenly leaves none idle long; at least :data:`MIN_ITEMS` (a request has a cost of its
+    own) and at most :data:`MAX_ITEMS`."""
+    if count is None:
+        return MAX_ITEMS
+    return min(MAX_ITEMS, max(MIN_ITEMS, -(-count // (4 * concurrency))))
 
 
 def batches(items, max_items=None, max_bytes=None):

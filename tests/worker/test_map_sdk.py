@@ -24,6 +24,16 @@ from sprout import offload, ship
 # ---------------------------------------------------------------- batching and ordering
 
 
+def test_a_sized_map_is_cut_into_about_four_requests_per_one_in_flight():
+    # As `sprout map` cuts them (crates/cli/src/map.rs request_items): a fleet's HAProxy
+    # hands /map/ requests to its workers in turn, so a small map still reaches them all.
+    assert offload.request_size(1000, 4) == offload.MIN_ITEMS  # 16 requests, not 1
+    assert offload.request_size(10_000, 4) == 625
+    assert offload.request_size(10, 4) == offload.MIN_ITEMS  # one request: its cost is its own
+    assert offload.request_size(10**6, 4) == offload.MAX_ITEMS
+    assert offload.request_size(None, 4) == offload.MAX_ITEMS  # a generator: not known ahead
+
+
 def test_batches_are_bounded_by_items_and_bytes():
     got = list(offload.batches(iter(range(5000))))
     assert [(start, len(batch)) for start, batch in got] == [(0, 2048), (2048, 2048), (4096, 904)]
