@@ -195,6 +195,30 @@ def test_a_dead_zygote_is_replaced_and_its_lambdas_served_meanwhile(make_worker,
     assert w.client.run("ab")["preloaded"] == ["alpha", "beta"]
 
 
+def test_a_handler_killed_with_its_zygote_while_loading_is_started_again(make_worker, wheel_dir):
+    # A Zygote is PID 1 of the namespace its handlers live in: they die with it.
+    w = make_worker(**offline(wheel_dir, instances={"keep_warm": False}))
+    deploy_with(w, "ab", probe(["alpha"]) + "\nimport time\ntime.sleep(1)\n", AB)
+    w.client.run("ab")
+    old = node_with(w.client.stats(), "alpha==1.0", "beta==1.0")
+    outcome = {}
+
+    def run():
+        try:
+            outcome["out"] = w.client.run("ab", {"try": ["alpha"]})
+        except Exception as e:  # noqa: BLE001 - reported below
+            outcome["error"] = e
+
+    caller = threading.Thread(target=run)
+    caller.start()
+    time.sleep(0.4)  # its handler is loading, forked from the Zygote
+    os.kill(zygote_pid(w, old["id"]), signal.SIGKILL)
+    caller.join(30)
+    assert "error" not in outcome, outcome.get("error")
+    assert sorted(outcome["out"]["paths"]) == ["/packages/alpha==1.0", "/packages/beta==1.0"]
+    assert w.client.stats()["import_cache"]["zygote_deaths"] == 1
+
+
 def test_a_static_tree_is_made_at_start_and_used(tmp_path, make_worker, wheel_dir):
     tree = tmp_path / "tree.json"
     tree.write_text(json.dumps({"packages": [], "children": [

@@ -165,6 +165,16 @@ impl Channel {
         Ok(buf)
     }
 
+    /// Whether the other end has closed its side (it exited, or is exiting: a process's
+    /// files close early in its exit). Does not wait or read.
+    pub fn peer_closed(&self) -> bool {
+        let events = libc::POLLRDHUP | libc::POLLHUP;
+        let mut pfd = libc::pollfd { fd: self.stream.get_ref().as_raw_fd(), events, revents: 0 };
+        // SAFETY: `pfd` is one live pollfd, matching nfds = 1; its fd is this channel's stream.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 0) };
+        ready == 1 && pfd.revents & (events | libc::POLLERR) != 0
+    }
+
     pub async fn send(&mut self, header: &impl Serialize, body: &[u8]) -> io::Result<()> {
         let buf = Self::encode(header, body)?;
         self.stream.write_all(&buf).await

@@ -58,6 +58,19 @@ struct Provisioned {
     output: OutputPipe,
 }
 
+/// Why provisioning failed, and the Zygote the helper came from (if it came from one): a
+/// Zygote that died meanwhile took its children with it, and is worth one more try.
+struct Unprovisioned {
+    error: CreateError,
+    source: Option<Arc<Node>>,
+}
+
+impl<E: Into<CreateError>> From<E> for Unprovisioned {
+    fn from(error: E) -> Unprovisioned {
+        Unprovisioned { error: error.into(), source: None }
+    }
+}
+
 /// The `sock` and `sock-nozygote` back-ends.
 pub struct SockBackend {
     lean: Arc<Lean>,
@@ -143,8 +156,24 @@ impl Lean {
         self.free_slots.lock().unwrap().push(slot);
     }
 
-    /// Stitch a root, take a cgroup, provision the helper and wait for its hello.
+    /// Stitch a root, take a cgroup, provision the helper and wait for its hello. A helper
+    /// lost because its Zygote died (a Zygote is PID 1 of the namespace its children live
+    /// in, so they die with it) is provisioned once more from what is chosen then.
     async fn make(self: &Arc<Self>, spec: &SandboxSpec) -> Result<LeanSandbox, CreateError> {
+        let failed = match self.make_once(spec).await {
+            Ok(sandbox) => return Ok(sandbox),
+            Err(failed) => failed,
+        };
+        match (&self.zygotes, failed.source) {
+            (Some(zygotes), Some(source)) if zygotes.lost(&source).await => {
+                tracing::warn!(zygote = source.id, "a sandbox's helper died with its Zygote ({}); provisioning it again", failed.error);
+                self.make_once(spec).await.map_err(|f| f.error)
+            }
+            _ => Err(failed.error),
+        }
+    }
+
+    async fn make_once(self: &Arc<Self>, spec: &SandboxSpec) -> Result<LeanSandbox, Unprovisioned> {
         let started = Instant::now();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let slot = self.take_slot();
@@ -201,12 +230,12 @@ impl Lean {
             }
             Err(load_error) => {
                 self.release(slot, root, cgroup, process).await;
-                Err(load_error)
+                Err(load_error.into())
             }
         }
     }
 
-    async fn provision(&self, id: u64, spec: &SandboxSpec, root: &Path, cgroup: &Cgroup) -> Result<Provisioned, CreateError> {
+    async fn provision(&self, id: u64, spec: &SandboxSpec, root: &Path, cgroup: &Cgroup) -> Result<Provisioned, Unprovisioned> {
         let t0 = Instant::now();
         let endpoint = Endpoint::listen_in(&root.join("host"))?;
         let (output, log) = OutputPipe::new(id, spec.output_sink()).doing("making the sandbox's log pipe")?;
@@ -223,7 +252,7 @@ impl Lean {
                         Err(e) if attempt == 0 => {
                             tracing::warn!("forking from Zygote {}: {e}; retrying", source.node.id)
                         }
-                        Err(e) => return Err(e),
+                        Err(e) => return Err(e.into()),
                     }
                     attempt += 1;
                 }
@@ -250,33 +279,38 @@ impl Lean {
             }
         };
         drop(log);
-        let forked_at = t0.elapsed();
-        let (mut channel, process) = match forked {
-            Some(process) => {
-                let channel = tokio::select! {
-                    accepted = endpoint.accept(self.cfg.start_timeout, self.cfg.max_response) => accepted?.0,
-                    dead = process.exited(self.cfg.start_timeout) => return Err(helper_failed(dead, self.cfg.start_timeout).into()),
-                };
-                (channel, process)
+        let source = hold.as_ref().map(|h| h.node().clone());
+        // Wait for the helper to connect and say hello.
+        let connected = async {
+            let forked_at = t0.elapsed();
+            let (mut channel, process) = match forked {
+                Some(process) => {
+                    let channel = tokio::select! {
+                        accepted = endpoint.accept(self.cfg.start_timeout, self.cfg.max_response) => accepted?.0,
+                        dead = process.exited(self.cfg.start_timeout) => return Err(helper_failed(dead, self.cfg.start_timeout).into()),
+                    };
+                    (channel, process)
+                }
+                // Forked by a package Zygote: the kernel says who connected; we place it.
+                None => accept_and_place(endpoint, cgroup, self.cfg.start_timeout, self.cfg.max_response).await?,
+            };
+            drop(tree); // the handler holds its root now: closing ours is not the last reference
+            let connected_at = t0.elapsed();
+            let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await;
+            if let (Some(zygotes), Some(hold)) = (&self.zygotes, &hold) {
+                zygotes.replenish(hold); // now that this handler no longer competes with it
             }
-            // Forked by a package Zygote: the kernel says who connected; we place it.
-            None => accept_and_place(endpoint, cgroup, self.cfg.start_timeout, self.cfg.max_response).await?,
+            let hello = hello?;
+            tracing::debug!(
+                sandbox = id,
+                fork_us = forked_at.as_micros() as u64,
+                connect_us = (connected_at - forked_at).as_micros() as u64,
+                load_us = (t0.elapsed() - connected_at).as_micros() as u64,
+                "provisioned"
+            );
+            Ok(Provisioned { channel, process: Some(process), hello, hold, output })
         };
-        drop(tree); // the handler holds its root now: closing ours is not the last reference
-        let connected_at = t0.elapsed();
-        let hello = channel.handshake(&spec.env, &spec.paths, self.cfg.start_timeout).await;
-        if let (Some(zygotes), Some(hold)) = (&self.zygotes, &hold) {
-            zygotes.replenish(hold); // now that this handler no longer competes with it
-        }
-        let hello = hello?;
-        tracing::debug!(
-            sandbox = id,
-            fork_us = forked_at.as_micros() as u64,
-            connect_us = (connected_at - forked_at).as_micros() as u64,
-            load_us = (t0.elapsed() - connected_at).as_micros() as u64,
-            "provisioned"
-        );
-        Ok(Provisioned { channel, process: Some(process), hello, hold, output })
+        connected.await.map_err(|error| Unprovisioned { error, source })
     }
 }
 

@@ -130,6 +130,22 @@ impl ImportCache {
         }
     }
 
+    /// Whether `node`'s Zygote has died or is dying (its end of the channel is closed, as
+    /// happens before its children in its PID namespace are killed). If so it is forgotten
+    /// now, rather than when its exit is noticed, so the next choice does not fall on it.
+    pub async fn lost(self: &Arc<Self>, node: &Arc<Node>) -> bool {
+        let gone = match node.process.lock().await.as_ref() {
+            Some(zygote) => zygote.process.has_exited() || zygote.channel.peer_closed(),
+            None => true,
+        };
+        // Only this very node: a restarted root has the same id.
+        let current = self.nodes.lock().unwrap().get(&node.id).is_some_and(|n| Arc::ptr_eq(n, node));
+        if gone && current {
+            self.forget(node.id, true).await;
+        }
+        gone
+    }
+
     pub(super) async fn create_child(self: &Arc<Self>, parent: &Arc<Node>, packages: &[Package], pinned: bool) -> Option<Arc<Node>> {
         self.create_child_with(parent, packages, pinned, 0, None).await
     }
