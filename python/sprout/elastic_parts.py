@@ -18,9 +18,11 @@ Writes go to a temporary file renamed into place, so a reader never sees half a 
 two parts making the same tile from its recipe at once both make the same bytes.
 """
 
+import contextlib
 import ctypes
 import os
 import re
+import tempfile
 
 import numpy as np
 
@@ -61,10 +63,16 @@ def _made(shape, make):
 
 def _save(directory, name, tile):
     path = _path(directory, name)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        np.save(f, np.ascontiguousarray(tile, dtype=np.float64))
-    os.replace(tmp, path)
+    # A name no other writer has: every part's helper is PID 1 of its own namespace.
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f"{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, np.ascontiguousarray(tile, dtype=np.float64))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def _load(directory, ref):

@@ -60,6 +60,26 @@ def test_a_matrix_computes_as_numpy_does(ctx):
     np.testing.assert_array_equal(ctx.ones((5, 3)).to_numpy(), np.ones((5, 3)))
 
 
+def test_parts_making_one_tile_at_once_do_not_collide(tmp_path):
+    # Every part's helper is PID 1 of its namespace: writers sharing a PID share nothing else.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sprout import elastic_parts
+    ref = {"name": "m1_0_0", "shape": [64, 64], "make": {"random": [3, 0, 0]}}
+    op = {"op": "binary", "out": "m2_0_0", "fn": "add", "a": ref, "b": 1.0}
+
+    def make(_):
+        elastic_parts._save(str(tmp_path), ref["name"], elastic_parts._made(ref["shape"], ref["make"]))
+        elastic_parts._run(str(tmp_path), op)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(make, range(200)))
+    expected = np.random.default_rng([3, 0, 0]).random((64, 64))
+    np.testing.assert_array_equal(np.load(tmp_path / "m1_0_0.npy"), expected)
+    np.testing.assert_array_equal(np.load(tmp_path / "m2_0_0.npy"), expected + 1.0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m1_0_0.npy", "m2_0_0.npy"]
+
+
 def test_tiles_are_made_on_first_touch_and_deleted_on_collection(worker, ctx):
     z = ctx.zeros((2 * TILE, 2 * TILE))
     x = ctx.from_numpy(np.arange(4.0).reshape(2, 2))
