@@ -56,6 +56,9 @@ BLOB_KEY = "$sprout_blob"
 BLOBS_DIR = "/blobs"
 """Where a sandbox sees the blob store."""
 DEFAULT_CONCURRENCY = 4
+# Seconds between the caller's looks at its requests: Python runs a Ctrl-C's handler on the
+# main thread only when that thread wakes, and the kernel may hand the signal to a request's.
+WAKE = 0.2
 RETRY_STATUSES = frozenset({429, 502, 503})
 """Statuses of a request that did not reach a sandbox: it is sent again."""
 BACKOFF = 0.2
@@ -379,12 +382,16 @@ def in_flight(send, batches, concurrency, ordered):
         while pending:
             if ordered:
                 start, future = pending.popleft()
+                while not future.done():
+                    wait([future], timeout=WAKE)
                 outcomes = future.result()
                 refill()
                 yield start, outcomes
                 continue
-            wait([f for _, f in pending], return_when=FIRST_COMPLETED)
-            done = [(s, f) for s, f in pending if f.done()]
+            done = []
+            while not done:
+                wait([f for _, f in pending], timeout=WAKE, return_when=FIRST_COMPLETED)
+                done = [(s, f) for s, f in pending if f.done()]
             for entry in done:
                 pending.remove(entry)
             refill()
