@@ -74,10 +74,10 @@ def test_three_workers_serve_lambdas_through_haproxy_each_lambda_mostly_on_its_w
     assert get(f"{url}/run/hello/ada")[2] == b"<h1>Hello, ada!</h1>\n"
     homes = {}
     for i in range(12):
-        # One kept-alive connection: HAProxy ends a request's session before it reads the
-        # next one, so none is sent past its worker for still counting the previous request
-        # (bounded loads: at this load, one request in flight fills a worker). Over separate
-        # connections that depends on when HAProxy sees the last one close.
+        # Bounded loads: at this load one request in flight fills a worker, and a request
+        # is sent past a worker still counting the previous one (over separate connections,
+        # until HAProxy sees the last close; once in 120 over one connection, under load).
+        # Round robin would send at most 4 of 10 to one worker.
         conn = http.client.HTTPConnection(urllib.parse.urlsplit(url).netloc, timeout=30)
         served = collections.Counter()
         for _ in range(10):
@@ -88,7 +88,7 @@ def test_three_workers_serve_lambdas_through_haproxy_each_lambda_mostly_on_its_w
             served[reply.headers.get("x-sprout-worker")] += 1
         conn.close()
         home, count = served.most_common(1)[0]
-        assert count == 10 and home in names, f"echo{i} went to {served} (consistent hashing keeps a lambda on its worker)"
+        assert count >= 7 and set(served) <= names, f"echo{i} went to {served} (consistent hashing keeps a lambda on its worker)"
         homes[f"echo{i}"] = home
     assert len(set(homes.values())) >= 2, f"twelve lambdas all hashed to one worker: {homes}"
 

@@ -323,6 +323,7 @@ def test_an_abandoned_map_does_not_hold_the_exit(tmp_path, to):
         import faulthandler
         faulthandler.dump_traceback_later(20, exit=True)  # where it hangs, if it does
         import os, signal, threading
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # were it ignored where the tests run
         import sprout, sprout.offload
         sprout.offload.MAX_ITEMS = 5
         threading.Timer(0.5, lambda: {INTERRUPTS[to]}).start()
