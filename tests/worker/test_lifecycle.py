@@ -197,3 +197,17 @@ def test_sandbox_slots_are_made_in_memory_and_go_with_the_worker(tmp_path, sprou
     w.stop()
     assert w.leftovers() == []
     assert not slots.exists()
+
+
+def test_a_sigterm_during_start_up_stops_the_worker_cleanly_once_it_is_up(tmp_path, sprout_bin):
+    w = Worker(tmp_path / "w", {})
+    w.sprout("worker", "init", w.dir)
+    with open(w.log_path, "ab") as log:
+        process = subprocess.Popen([str(sprout_bin), "worker", "up", str(w.dir)], stdout=log, stderr=log)
+    deadline = time.time() + 10
+    while not (w.dir / "worker.pid").exists() and time.time() < deadline:
+        time.sleep(0.002)
+    process.send_signal(signal.SIGTERM)  # its mounts, cgroups and Zygote are being made
+    assert process.wait(timeout=60) == 0, w.log()
+    assert "worker stopped" in w.log()
+    assert w.leftovers() == []

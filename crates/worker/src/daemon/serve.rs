@@ -31,6 +31,9 @@ use crate::syntax::Checker;
 
 /// Run the worker in `dir` in the foreground until SIGTERM or SIGINT.
 pub async fn serve(dir: &Path) -> Result<()> {
+    // Caught from the start: a signal during start-up (or just after "ready", before the
+    // listeners run) stops the worker cleanly once it is up, instead of killing it mid-way.
+    let signals = ShutdownSignals::install()?;
     let claimed = Claimed::claim(dir)?;
     let listeners = Listeners::bind(&claimed).await?;
     let engine = Engine::build(&claimed).await?;
@@ -64,7 +67,7 @@ pub async fn serve(dir: &Path) -> Result<()> {
         cgroups = format!("v{}", claimed.layout.version()),
         "worker ready"
     );
-    let served = listeners.serve(api.clone()).await;
+    let served = listeners.serve(api.clone(), signals).await;
     tracing::info!("shutting down");
     api.kafka.stop_all().await; // their messages under way finish first
     api.leases.release_all();
@@ -157,11 +160,11 @@ impl Listeners {
     }
 
     /// Serve both until a signal, then finish the requests under way (follow streams end).
-    async fn serve(self, api: Api) -> Result<()> {
+    async fn serve(self, api: Api, signals: ShutdownSignals) -> Result<()> {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let logs = api.logs.clone();
         tokio::spawn(async move {
-            shutdown_signal().await;
+            signals.recv().await;
             logs.close(); // follow streams end, so the listeners can finish
             let _ = stop.send(true);
         });
@@ -305,12 +308,25 @@ fn publish_token(required: bool, listening: SocketAddr, api_token: &token::Token
     }
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, caught from when they are installed (one that arrives before
+/// [`ShutdownSignals::recv`] is asked for is kept).
+struct ShutdownSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn install() -> Result<ShutdownSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate()).context("catching SIGTERM")?;
+        let int = signal(SignalKind::interrupt()).context("catching SIGINT")?;
+        Ok(ShutdownSignals { term, int })
+    }
+
+    async fn recv(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
     }
 }
