@@ -580,7 +580,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Sites(SitesCommand::Put { host, lambda, statics, endpoint }) => admin::sites_put(&endpoint, &host, &lambda, &statics)?,
         Command::Sites(SitesCommand::Rm { host, endpoint }) => admin::sites_rm(&endpoint, &host)?,
         Command::Packages(PackagesCommand::Preinstall { file, dir }) => {
-            log_init("warn,sprout_worker::packages=info");
+            log_init("warn,sprout_engine::packages=info");
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             let installed = rt.block_on(sprout_worker::preinstall(&dir, &file))?;
             for p in &installed {

@@ -9,10 +9,13 @@
 //! * [`worker_config`] writes each worker's config.toml (pure);
 //! * [`control`] is `sprout fleet up | down | status | deploy`;
 //! * [`membership`] adds and drains workers of a running fleet, through HAProxy's
-//!   [`runtime`] API.
+//!   [`runtime`] API;
+//! * [`member`] is a worker's own side of its fleet: the shared registry it follows, the
+//!   routes it keeps, and their `[registry]` section of its configuration.
 
 pub mod control;
 pub mod haproxy;
+pub mod member;
 pub mod membership;
 pub mod netns;
 pub mod plan;

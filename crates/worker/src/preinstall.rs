@@ -10,9 +10,11 @@ use anyhow::{bail, Context, Result};
 use sprout_sandbox::cgroup::Layout;
 use sprout_sandbox::stage::Stage;
 
+use sprout_engine::packages::install_cache::{InstallCache, InstalledPackage};
+use sprout_engine::packages::requirements;
+use sprout_engine::sandboxes::make_packages;
+
 use crate::config::Config;
-use crate::packages::install_cache::{InstallCache, InstalledPackage};
-use crate::packages::requirements;
 
 /// Install every package `file` names (and their dependencies) into the cache of the worker
 /// configured in `dir`; returns what the cache then holds for them.
@@ -32,7 +34,7 @@ pub async fn preinstall(dir: &Path, file: &Path) -> Result<Vec<InstalledPackage>
     let scratch = tempfile::Builder::new().prefix("sprout-preinstall-").tempdir()?;
     let result = async {
         let stage = Arc::new(Stage::prepare(scratch.path(), &config.base.path, &cache.installed_dir())?);
-        let packages = crate::daemon::make_packages(&config, cache, stage.clone(), layout.clone(), &parent);
+        let packages = make_packages(&config.engine(), cache, stage.clone(), layout.clone(), &parent);
         let installed = packages.prepare(&reqs).await.map_err(|e| {
             let mut message = e.message.clone();
             if !e.output.is_empty() {

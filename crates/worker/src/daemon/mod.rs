@@ -1,37 +1,34 @@
 //! The worker's life cycle: `init` (config, API token and base image), `serve` (the running
-//! worker, [`serve`]), `up --detach`, `down`, `status` and `cleanup`. What sandboxes are made
-//! with is [`engine`]'s.
+//! worker, [`serve`]), `up --detach`, `down`, `status` and `cleanup`.
 //!
 //! A running worker holds an exclusive lock on `DIR/worker.lock` for its whole life. The lock
 //! dies with the process however it ends, so "is a worker running here?" never trusts a stale
 //! pid file, and `serve` can always clean up what a killed predecessor left before starting.
 
-mod engine;
+mod host;
 mod serve;
 
 use std::fs;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use sprout_sandbox::cgroup::Layout;
 use sprout_sandbox::docker::DockerBackend;
 use sprout_sandbox::stage::Stage;
 use sprout_sandbox::{base, cleanup, network};
 
-use crate::auth::token;
-use crate::config::{BackendKind, Config, TEMPLATE};
+use sprout_api::auth::token;
+use sprout_engine::config::BackendKind;
 
-pub(crate) use engine::make_packages;
+use crate::config::{Config, TEMPLATE};
+
+use host::{detect_layout, LOCK, PID};
+pub use host::{running_pid, LOG};
 pub use serve::serve;
 pub use sprout_sandbox::base::Outcome as InitOutcome;
-
-pub(super) const LOCK: &str = "worker.lock";
-pub(super) const PID: &str = "worker.pid";
-pub const LOG: &str = "worker.log";
 
 /// Write `DIR/config.toml` and `DIR/api-token` (unless present) and make sure the base image
 /// exists.
@@ -64,15 +61,6 @@ pub fn init(dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<InitOutcome> {
         }
     }
     Ok(outcome)
-}
-
-/// Whether a worker holds `dir`'s lock; returns its pid when it does.
-pub fn running_pid(dir: &Path) -> Option<u32> {
-    let file = fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(LOCK)).ok()?;
-    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-        Ok(_unlocked_on_drop) => None,
-        Err(_) => Some(fs::read_to_string(dir.join(PID)).ok()?.trim().parse().unwrap_or(0)),
-    }
 }
 
 /// What `status` reports.
@@ -184,7 +172,8 @@ pub fn cleanup_dir(dir: &Path) -> Result<cleanup::Report> {
     let mut report = cleanup::cleanup(dir, &layout, &config.cgroup_parents(dir))?;
     report.network_removed = network::host::release(dir, &config.network_tag(dir).0);
     if config.sandbox.backend == BackendKind::Docker && config.docker.socket.exists() {
-        let docker = DockerBackend::new(engine::docker_config(&config, dir), Arc::new(Stage::paths(dir)));
+        let docker_config = sprout_engine::sandboxes::docker_config(&config.engine(), &config.worker_name(dir));
+        let docker = DockerBackend::new(docker_config, Arc::new(Stage::paths(dir)));
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         report.processes_killed += rt.block_on(docker.remove_leftovers());
     }
@@ -193,9 +182,4 @@ pub fn cleanup_dir(dir: &Path) -> Result<cleanup::Report> {
         token::withdraw(listen, &token);
     }
     Ok(report)
-}
-
-pub(super) fn detect_layout(config: &Config) -> Result<Layout> {
-    let v2_root = (!config.cgroups.v2_root.is_empty()).then(|| PathBuf::from(&config.cgroups.v2_root));
-    Ok(Layout::detect(config.cgroups.version, v2_root.as_deref())?)
 }

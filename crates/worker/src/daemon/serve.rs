@@ -1,11 +1,12 @@
 //! `sprout worker up`: the running worker, in its stages — claim the directory (its lock, its
 //! configuration, read once, and what a dead predecessor left cleaned up), bind the
-//! listeners, build the sandbox engine, assemble the API, serve until SIGTERM or SIGINT, and
+//! listeners, make the features (leases, blobs, Kafka triggers, the fleet's registry and
+//! routes), start the engine with them, assemble the API, serve until SIGTERM or SIGINT, and
 //! shut down, leaving nothing behind.
 
 use std::fs;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,20 +15,15 @@ use sprout_sandbox::cgroup::{Layout, OwnCpuGroup};
 use sprout_sandbox::{base, cleanup, network};
 use tokio::net::TcpListener;
 
-use super::engine::{memory_budget, Engine};
-use super::{detect_layout, LOCK, PID};
-use crate::api::{router, Api};
-use crate::app::AppPort;
-use crate::archive::Caps;
-use crate::auth::{token, Discovery, Guard};
+use sprout_api::auth::token;
+use sprout_api::{Api, AppPort, Discovery, Guard};
+use sprout_engine::{Engine, Extensions, Host, LambdaWatcher};
+use sprout_fleet::member::{shared_registry, FleetRoutes, SharedRegistry};
+use sprout_offload::{Blobs, LeaseBook, LeaseFiles, MapCalls};
+use sprout_triggers::KafkaTriggers;
+
+use super::host::{detect_layout, LOCK, PID};
 use crate::config::Config;
-use crate::handler_cache::HandlerCacheConfig;
-use crate::instances::{InstanceConfig, Instances, Provisioning};
-use crate::invoker::{InvokeLimits, Invoker};
-use crate::logs::Logs;
-use crate::metrics::Metrics;
-use crate::registry::Registry;
-use crate::syntax::Checker;
 
 /// Run the worker in `dir` in the foreground until SIGTERM or SIGINT.
 pub async fn serve(dir: &Path) -> Result<()> {
@@ -36,44 +32,37 @@ pub async fn serve(dir: &Path) -> Result<()> {
     let signals = ShutdownSignals::install()?;
     let claimed = Claimed::claim(dir)?;
     let listeners = Listeners::bind(&claimed).await?;
-    let engine = Engine::build(&claimed).await?;
-    let api = match assemble(&claimed, &engine, &listeners).await {
-        Ok(api) => api,
-        Err(e) => {
-            engine.abandon(&claimed).await;
-            let _ = cleanup::cleanup(&claimed.dir, &claimed.layout, &claimed.parents);
-            return Err(e);
-        }
-    };
-    api.kafka.sync_all(&api).await;
+    let features = Features::make(&claimed).await?;
+    let engine = Engine::start(&claimed.config.engine(), &claimed.host, features.extensions()).await?;
+    features.blobs.sweep_in_background();
+    let api = assemble(&claimed, engine.clone(), features, &listeners);
+    api.kafka.sync_all(&engine).await;
     if let Some(shared) = &api.shared {
         let poll = Duration::from_millis(claimed.config.registry.poll_ms.max(10));
         // The fleet's lambdas are here before /status says ready (and HAProxy routes here).
-        let applied = crate::shared_registry::catch_up(&api, shared, 0).await.unwrap_or_else(|e| {
+        let applied = shared_registry::catch_up(&engine, shared, 0).await.unwrap_or_else(|e| {
             tracing::warn!("reading the shared registry: {e:#}; following it from the start");
             0
         });
-        tokio::spawn(crate::shared_registry::follow(api.clone(), shared.clone(), claimed.config.registry.shared.clone(), poll, applied));
+        tokio::spawn(shared_registry::follow(engine.clone(), shared.clone(), claimed.config.registry.shared.clone(), poll, applied));
     }
-    let own_cpu = join_own_cpu_group(&claimed.config, &claimed.layout, &claimed.parents[0]);
+    let own_cpu = join_own_cpu_group(&claimed.config, &claimed.host.layout, &claimed.host.parents[0]);
     let c = &claimed.config;
     tracing::info!(
         listen = %c.worker.listen,
         app = %c.app.listen,
-        volumes = engine.volumes,
-        backends = ?engine.backend.names(),
+        volumes = engine.volumes(),
+        backends = ?engine.backend_names(),
         auth = c.worker.auth,
-        lambdas = api.registry.list().len(),
-        cgroups = format!("v{}", claimed.layout.version()),
+        lambdas = engine.registry.list().len(),
+        cgroups = format!("v{}", claimed.host.layout.version()),
         "worker ready"
     );
     let served = listeners.serve(api.clone(), signals).await;
     tracing::info!("shutting down");
     api.kafka.stop_all().await; // their messages under way finish first
     api.leases.release_all();
-    api.instances.shutdown().await;
-    let logs = api.logs.clone();
-    tokio::task::spawn_blocking(move || logs.flush()).await.ok();
+    engine.shutdown().await;
     drop(api);
     if let Some(own) = own_cpu {
         // Back where it started, so the cleanup below can remove (and never kills) its group.
@@ -82,24 +71,20 @@ pub async fn serve(dir: &Path) -> Result<()> {
         }
     }
     engine.release_networks().await;
-    let report = cleanup::cleanup(&claimed.dir, &claimed.layout, &claimed.parents)?;
+    let host = &claimed.host;
+    let report = cleanup::cleanup(&host.dir, &host.layout, &host.parents)?;
     tracing::info!(mounts = report.mounts_removed, "worker stopped");
-    let _ = fs::remove_file(claimed.dir.join(PID));
+    let _ = fs::remove_file(host.dir.join(PID));
     served
 }
 
 /// The worker directory, held for the worker's life: resolved once, with its configuration,
 /// its lock, its API token and where its cgroups and network live.
-pub(super) struct Claimed {
-    pub dir: PathBuf,
-    pub config: Config,
-    pub token: token::Token,
-    pub layout: Arc<Layout>,
-    /// The worker's cgroup trees (sandboxes first, then runc's).
-    pub parents: Vec<String>,
-    /// Names the worker's nftables table and host links; seeds its address block.
-    pub tag: String,
-    pub seed: u32,
+struct Claimed {
+    config: Config,
+    token: token::Token,
+    /// The directory and what the worker owns: its cgroups, its network's names.
+    host: Host,
     /// Held until the worker is gone: "is a worker running here?" never trusts a stale pid.
     _lock: nix::fcntl::Flock<fs::File>,
 }
@@ -133,7 +118,8 @@ impl Claimed {
         if !missing.is_empty() {
             tracing::warn!(?missing, "cgroup v{} here lacks these controllers: their limits are not enforced", layout.version());
         }
-        Ok(Claimed { dir, config, token, layout, parents, tag, seed, _lock: lock })
+        let name = config.worker_name(&dir);
+        Ok(Claimed { config, token, host: Host { dir, name, layout, parents, tag, seed }, _lock: lock })
     }
 }
 
@@ -155,14 +141,14 @@ impl Listeners {
         // Published as soon as the port takes connections: a client that finds the port open
         // finds the token too.
         let discovery = publish_token(config.worker.auth, listening, &claimed.token);
-        let app = AppPort::bind(&config.app, claimed.dir.join("sites.json")).await?;
+        let app = AppPort::bind(&config.app, claimed.host.dir.join("sites.json")).await?;
         Ok(Listeners { api, listening, app, discovery })
     }
 
     /// Serve both until a signal, then finish the requests under way (follow streams end).
     async fn serve(self, api: Api, signals: ShutdownSignals) -> Result<()> {
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let logs = api.logs.clone();
+        let logs = api.engine.logs.clone();
         tokio::spawn(async move {
             signals.recv().await;
             logs.close(); // follow streams end, so the listeners can finish
@@ -175,12 +161,7 @@ impl Listeners {
             }
         };
         let Listeners { api: listener, app, discovery, .. } = self;
-        let api_router = router(api.clone());
-        let api_served = async {
-            axum::serve(listener, api_router.into_make_service_with_connect_info::<SocketAddr>())
-                .with_graceful_shutdown(until_stopped())
-                .await
-        };
+        let api_served = sprout_api::serve(listener, api.clone(), until_stopped());
         let app_served = async {
             match app {
                 Some(port) => port.serve(api, until_stopped()).await,
@@ -194,75 +175,63 @@ impl Listeners {
     }
 }
 
-/// Everything the API serves with, on `engine`: the registry, the logs, the instance
-/// manager, the metrics and the one invocation path.
-async fn assemble(claimed: &Claimed, engine: &Engine, listeners: &Listeners) -> Result<Api> {
-    let (config, dir) = (&claimed.config, claimed.dir.as_path());
-    let caps = Caps { max_bytes: config.limits.max_unpacked_mb << 20, max_files: config.limits.max_files };
-    let checker = Checker::new(&config.base.path, &config.sandbox.python, config.sandbox.uid, config.sandbox.gid);
-    let registry =
-        Arc::new(Registry::open(&engine.stage.registry, caps, checker, config.packages.allow_unpinned, engine.isolation.clone())?);
-    let logs = Logs::new(config.logs.to_config(dir)).context("opening the lambdas' logs (DIR/logs)")?;
-    let provisioning =
-        Provisioning { packages: engine.packages.clone(), networks: engine.networks.clone(), isolation: engine.isolation.clone() };
-    let instances = Instances::new(engine.backend.clone(), Arc::new(provisioning), instance_config(claimed, engine)?, logs.clone());
-    let metrics =
-        Arc::new(Metrics::new(engine.backend.clone(), instances.clone(), engine.packages.clone(), engine.networks.clone(), logs.clone()));
-    let shared = match config.registry.shared.as_str() {
-        "" => None,
-        url => Some(Arc::new(crate::shared_registry::SharedRegistry::connect(url).await?)),
-    };
-    let limits = InvokeLimits { max_body: (config.limits.max_body_mb << 20) as usize, max_invoke_depth: config.limits.max_invoke_depth };
-    let invoker = Invoker::new(registry.clone(), instances.clone(), metrics.clone(), logs.clone(), limits);
-    Ok(Api {
-        registry,
-        instances,
-        packages: engine.packages.clone(),
-        networks: engine.networks.clone(),
-        metrics,
-        auth: Arc::new(Guard::new(claimed.token.clone(), config.worker.auth, listeners.listening.to_string())),
-        invoker,
-        leases: crate::lease_routes::LeaseBook::new(engine.leases.clone()),
-        blobs: engine.blobs.clone(),
-        logs,
-        max_upload: (config.limits.max_upload_mb << 20) as usize,
-        kafka: Arc::new(crate::kafka::KafkaTriggers::new(dir.join("kafka-failed.jsonl"), Default::default())),
-        sites: listeners.app.as_ref().map(AppPort::sites),
-        shared,
-        routes: (!config.registry.routes_socket.is_empty()).then(|| crate::fleet_routes::FleetRoutes {
-            socket: config.registry.routes_socket.clone().into(),
-            map: config.registry.routes_map.clone().into(),
-        }),
-        worker_name: axum::http::HeaderValue::from_str(&config.worker_name(dir)).unwrap_or(axum::http::HeaderValue::from_static("worker")),
-    })
+/// The features built on the engine, made before it starts: they bring it volumes (the
+/// leases' files, the blobs), watchers of its lambdas and the runner of handlers' maps.
+struct Features {
+    leases: Arc<LeaseBook>,
+    blobs: Arc<Blobs>,
+    lease_files: Arc<LeaseFiles>,
+    kafka: Arc<KafkaTriggers>,
+    shared: Option<Arc<SharedRegistry>>,
+    routes: Option<Arc<FleetRoutes>>,
 }
 
-/// The instance manager's settings from `[instances]`, `[limits]` and `[handler_cache]`.
-fn instance_config(claimed: &Claimed, engine: &Engine) -> Result<InstanceConfig> {
+impl Features {
+    async fn make(claimed: &Claimed) -> Result<Features> {
+        let (config, dir) = (&claimed.config, claimed.host.dir.as_path());
+        let shared = match config.registry.shared.as_str() {
+            "" => None,
+            url => Some(Arc::new(SharedRegistry::connect(url).await?)),
+        };
+        // The leases' directories and the blobs: volumes of the worker's own.
+        let lease_files = Arc::new(LeaseFiles::prepare(dir, config.sandbox.uid, config.sandbox.gid)?);
+        let blobs = Arc::new(Blobs::prepare(dir)?);
+        let routes = (!config.registry.routes_socket.is_empty()).then(|| {
+            Arc::new(FleetRoutes { socket: config.registry.routes_socket.clone().into(), map: config.registry.routes_map.clone().into() })
+        });
+        Ok(Features {
+            leases: LeaseBook::new(lease_files.clone()),
+            blobs,
+            lease_files,
+            kafka: Arc::new(KafkaTriggers::new(dir.join("kafka-failed.jsonl"), Default::default())),
+            shared,
+            routes,
+        })
+    }
+
+    /// What the engine is given of them.
+    fn extensions(&self) -> Extensions {
+        let mut watchers: Vec<Arc<dyn LambdaWatcher>> = vec![self.leases.clone(), self.kafka.clone()];
+        watchers.extend(self.routes.clone().map(|r| r as Arc<dyn LambdaWatcher>));
+        Extensions { volumes: vec![self.lease_files.volume(), self.blobs.volume()], watchers, batches: Some(Arc::new(MapCalls)) }
+    }
+}
+
+/// The API, on the engine and the features.
+fn assemble(claimed: &Claimed, engine: Arc<Engine>, features: Features, listeners: &Listeners) -> Api {
     let config = &claimed.config;
-    let i = &config.instances;
-    Ok(InstanceConfig {
-        keep_warm: i.keep_warm,
-        idle_timeout: Duration::from_secs(i.idle_timeout_s),
-        keep_alive: (i.keep_alive == crate::config::KeepAlive::Histogram)
-            .then(|| crate::keepalive::Policy { fixed_keep_alive: Duration::from_secs(i.idle_timeout_s), ..Default::default() }),
-        max_per_lambda: i.max_per_lambda,
-        queue_depth: i.queue_depth,
-        max_total: i.max_total,
-        timeout: config.timeout(),
-        limits: config.sandbox_limits(),
-        handler_cache: HandlerCacheConfig {
-            pause: config.handler_cache.pause,
-            pause_after: Duration::from_millis(config.handler_cache.pause_after_ms),
-            memory_limit: config.handler_cache.memory_mb << 20,
-        },
-        budget: memory_budget(config, engine.backend.as_ref())?,
-        sandbox_estimate: i.sandbox_estimate_mb << 20,
-        lambda_cpu_weight: config.limits.cpu_weight,
-        long_request: (config.limits.long_request_ms > 0).then(|| Duration::from_millis(config.limits.long_request_ms)),
-        preempt_tick: (config.limits.preempt_tick_us > 0).then(|| Duration::from_micros(config.limits.preempt_tick_us)),
-        rt_home: claimed.layout.cpu_root_tasks(),
-    })
+    let worker_name = claimed.host.name.as_str();
+    Api {
+        engine,
+        auth: Arc::new(Guard::new(claimed.token.clone(), config.worker.auth, listeners.listening.to_string())),
+        leases: features.leases,
+        blobs: features.blobs,
+        max_upload: (config.limits.max_upload_mb << 20) as usize,
+        kafka: features.kafka,
+        sites: listeners.app.as_ref().map(AppPort::sites),
+        shared: features.shared,
+        worker_name: sprout_api::http::worker_name_header(worker_name),
+    }
 }
 
 /// Weigh the worker's own threads above the lambdas' (`worker.cpu_weight`): on cgroup v1, a

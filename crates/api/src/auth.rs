@@ -1,0 +1,532 @@
+//! Bearer-token authentication of the admin plane: who may use which endpoint of `worker.listen`.
+//!
+//! Protected by default, open by exception: only `/run/...` and `/map/...` (any method, any
+//! sub-path: a lambda's invocations) and `GET /status` (a health check) are open; every other path, including unknown ones and any
+//! endpoint added later, needs `Authorization: Bearer <token>` with the worker's token
+//! ([`token`]: `DIR/api-token`). No header answers 401 `unauthorized` with
+//! `WWW-Authenticate: Bearer realm="sprout"`; a malformed header or a wrong token answers 403
+//! `forbidden`. Tokens are compared in constant time. The app port is not behind this.
+//! `worker.auth = false` opens everything.
+//!
+//! The web console ([`crate::console`]) logs a browser in with the token once and then holds
+//! the cookie `sprout_console`: a session secret made at each worker start (not the token),
+//! which authorizes GET and HEAD only, on every admin path (the console is read-only; a cookie
+//! never authorizes POST, PUT or DELETE). `GET`/`POST /console/login` and
+//! `POST /console/logout` are open; a browser asking for the console page without a session
+//! is sent (303) to the login form instead of the JSON 401.
+
+pub mod token;
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use sprout_engine::ErrorCode;
+
+use crate::http::{fail, ApiError};
+pub use token::{Discovery, Token};
+
+/// The console's session cookie.
+pub const SESSION_COOKIE: &str = "sprout_console";
+/// The console's login form, where a browser without a session is sent.
+pub const LOGIN_PATH: &str = "/console/login";
+
+fn is_read(method: &Method) -> bool {
+    method == Method::GET || method == Method::HEAD
+}
+
+/// Whether a request may reach `path` without a token.
+pub fn is_open(method: &Method, path: &str) -> bool {
+    path.starts_with("/run/")
+        || path.starts_with("/map/")
+        || (path == "/status" && is_read(method))
+        || (path == LOGIN_PATH && (is_read(method) || method == Method::POST))
+        || (path == "/console/logout" && method == Method::POST)
+}
+
+/// The console's pages, which a browser without a session is redirected from to the login.
+fn is_console_page(method: &Method, path: &str) -> bool {
+    is_read(method) && (path == "/console" || path == "/console/")
+}
+
+/// The values of the cookie `name` in a request's `Cookie` headers (one per header line and
+/// pair: a browser may send several).
+pub fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    headers.get_all(header::COOKIE).iter().filter_map(|value| value.to_str().ok()).flat_map(|value| value.split(';')).filter_map(
+        move |pair| {
+            let (key, value) = pair.split_once('=')?;
+            (key.trim() == name).then(|| value.trim().trim_matches('"'))
+        },
+    )
+}
+
+/// What a request's `Authorization` headers present.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Credential<'a> {
+    Missing,
+    /// Not exactly one `Bearer <token>` header.
+    Malformed,
+    Bearer(&'a str),
+}
+
+/// Read the `Authorization` header: the scheme `Bearer` in any case, then the token.
+pub fn credential(headers: &HeaderMap) -> Credential<'_> {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return if headers.contains_key(header::AUTHORIZATION) { Credential::Malformed } else { Credential::Missing };
+    };
+    bearer_token(value).map_or(Credential::Malformed, Credential::Bearer)
+}
+
+fn bearer_token(value: &HeaderValue) -> Option<&str> {
+    let (scheme, token) = value.to_str().ok()?.trim().split_once(' ')?;
+    let token = token.trim_start();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && !token.contains(char::is_whitespace)).then_some(token)
+}
+
+/// Whether two tokens are equal, in time that depends only on their lengths (a token's
+/// length is no secret: every one has 64 digits).
+pub fn same_token(presented: &[u8], expected: &[u8]) -> bool {
+    if presented.len() != expected.len() {
+        return false;
+    }
+    let difference = presented.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    std::hint::black_box(difference) == 0
+}
+
+/// The answer to one request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    /// 401: no credentials.
+    Unauthorized,
+    /// 403: credentials that are not this worker's, and why.
+    Forbidden(&'static str),
+    /// 303 to the console's login form: a browser asking for the console without a session.
+    LogIn,
+}
+
+/// The worker's token and whether its API requires it.
+pub struct Guard {
+    token: Token,
+    required: bool,
+    /// The listen address, to name the discovery file in messages.
+    listen: String,
+    /// The console's session secret, made at start (None: the kernel gave no random bytes,
+    /// and the console cannot log in).
+    session: Option<Token>,
+}
+
+impl Guard {
+    pub fn new(token: Token, required: bool, listen: impl Into<String>) -> Guard {
+        let session =
+            Token::generate().inspect_err(|e| tracing::warn!("no session secret for the console, which cannot log in: {e:#}")).ok();
+        Guard { token, required, listen: listen.into(), session }
+    }
+
+    /// Whether `presented` is the worker's token (constant time).
+    pub fn is_token(&self, presented: &str) -> bool {
+        same_token(presented.trim().as_bytes(), self.token.as_str().as_bytes())
+    }
+
+    /// The console's session secret, the value of its cookie.
+    pub fn session(&self) -> Option<&str> {
+        self.session.as_ref().map(Token::as_str)
+    }
+
+    /// Whether a cookie value is this worker run's session secret (constant time).
+    fn is_session(&self, presented: &str) -> bool {
+        self.session.as_ref().is_some_and(|s| same_token(presented.as_bytes(), s.as_str().as_bytes()))
+    }
+
+    pub fn decide(&self, method: &Method, path: &str, headers: &HeaderMap) -> Verdict {
+        if !self.required || is_open(method, path) {
+            return Verdict::Allow;
+        }
+        let verdict = self.decide_credentials(method, headers);
+        if verdict != Verdict::Allow && is_console_page(method, path) && credential(headers) == Credential::Missing {
+            return Verdict::LogIn;
+        }
+        verdict
+    }
+
+    fn decide_credentials(&self, method: &Method, headers: &HeaderMap) -> Verdict {
+        match credential(headers) {
+            Credential::Missing => {
+                let mut presented = cookies(headers, SESSION_COOKIE).peekable();
+                if presented.peek().is_none() {
+                    return Verdict::Unauthorized;
+                }
+                // Every value is compared: `any` would stop at the first match.
+                let valid = presented.fold(false, |valid, value| self.is_session(value) | valid);
+                match (valid, is_read(method)) {
+                    (true, true) => Verdict::Allow,
+                    (true, false) => {
+                        Verdict::Forbidden("the console's session authorizes GET and HEAD only: send `Authorization: Bearer <token>`")
+                    }
+                    (false, _) => {
+                        Verdict::Forbidden("the console session is not this worker run's (it restarted?): log in again at /console/login")
+                    }
+                }
+            }
+            Credential::Malformed => {
+                Verdict::Forbidden("the Authorization header is malformed: send exactly one `Authorization: Bearer <token>`")
+            }
+            Credential::Bearer(presented) if same_token(presented.as_bytes(), self.token.as_str().as_bytes()) => Verdict::Allow,
+            Credential::Bearer(_) => Verdict::Forbidden("the bearer token is not this worker's (DIR/api-token)"),
+        }
+    }
+
+    /// Whether a request header carries this worker's own token or the console's session,
+    /// which no lambda may see: `/run` passes the other headers, `Authorization` and `Cookie`
+    /// included, to the handler ([`Guard::lambda_headers`] takes these out; a browser logged in
+    /// to the console sends its cookie to the worker's `/run` and to the app port on the same
+    /// host).
+    pub fn is_worker_credential(&self, name: &str, value: &HeaderValue) -> bool {
+        if name.eq_ignore_ascii_case(header::COOKIE.as_str()) {
+            let mut one = HeaderMap::new();
+            one.insert(header::COOKIE, value.clone());
+            return cookies(&one, SESSION_COOKIE).fold(false, |found, v| self.is_session(v) | found);
+        }
+        name.eq_ignore_ascii_case(header::AUTHORIZATION.as_str())
+            && bearer_token(value).is_some_and(|t| same_token(t.as_bytes(), self.token.as_str().as_bytes()))
+    }
+
+    /// A request's headers as its lambda sees them: without the worker's token, and with the
+    /// console's session cookie taken out of `Cookie` (the lambda's own cookies kept).
+    pub fn lambda_headers(&self, headers: &HeaderMap) -> Vec<(String, String)> {
+        let mut out = Vec::with_capacity(headers.len());
+        for (name, value) in headers {
+            let value = if name == header::COOKIE && self.is_worker_credential(name.as_str(), value) {
+                match self.without_session(value) {
+                    Some(kept) => kept,
+                    None => continue,
+                }
+            } else if self.is_worker_credential(name.as_str(), value) {
+                continue;
+            } else {
+                value.clone()
+            };
+            if let Ok(text) = value.to_str() {
+                out.push((name.as_str().to_string(), text.to_string()));
+            }
+        }
+        out
+    }
+
+    /// A `Cookie` header as a lambda may see it: without the console's session cookie (None
+    /// when nothing else is left), the lambda's own cookies kept.
+    pub fn without_session(&self, value: &HeaderValue) -> Option<HeaderValue> {
+        let Ok(text) = value.to_str() else { return Some(value.clone()) };
+        let kept: Vec<&str> = text
+            .split(';')
+            .map(str::trim)
+            .filter(|pair| !pair.is_empty() && !matches!(pair.split_once('='), Some((key, _)) if key.trim() == SESSION_COOKIE))
+            .collect();
+        if kept.is_empty() {
+            return None;
+        }
+        HeaderValue::from_str(&kept.join("; ")).ok()
+    }
+
+    fn unauthorized_message(&self) -> String {
+        format!(
+            "this endpoint needs `Authorization: Bearer <token>`; the token is in the worker directory's \
+             api-token file (DIR/api-token), and in /run/sprout/api/{} while the worker runs; \
+             sprout's clients send it from --token (token=), $SPROUT_TOKEN or that file",
+            self.listen
+        )
+    }
+}
+
+/// The middleware in front of every route of `worker.listen`.
+pub(crate) async fn require_token(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
+    match guard.decide(request.method(), request.uri().path(), request.headers()) {
+        Verdict::Allow => next.run(request).await,
+        Verdict::Unauthorized => {
+            let mut response = fail(ApiError::new(ErrorCode::Unauthorized, guard.unauthorized_message()));
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"sprout\""));
+            response
+        }
+        Verdict::Forbidden(why) => fail(ApiError::new(ErrorCode::Forbidden, why)),
+        Verdict::LogIn => Response::builder()
+            .status(axum::http::StatusCode::SEE_OTHER)
+            .header(header::LOCATION, LOGIN_PATH)
+            .header(header::CACHE_CONTROL, "no-store")
+            .body(axum::body::Body::empty())
+            .unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(values: &[&str]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for v in values {
+            map.append(header::AUTHORIZATION, HeaderValue::from_str(v).unwrap());
+        }
+        map
+    }
+
+    fn guard(required: bool) -> (Guard, String) {
+        let token = Token::generate().unwrap();
+        let text = token.as_str().to_string();
+        (Guard::new(token, required, "127.0.0.1:5000"), text)
+    }
+
+    #[test]
+    fn only_run_map_and_get_status_are_open() {
+        for (method, path) in [
+            (Method::POST, "/run/echo"),
+            (Method::POST, "/map/echo"),
+            (Method::POST, "/map/echo?chunk=4"),
+            (Method::GET, "/run/hello/ada/x?y=1"),
+            (Method::DELETE, "/run/app/"),
+            (Method::PUT, "/run/x"),
+            (Method::GET, "/status"),
+            (Method::HEAD, "/status"),
+        ] {
+            assert!(is_open(&method, path), "{method} {path}");
+        }
+        for (method, path) in [
+            (Method::GET, "/registry"),
+            (Method::POST, "/registry/echo"),
+            (Method::DELETE, "/registry/echo"),
+            (Method::GET, "/stats"),
+            (Method::GET, "/metrics"),
+            (Method::GET, "/packages"),
+            (Method::GET, "/pid"),
+            (Method::POST, "/status"),
+            (Method::GET, "/status/"),
+            (Method::GET, "/run"),
+            (Method::GET, "/running"),
+            (Method::POST, "/map"),
+            (Method::POST, "/mapping/echo"),
+            (Method::GET, "//run/echo"),
+            (Method::GET, "/RUN/echo"),
+            (Method::GET, "/%72un/echo"),
+            (Method::GET, "/nowhere"),
+            (Method::GET, "/"),
+        ] {
+            assert!(!is_open(&method, path), "{method} {path}");
+        }
+    }
+
+    #[test]
+    fn the_header_is_one_bearer_token() {
+        assert_eq!(credential(&headers(&[])), Credential::Missing);
+        assert_eq!(credential(&headers(&["Bearer abc"])), Credential::Bearer("abc"));
+        assert_eq!(credential(&headers(&["bearer  abc "])), Credential::Bearer("abc"));
+        assert_eq!(credential(&headers(&["BEARER abc"])), Credential::Bearer("abc"));
+        for malformed in ["abc", "Bearer", "Bearer ", "Basic YWRhOmFkYQ==", "Bearer a b", "Bearerabc", ""] {
+            assert_eq!(credential(&headers(&[malformed])), Credential::Malformed, "{malformed:?}");
+        }
+        assert_eq!(credential(&headers(&["Bearer abc", "Bearer abc"])), Credential::Malformed);
+        let mut opaque = HeaderMap::new();
+        opaque.insert(header::AUTHORIZATION, HeaderValue::from_bytes(b"Bearer \xff").unwrap());
+        assert_eq!(credential(&opaque), Credential::Malformed);
+    }
+
+    #[test]
+    fn tokens_are_equal_only_byte_for_byte() {
+        assert!(same_token(b"0123abcd", b"0123abcd"));
+        assert!(!same_token(b"0123abcd", b"0123abce"));
+        assert!(!same_token(b"0123abcd", b"1123abcd"));
+        assert!(!same_token(b"0123abc", b"0123abcd"));
+        assert!(!same_token(b"", b"0123abcd"));
+        assert!(same_token(b"", b""));
+    }
+
+    #[test]
+    fn protected_paths_need_the_worker_token() {
+        let (guard, token) = guard(true);
+        let ok = format!("Bearer {token}");
+        let wrong = format!("Bearer {}", Token::generate().unwrap().as_str());
+        assert_eq!(guard.decide(&Method::GET, "/stats", &headers(&[&ok])), Verdict::Allow);
+        assert_eq!(guard.decide(&Method::GET, "/stats", &headers(&[])), Verdict::Unauthorized);
+        assert_eq!(guard.decide(&Method::GET, "/nowhere", &headers(&[])), Verdict::Unauthorized);
+        assert!(matches!(guard.decide(&Method::GET, "/stats", &headers(&[&wrong])), Verdict::Forbidden(_)));
+        assert!(matches!(guard.decide(&Method::GET, "/stats", &headers(&[&token])), Verdict::Forbidden(_)));
+        assert!(matches!(guard.decide(&Method::POST, "/registry/x", &headers(&[&ok, &ok])), Verdict::Forbidden(_)));
+        // Open paths ignore credentials, good or bad.
+        assert_eq!(guard.decide(&Method::POST, "/run/echo", &headers(&[])), Verdict::Allow);
+        assert_eq!(guard.decide(&Method::POST, "/run/echo", &headers(&[&wrong])), Verdict::Allow);
+        assert_eq!(guard.decide(&Method::GET, "/status", &headers(&["junk"])), Verdict::Allow);
+    }
+
+    #[test]
+    fn auth_off_allows_everything() {
+        let (guard, _) = guard(false);
+        assert_eq!(guard.decide(&Method::DELETE, "/registry/x", &headers(&[])), Verdict::Allow);
+        assert_eq!(guard.decide(&Method::GET, "/stats", &headers(&["Bearer wrong"])), Verdict::Allow);
+    }
+
+    #[test]
+    fn the_worker_token_is_recognised_for_removal_before_a_lambda_sees_it() {
+        let (guard, token) = guard(true);
+        let value = |v: &str| HeaderValue::from_str(v).unwrap();
+        assert!(guard.is_worker_credential("authorization", &value(&format!("Bearer {token}"))));
+        assert!(guard.is_worker_credential("Authorization", &value(&format!("bearer {token}"))));
+        assert!(!guard.is_worker_credential("authorization", &value("Bearer the-app-s-own")));
+        assert!(!guard.is_worker_credential("authorization", &value("Basic YWRhOmFkYQ==")));
+        assert!(!guard.is_worker_credential("x-token", &value(&format!("Bearer {token}"))));
+    }
+
+    fn with_cookies(values: &[&str]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for v in values {
+            map.append(header::COOKIE, HeaderValue::from_str(v).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn the_console_login_and_logout_are_open_and_nothing_else_of_it() {
+        for (method, path) in [
+            (Method::GET, "/console/login"),
+            (Method::HEAD, "/console/login"),
+            (Method::POST, "/console/login"),
+            (Method::POST, "/console/logout"),
+        ] {
+            assert!(is_open(&method, path), "{method} {path}");
+        }
+        for (method, path) in [
+            (Method::GET, "/console"),
+            (Method::GET, "/console/"),
+            (Method::GET, "/console/assets/console.js"),
+            (Method::GET, "/console/logout"),
+            (Method::DELETE, "/console/login"),
+            (Method::PUT, "/console/login"),
+            (Method::GET, "/console/login/"),
+            (Method::GET, "/console/loginx"),
+            (Method::POST, "/console/login/../../registry/x"),
+        ] {
+            assert!(!is_open(&method, path), "{method} {path}");
+        }
+    }
+
+    #[test]
+    fn cookies_are_read_from_every_cookie_header() {
+        let map = with_cookies(&["a=1; sprout_console=abc;b=2", "sprout_console = \"def\"", "x=sprout_console=no"]);
+        assert_eq!(cookies(&map, SESSION_COOKIE).collect::<Vec<_>>(), ["abc", "def"]);
+        assert_eq!(cookies(&with_cookies(&["sprout_consolex=1; xsprout_console=2"]), SESSION_COOKIE).count(), 0);
+        assert_eq!(cookies(&HeaderMap::new(), SESSION_COOKIE).count(), 0);
+    }
+
+    #[test]
+    fn the_console_cookie_authorizes_get_and_head_only() {
+        let (guard, token) = guard(true);
+        let session = guard.session().unwrap().to_string();
+        assert_ne!(session, token, "the session is not the token");
+        let cookie = with_cookies(&[&format!("theme=dark; {SESSION_COOKIE}={session}")]);
+        for path in
+            ["/stats", "/stats/history", "/registry", "/registry/echo", "/logs/echo", "/logs", "/console", "/console/assets/console.js"]
+        {
+            assert_eq!(guard.decide(&Method::GET, path, &cookie), Verdict::Allow, "GET {path}");
+            assert_eq!(guard.decide(&Method::HEAD, path, &cookie), Verdict::Allow, "HEAD {path}");
+        }
+        for method in [Method::POST, Method::PUT, Method::DELETE, Method::PATCH, Method::OPTIONS] {
+            assert!(matches!(guard.decide(&method, "/registry/echo", &cookie), Verdict::Forbidden(_)), "{method}");
+        }
+        assert!(matches!(guard.decide(&Method::POST, "/console/logout/", &cookie), Verdict::Forbidden(_)));
+        // The token is no session: a cookie holding it is refused.
+        let token_cookie = with_cookies(&[&format!("{SESSION_COOKIE}={token}")]);
+        assert!(matches!(guard.decide(&Method::GET, "/stats", &token_cookie), Verdict::Forbidden(_)));
+        // One stale cookie beside the right one (another path's) does not spoil it.
+        let two = with_cookies(&[&format!("{SESSION_COOKIE}=stale; {SESSION_COOKIE}={session}")]);
+        assert_eq!(guard.decide(&Method::GET, "/stats", &two), Verdict::Allow);
+        // Another worker run's session is refused.
+        let (other, _) = self::guard(true);
+        assert!(matches!(other.decide(&Method::GET, "/stats", &cookie), Verdict::Forbidden(_)));
+    }
+
+    #[test]
+    fn a_wrong_or_empty_console_cookie_is_refused() {
+        let (guard, _) = guard(true);
+        let session = guard.session().unwrap();
+        let mut near = session.to_string();
+        near.replace_range(63.., if session.ends_with('0') { "1" } else { "0" });
+        for value in [near.as_str(), "", "abc", &session[..63]] {
+            let cookie = with_cookies(&[&format!("{SESSION_COOKIE}={value}")]);
+            assert!(matches!(guard.decide(&Method::GET, "/stats", &cookie), Verdict::Forbidden(_)), "{value:?}");
+        }
+        assert_eq!(guard.decide(&Method::GET, "/stats", &with_cookies(&["other=1"])), Verdict::Unauthorized);
+    }
+
+    #[test]
+    fn a_browser_without_a_session_is_sent_to_the_login() {
+        let (guard, token) = guard(true);
+        let wrong_cookie = with_cookies(&[&format!("{SESSION_COOKIE}=stale")]);
+        for path in ["/console", "/console/"] {
+            assert_eq!(guard.decide(&Method::GET, path, &headers(&[])), Verdict::LogIn, "{path}");
+            assert_eq!(guard.decide(&Method::HEAD, path, &headers(&[])), Verdict::LogIn, "{path}");
+            assert_eq!(guard.decide(&Method::GET, path, &wrong_cookie), Verdict::LogIn, "{path}");
+            assert_eq!(guard.decide(&Method::GET, path, &headers(&[&format!("Bearer {token}")])), Verdict::Allow);
+            // A client that sent a token gets the API's answer, not a page.
+            assert!(matches!(guard.decide(&Method::GET, path, &headers(&["Bearer wrong"])), Verdict::Forbidden(_)));
+            assert!(matches!(guard.decide(&Method::POST, path, &headers(&[])), Verdict::Unauthorized));
+        }
+        // Only the console's pages: the API and the console's assets keep the JSON 401.
+        for path in ["/stats", "/console/assets/console.js", "/consoles", "/nowhere", "/"] {
+            assert_eq!(guard.decide(&Method::GET, path, &headers(&[])), Verdict::Unauthorized, "{path}");
+        }
+        assert!(matches!(guard.decide(&Method::GET, "/stats", &wrong_cookie), Verdict::Forbidden(_)));
+    }
+
+    #[test]
+    fn the_bearer_token_still_decides_when_a_cookie_comes_too() {
+        let (guard, token) = guard(true);
+        let session = guard.session().unwrap().to_string();
+        let mut both = headers(&[&format!("Bearer {token}")]);
+        both.append(header::COOKIE, HeaderValue::from_str(&format!("{SESSION_COOKIE}={session}")).unwrap());
+        assert_eq!(guard.decide(&Method::DELETE, "/registry/echo", &both), Verdict::Allow);
+        let mut wrong = headers(&["Bearer wrong"]);
+        wrong.append(header::COOKIE, HeaderValue::from_str(&format!("{SESSION_COOKIE}={session}")).unwrap());
+        assert!(matches!(guard.decide(&Method::GET, "/stats", &wrong), Verdict::Forbidden(_)));
+        assert!(guard.is_token(&token) && guard.is_token(&format!("{token}\n")) && !guard.is_token(&session) && !guard.is_token(""));
+    }
+
+    #[test]
+    fn auth_off_opens_the_console_too() {
+        let (guard, _) = guard(false);
+        assert_eq!(guard.decide(&Method::GET, "/console", &headers(&[])), Verdict::Allow);
+    }
+
+    #[test]
+    fn no_lambda_sees_the_console_session() {
+        let (guard, _) = guard(true);
+        let session = guard.session().unwrap().to_string();
+        let value = |v: &str| HeaderValue::from_str(v).unwrap();
+        assert!(guard.is_worker_credential("cookie", &value(&format!("a=1; {SESSION_COOKIE}={session}"))));
+        assert!(guard.is_worker_credential("Cookie", &value(&format!("{SESSION_COOKIE}={session}"))));
+        assert!(!guard.is_worker_credential("cookie", &value(&format!("{SESSION_COOKIE}=stale; a=1"))));
+        assert!(!guard.is_worker_credential("cookie", &value("a=1")));
+        assert!(!guard.is_worker_credential("x-cookie", &value(&format!("{SESSION_COOKIE}={session}"))));
+        let kept = guard.without_session(&value(&format!("a=1; {SESSION_COOKIE}={session};b=2"))).unwrap();
+        assert_eq!(kept, "a=1; b=2");
+        assert_eq!(guard.without_session(&value(&format!("{SESSION_COOKIE}={session}"))), None);
+        assert_eq!(guard.without_session(&value("a=1")).unwrap(), "a=1");
+        let mut headers = HeaderMap::new();
+        headers.insert(header::COOKIE, value(&format!("theirs=1; {SESSION_COOKIE}={session}; more=2")));
+        headers.insert(header::AUTHORIZATION, value(&format!("Bearer {}", guard.token.as_str())));
+        headers.insert("x-kept", value("yes"));
+        let seen = guard.lambda_headers(&headers);
+        assert_eq!(seen, [("cookie".to_string(), "theirs=1; more=2".to_string()), ("x-kept".to_string(), "yes".to_string())]);
+        let mut only = HeaderMap::new();
+        only.insert(header::COOKIE, value(&format!("{SESSION_COOKIE}={session}")));
+        assert!(guard.lambda_headers(&only).is_empty());
+    }
+
+    #[test]
+    fn the_401_message_says_where_the_token_is() {
+        let (guard, token) = guard(true);
+        let message = guard.unauthorized_message();
+        assert!(message.contains("DIR/api-token") && message.contains("$SPROUT_TOKEN"), "{message}");
+        assert!(message.contains("/run/sprout/api/127.0.0.1:5000") && !message.contains(&token), "{message}");
+    }
+}

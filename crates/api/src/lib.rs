@@ -1,0 +1,51 @@
+//! Sprout's HTTP edge: OpenLambda's worker API and the admin API on `worker.listen`, and the
+//! app port serving lambdas as web sites. It only turns requests into typed calls on the
+//! engine and the features built on it ([`Api`] holds them), and their errors into responses
+//! ([`http::ApiError`]); it decides nothing about sandboxes.
+//!
+//! * [`routes`] — every route of the API, each to its handler module: [`run`] (`/run`),
+//!   [`registry_routes`], [`stats_routes`], [`map_routes`], [`lease_routes`],
+//!   [`blob_routes`] (with [`files`]), [`log_routes`], [`site_routes`], and the web
+//!   [`console`];
+//! * [`auth`] — who may use which endpoint: the worker's token ([`auth::token`]) and the
+//!   console's session;
+//! * [`app_port`] — the app port (`[app]`, [`app_config`]): sites by host name, their
+//!   [`static_files`] before their lambda;
+//! * [`http`] — what every route shares: errors as responses, bodies within limits, request
+//!   ids.
+
+pub mod app_config;
+pub mod app_port;
+pub mod auth;
+mod blob_routes;
+mod console;
+mod files;
+pub mod http;
+mod lease_routes;
+mod log_routes;
+mod map_routes;
+mod registry_routes;
+pub mod routes;
+mod run;
+mod site_routes;
+mod state;
+pub mod static_files;
+mod stats_routes;
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+pub use app_config::AppSection;
+pub use app_port::AppPort;
+pub use auth::{Discovery, Guard, Token};
+pub use state::{Api, AppSites};
+
+/// Serve the API on `listener` until `shutdown` completes, then finish the requests under way.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    api: Api,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let router = routes::router(api);
+    axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(shutdown).await
+}

@@ -1,0 +1,103 @@
+//! `/registry`: lambdas uploaded (a tar.gz of the directory, checked by the engine's
+//! registry), listed, shown and deleted; an upload or deletion here is published to the
+//! fleet's shared registry when the worker belongs to one.
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use sprout_engine::config::BackendKind;
+use sprout_engine::registry::UploadError;
+use sprout_engine::{ErrorCode, Lambda, Origin};
+
+use crate::http::{fail, read_body, ApiError};
+use crate::state::Api;
+
+/// The operator's isolation class in an upload's query (`?isolation=gvisor`), if any; any
+/// other parameter, or a class this worker does not run, is refused.
+fn upload_isolation(api: &Api, query: Option<&str>) -> Result<Option<BackendKind>, ApiError> {
+    let mut chosen = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("isolation", class)) => {
+                let kind =
+                    api.engine.registry.isolation().parse(class).map_err(|e| ApiError::new(ErrorCode::InvalidRequest, e.to_string()))?;
+                chosen = Some(kind);
+            }
+            _ => return Err(ApiError::new(ErrorCode::InvalidRequest, format!("unknown upload parameter {pair:?} (known: isolation)"))),
+        }
+    }
+    Ok(chosen)
+}
+
+pub(crate) async fn upload(State(api): State<Api>, Path(name): Path<String>, RawQuery(query): RawQuery, body: Body) -> Response {
+    let chosen = match upload_isolation(&api, query.as_deref()) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let data = match read_body(body, api.max_upload).await {
+        Ok(d) => d,
+        Err(e) => return fail(e),
+    };
+    let registry = api.engine.registry.clone();
+    let archive = data.clone(); // Bytes: shared, not copied; for the shared registry
+    let result = tokio::task::spawn_blocking(move || registry.upload(&name, &data, chosen)).await;
+    match result {
+        Ok(Ok(lambda)) => {
+            tracing::info!(lambda = %lambda.name, version = lambda.version, files = lambda.files, "lambda uploaded");
+            api.engine.arrived(&lambda, Origin::Api);
+            api.engine.networks.prepare(&lambda.name).await;
+            if let Some(shared) = &api.shared {
+                if let Err(e) = shared.publish(&lambda.name, &lambda.sha256, &archive, lambda.isolation.map(|k| k.name())).await {
+                    let message = format!("the lambda is stored on this worker but not in the fleet's shared registry, so the other workers do not have it; upload it again: {e:#}");
+                    return fail(ApiError::new(ErrorCode::SharedRegistryUnavailable, message).with("lambda", lambda.name.clone()));
+                }
+            }
+            (StatusCode::CREATED, axum::Json(lambda_json(&api, &lambda))).into_response()
+        }
+        Ok(Err(e)) => {
+            let mut err = ApiError::new(e.code(), e.to_string());
+            match &e {
+                UploadError::Syntax(s) => err = err.with("line", s.line).with("offset", s.offset),
+                UploadError::Config(c) => err = err.with("line", c.line),
+                _ => {}
+            }
+            fail(err)
+        }
+        Err(e) => fail(ApiError::new(ErrorCode::Internal, e.to_string())),
+    }
+}
+
+/// A lambda's metadata, with the back-end that runs it (its isolation class, by the worker's
+/// policy as it is now; null when that class is not run here).
+fn lambda_json(api: &Api, lambda: &Lambda) -> Value {
+    let mut body = json!(*lambda);
+    body["backend"] = api.engine.registry.class_of(lambda).map(|k| json!(k.name())).unwrap_or(Value::Null);
+    body
+}
+
+pub(crate) async fn list_lambdas(State(api): State<Api>) -> Response {
+    let names: Vec<String> = api.engine.registry.list().iter().map(|l| l.name.clone()).collect();
+    axum::Json(names).into_response()
+}
+
+pub(crate) async fn show_lambda(State(api): State<Api>, Path(name): Path<String>) -> Response {
+    match api.engine.registry.get(&name) {
+        Some(l) => axum::Json(lambda_json(&api, &l)).into_response(),
+        None => fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}"))),
+    }
+}
+
+pub(crate) async fn delete_lambda(State(api): State<Api>, Path(name): Path<String>) -> Response {
+    if !api.engine.delete(&name, Origin::Api).await {
+        return fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}")));
+    }
+    if let Some(shared) = &api.shared {
+        if let Err(e) = shared.delete(&name).await {
+            let message = format!("the lambda is deleted on this worker but not in the fleet's shared registry; delete it again: {e:#}");
+            return fail(ApiError::new(ErrorCode::SharedRegistryUnavailable, message).with("lambda", name));
+        }
+    }
+    axum::Json(json!({"deleted": name})).into_response()
+}

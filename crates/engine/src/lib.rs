@@ -1,0 +1,57 @@
+//! Sprout's worker engine: what runs lambdas, with no HTTP in it. The layers above
+//! (`sprout-offload`, `sprout-triggers`, `sprout-sites`, the fleet's member side, and the HTTP
+//! edge `sprout-api`) turn their requests into calls on [`Engine`]; the engine never knows
+//! them, except as the [`LambdaWatcher`]s and [`BatchCalls`] they hand it at start.
+//!
+//! It reads top-down, as OpenLambda's `lambda/` layer over `sandbox/`:
+//!
+//! * [`Engine`] — the engine as one: started from [`config::EngineConfig`] on a claimed
+//!   [`Host`], told of lambdas that arrive and go, shut down.
+//! * [`invoker`] — the one invocation path: every way a lambda runs (`/run`, the app port,
+//!   `sprout.invoke`, Kafka, maps, leases) is a [`invoker::Call`], checked, run, counted and
+//!   logged there; request ids come from it too.
+//! * [`instances`] — which sandbox serves a request: warm reuse, cold starts, queues; idle
+//!   sandboxes paused as the handler cache ([`handler_cache`]), kept for each lambda's
+//!   window ([`keepalive`]), evicted under one memory budget ([`budget`]); a request whose
+//!   sandbox died sent to another when safe ([`retry`]); CPU shared by weight
+//!   ([`cpu_shares`], [`ticker`]). Its decisions are a pure state machine
+//!   ([`instances::pools`]), tested against a fake back-end.
+//! * [`registry`] — what runs: lambda code and its `ol.yaml`, uploaded and checked.
+//! * [`packages`] — a lambda's requirements, resolved and installed once into the install
+//!   cache (the import cache of Zygotes lives with the sandboxes).
+//! * [`networks`] — the network namespace each lambda holds; [`isolation`] and [`backends`]
+//!   — which back-end (isolation class) runs each lambda; [`sandboxes`] builds them all from
+//!   the configuration. The sandboxes themselves are `sprout-sandbox`'s.
+//! * [`logs`] — every line a handler writes, tagged by request; [`metrics`] — what `/stats`
+//!   and `/metrics` show ([`histograms`], [`timeline`]).
+//! * [`errors`] — every error code the worker answers with, and its status; [`names`] —
+//!   what a lambda may be called; [`config`] — the engine's sections of `config.toml`.
+
+pub mod backends;
+pub mod budget;
+pub mod config;
+pub mod cpu_shares;
+mod engine;
+pub mod errors;
+pub mod handler_cache;
+pub mod histograms;
+pub mod instances;
+pub mod invoker;
+pub mod isolation;
+pub mod keepalive;
+pub mod logs;
+pub mod metrics;
+pub mod names;
+pub mod networks;
+pub mod packages;
+pub mod registry;
+pub mod retry;
+pub mod sandboxes;
+pub mod ticker;
+pub mod timeline;
+
+pub use engine::{Engine, Extensions, LambdaWatcher, Origin};
+pub use errors::{Error, ErrorCode};
+pub use invoker::{BatchCalls, Call, Invoker};
+pub use registry::Lambda;
+pub use sandboxes::Host;
