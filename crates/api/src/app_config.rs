@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
-use sprout_engine::names::valid_name;
+use sprout_engine::valid_name;
 use sprout_sites::{normalize_host, valid_static_prefix, SiteConfig};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

@@ -22,8 +22,8 @@ use axum::response::Response;
 use axum::Router;
 use tokio::net::TcpListener;
 
-use sprout_engine::logs::Trigger;
 use sprout_engine::ErrorCode;
+use sprout_engine::Trigger;
 
 use crate::app_config::AppSection;
 use crate::http::{count_errors, fail, tag_request, ApiError, RequestId};

@@ -5,7 +5,7 @@ use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use sprout_offload::shared_files::file_error;
+use sprout_offload::file_error;
 
 use crate::files;
 use crate::http::fail;

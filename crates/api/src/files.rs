@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 use sprout_engine::ErrorCode;
-use sprout_offload::shared_files::{file_error, SharedDir};
+use sprout_offload::{file_error, SharedDir};
 
 use crate::http::ApiError;
 

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
-use sprout_engine::metrics::Metrics;
+use sprout_engine::Metrics;
 use sprout_engine::{Error, ErrorCode, Invoker};
 
 /// An engine error as the HTTP answer it is: its code's status and its JSON body.

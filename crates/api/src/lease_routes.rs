@@ -22,8 +22,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde_json::json;
-use sprout_offload::lease_book::MAX_SPEC;
-use sprout_offload::{Caller, LeaseBook};
+use sprout_offload::{Caller, LeaseBook, MAX_LEASE_SPEC};
 
 use crate::files;
 use crate::http::{fail, read_body, ApiError, RequestId};
@@ -34,7 +33,7 @@ use crate::state::Api;
 pub async fn create(State(api): State<Api>, Path(name): Path<String>, body: Body) -> Response {
     let made = async {
         let lambda = api.leases.leasable(&api.engine, &name)?;
-        let body = read_body(body, MAX_SPEC).await?;
+        let body = read_body(body, MAX_LEASE_SPEC).await?;
         Ok::<_, ApiError>(api.leases.create(&api.engine, lambda, &body).await?)
     };
     match made.await {

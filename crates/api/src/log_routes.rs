@@ -13,9 +13,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
-use sprout_engine::logs::{Entry, Query};
-use sprout_engine::names::valid_name;
+use sprout_engine::valid_name;
 use sprout_engine::ErrorCode;
+use sprout_engine::{LogEntry as Entry, LogQuery as Query};
 
 use crate::http::{fail, ApiError};
 use crate::state::Api;

@@ -1,9 +1,9 @@
 //! `POST /map/<name>`: a lambda's `f(event)` over each item of the JSON array in the body,
-//! spread over its sandboxes ([`sprout_offload::map_run`]); the reply is the array of outcomes, in the
+//! spread over its sandboxes ([`sprout_offload::run_map`]); the reply is the array of outcomes, in the
 //! items' order. Open without a token, like `/run` ([`crate::auth`]).
 //!
 //! The query may fix the chunk size (`chunk=N`, 1-1024 items an invocation); by default the
-//! worker sizes chunks itself ([`sprout_offload::map_plan`]). Refused before any sandbox runs: an unknown
+//! worker sizes chunks itself ([`sprout_offload::Sizing`]). Refused before any sandbox runs: an unknown
 //! lambda (404), a WSGI or ASGI app (400 `not_a_function`), a body that is not a JSON array
 //! (400 `invalid_json`), one over `limits.max_body_mb` or of more than 100,000 items (413).
 
@@ -15,10 +15,9 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 
-use sprout_engine::logs::Trigger;
 use sprout_engine::ErrorCode;
-use sprout_offload::map_plan::{Sizing, MAX_CHUNK};
-use sprout_offload::map_run::{check_function, parse_items, MapJob};
+use sprout_engine::Trigger;
+use sprout_offload::{check_function, parse_items, MapJob, Sizing, MAX_CHUNK};
 
 use crate::http::{fail, read_body, ApiError, RequestId};
 use crate::state::Api;
@@ -47,7 +46,7 @@ pub async fn map(
             depth: 0,
             remote_addr: peer.ip().to_string(),
         };
-        Ok::<_, ApiError>(sprout_offload::map_run::run(&api.engine.invoker, job).await?)
+        Ok::<_, ApiError>(sprout_offload::run_map(&api.engine.invoker, job).await?)
     };
     let mapped = match mapped.await {
         Ok(m) => m,

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use sprout_engine::config::BackendKind;
-use sprout_engine::registry::UploadError;
+use sprout_engine::UploadError;
 use sprout_engine::{ErrorCode, Lambda, Origin};
 
 use crate::http::{fail, read_body, ApiError};

@@ -10,10 +10,10 @@ use axum::extract::{ConnectInfo, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use sprout_engine::instances::Invocation;
-use sprout_engine::logs::Trigger;
-use sprout_engine::names::valid_name;
-use sprout_engine::registry::LambdaConfig;
+use sprout_engine::valid_name;
+use sprout_engine::Invocation;
+use sprout_engine::LambdaConfig;
+use sprout_engine::Trigger;
 use sprout_engine::{Call, ErrorCode};
 use sprout_sandbox::channel::Request as SandboxRequest;
 
@@ -118,7 +118,7 @@ pub(crate) async fn forward(
 /// and body) or the error it reports, with the worker's headers.
 pub(crate) fn reply_of(api: &Api, invocation: Invocation, name: &str, is_head: bool) -> Result<Response, ApiError> {
     let start = if invocation.cold { "cold" } else { "warm" };
-    let mut response = if let Some(e) = sprout_engine::invoker::handler_failure(&invocation, name) {
+    let mut response = if let Some(e) = sprout_engine::handler_failure(&invocation, name) {
         fail(e)
     } else {
         let reply = &invocation.reply;

@@ -27,31 +27,39 @@
 //! * [`errors`] — every error code the worker answers with, and its status; [`names`] —
 //!   what a lambda may be called; [`config`] — the engine's sections of `config.toml`.
 
-pub mod backends;
-pub mod budget;
+mod backends;
+mod budget;
 pub mod config;
-pub mod cpu_shares;
+mod cpu_shares;
 mod engine;
-pub mod errors;
-pub mod handler_cache;
-pub mod histograms;
-pub mod instances;
-pub mod invoker;
-pub mod isolation;
-pub mod keepalive;
-pub mod logs;
-pub mod metrics;
-pub mod names;
-pub mod networks;
-pub mod packages;
-pub mod registry;
-pub mod retry;
-pub mod sandboxes;
-pub mod ticker;
-pub mod timeline;
+mod errors;
+mod handler_cache;
+mod histograms;
+mod instances;
+mod invoker;
+mod isolation;
+mod keepalive;
+mod logs;
+mod metrics;
+mod names;
+mod networks;
+mod packages;
+mod registry;
+mod retry;
+mod sandboxes;
+mod ticker;
+mod timeline;
 
+// What the layers above name; every module but the configuration's stays private.
 pub use engine::{Engine, Extensions, LambdaWatcher, Origin};
-pub use errors::{Error, ErrorCode};
-pub use invoker::{BatchCalls, Call, Invoker};
-pub use registry::Lambda;
-pub use sandboxes::Host;
+pub use errors::{handler_error, Error, ErrorCode};
+pub use instances::{Held, Invocation};
+pub use invoker::{handler_failure, BatchCalls, Call, Invoker};
+pub use keepalive::{Policy as KeepAlivePolicy, Tracker as KeepAliveTracker};
+pub use logs::{Entry as LogEntry, Query as LogQuery, Trigger};
+pub use metrics::Metrics;
+pub use names::valid_name;
+pub use packages::install_cache::{InstallCache, InstalledPackage};
+pub use packages::requirements::{parse as parse_requirements, Requirement};
+pub use registry::{KafkaTrigger, Lambda, LambdaConfig, UploadError};
+pub use sandboxes::{docker_config, make_packages, Host};

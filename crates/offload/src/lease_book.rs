@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
-use sprout_engine::instances::{Held, Invocation};
-use sprout_engine::logs::Trigger;
+use sprout_engine::Trigger;
 use sprout_engine::{Call, Engine, Error, ErrorCode, Lambda, LambdaWatcher, Origin};
+use sprout_engine::{Held, Invocation};
 use sprout_sandbox::channel::Request as SandboxRequest;
 
 use crate::lease_files::{LeaseDir, LeaseFiles};

@@ -5,15 +5,22 @@
 //! ([`Blobs`]); both kinds of directory are [`shared_files`]. Everything here is a call on
 //! the engine's invoker and instances; the HTTP edge serves it.
 
-pub mod blobs;
-pub mod lease_book;
-pub mod lease_files;
-pub mod leases;
-pub mod map_plan;
-pub mod map_run;
-pub mod shared_files;
+mod blobs;
+mod lease_book;
+mod lease_files;
+mod leases;
+mod map_plan;
+mod map_run;
+mod shared_files;
 
 pub use blobs::Blobs;
-pub use lease_book::{Caller, LeaseBook, PartReply};
+pub use lease_book::{Caller, LeaseBook, PartReply, MAX_SPEC as MAX_LEASE_SPEC};
 pub use lease_files::LeaseFiles;
-pub use map_run::MapCalls;
+pub use map_plan::{Sizing, MAX_CHUNK};
+pub use map_run::{check_function, parse_items, run as run_map, MapCalls, MapJob, Mapped};
+pub use shared_files::{file_error, SharedDir};
+
+/// Where every sandbox sees the leases' directories.
+pub const LEASES_IN_SANDBOX: &str = lease_files::IN_SANDBOX;
+/// Where every sandbox sees the blobs.
+pub const BLOBS_IN_SANDBOX: &str = blobs::IN_SANDBOX;

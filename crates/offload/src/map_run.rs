@@ -24,9 +24,9 @@ use serde_json::{json, Value};
 use sprout_sandbox::channel::Request;
 
 use async_trait::async_trait;
-use sprout_engine::errors::handler_error;
-use sprout_engine::instances::Invocation;
-use sprout_engine::logs::Trigger;
+use sprout_engine::handler_error;
+use sprout_engine::Invocation;
+use sprout_engine::Trigger;
 use sprout_engine::{BatchCalls, Call, Error, ErrorCode, Invoker, Lambda};
 
 use crate::map_plan::{Planner, SandboxFailure, Settled, Sizing};

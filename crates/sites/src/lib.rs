@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
-use sprout_engine::names::valid_name;
+use sprout_engine::valid_name;
 
 /// A static directory, opened (and checked) when its site is made.
 pub trait OpenDir: Sized + Send + Sync {

@@ -23,7 +23,7 @@ pub const TEMPLATE: &str = include_str!("config-template.toml");
 
 /// Where the worker's own volumes are in every sandbox (the leases' files, the blobs): no
 /// configured volume may overlap them.
-pub const OWN_VOLUMES: [&str; 2] = [sprout_offload::lease_files::IN_SANDBOX, sprout_offload::blobs::IN_SANDBOX];
+pub const OWN_VOLUMES: [&str; 2] = [sprout_offload::LEASES_IN_SANDBOX, sprout_offload::BLOBS_IN_SANDBOX];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]

@@ -24,5 +24,5 @@ pub use config::{Config, WorkerSection, TEMPLATE};
 pub use daemon::{cleanup_dir, down, init, running_pid, serve, status, up_detached, InitOutcome, Status, LOG};
 pub use preinstall::preinstall;
 pub use sprout_api::auth::token::{discovery_path, read_token};
-pub use sprout_engine::keepalive::{Policy as KeepAlivePolicy, Tracker as KeepAliveTracker};
-pub use sprout_engine::packages::install_cache::InstallCache;
+pub use sprout_engine::InstallCache;
+pub use sprout_engine::{KeepAlivePolicy, KeepAliveTracker};

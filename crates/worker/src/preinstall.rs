@@ -10,9 +10,9 @@ use anyhow::{bail, Context, Result};
 use sprout_sandbox::cgroup::Layout;
 use sprout_sandbox::stage::Stage;
 
-use sprout_engine::packages::install_cache::{InstallCache, InstalledPackage};
-use sprout_engine::packages::requirements;
-use sprout_engine::sandboxes::make_packages;
+use sprout_engine::{InstallCache, InstalledPackage};
+
+use sprout_engine::make_packages;
 
 use crate::config::Config;
 
@@ -24,7 +24,7 @@ pub async fn preinstall(dir: &Path, file: &Path) -> Result<Vec<InstalledPackage>
         bail!("no base image at {}; run `sprout worker init {}`", config.base.path.display(), dir.display());
     }
     let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let reqs = requirements::parse(&text, config.packages.allow_unpinned)?;
+    let reqs = sprout_engine::parse_requirements(&text, config.packages.allow_unpinned)?;
     let cache_dir = config.package_cache_dir(dir);
     let cache = InstallCache::open(&cache_dir).with_context(|| format!("opening the install cache {}", cache_dir.display()))?;
     let v2_root = (!config.cgroups.v2_root.is_empty()).then(|| std::path::PathBuf::from(&config.cgroups.v2_root));

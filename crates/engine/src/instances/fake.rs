@@ -13,7 +13,8 @@ use bytes::Bytes;
 use sprout_sandbox::channel::{Reply, Request};
 use sprout_sandbox::{Backend, BackendStats, Calls, CreateError, HandlerKind, InvokeError, Limits, Phase, Sandbox, SandboxSpec};
 
-use super::{Failure, Prepare};
+use super::prepare::Prepare;
+use super::Failure;
 use crate::registry::Lambda;
 
 /// What the next request to a fake sandbox does.

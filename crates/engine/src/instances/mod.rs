@@ -42,11 +42,10 @@ mod stats;
 #[cfg(test)]
 mod tests;
 
-pub use admission::BudgetFigures;
-pub use figures::{InstanceFigures, SandboxState};
+pub use figures::SandboxState;
 pub use held::Held;
 pub use manager::Instances;
 pub use outcome::{Failure, Invocation};
-pub use prepare::{Prepare, Provisioning};
+pub use prepare::Provisioning;
 pub use settings::InstanceConfig;
 pub use stats::LambdaFigures;

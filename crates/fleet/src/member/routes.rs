@@ -13,8 +13,8 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use sprout_engine::packages::install_cache::InstalledPackage;
-use sprout_engine::packages::requirements::Requirement;
+use sprout_engine::InstalledPackage;
+use sprout_engine::Requirement;
 use sprout_engine::{Engine, Lambda, LambdaWatcher, Origin};
 
 /// What a lambda needing `requirements` is routed by, given what the install cache holds;
@@ -107,7 +107,7 @@ impl LambdaWatcher for FleetRoutes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sprout_engine::packages::requirements::parse;
+    use sprout_engine::parse_requirements as parse;
 
     fn installed(key: &str, size_bytes: u64) -> InstalledPackage {
         serde_json::from_value(serde_json::json!({

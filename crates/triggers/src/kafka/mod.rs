@@ -31,8 +31,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use async_trait::async_trait;
-use sprout_engine::logs::Trigger;
-use sprout_engine::registry::KafkaTrigger;
+use sprout_engine::KafkaTrigger;
+use sprout_engine::Trigger;
 use sprout_engine::{Call, Engine, ErrorCode, Lambda, LambdaWatcher, Origin};
 
 use delivery::{Attempt, Delivery, Next, Policy};

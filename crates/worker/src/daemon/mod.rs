@@ -172,7 +172,7 @@ pub fn cleanup_dir(dir: &Path) -> Result<cleanup::Report> {
     let mut report = cleanup::cleanup(dir, &layout, &config.cgroup_parents(dir))?;
     report.network_removed = network::host::release(dir, &config.network_tag(dir).0);
     if config.sandbox.backend == BackendKind::Docker && config.docker.socket.exists() {
-        let docker_config = sprout_engine::sandboxes::docker_config(&config.engine(), &config.worker_name(dir));
+        let docker_config = sprout_engine::docker_config(&config.engine(), &config.worker_name(dir));
         let docker = DockerBackend::new(docker_config, Arc::new(Stage::paths(dir)));
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         report.processes_killed += rt.block_on(docker.remove_leftovers());
