@@ -59,7 +59,7 @@ impl From<Failure> for Error {
             }
             Failure::Platform(_) => Error::new(ErrorCode::SandboxStartFailed, message),
             Failure::Install(e) => {
-                let mut err = Error::new(ErrorCode::InstallFailed, message).with("pip_output", e.output);
+                let mut err = Error::new(ErrorCode::InstallFailed, message).with("pip_output", e.output).with("pip_reasons", e.reasons);
                 if let Some(package) = e.package {
                     err = err.with("package", package);
                 }

@@ -43,15 +43,17 @@ pub struct InstallError {
     pub message: String,
     /// The end of pip's output.
     pub output: String,
+    /// The lines of pip's output that say why.
+    pub reasons: Vec<String>,
 }
 
 impl InstallError {
     fn from_pip(package: Option<String>, e: PipError) -> InstallError {
-        InstallError { package, message: e.message, output: e.output }
+        InstallError { package, message: e.message, output: e.output, reasons: e.reasons }
     }
 
     fn internal(message: String) -> InstallError {
-        InstallError { package: None, message, output: String::new() }
+        InstallError { package: None, message, output: String::new(), reasons: Vec::new() }
     }
 }
 
@@ -299,6 +301,7 @@ impl Packages {
                     package: Some(key.clone()),
                     message: format!("reading what pip installed: {e}"),
                     output: String::new(),
+                    reasons: Vec::new(),
                 })?;
                 if meta.key != key {
                     return Err(InstallError::internal(format!("pip installed {} when asked for {key}", meta.key)));

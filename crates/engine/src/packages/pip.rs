@@ -6,6 +6,11 @@
 //! limits, seeing only the base image, its staging directory and, when configured, the local
 //! wheel directory (read-only at /wheels). It shares the host's network, DNS and CA bundle,
 //! and inherits the host's PIP_* and proxy settings unless the configuration names an index.
+//!
+//! An index that fails for a moment (a connection refused or reset, a timeout, a name that did
+//! not resolve, a 5xx, or an index that listed no version at all) is tried again, at most
+//! [`ATTEMPTS`] times in all ([`pip_failure`] decides, from pip's own words); a failure says
+//! why in pip's words: the lines of its output that explain, not only its last.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,6 +39,13 @@ const PASSED_ENV: [&str; 10] = [
     "no_proxy",
 ];
 
+/// Most runs of pip for one step when the index fails for a moment.
+pub const ATTEMPTS: u32 = 3;
+/// The pause before the second attempt; doubled before each later one.
+const FIRST_PAUSE: Duration = Duration::from_secs(2);
+/// Most lines of pip's output that say why it failed, in a failure's message.
+const MAX_REASONS: usize = 6;
+
 /// Where the installer's configuration comes from (`[packages]` of config.toml).
 #[derive(Debug, Clone)]
 pub struct InstallerConfig {
@@ -55,6 +67,60 @@ pub struct PipError {
     pub message: String,
     /// The end of what pip printed.
     pub output: String,
+    /// The lines of pip's output that say why (its errors, and the warnings of what failed).
+    pub reasons: Vec<String>,
+}
+
+impl PipError {
+    fn plain(message: String) -> PipError {
+        PipError { message, output: String::new(), reasons: Vec::new() }
+    }
+}
+
+/// What pip's output says of a failed run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PipFailure {
+    /// The lines that say why, in order, without repeats.
+    pub reasons: Vec<String>,
+    /// The index failed for a moment (or listed nothing): the same run may well succeed.
+    pub transient: bool,
+}
+
+/// Read a failed pip run's output: the lines that say why, and whether the failure was the
+/// index's for a moment. `from_index`: pip asked an index (not only a wheel directory), so
+/// "from versions: none" may be the index's hiccup rather than a missing package.
+pub fn pip_failure(output: &str, from_index: bool) -> PipFailure {
+    const NETWORK: [&str; 14] = [
+        "Retrying (",
+        "Could not fetch URL",
+        "NewConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "Read timed out",
+        "Connection reset",
+        "Connection refused",
+        "connection broken",
+        "ProtocolError",
+        "IncompleteRead",
+        "Temporary failure in name resolution",
+        "Name or service not known",
+        "Max retries exceeded",
+    ];
+    let server_error = |line: &str| {
+        line.split(|c: char| !c.is_ascii_digit()).any(|n| n.len() == 3 && n.starts_with('5')) && line.contains("HTTP")
+    };
+    let mut reasons: Vec<String> = Vec::new();
+    let mut network = false;
+    for line in output.lines().map(str::trim) {
+        let is_network = NETWORK.iter().any(|w| line.contains(w)) || server_error(line);
+        let says_why = line.starts_with("ERROR") || line.contains("error:") || (line.starts_with("WARNING") && is_network);
+        network |= is_network;
+        if says_why && !reasons.iter().any(|r| r == line) {
+            reasons.push(line.to_string());
+        }
+    }
+    let listed_nothing = output.contains("(from versions: none)");
+    PipFailure { transient: network || (from_index && listed_nothing), reasons }
 }
 
 pub struct Installer {
@@ -166,7 +232,31 @@ impl Installer {
         binds
     }
 
+    /// Run pip with `args` to do `what`, again after a pause while the index fails for a
+    /// moment (at most [`ATTEMPTS`] runs); how long the successful run took.
     async fn pip(&self, what: &str, staging: &Staging, args: Vec<String>) -> Result<Duration, PipError> {
+        let mut pause = FIRST_PAUSE;
+        for attempt in 1..=ATTEMPTS {
+            match self.pip_once(what, staging, args.clone()).await {
+                Ok(took) => return Ok(took),
+                Err((e, true)) if attempt < ATTEMPTS => {
+                    tracing::warn!(attempt, "pip failed to {what}, the index's failure for a moment; trying again in {pause:?}: {e}");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                Err((mut e, transient)) => {
+                    if transient {
+                        e.message = format!("{} (tried {ATTEMPTS} times)", e.message);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    /// One run of pip; a failure says whether it was the index's for a moment.
+    async fn pip_once(&self, what: &str, staging: &Staging, args: Vec<String>) -> Result<Duration, (PipError, bool)> {
         let mut argv = vec![self.cfg.python.clone(), "-m".into(), "pip".into()];
         argv.extend(args);
         let spec = OneshotSpec {
@@ -184,7 +274,7 @@ impl Installer {
         let started = Instant::now();
         let outcome = oneshot::run(&self.stage, self.layout.clone(), &self.cgroup_parent, &spec)
             .await
-            .map_err(|e| PipError { message: format!("could not run pip to {what}: {e}"), output: String::new() })?;
+            .map_err(|e| (PipError::plain(format!("could not run pip to {what}: {e}")), false))?;
         let tail = outcome.output.trim_end().to_string();
         let why = match outcome.ending {
             Ending::Exited(0) => return Ok(started.elapsed()),
@@ -198,12 +288,18 @@ impl Installer {
                 self.cfg.limits.memory_bytes >> 20
             ),
         };
-        let last_error = tail.lines().rev().find(|l| l.contains("ERROR") || l.contains("error:")).map(str::trim);
-        let message = match last_error {
-            Some(line) => format!("{why}: {line}"),
-            None => why,
+        let failure = pip_failure(&tail, !self.cfg.offline);
+        let exited = matches!(outcome.ending, Ending::Exited(_));
+        // The last lines say what failed; the first warnings, often, why.
+        let shown: Vec<&str> = match failure.reasons.len() {
+            n if n <= MAX_REASONS => failure.reasons.iter().map(String::as_str).collect(),
+            n => failure.reasons[..2].iter().chain(&failure.reasons[n - (MAX_REASONS - 2)..]).map(String::as_str).collect(),
         };
-        Err(PipError { message, output: tail })
+        let message = match shown.is_empty() {
+            true => why,
+            false => format!("{why}: {}", shown.join(" | ")),
+        };
+        Err((PipError { message, output: tail, reasons: failure.reasons }, exited && failure.transient))
     }
 
     /// Resolve `requirements` (requirements.txt text) to pinned packages with pip's resolver.
@@ -226,7 +322,7 @@ impl Installer {
         self.pip("resolve the requirements", staging, args).await?;
         let report = std::fs::read(staging.dir.join("report.json")).map_err(io_error)?;
         let report: Report = serde_json::from_slice(&report)
-            .map_err(|e| PipError { message: format!("pip's report is unreadable: {e}"), output: String::new() })?;
+            .map_err(|e| PipError::plain(format!("pip's report is unreadable: {e}")))?;
         let names: Vec<String> = report.install.iter().map(|i| normalize(&i.metadata.name)).collect();
         let pins = report
             .install
@@ -290,11 +386,59 @@ impl Installer {
 }
 
 fn io_error(e: std::io::Error) -> PipError {
-    PipError { message: format!("installer staging: {e}"), output: String::new() }
+    PipError::plain(format!("installer staging: {e}"))
 }
 
 /// The distribution name at the start of a Requires-Dist value.
 pub fn requirement_name(r: &str) -> &str {
     let end = r.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))).unwrap_or(r.len());
     &r[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NO_VERSIONS: &str = "ERROR: Could not find a version that satisfies the requirement numpy==2.4.6 (from versions: none)\n\
+                               ERROR: No matching distribution found for numpy==2.4.6";
+
+    #[test]
+    fn an_index_that_listed_nothing_is_tried_again_but_a_wheel_directory_is_not() {
+        let f = pip_failure(NO_VERSIONS, true);
+        assert!(f.transient);
+        assert_eq!(f.reasons.len(), 2, "both error lines, not only the last: {f:?}");
+        assert!(f.reasons[0].contains("from versions: none"));
+        assert!(!pip_failure(NO_VERSIONS, false).transient, "offline: no index to hiccup");
+    }
+
+    #[test]
+    fn network_warnings_say_why_and_make_it_transient() {
+        let output = "WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after connection broken by \
+                      'NewConnectionError(\"<pip._vendor.urllib3.connection.HTTPSConnection>: Failed to establish a new connection: \
+                      [Errno -3] Temporary failure in name resolution\")': /simple/numpy/\n\
+                      WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after connection broken by \
+                      'NewConnectionError(\"<pip._vendor.urllib3.connection.HTTPSConnection>: Failed to establish a new connection: \
+                      [Errno -3] Temporary failure in name resolution\")': /simple/numpy/\n\
+                      WARNING: Some unrelated notice\n"
+            .to_string()
+            + NO_VERSIONS;
+        let f = pip_failure(&output, false);
+        assert!(f.transient, "a network failure is transient even without an index of our own: {f:?}");
+        assert_eq!(f.reasons.len(), 3, "the warning once, not the unrelated one, then the errors: {f:?}");
+        assert!(f.reasons[0].contains("Temporary failure in name resolution"));
+        let server = pip_failure("WARNING: Could not fetch URL https://index/simple/x/: HTTP error 503 while getting it\nERROR: x", true);
+        assert!(server.transient && server.reasons[0].contains("503"), "{server:?}");
+    }
+
+    #[test]
+    fn a_missing_version_or_a_build_error_is_not_tried_again() {
+        let missing = "ERROR: Could not find a version that satisfies the requirement gamma==9.0 (from versions: 1.0, 2.0)\n\
+                       ERROR: No matching distribution found for gamma==9.0";
+        assert!(!pip_failure(missing, true).transient);
+        let build = "  error: subprocess-exited-with-error\n  × python setup.py egg_info did not run successfully.\n\
+                     ERROR: Could not build wheels for broken";
+        let f = pip_failure(build, true);
+        assert!(!f.transient);
+        assert_eq!(f.reasons, ["error: subprocess-exited-with-error", "ERROR: Could not build wheels for broken"]);
+    }
 }
