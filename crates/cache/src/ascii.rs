@@ -6,10 +6,15 @@ use bytes::{Buf, BytesMut};
 use crate::exec::{self, Read};
 use crate::meta;
 use crate::output::Output;
-use crate::session::{Env, Next, Reply, StatsRequest, StoreOp, MAX_GET_LINE, MAX_LINE};
+use crate::request::{Env, Next, Reply, StatsRequest, StoreOp};
 use crate::stats::{CoreStats, Counters};
 use crate::store::{Deleted, DeltaError, Mode};
 use crate::text::{self, Command, Reject, StoreKind};
+
+/// A text line may grow to this size without a newline when it is a get (memcached's
+/// multigets are unbounded; this is our bound), else to 2048 bytes, as memcached.
+pub const MAX_GET_LINE: usize = 1 << 20;
+pub const MAX_LINE: usize = 2048;
 
 /// Handle the next command line in `input`, if it has a whole one. `scanned`: how much of
 /// `input` an earlier call already searched for a newline (so a long line arriving in small

@@ -7,7 +7,7 @@ use bytes::{Buf, BufMut, BytesMut};
 
 use crate::exec::{self, Read};
 use crate::output::Output;
-use crate::session::{Env, Next, Reply, StatsRequest, StoreOp};
+use crate::request::{Env, Next, Reply, StatsRequest, StoreOp};
 use crate::stats::{CoreStats, Counters};
 use crate::store::{Deleted, DeltaError, Mode, Stored};
 use crate::text::KEY_MAX;

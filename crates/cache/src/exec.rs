@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 
-use crate::session::Env;
+use crate::request::Env;
 use crate::stats::CoreStats;
 use crate::store::{item_size, Deleted, DeltaError, Item, Lookup, Mode, Stored};
 

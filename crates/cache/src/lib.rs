@@ -6,7 +6,8 @@
 //! out by reference (`output`). The protocol state machine (`session`, with `ascii`,
 //! `binary` and `meta` under it) knows nothing of sockets, so it is fuzzed alone; the three
 //! protocols only parse and reply, and `exec` runs every command against the store and
-//! counts it.
+//! counts it. What they all share (`Env`, `Next`, `StoreOp`...) sits in `request`, below
+//! every one of them; `session` re-exports it.
 
 pub mod ascii;
 pub mod binary;
@@ -15,6 +16,7 @@ pub mod conn;
 pub mod exec;
 pub mod meta;
 pub mod output;
+mod request;
 pub mod server;
 pub mod session;
 pub mod shared;

@@ -6,7 +6,7 @@
 
 use crate::exec::{self, Read};
 use crate::output::Output;
-use crate::session::{Env, Next, Reply, StoreOp};
+use crate::request::{Env, Next, Reply, StoreOp};
 use crate::stats::CoreStats;
 use crate::store::{Deleted, DeltaError, Mode};
 use crate::text::{parse_i32, parse_u64, KEY_MAX};

@@ -5,28 +5,16 @@
 
 use bytes::{Buf, Bytes, BytesMut};
 
+pub use crate::ascii::{MAX_GET_LINE, MAX_LINE};
 use crate::output::Output;
-use crate::shared::Shared;
-use crate::stats::CoreStats;
-use crate::store::{Mode, Stored};
-use crate::{ascii, binary};
+pub use crate::request::{Env, Next, Reply, StatsRequest, StoreOp};
+use crate::store::Stored;
+use crate::{ascii, binary, exec, meta};
 
 /// A value whose block (with its trailer) is at least this large and not yet all read gets a
 /// buffer of its own, read into straight from the socket; smaller ones wait in the read
 /// buffer and are copied out once.
 pub const DIRECT_MIN: usize = 16 * 1024;
-
-/// A text line may grow to this size without a newline when it is a get (memcached's
-/// multigets are unbounded; this is our bound), else to 2048 bytes, as memcached.
-pub const MAX_GET_LINE: usize = 1 << 20;
-pub const MAX_LINE: usize = 2048;
-
-/// What a connection handles a request with: the server's shared state and this core's
-/// counters.
-pub struct Env<'a> {
-    pub shared: &'a Shared,
-    pub stats: &'a CoreStats,
-}
 
 /// What the connection must do after `process`.
 #[derive(Debug, PartialEq, Eq)]
@@ -46,41 +34,6 @@ enum Proto {
     Binary,
 }
 
-/// How to answer a store once its value has arrived.
-#[derive(Clone, Debug)]
-pub enum Reply {
-    Text {
-        noreply: bool,
-    },
-    Binary {
-        opcode: u8,
-        opaque: u32,
-        quiet: bool,
-    },
-    /// ms: a two-letter code and the flags it asked back.
-    /// `base64`: the key came base64-encoded (`b`), and goes back so.
-    Meta {
-        quiet: bool,
-        opaque: Option<Vec<u8>>,
-        ret: Vec<u8>,
-        base64: bool,
-    },
-}
-
-/// A store command waiting for (or holding) its value.
-pub struct StoreOp {
-    pub reply: Reply,
-    pub mode: Mode,
-    pub key: Vec<u8>,
-    pub flags: u32,
-    /// Relative expiry.
-    pub exptime: u32,
-    /// Value bytes, without the trailer.
-    pub len: usize,
-    /// Bytes after the value: 2 for the text protocol's "\r\n", 0 for binary.
-    pub trailer: usize,
-}
-
 enum State {
     Ready,
     /// Waiting for a value; `buf` is its own buffer when it is large.
@@ -93,26 +46,6 @@ enum State {
     /// Waiting for a stats gather.
     Stats,
     Closing,
-}
-
-/// What `stats` asked for.
-#[derive(Clone, Debug)]
-pub enum StatsRequest {
-    Text { group: Option<Vec<u8>> },
-    Binary { group: Option<Vec<u8>>, opaque: u32 },
-}
-
-impl StatsRequest {
-    pub fn group(&self) -> Option<&[u8]> {
-        match self {
-            StatsRequest::Text { group } | StatsRequest::Binary { group, .. } => group.as_deref(),
-        }
-    }
-
-    /// `stats reset` zeroes counters instead of reporting them.
-    pub fn is_reset(&self) -> bool {
-        self.group() == Some(b"reset")
-    }
 }
 
 pub struct Session {
@@ -245,20 +178,6 @@ impl Session {
     }
 }
 
-/// What one protocol step decided.
-pub enum Next {
-    /// A command was handled; look for the next.
-    Continue,
-    /// The next command is not complete.
-    NeedMore,
-    /// A store command's value comes next.
-    Data(StoreOp),
-    /// Discard this many bytes next.
-    Swallow(usize),
-    Stats(StatsRequest),
-    Close,
-}
-
 /// Store a value that has fully arrived (`block` holds it and its trailer), and reply.
 pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Output) {
     if op.trailer == 2 && &block[op.len..] != b"\r\n" {
@@ -270,7 +189,7 @@ pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Out
     }
     block.truncate(op.len);
     let value: Bytes = block.freeze();
-    let result = crate::exec::store(env, op.mode, &op.key, value, op.flags, op.exptime);
+    let result = exec::store(env, op.mode, &op.key, value, op.flags, op.exptime);
     match op.reply {
         Reply::Text { noreply } => {
             if !noreply {
@@ -284,6 +203,6 @@ pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Out
             }
         }
         Reply::Binary { opcode, opaque, quiet } => binary::store_reply(opcode, opaque, quiet, result, out),
-        Reply::Meta { quiet, opaque, ret, base64 } => crate::meta::store_reply(result, &op.key, base64, quiet, opaque.as_deref(), ret, out),
+        Reply::Meta { quiet, opaque, ret, base64 } => meta::store_reply(result, &op.key, base64, quiet, opaque.as_deref(), ret, out),
     }
 }

@@ -10,8 +10,7 @@ use serde_json::Value;
 
 use crate::checks::{self, Check};
 use crate::fleet::Fleet;
-use crate::fleet_run::MergedFleet;
-use crate::fleet_stats::{self, FirstAfterIdle};
+use crate::fleet_stats::{self, FirstAfterIdle, MergedFleet};
 use crate::stats::{self, OpStats, Summary, Windows, WireStats};
 use crate::utilization::Sample;
 use crate::workload::Workload;
@@ -342,7 +341,7 @@ mod tests {
     use super::*;
     use crate::fleet_agent;
     use crate::fleet_agent::tests::{fleet, olio, plan, sites};
-    use crate::fleet_run::merge;
+    use crate::fleet_stats::merge;
     use std::time::Duration;
 
     fn ops(workload: &Workload) -> Vec<OpStats> {

@@ -3,14 +3,12 @@
 //! sample the system under test meanwhile, merge the agents' measurements exactly, judge
 //! every site, and write fleet-run.json.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 use crate::control::{addr_of, now_ms};
@@ -18,8 +16,7 @@ use crate::drivers::olio::Olio;
 use crate::fleet::Fleet;
 use crate::fleet_agent::{self, FleetPlan, SitePlan};
 use crate::fleet_report::{self, FleetReport, RunContext};
-use crate::fleet_stats::{FleetAgentResult, SiteResult};
-use crate::stats;
+use crate::fleet_stats::{merge, FleetAgentResult};
 use crate::utilization::{Sampler, SutProcesses};
 use crate::workload::Workload;
 
@@ -131,71 +128,6 @@ pub struct FleetRunOptions {
     pub exe: PathBuf,
 }
 
-/// The agents' measurements, merged: each site from the one agent that drove it (in fleet
-/// order), the series interval by interval.
-#[derive(Debug, Clone, Default)]
-pub struct MergedFleet {
-    pub sites: Vec<SiteResult>,
-    pub series: Vec<MergedInterval>,
-    pub counters: BTreeMap<String, u64>,
-    pub cycles: u64,
-    pub cycle_ms_sum: f64,
-    pub supervisor_wakeups: u64,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct MergedInterval {
-    pub hist: Option<Histogram<u64>>,
-    pub errors: u64,
-    pub active_users: usize,
-    pub active_sites: usize,
-}
-
-/// Merge agents' results for a fleet of `sites_total` sites: each site must come from exactly
-/// one agent; histograms add, so percentiles over all agents are exact.
-pub fn merge(sites_total: usize, results: Vec<FleetAgentResult>) -> Result<MergedFleet> {
-    let mut sites: Vec<Option<SiteResult>> = vec![None; sites_total];
-    let mut merged = MergedFleet::default();
-    for r in results {
-        for site in r.sites {
-            let i = site.index;
-            let slot = sites.get_mut(i).with_context(|| format!("agent {} sent site {i}; the fleet has {sites_total}", r.agent))?;
-            if slot.is_some() {
-                bail!("site {i} ({}) came from two agents", site.host);
-            }
-            *slot = Some(site);
-        }
-        if merged.series.len() < r.series.len() {
-            merged.series.resize_with(r.series.len(), MergedInterval::default);
-        }
-        for (k, w) in r.series.iter().enumerate() {
-            let m = &mut merged.series[k];
-            if let Some(text) = &w.hist {
-                let h = stats::decode_histogram(text).with_context(|| format!("agent {}, interval {k}", r.agent))?;
-                match &mut m.hist {
-                    Some(sum) => sum.add(&h).map_err(|e| anyhow::anyhow!("adding agent {}'s interval {k}: {e:?}", r.agent))?,
-                    None => m.hist = Some(h),
-                }
-            }
-            m.errors += w.errors;
-            m.active_users += w.active_users;
-            m.active_sites += w.active_sites;
-        }
-        for (k, v) in r.counters {
-            *merged.counters.entry(k).or_default() += v;
-        }
-        merged.cycles += r.cycles;
-        merged.cycle_ms_sum += r.cycle_ms_sum;
-        merged.supervisor_wakeups += r.supervisor_wakeups;
-    }
-    let missing: Vec<String> = sites.iter().enumerate().filter(|(_, s)| s.is_none()).map(|(i, _)| i.to_string()).take(5).collect();
-    if !missing.is_empty() {
-        bail!("no agent sent site(s) {}", missing.join(", "));
-    }
-    merged.sites = sites.into_iter().flatten().collect();
-    Ok(merged)
-}
-
 /// Run the fleet: agents, sampling, merge, judgement; writes OUT/fleet-run.json.
 pub fn run_fleet(opts: &FleetRunOptions) -> Result<FleetReport> {
     let fleet = Fleet::load(&opts.fleet)?;
@@ -304,72 +236,4 @@ fn resources(report: &FleetReport, opts: &FleetRunOptions) -> Result<serde_json:
         "instances": opts.instances,
         "costs": costs,
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fleet_stats::{self, WireInterval};
-
-    fn interval(values: &[u64], errors: u64, users: usize, sites: usize) -> WireInterval {
-        let mut h = fleet_stats::histogram();
-        for v in values {
-            h.record(*v).unwrap();
-        }
-        let hist = (!values.is_empty()).then(|| stats::encode_histogram(&h).unwrap());
-        WireInterval { hist, errors, active_users: users, active_sites: sites }
-    }
-
-    fn site(index: usize) -> SiteResult {
-        SiteResult { index, host: format!("s{index}.test"), ..SiteResult::default() }
-    }
-
-    fn agent(agent: u32, sites: &[usize], series: Vec<WireInterval>) -> FleetAgentResult {
-        FleetAgentResult {
-            agent,
-            sites: sites.iter().map(|&i| site(i)).collect(),
-            series,
-            counters: BTreeMap::from([("http_requests".to_string(), 10)]),
-            cycles: 2,
-            cycle_ms_sum: 9000.0,
-            supervisor_wakeups: 3,
-        }
-    }
-
-    #[test]
-    fn agents_merge_site_by_site_and_interval_by_interval() {
-        let a: Vec<u64> = (1..=500).map(|i| i * 1000).collect();
-        let b: Vec<u64> = (1..=500).map(|i| 300_000 + i * 7).collect();
-        let results = vec![
-            agent(0, &[0, 2], vec![interval(&a, 1, 3, 2), interval(&[], 0, 1, 1)]),
-            agent(1, &[1], vec![interval(&b, 2, 4, 1), interval(&[5000], 0, 0, 0)]),
-        ];
-        // Through JSON, as results cross from agents.
-        let results: Vec<FleetAgentResult> = serde_json::from_str(&serde_json::to_string(&results).unwrap()).unwrap();
-        let m = merge(3, results).unwrap();
-        assert_eq!(m.sites.iter().map(|s| s.index).collect::<Vec<_>>(), vec![0, 1, 2]);
-        let (first, second) = (&m.series[0], &m.series[1]);
-        assert_eq!((first.errors, first.active_users, first.active_sites), (3, 7, 3));
-        assert_eq!((second.active_users, second.active_sites, second.hist.as_ref().unwrap().len()), (1, 1, 1));
-        // Histograms add: the merged percentiles are those of one recorder of both halves.
-        let mut whole = fleet_stats::histogram();
-        for v in a.iter().chain(&b) {
-            whole.record(*v).unwrap();
-        }
-        let merged = first.hist.as_ref().unwrap();
-        for q in [0.5, 0.9, 0.99] {
-            assert_eq!(merged.value_at_quantile(q), whole.value_at_quantile(q));
-        }
-        assert_eq!((m.counters["http_requests"], m.cycles, m.supervisor_wakeups), (20, 4, 6));
-    }
-
-    #[test]
-    fn every_site_comes_from_exactly_one_agent() {
-        let twice = merge(2, vec![agent(0, &[0, 1], vec![]), agent(1, &[1], vec![])]).unwrap_err();
-        assert!(twice.to_string().contains("site 1 (s1.test) came from two agents"), "{twice}");
-        let missing = merge(3, vec![agent(0, &[0], vec![]), agent(1, &[1], vec![])]).unwrap_err();
-        assert!(missing.to_string().contains("no agent sent site(s) 2"), "{missing}");
-        let stray = merge(1, vec![agent(0, &[4], vec![])]).unwrap_err();
-        assert!(stray.to_string().contains("agent 0 sent site 4; the fleet has 1"), "{stray}");
-    }
 }

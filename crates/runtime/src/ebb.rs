@@ -186,7 +186,7 @@ impl<E: Ebb> EbbRef<E> {
             }
         };
         if cores.is_empty() {
-            crate::spawn(complete);
+            event::spawn(complete);
             return;
         }
         let remaining = Arc::new(AtomicUsize::new(cores.len()));
@@ -194,11 +194,11 @@ impl<E: Ebb> EbbRef<E> {
         let this = *self;
         for core in cores {
             let (visit, results, remaining) = (visit.clone(), results.clone(), remaining.clone());
-            crate::spawn_on(core, move || {
+            event::spawn_on(core, move || {
                 let value = this.with(|rep| visit(rep));
                 results.lock().unwrap_or_else(|e| e.into_inner()).push((core, value));
                 if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    crate::spawn_on(home, complete);
+                    event::spawn_on(home, complete);
                 }
             });
         }

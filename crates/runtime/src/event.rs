@@ -1,8 +1,8 @@
 //! One core's event manager: a non-preemptive, run-to-completion loop over local events,
 //! events sent from other cores, timers, idle handlers and I/O readiness (epoll, via mio).
 //!
-//! Everything here is reached through the free functions of the crate root (`spawn`,
-//! `spawn_on`, `timer`, `register`, ...), which find the current core's manager in a
+//! Everything here is reached through its free functions (`spawn`, `spawn_on`, `timer`,
+//! `register`, ..., re-exported at the crate root), which find the current core's manager in a
 //! thread-local: like EbbRT's `event_mgr`, each core has its own representative and none of
 //! its state is shared, so none of it is locked. The only cross-core path is the inbox, a
 //! short mutex-guarded vector plus an eventfd that wakes the core when it sleeps in epoll.
@@ -151,9 +151,81 @@ pub(crate) fn with_core<R>(f: impl FnOnce(&Core) -> R) -> R {
     f(unsafe { &*ptr })
 }
 
-/// Whether this thread is a runtime core.
-pub(crate) fn on_core() -> bool {
+/// Whether the calling thread is one of the runtime's cores.
+pub fn on_core() -> bool {
     !CURRENT.with(|c| c.get()).is_null()
+}
+
+/// Run `f` as an event on this core, after the current event.
+pub fn spawn(f: impl FnOnce() + 'static) {
+    with_core(|c| c.spawn(Box::new(f)));
+}
+
+/// Run `f` as an event on `core` (this core included). Panics if there is no such core.
+pub fn spawn_on(core: CoreId, f: impl FnOnce() + Send + 'static) {
+    with_core(|c| {
+        if core == c.id {
+            c.spawn(Box::new(f));
+        } else {
+            c.shared.inboxes[core].push(Box::new(f));
+        }
+    });
+}
+
+/// Run `f` as an event on this core once `after` has passed.
+pub fn timer(after: Duration, f: impl FnOnce() + 'static) -> TimerId {
+    with_core(|c| c.timer(after, Box::new(f)))
+}
+
+/// Cancel a timer of this core; false if it already fired (or was cancelled).
+pub fn cancel_timer(id: TimerId) -> bool {
+    with_core(|c| c.cancel_timer(id))
+}
+
+/// Poll `f` whenever this core has nothing else to do, until `remove_idle`.
+pub fn add_idle(f: impl FnMut() + 'static) -> IdleId {
+    with_core(|c| c.add_idle(Box::new(f)))
+}
+
+pub fn remove_idle(id: IdleId) {
+    with_core(|c| c.remove_idle(id))
+}
+
+/// Register an I/O handler with this core's epoll (edge-triggered, readable and writable).
+/// Its events run on this core until it returns `Control::Close`.
+pub fn register(handler: Box<dyn IoHandler>) -> std::io::Result<Token> {
+    with_core(|c| c.register(handler))
+}
+
+/// Call the I/O handler of `token` on this core with `Ready::notified`, after the current
+/// event (a deferred wake-up, e.g. when a gather it waited for has finished).
+pub fn notify(token: Token) {
+    with_core(|c| c.notify(token))
+}
+
+/// The core this event runs on.
+pub fn current_core() -> CoreId {
+    with_core(|c| c.id)
+}
+
+/// How many cores the runtime has.
+pub fn num_cores() -> usize {
+    with_core(|c| c.shared.inboxes.len())
+}
+
+/// Events this core has dispatched (EbbRT's `GetNumCore`).
+pub fn events_dispatched() -> u64 {
+    with_core(|c| c.dispatched.get())
+}
+
+/// I/O handlers registered on this core.
+pub fn io_handlers() -> usize {
+    with_core(|c| c.io_handlers())
+}
+
+/// Stop every core after its current event.
+pub fn stop() {
+    with_core(|c| c.shared.stop())
 }
 
 impl Core {

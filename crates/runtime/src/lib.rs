@@ -64,85 +64,9 @@ mod event;
 mod runtime;
 
 pub use ebb::{Ebb, EbbId, EbbRef};
-pub use event::{Control, CoreId, IdleId, IoHandler, Ready, TimerId};
+pub use event::{
+    add_idle, cancel_timer, current_core, events_dispatched, io_handlers, notify, num_cores, on_core, register, remove_idle, spawn,
+    spawn_on, stop, timer, Control, CoreId, IdleId, IoHandler, Ready, TimerId,
+};
 pub use mio::{self, Token};
 pub use runtime::{allowed_cpus, pin_to, Builder, Runtime, Stopper};
-
-use std::time::Duration;
-
-/// Run `f` as an event on this core, after the current event.
-pub fn spawn(f: impl FnOnce() + 'static) {
-    event::with_core(|c| c.spawn(Box::new(f)));
-}
-
-/// Run `f` as an event on `core` (this core included). Panics if there is no such core.
-pub fn spawn_on(core: CoreId, f: impl FnOnce() + Send + 'static) {
-    event::with_core(|c| {
-        if core == c.id {
-            c.spawn(Box::new(f));
-        } else {
-            c.shared.inboxes[core].push(Box::new(f));
-        }
-    });
-}
-
-/// Run `f` as an event on this core once `after` has passed.
-pub fn timer(after: Duration, f: impl FnOnce() + 'static) -> TimerId {
-    event::with_core(|c| c.timer(after, Box::new(f)))
-}
-
-/// Cancel a timer of this core; false if it already fired (or was cancelled).
-pub fn cancel_timer(id: TimerId) -> bool {
-    event::with_core(|c| c.cancel_timer(id))
-}
-
-/// Poll `f` whenever this core has nothing else to do, until `remove_idle`.
-pub fn add_idle(f: impl FnMut() + 'static) -> IdleId {
-    event::with_core(|c| c.add_idle(Box::new(f)))
-}
-
-pub fn remove_idle(id: IdleId) {
-    event::with_core(|c| c.remove_idle(id))
-}
-
-/// Register an I/O handler with this core's epoll (edge-triggered, readable and writable).
-/// Its events run on this core until it returns `Control::Close`.
-pub fn register(handler: Box<dyn IoHandler>) -> std::io::Result<Token> {
-    event::with_core(|c| c.register(handler))
-}
-
-/// Call the I/O handler of `token` on this core with `Ready::notified`, after the current
-/// event (a deferred wake-up, e.g. when a gather it waited for has finished).
-pub fn notify(token: Token) {
-    event::with_core(|c| c.notify(token))
-}
-
-/// The core this event runs on.
-pub fn current_core() -> CoreId {
-    event::with_core(|c| c.id)
-}
-
-/// Whether the calling thread is one of the runtime's cores.
-pub fn on_core() -> bool {
-    event::on_core()
-}
-
-/// How many cores the runtime has.
-pub fn num_cores() -> usize {
-    event::with_core(|c| c.shared.inboxes.len())
-}
-
-/// Events this core has dispatched (EbbRT's `GetNumCore`).
-pub fn events_dispatched() -> u64 {
-    event::with_core(|c| c.dispatched.get())
-}
-
-/// I/O handlers registered on this core.
-pub fn io_handlers() -> usize {
-    event::with_core(|c| c.io_handlers())
-}
-
-/// Stop every core after its current event.
-pub fn stop() {
-    event::with_core(|c| c.shared.stop())
-}
