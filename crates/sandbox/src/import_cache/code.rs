@@ -7,8 +7,8 @@
 //! A code Zygote holds lambda code, so it serves only lambdas whose code (settings aside) and
 //! packages are exactly its own: its key is both. It is made in the background, from the
 //! first cold start that finds none; until it is ready (or when making it failed, for
-//! [`super::state::FAILURE_BACKOFF`]) sandboxes are forked from the package Zygote and load the code
-//! themselves, so no request waits for it. It is evicted like any child Zygote.
+//! [`super::state::FAILURE_BACKOFF`]) sandboxes are forked from the package Zygote and load
+//! the code themselves, so no request waits for it. It is evicted like any child Zygote.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
