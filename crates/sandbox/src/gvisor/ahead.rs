@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use nix::mount::{mount, MsFlags};
 
 use super::bundle::{Bundle, Contents};
-use super::pod::PodSettings;
 use super::runsc::Runsc;
+use super::settings::PodSettings;
 use super::template::Recipe;
 use crate::error::{Doing, PlatformError};
 use crate::stage::Stage;

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::pod::PodSettings;
+use super::settings::PodSettings;
 use crate::channel::Endpoint;
 use crate::error::{Doing, PlatformError};
 use crate::scratch::make_scratch;
-use crate::spec::sandbox_env_strings;
+use crate::spec::{sandbox_env_strings, SandboxSpec};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
 
 /// What a pod's runtime spec differs by.
@@ -25,6 +25,11 @@ pub(crate) struct Contents<'a> {
     pub network: Option<RawFd>,
     /// Processes the pod may hold.
     pub pids: u64,
+}
+
+/// The processes a pod of `spec`'s lambda may hold.
+pub(crate) fn pods_pids(spec: &SandboxSpec) -> u64 {
+    spec.limits.pids.max(64) * 8
 }
 
 /// A pod's bundle, written, with the worker listening in its scratch.

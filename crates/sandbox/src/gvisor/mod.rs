@@ -19,10 +19,13 @@ mod bundle;
 mod claim;
 pub mod pod;
 pub mod runsc;
+mod settings;
 mod template;
+mod zygote;
+
+pub use settings::GvisorConfig;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,49 +42,13 @@ use crate::session::{handler_kind, session_methods, Calls, Session};
 use crate::spec::{BackendStats, CreateError, InvokeError, SandboxSpec};
 use crate::stage::Stage;
 use ahead::Created;
-use pod::{Pod, PodSettings};
+use pod::Pod;
 use runsc::Runsc;
+use settings::PodSettings;
 use template::Templates;
 
 /// The exit status of a handler that went past its memory limit (helper.py).
 const EXIT_OUT_OF_MEMORY: i32 = 75;
-
-/// Settings of the gvisor back-end.
-#[derive(Debug, Clone)]
-pub struct GvisorConfig {
-    /// The runsc program (`scripts/gvisor.sh` builds it; [`runsc::default_binary`]).
-    pub runsc: PathBuf,
-    /// The user handlers run as (inside gVisor).
-    pub uid: u32,
-    pub gid: u32,
-    /// The interpreter inside the base.
-    pub python: String,
-    pub start_timeout: Duration,
-    /// Largest response body a handler may send, in bytes.
-    pub max_response: u32,
-    /// The cgroup (relative to the hierarchy roots) under which each pod's is made.
-    pub cgroup_parent: String,
-    /// Pin pods to these CPUs (cpuset syntax).
-    pub cpuset: Option<String>,
-    /// Spares each pod keeps forked ahead while its lambda has cold starts.
-    pub spares: usize,
-    /// A pod with no cold start for this long lets its spares go.
-    pub spares_idle: Duration,
-    /// Host memory limit of one pod (gVisor's kernel and all the lambda's handlers).
-    pub pod_memory_bytes: u64,
-    /// How long a pod without sandboxes stays up.
-    pub pod_idle: Duration,
-    /// Start lambdas' first pods from templates (checkpoints per package set); false: each
-    /// pod afresh.
-    pub templates: bool,
-    /// Containers kept created ahead per template (0: created on the request's path).
-    pub created_ahead: usize,
-    /// Filter handlers' system calls with the lean sandboxes' filter (inside gVisor).
-    pub seccomp: bool,
-    /// Pods' sockets are the host kernel's, inside the lambda's namespace (runsc
-    /// `--network=host`): no gVisor network stack on the way, more host calls for the Sentry.
-    pub host_network: bool,
-}
 
 /// The `gvisor` back-end.
 pub struct GvisorBackend {

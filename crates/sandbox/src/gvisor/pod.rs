@@ -18,24 +18,17 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, Mutex};
 
 use super::ahead::{remove_bundle, Created};
-use super::bundle::{Bundle, Contents};
+use super::bundle::{pods_pids, Bundle, Contents};
 use super::runsc::Runsc;
+use super::settings::PodSettings;
 use super::template::Template;
-use super::GvisorConfig;
-use crate::channel::{Channel, Endpoint, Hello, ZygoteOrder};
+use super::zygote::{import_packages, recv_hello};
+use crate::channel::{Channel, Endpoint};
 use crate::error::{Doing, PlatformError};
 use crate::network::LambdaNetwork;
 use crate::output::{OutputPipe, OutputSink};
 use crate::spec::{CreateError, SandboxSpec};
 use crate::stage::Stage;
-
-/// What every pod of a worker is made with: the back-end's settings, and the lean sandboxes'
-/// seccomp filter (hex of its instructions), which each handler installs so that gVisor's
-/// kernel refuses what the host's would.
-pub(crate) struct PodSettings {
-    pub cfg: GvisorConfig,
-    pub seccomp: Option<String>,
-}
 
 /// A spare that has connected: its channel and its pid inside the pod.
 pub(crate) struct Spare {
@@ -349,36 +342,6 @@ async fn accept_spares(endpoint: Endpoint, spares: mpsc::Sender<Spare>, max_body
             return;
         }
     }
-}
-
-pub(crate) async fn recv_hello(channel: &mut Channel, timeout: Duration, doing: &str) -> Result<Hello, PlatformError> {
-    match tokio::time::timeout(timeout, channel.recv::<Hello>()).await {
-        Ok(Ok((hello, _))) => Ok(hello),
-        Ok(Err(e)) => Err(e).doing(format!("the pod's Zygote died while it was to {doing}")),
-        Err(_) => Err(PlatformError::timed_out("the pod's Zygote", doing.to_string(), timeout)),
-    }
-}
-
-/// Have a new pod's Zygote import `imports` from `paths` (a package that fails is only
-/// logged: the handler's own import will say why).
-pub(crate) async fn import_packages(
-    control: &mut Channel,
-    paths: &[String],
-    imports: &[String],
-    timeout: Duration,
-) -> Result<(), PlatformError> {
-    let order = ZygoteOrder { op: "zygote", paths, imports, code: None };
-    control.send(&order, &[]).await.doing("sending the pod's Zygote its packages")?;
-    let imported = recv_hello(control, timeout, "import the lambda's packages").await?;
-    if let Some(failed) = imported.failed.filter(|f| !f.is_empty()) {
-        tracing::info!(?failed, "a pod's Zygote could not import every package ahead");
-    }
-    Ok(())
-}
-
-/// The processes a pod of `spec`'s lambda may hold.
-pub(crate) fn pods_pids(spec: &SandboxSpec) -> u64 {
-    spec.limits.pids.max(64) * 8
 }
 
 /// Restore `image` into the created container of `bundle`, and wait for the restored Zygote's

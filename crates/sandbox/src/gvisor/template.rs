@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::bundle::{Bundle, Contents};
-use super::pod::{import_packages, pods_pids, recv_hello, PodSettings};
+use super::bundle::{pods_pids, Bundle, Contents};
 use super::runsc::Runsc;
+use super::settings::PodSettings;
+use super::zygote::{import_packages, recv_hello};
 use crate::error::{Doing, PlatformError};
 use crate::output::{OutputPipe, TracingSink};
 use crate::scratch::remove_dir;

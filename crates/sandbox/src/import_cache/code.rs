@@ -7,21 +7,14 @@
 //! A code Zygote holds lambda code, so it serves only lambdas whose code (settings aside) and
 //! packages are exactly its own: its key is both. It is made in the background, from the
 //! first cold start that finds none; until it is ready (or when making it failed, for
-//! [`super::FAILURE_BACKOFF`]) sandboxes are forked from the package Zygote and load the code
-//! themselves, so no request waits for it. It is evicted like any child Zygote.
+//! [`super::state::FAILURE_BACKOFF`]) sandboxes are forked from the package Zygote and load
+//! the code themselves, so no request waits for it. It is evicted like any child Zygote.
 
-use super::*;
+use std::collections::BTreeSet;
+use std::sync::Arc;
 
-/// The key of the code Zygote holding `code` over the packages `want`.
-pub(super) fn code_key(want: &BTreeSet<String>, code: &SharedCode) -> String {
-    let packages: Vec<&str> = want.iter().map(String::as_str).collect();
-    format!("{}|{}", code.digest, packages.join(","))
-}
-
-/// How a code Zygote is named in logs and /stats.
-pub(super) fn code_label(code: &SharedCode) -> String {
-    format!("code:{}", &code.digest[..code.digest.len().min(12)])
-}
+use super::state::{code_key, code_label, ImportCache, Node, FAILURE_BACKOFF};
+use crate::spec::{Package, SharedCode};
 
 impl ImportCache {
     /// The live code Zygote for `code` over `packages` (whose exact Zygote is `base`), if one

@@ -1,6 +1,10 @@
 //! Eviction from the import cache, by SOCK's rule, under its memory limit.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use super::state::{ImportCache, Node};
 
 impl ImportCache {
     /// Measure the PSS of Zygotes not measured yet (`all`: of every Zygote, as sharers come

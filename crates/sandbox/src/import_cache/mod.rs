@@ -28,77 +28,44 @@
 //!   first cold start that finds none ([`code`]).
 //!
 //! Package Zygotes are confined more tightly than handlers need: see `userns` and
-//! `mounts::clone_tree`. Starting and stopping Zygotes is in [`spawn`], eviction in [`evict`].
+//! `mounts::clone_tree`. Starting and stopping Zygotes is in [`spawn`], eviction in [`evict`],
+//! spares in [`spares`] (one spare and its pool in [`spare`]); the data they all share is in
+//! [`state`].
 
 mod code;
 mod evict;
+mod spare;
 mod spares;
 mod spawn;
+mod state;
 
 pub use evict::choose_victim;
-pub use spares::SparePlan;
+pub use spare::SparePlan;
 pub use spawn::accept_and_place;
+pub use state::{DetachedTree, ImportCache, ImportCacheConfig, Node, NodeUse};
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tokio::sync::OnceCell;
 
-use crate::cgroup::{Cgroup, Layout, Limits};
-use crate::channel::{CodeOrder, Endpoint, Hello, ZygoteOrder};
-use crate::error::{Doing, PlatformError};
+use crate::cgroup::{Cgroup, Layout};
+use crate::error::Doing;
 use crate::mounts;
-use crate::output::log_pipe;
-use crate::process::{spawn, PidFd, SpawnSpec};
-use crate::spec::{sandbox_env, CreateError, Package, SharedCode};
-use crate::stage::{Stage, HELPER_IN_SANDBOX};
-use crate::zygote::{ForkError, ForkRequest, ZygoteProcess, FLAG_MOUNT_PROC, FLAG_NETNS, FLAG_USERNS, FLAG_ZYGOTE};
-use code::{code_key, code_label};
+use crate::process::PidFd;
+use crate::spec::{CreateError, Package, SharedCode};
+use crate::stage::Stage;
+use crate::zygote::{ForkRequest, FLAG_MOUNT_PROC, FLAG_NETNS};
+use state::{drop_tree, Counters, FAILURE_BACKOFF};
 
 /// Times an exact Zygote may be replaced by a fuller one as lambdas reveal what they import.
 pub const MAX_REFRESHES: u32 = 3;
-/// How long a package set whose Zygote failed to start is served without trying again.
-const FAILURE_BACKOFF: Duration = Duration::from_secs(30);
 /// Most modules learned per package.
 const MAX_LEARNED: usize = 300;
-
-#[derive(Debug, Clone)]
-pub struct ImportCacheConfig {
-    /// Make child Zygotes with packages (false: every handler forks from the root Zygote).
-    pub enabled: bool,
-    /// PSS of all package Zygotes above which the cache evicts.
-    pub memory_limit: u64,
-    /// Uses within this window are an entry's cost of eviction.
-    pub window: Duration,
-    /// Deepest chain of Zygotes below the root.
-    pub max_depth: usize,
-    /// Learn modules to pre-import from what lambdas load.
-    pub learn: bool,
-    /// Host user and group package Zygotes run as (root inside their user namespace).
-    pub zygote_uid: u32,
-    pub zygote_gid: u32,
-    /// Handlers' user and group.
-    pub uid: u32,
-    pub gid: u32,
-    pub python: String,
-    pub start_timeout: Duration,
-    /// How long a child Zygote may take to import its packages.
-    pub import_timeout: Duration,
-    /// Limits of each Zygote's own cgroup.
-    pub zygote_limits: Limits,
-    /// How many spares (children forked ahead of demand) each Zygote keeps.
-    pub spares: SparePlan,
-    /// Start the root Zygote (and so every Zygote) in an empty network namespace of its own.
-    pub isolate_network: bool,
-    /// Start the root Zygote under the sandboxes' seccomp filter, which every Zygote and
-    /// handler inherits.
-    pub seccomp: bool,
-}
 
 /// One node of a static tree (OpenLambda's `{"packages": [...], "children": [...]}`) with its
 /// packages resolved: everything the node holds, its ancestors' packages included.
@@ -108,124 +75,11 @@ pub struct StaticNode {
     pub children: Vec<StaticNode>,
 }
 
-#[derive(Default)]
-struct NodeInfo {
-    alive: bool,
-    retired: bool,
-    uses: VecDeque<Instant>,
-    total_uses: u64,
-    handlers: usize,
-    children: BTreeSet<u64>,
-    pss: u64,
-    refreshing: bool,
-}
-
-/// A Zygote in the tree.
-pub struct Node {
-    pub id: u64,
-    parent: Option<Arc<Node>>,
-    depth: usize,
-    /// Keys of every package it holds.
-    packages: BTreeSet<String>,
-    /// Packages it holds beyond its parent's, and their on-disk size.
-    added: Vec<String>,
-    benefit: u64,
-    modules: BTreeSet<String>,
-    failed: BTreeMap<String, String>,
-    pinned: bool,
-    refreshes: u32,
-    /// A code Zygote's key ([`code::code_key`]): it holds lambda code, so it serves only
-    /// lambdas with that code and these packages.
-    code: Option<String>,
-    created: Instant,
-    start_ms: f64,
-    process: tokio::sync::Mutex<Option<ZygoteProcess>>,
-    info: Mutex<NodeInfo>,
-    spares: Mutex<spares::SparePool>,
-}
-
-impl Node {
-    pub fn is_root(&self) -> bool {
-        self.parent.is_none()
-    }
-
-    fn alive(&self) -> bool {
-        self.info.lock().unwrap().alive
-    }
-
-    fn uses_within(&self, window: Duration) -> usize {
-        let mut info = self.info.lock().unwrap();
-        while info.uses.front().map(|t| t.elapsed() > window).unwrap_or(false) {
-            info.uses.pop_front();
-        }
-        info.uses.len()
-    }
-}
-
-/// A handler's hold on the Zygote it was forked from: while any exist, the Zygote is not
-/// evicted (it would take the handlers with it).
-pub struct NodeUse(Arc<Node>);
-
-impl NodeUse {
-    /// The Zygote held.
-    pub fn node(&self) -> &Arc<Node> {
-        &self.0
-    }
-}
-
-impl Drop for NodeUse {
-    fn drop(&mut self) {
-        let mut info = self.0.info.lock().unwrap();
-        info.handlers = info.handlers.saturating_sub(1);
-    }
-}
-
-#[derive(Default)]
-struct Counters {
-    hits: AtomicU64,
-    created_for_miss: AtomicU64,
-    fallbacks: AtomicU64,
-    created: AtomicU64,
-    creation_failures: AtomicU64,
-    evictions: AtomicU64,
-    deaths: AtomicU64,
-    refreshes: AtomicU64,
-    root_restarts: AtomicU64,
-    spares_forked: AtomicU64,
-    spares_bound: AtomicU64,
-    spares_missed: AtomicU64,
-    spares_lost: AtomicU64,
-    spares_released: AtomicU64,
-    code_hits: AtomicU64,
-}
-
 /// A Zygote chosen for a handler.
 pub struct Source {
     pub node: Arc<Node>,
     /// How the choice went: "hit", "created" or "fallback" (for lambdas with packages).
     pub outcome: &'static str,
-}
-
-/// Child Zygotes being made, by package set: later requests for the set wait for them.
-type Pending = Mutex<HashMap<BTreeSet<String>, Arc<OnceCell<Option<Arc<Node>>>>>>;
-
-pub struct ImportCache {
-    cfg: ImportCacheConfig,
-    stage: Arc<Stage>,
-    layout: Arc<Layout>,
-    cgroup_parent: String,
-    nodes: Mutex<BTreeMap<u64, Arc<Node>>>,
-    root: tokio::sync::Mutex<Option<Arc<Node>>>,
-    pending: Pending,
-    /// Code Zygotes being made, by key (no request waits for them).
-    code_pending: Mutex<std::collections::HashSet<String>>,
-    failed_sets: Mutex<HashMap<BTreeSet<String>, Instant>>,
-    learned: Mutex<HashMap<String, BTreeSet<String>>>,
-    userns: Option<OwnedFd>,
-    next_id: AtomicU64,
-    counters: Counters,
-    /// The cgroup spares warm up in, made on first use.
-    spare_group: std::sync::OnceLock<Option<Cgroup>>,
 }
 
 impl ImportCache {
@@ -372,24 +226,6 @@ impl ImportCache {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
         let pick = (nanos as usize / 64) % ties.len();
         Some((*ties[pick]).clone())
-    }
-
-    /// Modules to import for `packages` beyond what `parent` holds.
-    fn imports_for(&self, parent: &Node, packages: &[Package]) -> Vec<String> {
-        let learned = self.learned.lock().unwrap();
-        let mut out: Vec<String> = Vec::new();
-        for p in packages.iter().filter(|p| !parent.packages.contains(&p.key)) {
-            let mut names: Vec<String> = p.modules.clone();
-            if let Some(seen) = learned.get(&p.key) {
-                names.extend(seen.iter().cloned());
-            }
-            for n in names {
-                if !out.contains(&n) && !parent.modules.contains(&n) {
-                    out.push(n);
-                }
-            }
-        }
-        out
     }
 
     /// After a handler forked from `node` reported the package modules its lambda loaded
@@ -617,27 +453,10 @@ impl ImportCache {
     }
 }
 
-/// Close a detached tree's descriptor off the async threads: the kernel dissolves the copy
-/// (waiting for an RCU grace period) when the last holder lets go.
-fn drop_tree(tree: OwnedFd) {
-    tokio::task::spawn_blocking(move || drop(tree));
-}
-
 /// A handler just forked: its process (when the Zygote is trusted to say), its hold on the
 /// Zygote, and the descriptor of its detached root, to be dropped once it has connected.
 pub struct Forked {
     pub process: Option<PidFd>,
     pub hold: NodeUse,
     pub tree: Option<DetachedTree>,
-}
-
-/// A detached tree's descriptor, closed off the async threads when dropped.
-pub struct DetachedTree(Option<OwnedFd>);
-
-impl Drop for DetachedTree {
-    fn drop(&mut self) {
-        if let Some(fd) = self.0.take() {
-            drop_tree(fd);
-        }
-    }
 }

@@ -1,7 +1,22 @@
 //! Starting, forking and stopping the import cache's Zygotes: the root Zygote, child Zygotes
 //! that import packages, and forgetting a subtree when its Zygote dies or is evicted.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::state::{code_key, code_label, drop_tree, ImportCache, Node, NodeInfo};
+use crate::cgroup::Cgroup;
+use crate::channel::{CodeOrder, Endpoint, Hello, ZygoteOrder};
+use crate::error::{Doing, PlatformError};
+use crate::mounts;
+use crate::output::log_pipe;
+use crate::process::{spawn, PidFd, SpawnSpec};
+use crate::spec::{sandbox_env, CreateError, Package, SharedCode};
+use crate::stage::HELPER_IN_SANDBOX;
+use crate::zygote::{ForkError, ForkRequest, ZygoteProcess, FLAG_USERNS, FLAG_ZYGOTE};
 
 impl ImportCache {
     pub(super) async fn start_root(&self) -> Result<Node, CreateError> {
@@ -249,6 +264,24 @@ impl ImportCache {
                 None
             }
         }
+    }
+
+    /// Modules to import for `packages` beyond what `parent` holds.
+    pub(super) fn imports_for(&self, parent: &Node, packages: &[Package]) -> Vec<String> {
+        let learned = self.learned.lock().unwrap();
+        let mut out: Vec<String> = Vec::new();
+        for p in packages.iter().filter(|p| !parent.packages.contains(&p.key)) {
+            let mut names: Vec<String> = p.modules.clone();
+            if let Some(seen) = learned.get(&p.key) {
+                names.extend(seen.iter().cloned());
+            }
+            for n in names {
+                if !out.contains(&n) && !parent.modules.contains(&n) {
+                    out.push(n);
+                }
+            }
+        }
+        out
     }
 
     pub(super) async fn spawn_child(

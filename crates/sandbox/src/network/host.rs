@@ -18,8 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::namespace::{delete_link, ip_binary, links_with_prefix, quietly, run_script};
 use super::plan::{self, Block};
-use super::rules;
-use super::ServiceSpec;
+use super::rules::{self, ServiceSpec};
 
 const STATE_FILE: &str = "network.json";
 const LOCK_FILE: &str = "/run/sprout/network.lock";

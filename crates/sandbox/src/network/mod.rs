@@ -21,7 +21,7 @@ pub mod plan;
 pub mod pool;
 pub mod rules;
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,24 +33,7 @@ use tokio::sync::{mpsc, Notify};
 
 pub use namespace::Namespace;
 pub use plan::Block;
-pub use rules::{Protocol, Service};
-
-/// A service as configured, before it has a virtual address.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceSpec {
-    pub name: String,
-    pub protocol: Protocol,
-    pub target: SocketAddrV4,
-    pub lambdas: Option<Vec<String>>,
-}
-
-impl ServiceSpec {
-    /// The service where sandboxes reach it: at `address` (virtual, or the real one when
-    /// sandboxes share the host's network).
-    pub fn at(&self, address: Ipv4Addr) -> Service {
-        Service { name: self.name.clone(), address, protocol: self.protocol, target: self.target, lambdas: self.lambdas.clone() }
-    }
-}
+pub use rules::{Protocol, Service, ServiceSpec};
 
 #[derive(Debug, Clone)]
 pub struct NetworkConfig {

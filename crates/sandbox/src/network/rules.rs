@@ -73,6 +73,23 @@ impl Service {
     }
 }
 
+/// A service as configured, before it has a virtual address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceSpec {
+    pub name: String,
+    pub protocol: Protocol,
+    pub target: SocketAddrV4,
+    pub lambdas: Option<Vec<String>>,
+}
+
+impl ServiceSpec {
+    /// The service where sandboxes reach it: at `address` (virtual, or the real one when
+    /// sandboxes share the host's network).
+    pub fn at(&self, address: Ipv4Addr) -> Service {
+        Service { name: self.name.clone(), address, protocol: self.protocol, target: self.target, lambdas: self.lambdas.clone() }
+    }
+}
+
 /// The table's name for the worker tagged `tag`.
 pub fn table(tag: &str) -> String {
     format!("sprout_{tag}")
