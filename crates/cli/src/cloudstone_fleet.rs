@@ -619,7 +619,7 @@ fn run_load(
         idle_gap_s: a.idle_gap,
         agents: a.agents,
         agent_cpus: a.agent_cpus.clone(),
-        sut_cpus: crate::load::parse_cpus(&a.cpus)?,
+        sut_cpus: crate::cpus::parse_cpus(&a.cpus)?,
         sut_cgroup: cgroup,
         stack: stack.to_string(),
         seed: Some(a.seed),

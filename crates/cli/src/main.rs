@@ -3,6 +3,7 @@
 mod admin;
 mod client;
 mod cloudstone_fleet;
+mod cpus;
 mod fleet;
 mod load;
 mod map;
