@@ -16,8 +16,9 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::{json, Map, Value};
 
+use crate::load_loop::closed_loop;
 use crate::report;
-use crate::sandboxes::{closed_loop, Options, Worker};
+use crate::sandbox_worker::{Options, Worker};
 
 /// The apps compared, by lambda name: each a directory of examples/openlambda. Pairs: WSGI
 /// first, then the ASGI app it is compared with.

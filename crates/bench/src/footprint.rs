@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 
 use crate::http::Client;
-use crate::sandboxes::{Options, Worker};
+use crate::sandbox_worker::{Options, Worker};
 
 /// Fresh lambdas whose first requests are timed, per back-end.
 pub(crate) const FIRST_LAMBDAS: usize = 8;

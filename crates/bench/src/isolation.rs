@@ -11,16 +11,14 @@
 //! compared, so the host's drift between rounds touches both variants alike. The same rounds
 //! put the isolated lean sandbox against gVisor's ([`SECOND_KERNEL`]).
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::Result;
 use serde_json::{json, Value};
 
+use crate::load_loop::closed_loop;
 use crate::report::median;
-use crate::sandboxes::{closed_loop, Options, Worker};
+use crate::sandbox_worker::{Options, Worker};
 
 pub const VARIANTS: [&str; 2] = ["sock", "sock-isolated"];
 /// The default lean sandbox against a lambda's gVisor sandbox: what a second kernel costs.
@@ -58,32 +56,6 @@ def f(event):
     q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] / 1000
     return {"rtt_p50_us": q(rtt, 0.5), "rtt_p99_us": q(rtt, 0.99), "connect_p50_us": q(fresh, 0.5), "connect_p99_us": q(fresh, 0.99)}
 "#;
-
-/// The port of the benchmark's echo service (started on first use, in this process, whose
-/// CPU is the load generator's).
-pub fn echo_port() -> u16 {
-    static PORT: OnceLock<u16> = OnceLock::new();
-    *PORT.get_or_init(|| {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("binding the echo service");
-        let port = listener.local_addr().unwrap().port();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                std::thread::spawn(move || echo(stream));
-            }
-        });
-        port
-    })
-}
-
-fn echo(mut stream: TcpStream) {
-    let _ = stream.set_nodelay(true);
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = stream.read(&mut buf) {
-        if n == 0 || stream.write_all(&buf[..n]).is_err() {
-            return;
-        }
-    }
-}
 
 fn deploy_rtt(opts: &Options, worker: &Worker) -> Result<()> {
     let dir = opts.work_dir.join("rtt-lambda");

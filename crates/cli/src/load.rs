@@ -10,6 +10,8 @@ use sprout_load::RunOptions;
 use sprout_load::Spec;
 use sprout_load::{run_fleet, FleetRunOptions};
 
+use crate::cpus::parse_cpus;
+
 #[derive(Subcommand)]
 pub enum LoadCommand {
     /// Drive a site with a workload's Markov mix; judge the run (SLA-1, SLA-2, mix, cycle
@@ -409,19 +411,4 @@ pub fn cloudstone(cmd: CloudstoneCommand) -> Result<()> {
             Ok(())
         }
     }
-}
-
-/// "0", "0,1", "0-3" as CPU numbers.
-pub fn parse_cpus(text: &str) -> Result<Vec<usize>> {
-    let mut cpus = Vec::new();
-    for part in text.split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => cpus.extend(a.trim().parse::<usize>()?..=b.trim().parse::<usize>()?),
-            None => cpus.push(part.trim().parse()?),
-        }
-    }
-    if cpus.is_empty() {
-        bail!("no CPUs in {text:?}");
-    }
-    Ok(cpus)
 }

@@ -15,7 +15,8 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use super::{as_refs, lambda_files, summary, Bench, Caches, PACKAGES};
+use super::phase::{as_refs, lambda_files, Bench, Caches, PACKAGES};
+use super::sample::summary;
 use crate::worker::BenchWorker;
 
 /// Cold starts per package: (configuration, caches, samples, samples with --quick).

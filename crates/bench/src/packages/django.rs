@@ -12,7 +12,8 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use super::{as_refs, lambda_files, summary, Bench, Caches, Rng, PACKAGES};
+use super::phase::{as_refs, lambda_files, Bench, Caches, PACKAGES};
+use super::sample::{summary, Rng};
 
 const LAMBDAS: usize = 100;
 

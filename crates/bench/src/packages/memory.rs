@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::{json, Value};
 
-use super::{as_refs, lambda_files, worker_pss_mb, Bench, Caches, PACKAGES};
+use super::phase::{as_refs, lambda_files, worker_pss_mb, Bench, Caches, PACKAGES};
 
 fn measure(bench: &Bench, phase: &str, config: &str, n: usize) -> Result<(f64, Value)> {
     let (_, requirement, import) = PACKAGES[0];

@@ -13,7 +13,8 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use super::{as_refs, percentile, Bench, Caches, PACKAGES};
+use super::phase::{as_refs, Bench, Caches, PACKAGES};
+use super::sample::percentile;
 use crate::worker::BenchWorker;
 
 const SOURCE: &str = r#"import base64

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use super::{summary, Bench, Rng};
+use super::phase::Bench;
+use super::sample::{summary, Rng};
 use crate::report;
 
 const CLIENTS: usize = 10;
@@ -55,7 +56,7 @@ pub fn run(bench: &Bench) -> Result<Value> {
     );
     for &n in &counts {
         let packages = format!("cache_dir = \"{}\"\noffline = true\nwheel_dir = \"{}\"\n", cache.display(), no_wheels.display());
-        let config = bench.config_with_packages(super::Caches::ALL, 1024, &packages);
+        let config = bench.config_with_packages(super::phase::Caches::ALL, 1024, &packages);
         let worker = bench.start(&format!("scale-{n}"), &config)?;
         let result = measure(bench, &worker, &handlers[..n.min(handlers.len())]);
         worker.stop()?;
