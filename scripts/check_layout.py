@@ -10,6 +10,10 @@ subtree, an edge wherever code in one names an item in another. A strongly conne
 any such graph is a cycle: it is printed with one edge of each pair and the file and line that
 makes it. Test code (`#[cfg(test)]` items, `tests/`) is not read.
 
+Layers. The worker's crates depend on each other in one direction only (docs/architecture.md),
+and the engine on no HTTP crate: [`LAYERS`] lists, for each crate, the crates its
+`[dependencies]` must not name.
+
 Length. No hand-written source file (.rs, .py, .c, .h, .go, .js, .sh) over --max-lines lines
 (700); a file whose first lines say `Code generated ... DO NOT EDIT` is generated and exempt.
 
@@ -25,6 +29,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -32,6 +37,18 @@ MAX_LINES = 700
 SOURCE_SUFFIXES = (".rs", ".py", ".c", ".h", ".go", ".js", ".sh")
 GENERATED = re.compile(r"Code generated .* DO NOT EDIT")
 SELF = "(self)"
+
+HTTP = {"axum", "hyper", "hyper-util", "hyper-staticfile", "http", "http-body-util", "tower", "tower-http"}
+FEATURES = {"sprout-offload", "sprout-triggers", "sprout-sites"}
+ABOVE_FEATURES = {"sprout-api", "sprout-worker", "sprout-cli"}
+# crate -> what its [dependencies] must not name
+LAYERS = {
+    "sprout-engine": HTTP | FEATURES | ABOVE_FEATURES | {"sprout-fleet"},
+    "sprout-offload": HTTP | (FEATURES - {"sprout-offload"}) | ABOVE_FEATURES,
+    "sprout-triggers": HTTP | (FEATURES - {"sprout-triggers"}) | ABOVE_FEATURES,
+    "sprout-sites": HTTP | (FEATURES - {"sprout-sites"}) | ABOVE_FEATURES,
+    "sprout-api": {"sprout-worker", "sprout-cli"},
+}
 
 
 @dataclass
@@ -539,6 +556,22 @@ def long_files(repo: str, limit: int) -> list[tuple[str, int]]:
     return sorted(found, key=lambda item: -item[1])
 
 
+def layer_breaches(repo: str) -> list[str]:
+    """Each dependency a crate's Cargo.toml names that its layer forbids."""
+    breaches = []
+    crates = os.path.join(repo, "crates")
+    for crate in sorted(os.listdir(crates)):
+        manifest = os.path.join(crates, crate, "Cargo.toml")
+        if not os.path.exists(manifest):
+            continue
+        with open(manifest, "rb") as f:
+            cargo = tomllib.load(f)
+        name = cargo.get("package", {}).get("name", crate)
+        for dep in sorted(set(cargo.get("dependencies", {})) & LAYERS.get(name, set())):
+            breaches.append(f"crates/{crate}/Cargo.toml: {name} depends on {dep}, which its layer must not")
+    return breaches
+
+
 def print_graph(package: Package) -> None:
     graphs, _ = module_graphs(package)
     for parent, graph in sorted(graphs.items()):
@@ -567,11 +600,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  cycle in {where} among {len(cycle.members)}: {', '.join(cycle.members)}")
             for line in cycle.evidence:
                 print(f"    {line}")
+    breaches = layer_breaches(args.repo)
+    for breach in breaches:
+        failed = True
+        print(breach)
     long = long_files(args.repo, args.max_lines)
     for rel, count in long:
         failed = True
         print(f"{rel}: {count} lines, over {args.max_lines}")
-    print(f"{total} module cycles; {len(long)} files over {args.max_lines} lines")
+    print(f"{total} module cycles; {len(breaches)} layer breaches; {len(long)} files over {args.max_lines} lines")
     return 1 if failed else 0
 
 

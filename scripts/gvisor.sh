@@ -3,7 +3,7 @@
 # the commit of gVisor's go branch pinned in crates/sandbox/src/gvisor/runsc.version (plain
 # `go build`, CGO off; the go command fetches the Go release gVisor asks for if the
 # machine's is older), into /var/lib/sprout/gvisor/<version>/runsc, where the worker looks.
-# Its seccomp programs come precompiled (scripts/gvisor/*_precompiled.go, made by
+# Its seccomp programs come precompiled (scripts/gvisor/generated/*_precompiled.go, made by
 # scripts/gvisor/sproutseccomp.go: `scripts/gvisor.sh --regenerate` after changing the pin),
 # as gVisor's own Bazel build makes them; otherwise every sandbox compiles them as it starts
 # (16 ms of each pod's start here). Prints the binary's path. Safe to run again: a finished
@@ -32,12 +32,12 @@ cp scripts/gvisor/sproutseccomp.go "$src/runsc/sproutseccomp/main.go"
 cd "$src"
 if $regenerate; then
     echo "==> precompiling runsc's seccomp programs (about two minutes)" >&2
-    CGO_ENABLED=0 go run ./runsc/sproutseccomp boot > "$repo/scripts/gvisor/boot_precompiled.go"
-    CGO_ENABLED=0 go run ./runsc/sproutseccomp gofer > "$repo/scripts/gvisor/gofer_precompiled.go"
+    CGO_ENABLED=0 go run ./runsc/sproutseccomp boot > "$repo/scripts/gvisor/generated/boot_precompiled.go"
+    CGO_ENABLED=0 go run ./runsc/sproutseccomp gofer > "$repo/scripts/gvisor/generated/gofer_precompiled.go"
 fi
 for part in boot fsgofer; do
     file=${part#fs}
-    cp "$repo/scripts/gvisor/${file}_precompiled.go" "runsc/$part/filter/sprout_precompiled.go"
+    cp "$repo/scripts/gvisor/generated/${file}_precompiled.go" "runsc/$part/filter/sprout_precompiled.go"
     # registerPrograms, empty in the go branch, registers ours.
     sed -i 's/^\tprecompiledPrograms = programs$/\tregisterSprout(programs)\n\tprecompiledPrograms = programs/' "runsc/$part/filter/filter_precompiled.go"
     grep -q registerSprout "runsc/$part/filter/filter_precompiled.go" || { echo "runsc/$part/filter/filter_precompiled.go changed shape: update scripts/gvisor.sh" >&2; exit 1; }

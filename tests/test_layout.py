@@ -113,3 +113,17 @@ def test_use_trees_parse_nested_groups_aliases_and_globs():
     assert (["crate", "c", "D"], "E") in parsed
     assert (["crate", "c"], "c") in parsed
     assert (["crate", "f", "*"], None) in parsed
+
+
+def test_a_crate_naming_what_its_layer_forbids_fails(repo):
+    write(repo, {
+        "crates/engine/Cargo.toml":
+            '[package]\nname = "sprout-engine"\n\n[dependencies]\ntokio = "1"\n\n[dev-dependencies]\naxum = "0.8"\n',
+        "crates/engine/src/lib.rs": "//! The engine.\n",
+    })
+    commit(repo)
+    assert run(repo).returncode == 0, "a dev-dependency is not the engine's"
+    write(repo, {"crates/engine/Cargo.toml": '[package]\nname = "sprout-engine"\n\n[dependencies]\naxum = "0.8"\nsprout-api = "0"\n'})
+    result = run(repo)
+    assert result.returncode == 1
+    assert "sprout-engine depends on axum" in result.stdout and "sprout-engine depends on sprout-api" in result.stdout
