@@ -13,6 +13,20 @@ from sprout.client import Client, Response, SproutError, pack
 from sprout.platform import InvokeError, invoke, request_id, service, services
 
 
+def _client_map(self, target, items, **options):
+    """``sprout.map(target, items, client=self, **options)``: run a lambda (or a Python
+    function, shipped as one) over many items; yields the results."""
+    from sprout.offload import map as offload_map
+
+    return offload_map(target, items, client=self, **options)
+
+
+# Client.map is set here, above both: sprout.offload (sprout.map) uses sprout.client, and is
+# imported only when first used.
+_client_map.__name__, _client_map.__qualname__ = "map", "Client.map"
+Client.map = _client_map
+
+
 def __getattr__(name):
     # sprout.map, sprout.TaskError and sprout.Lease are imported when first used: a lambda that only
     # invokes others does not pay for them.

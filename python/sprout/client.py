@@ -119,6 +119,9 @@ _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
 
 
 class Client:
+    # Client.map (sprout.map over this client's worker) is set by the package's __init__:
+    # sprout.offload, which it runs, sits above this module and uses it.
+
     def __init__(self, url="http://127.0.0.1:5000", timeout=120, token=None):
         self.url = url.rstrip("/")
         self.timeout = timeout
@@ -218,13 +221,6 @@ class Client:
         response = self._check(self._call("POST", f"/run/{name}", body, {"Content-Type": "application/json"}))
         return json.loads(response.body)
 
-    def map(self, target, items, **options):
-        """``sprout.map(target, items, client=self, **options)``: run a lambda (or a Python
-        function, shipped as one) over many items; yields the results."""
-        from sprout.offload import map as offload_map
-
-        return offload_map(target, items, client=self, **options)
-
     def request(self, method, name, path="/", body=b"", headers=None):
         """Send an HTTP request to a WSGI lambda; returns the raw :class:`Response`
         (errors of the worker itself still raise)."""
@@ -309,3 +305,33 @@ class Client:
     def history(self):
         """Each lambda's last hour, minute by minute (``GET /stats/history``)."""
         return self._check(self._call("GET", "/stats/history")).json()
+
+
+def authorized(client, headers=None):
+    """``headers`` (a copy) with ``client``'s API token as their Authorization, if it has one:
+    for the worker's endpoints that need it (leases, blobs)."""
+    headers = dict(headers or {})
+    token = client.token()
+    if token:
+        headers["Authorization"] = f"Bearer {token.strip()}"
+    return headers
+
+
+_default_clients = {}
+
+
+def as_client(client):
+    """The :class:`Client` that ``client`` names: itself, a new one for a worker's URL, or for
+    None the process's default client of ``$SPROUT_URL`` (or of the default URL), kept with its
+    connections for the next map or lease."""
+    if isinstance(client, Client):
+        return client
+    if client is None:
+        url = os.environ.get("SPROUT_URL") or None
+        key = url or ""
+        if key not in _default_clients:
+            _default_clients[key] = Client(url) if url else Client()
+        return _default_clients[key]
+    if isinstance(client, str):
+        return Client(client)
+    raise TypeError(f"client must be a sprout.Client or a URL, not {type(client).__name__}")

@@ -28,7 +28,7 @@ import urllib.parse
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
-from sprout.client import Client, SproutError
+from sprout.client import Client, SproutError, as_client
 
 DEFAULT_TILE = 1024
 UPLOADS_IN_FLIGHT = 4
@@ -57,14 +57,12 @@ class Context:
     part (1: the parts are the parallelism)."""
 
     def __init__(self, parts=2, *, client=None, tile=DEFAULT_TILE, idle_timeout=60, blas_threads=1):
-        from sprout.offload import _client
-
         if not isinstance(parts, int) or isinstance(parts, bool) or parts < 1:
             raise ValueError(f"parts must be a positive int, not {parts!r}")
         if not isinstance(tile, int) or isinstance(tile, bool) or tile < 1:
             raise ValueError(f"tile must be a positive int, not {tile!r}")
         self.parts, self.tile, self.idle_timeout, self.blas_threads = parts, tile, idle_timeout, blas_threads
-        self.client = _client(client)
+        self.client = as_client(client)
         self._lease = None
         self._lock = threading.Lock()
         self._ids = itertools.count()

@@ -24,22 +24,14 @@ import threading
 import urllib.parse
 import weakref
 
-from sprout.client import Client, SproutError
+from sprout.client import Client, SproutError, as_client, authorized
 
 DEFAULT_IDLE_TIMEOUT = 60
 
 
-def _authorized(client, headers=None):
-    headers = dict(headers or {})
-    token = client.token()
-    if token:
-        headers["Authorization"] = f"Bearer {token.strip()}"
-    return headers
-
-
 def _send(client, method, path, body=None, read_timeout=None):
     headers = {"Content-Type": "application/json"} if body is not None else {}
-    return client._keep_alive_call(method, path, body, _authorized(client, headers), read_timeout=read_timeout)
+    return client._keep_alive_call(method, path, body, authorized(client, headers), read_timeout=read_timeout)
 
 
 def _release(client, lease_id, stop):
@@ -76,13 +68,11 @@ class Lease:
     and keeps none."""
 
     def __init__(self, target, parts, *, client=None, idle_timeout=DEFAULT_IDLE_TIMEOUT):
-        from sprout.offload import _client
-
         if not isinstance(parts, int) or isinstance(parts, bool) or parts < 1:
             raise ValueError(f"parts must be a positive int, not {parts!r}")
         if not isinstance(idle_timeout, int) or isinstance(idle_timeout, bool) or not 1 <= idle_timeout <= 3600:
             raise ValueError(f"idle_timeout must be an int from 1 to 3600 seconds, not {idle_timeout!r}")
-        client = _client(client)
+        client = as_client(client)
         if isinstance(target, str):
             if not target:
                 raise ValueError("sprout.Lease needs a lambda's name")

@@ -42,7 +42,7 @@ import time
 import urllib.parse
 from collections import deque
 
-from sprout.client import Client, SproutError
+from sprout.client import Client, SproutError, as_client, authorized
 
 MAX_ITEMS = 2048
 """Most items in one request."""
@@ -119,7 +119,7 @@ def map(target, items, *, concurrency=None, ordered=True, retries=2, return_exce
         concurrency = 1
         count = None  # one request at a time, to the one worker: no spreading to do
     else:
-        client = _client(client)
+        client = as_client(client)
         redeploy = None
         if isinstance(target, str):
             name = _lambda_name(target)
@@ -135,23 +135,6 @@ def map(target, items, *, concurrency=None, ordered=True, retries=2, return_exce
             raise TypeError(f"sprout.map needs a lambda's name or a function, not {type(target).__name__}")
         send = _http_sender(client, name, retries, chunk, redeploy)
     return _results(send, batches(items, request_size(count, concurrency)), concurrency, ordered, return_exceptions)
-
-
-_default_clients = {}
-
-
-def _client(client):
-    if isinstance(client, Client):
-        return client
-    if client is None:
-        url = os.environ.get("SPROUT_URL") or None
-        key = url or ""
-        if key not in _default_clients:  # kept, with its connections, for the next map
-            _default_clients[key] = Client(url) if url else Client()
-        return _default_clients[key]
-    if isinstance(client, str):
-        return Client(client)
-    raise TypeError(f"client must be a sprout.Client or a URL, not {type(client).__name__}")
 
 
 def _lambda_name(name):
@@ -268,9 +251,7 @@ def _http_sender(client, name, retries, chunk, redeploy=None):
 
 
 def _blob_call(client, method, name, body=None):
-    from sprout.lease import _authorized
-
-    return client._keep_alive_call(method, f"/blobs/{name}", body, _authorized(client))
+    return client._keep_alive_call(method, f"/blobs/{name}", body, authorized(client))
 
 
 def _put_blob(client, item, names):

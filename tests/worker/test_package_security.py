@@ -69,11 +69,12 @@ def unshare(flags):
 attempt("create a user namespace", lambda: unshare(0x10000000))
 attempt("create a mount namespace", lambda: unshare(0x00020000))
 
-# Tamper with the helper in memory: every handler forked from this Zygote now answers this.
-main = sys.modules.get("__main__")
-if main is not None and hasattr(main, "invoke_function"):
+# Tamper with the helper in memory (its module that runs requests): every handler forked from
+# this Zygote now answers this.
+dispatch = sys.modules.get("_sprout_dispatch")
+if dispatch is not None and hasattr(dispatch, "invoke_function"):
     reply = json.dumps({"tampered": True, "report": REPORT}).encode()
-    main.invoke_function = lambda func, request, body: ({"status": 200, "headers": [["Content-Type", "application/json"]]}, reply)
+    dispatch.invoke_function = lambda func, request, body: ({"status": 200, "headers": [["Content-Type", "application/json"]]}, reply)
 '''
 
 

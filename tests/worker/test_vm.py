@@ -122,33 +122,34 @@ def test_vm_backend_reports_handler_errors_and_timeouts(vm_worker):
     assert vm_worker.client.run("echo", 5) == 5
 
 
-def load_helper():
+def load_vm_helper():
+    """The helper's vm role (python/sprout/runtime/vm.py), loaded as the helper loads it."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("sprout_helper", ROOT / "python" / "sprout" / "runtime" / "helper.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    return module.load.runtime_module("vm")
 
 
-def test_a_vm_helper_writes_the_lambdas_code_only_under_handler(tmp_path):
+def test_a_vm_helper_writes_the_lambdas_code_only_under_handler(tmp_path, monkeypatch):
     """The code frame a VM's helper receives first (vm/backend.rs, code_frame): files land
     under /handler (here a temporary one), and a path leaving it is refused."""
     import socket
 
-    helper = load_helper()
-    helper.HANDLER_DIR = str(tmp_path / "handler")
+    vm = load_vm_helper()
+    monkeypatch.setattr(vm.load, "HANDLER_DIR", str(tmp_path / "handler"))
     (tmp_path / "handler").mkdir()
     worker_end, vm_end = socket.socketpair()
     with worker_end, vm_end:
-        helper.send_frame(worker_end, {"op": "code", "files": [["f.py", 5, 0o644], ["lib/m.py", 2, 0o755]]}, b"x = 1ab")
-        helper.receive_code(vm_end)
+        vm.channel.send_frame(worker_end, {"op": "code", "files": [["f.py", 5, 0o644], ["lib/m.py", 2, 0o755]]}, b"x = 1ab")
+        vm.receive_code(vm_end)
         assert (tmp_path / "handler" / "f.py").read_bytes() == b"x = 1"
         assert (tmp_path / "handler" / "lib" / "m.py").read_bytes() == b"ab"
-        helper.send_frame(worker_end, {"op": "code", "files": [["../escape.py", 1, 0o644]]}, b"x")
+        vm.channel.send_frame(worker_end, {"op": "code", "files": [["../escape.py", 1, 0o644]]}, b"x")
         with pytest.raises(ValueError, match="bad code file entry"):
-            helper.receive_code(vm_end)
+            vm.receive_code(vm_end)
         assert not (tmp_path / "escape.py").exists()
-        helper.send_frame(worker_end, {"op": "init"}, b"")
+        vm.channel.send_frame(worker_end, {"op": "init"}, b"")
         with pytest.raises(ValueError, match="expected the lambda's code"):
-            helper.receive_code(vm_end)
+            vm.receive_code(vm_end)

@@ -8,7 +8,7 @@ from markupsafe import Markup
 from . import cache as caching
 from . import data, forms, writes
 from .auth import login_required, wants_json
-from .web import olio
+from .current import olio
 
 events = Blueprint("events", __name__)
 

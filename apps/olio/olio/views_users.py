@@ -5,7 +5,7 @@ from flask import Blueprint, abort, g, jsonify, redirect, render_template, reque
 from . import auth, data, forms, writes
 from . import cache as caching
 from .auth import login_required, wants_json
-from .web import olio
+from .current import olio
 
 users = Blueprint("users", __name__)
 

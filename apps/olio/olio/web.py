@@ -16,12 +16,13 @@ import tempfile
 from pathlib import Path
 
 import jinja2
-from flask import Flask, abort, current_app, g, jsonify, render_template, send_from_directory
+from flask import Flask, abort, g, jsonify, render_template, send_from_directory
 from werkzeug.exceptions import HTTPException
 
 from . import auth, data
 from . import cache as caching
 from . import config as olio_config
+from .current import file_url, olio
 from .files import FileStore
 from .writes import Refused
 
@@ -140,16 +141,6 @@ def compile_templates(target):
     Path(target).mkdir(parents=True, exist_ok=True)
     app.jinja_env.compile_templates(str(target), zip=None, ignore_errors=False)
     (Path(target) / "jinja2.version").write_text(jinja2.__version__ + "\n")
-
-
-def olio(key):
-    """The running app's `config`, `cache` or `files` (the FileStore)."""
-    return current_app.extensions["olio"][key]
-
-
-def file_url(name):
-    """The URL of file-store file `name` (None stays None)."""
-    return None if not name else f"{olio('config').files_url}/{name}"
 
 
 def stored_file(name):

@@ -28,10 +28,20 @@ use std::path::{Path, PathBuf};
 use crate::error::Doing;
 use crate::mounts;
 
-/// The in-sandbox helper, embedded so the worker binary carries its own runtime.
-pub const HELPER_PY: &str = include_str!("../../../python/sprout/runtime/helper.py");
-/// Its ASGI server, loaded by the helper for ASGI apps only.
-pub const ASGI_PY: &str = include_str!("../../../python/sprout/runtime/asgi.py");
+/// The in-sandbox helper and the modules it loads by path from beside it (its ASGI server
+/// for ASGI apps only), embedded so the worker binary carries its own runtime: (file name in
+/// the runtime directory, contents).
+pub const RUNTIME_PY: [(&str, &str); 9] = [
+    ("helper.py", include_str!("../../../python/sprout/runtime/helper.py")),
+    ("load.py", include_str!("../../../python/sprout/runtime/load.py")),
+    ("channel.py", include_str!("../../../python/sprout/runtime/channel.py")),
+    ("dispatch.py", include_str!("../../../python/sprout/runtime/dispatch.py")),
+    ("asgi.py", include_str!("../../../python/sprout/runtime/asgi.py")),
+    ("handler.py", include_str!("../../../python/sprout/runtime/handler.py")),
+    ("zygote.py", include_str!("../../../python/sprout/runtime/zygote.py")),
+    ("pod.py", include_str!("../../../python/sprout/runtime/pod.py")),
+    ("vm.py", include_str!("../../../python/sprout/runtime/vm.py")),
+];
 
 /// The Zygote's C provisioning loop (csrc/zygote.c), built by build.rs.
 pub const LIBSPROUT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libsprout.so"));
@@ -110,8 +120,9 @@ impl Stage {
         for dir in [&stage.registry, &stage.packages, &stage.runtime] {
             fs::create_dir_all(dir)?;
         }
-        write_if_changed(&stage.runtime.join("helper.py"), HELPER_PY.as_bytes())?;
-        write_if_changed(&stage.runtime.join("asgi.py"), ASGI_PY.as_bytes())?;
+        for (name, source) in RUNTIME_PY {
+            write_if_changed(&stage.runtime.join(name), source.as_bytes())?;
+        }
         write_if_changed(&stage.runtime.join("libsprout.so"), LIBSPROUT_SO)?;
         let python = stage.runtime.join("python");
         if python.exists() {

@@ -1,1 +1,1 @@
-"""The in-sandbox runtime: ``helper.py`` runs inside every sandbox (standard library only)."""
+"""The in-sandbox runtime: ``helper.py`` and the modules it loads run inside every sandbox (standard library only)."""
