@@ -349,9 +349,15 @@ def resolve_python_refs(root: Module, top: str) -> None:
             tree = ast.parse(f.read(), module.file)
         is_package = module.file.endswith("__init__.py")
         package = module.path if is_package else module.path[:-1]
+        siblings = root_children(root, package)
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 module.defined.add(node.name)
+            # The in-sandbox runtime loads its modules by path, as `_sprout_<name>`
+            # (`import _sprout_load`, `load.runtime_module("channel")`): edges to siblings.
+            loaded = runtime_loads(node)
+            if loaded in siblings and package[1:] + (loaded,) != module.path[1:]:
+                module.refs.append((package[1:] + (loaded,), node.lineno))
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     segs = tuple(alias.name.split("."))
@@ -376,6 +382,29 @@ def resolve_python_refs(root: Module, top: str) -> None:
                     module.refs.append((target, node.lineno))
                     if node.col_offset == 0:
                         module.bindings[alias.asname or alias.name] = (target, node.lineno)
+
+
+def root_children(root: Module, package: tuple[str, ...]) -> set[str]:
+    """The names of the modules in `package` (a path from the top, top included)."""
+    found, _ = find(root, package[1:])
+    return set(found.children)
+
+
+def runtime_loads(node: ast.AST) -> str | None:
+    """The sibling a node loads by the runtime's convention, if it does."""
+    if isinstance(node, ast.Import) and len(node.names) == 1 and node.names[0].name.startswith("_sprout_"):
+        return node.names[0].name.removeprefix("_sprout_")
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("_sprout_"):
+        return node.module.removeprefix("_sprout_")
+    if (
+        isinstance(node, ast.Call)
+        and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "runtime_module"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ):
+        return node.args[0].value
+    return None
 
 
 # ------------------------------------------------------------------------------- graphs

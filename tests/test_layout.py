@@ -94,6 +94,22 @@ def test_python_cycles_count_imports_inside_functions(repo):
     assert "cycle in pkg among 2: client, offload" in result.stdout
 
 
+def test_modules_the_sandbox_runtime_loads_by_path_count_as_imports(repo):
+    write(repo, {
+        "python/pkg/__init__.py": "",
+        "python/pkg/runtime/__init__.py": "",
+        "python/pkg/runtime/load.py": "def runtime_module(name):\n    return name\n",
+        "python/pkg/runtime/channel.py": "import _sprout_load as load\n\nhandler = load.runtime_module('handler')\n",
+        "python/pkg/runtime/handler.py": "import _sprout_load as load\n",
+    })
+    commit(repo)
+    assert run(repo).returncode == 0
+    write(repo, {"python/pkg/runtime/handler.py": "import _sprout_load as load\n\nchannel = load.runtime_module('channel')\n"})
+    result = run(repo)
+    assert result.returncode == 1
+    assert "cycle in pkg::runtime among 2: channel, handler" in result.stdout
+
+
 def test_long_files_fail_unless_generated(repo):
     write(repo, {
         "crates/demo/src/lib.rs": "//! Demo.\n" + "// line\n" * 30,
