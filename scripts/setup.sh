@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything Sprout needs on a fresh Debian 12 machine, as root: Debian packages, Python
-# packages, the release build, and the machine-wide sandbox base image. Safe to run again.
+# packages, the release build, the machine-wide sandbox base image, gVisor's runsc and Kafka's
+# broker (those two built and fetched in the background meanwhile). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,8 +41,21 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     fi
 fi
 
+# What is only downloaded and built once per machine goes on in the background meanwhile:
+# gVisor's runsc (the Go module proxy) and Apache Kafka's broker (Maven Central).
+mkdir -p /tmp/sprout-setup
+background=()
+in_background() {
+    local name=$1
+    shift
+    "$@" >"/tmp/sprout-setup/$name.log" 2>&1 &
+    background+=("$name:$!")
+}
+in_background runsc bash scripts/gvisor.sh
+in_background kafka bash scripts/kafka.sh fetch
+
 echo "==> python packages (pytest, matplotlib; psycopg for sprout.store on PostgreSQL; the store benchmark's peers; memcached clients for sprout.cache and its tests; a Kafka producer for the trigger tests; Olio's pinned requirements, gunicorn and the test clients; ruff, pinned, for the lint)"
-python3 -m pip install -q --disable-pip-version-check "pytest>=7" "matplotlib>=3.6" "psycopg[binary]>=3.1" "sqlalchemy>=2,<3" "peewee>=3.17" "pymemcache>=4" "python-binary-memcached>=0.31" "flask>=3.1" "pillow>=10.1" "gunicorn>=25.1" "requests>=2.31" "pypdf>=4" "selenium>=4.15" "confluent-kafka>=2.3" "ruff==0.17.6"
+python3 -m pip install -q --disable-pip-version-check "pytest>=7" "pytest-xdist>=3.5" "matplotlib>=3.6" "psycopg[binary]>=3.1" "sqlalchemy>=2,<3" "peewee>=3.17" "pymemcache>=4" "python-binary-memcached>=0.31" "flask>=3.1" "pillow>=10.1" "gunicorn>=25.1" "requests>=2.31" "pypdf>=4" "selenium>=4.15" "confluent-kafka>=2.3" "ruff==0.17.6"
 # The tests import Olio in this interpreter (the conventional deployment makes its own virtual
 # environment on Debian's python3, olio_deploy/conventional.py): the same pins as its lambda.
 python3 -m pip install -q --disable-pip-version-check -r apps/olio/requirements.txt
@@ -50,12 +64,16 @@ echo "==> cargo build --release"
 cargo build --release --quiet
 
 echo "==> sandbox base image (debootstrap once per machine, reused after)"
-mkdir -p /tmp/sprout-setup
 target/release/sprout worker init /tmp/sprout-setup >/dev/null
 # Debian's python3 here at the base's version: both Cloudstone stacks then run one CPython build.
 bash scripts/align-python.sh
-echo "==> gVisor's runsc, for the gvisor back-end (the Go module proxy, once per machine)"
-bash scripts/gvisor.sh >/dev/null
-echo "==> Apache Kafka's broker, for Kafka triggers and their tests (Maven Central, once per machine)"
-bash scripts/kafka.sh fetch
+echo "==> gVisor's runsc (for the gvisor back-end) and Kafka's broker (for Kafka triggers): waiting for the background"
+for job in "${background[@]}"; do
+    name=${job%%:*}
+    if ! wait "${job##*:}"; then
+        echo "setup: $name failed; the end of /tmp/sprout-setup/$name.log:" >&2
+        tail -n 40 "/tmp/sprout-setup/$name.log" >&2
+        exit 1
+    fi
+done
 echo "==> ready: target/release/sprout"

@@ -79,7 +79,8 @@ def test_an_index_that_lists_nothing_once_is_tried_again(index_worker):
     index.failures = 1
     deploy_with(worker, "flaky-user", SOURCE, "flaky==1.0\n")
     assert worker.client.run("flaky-user") == "flaky"
-    assert index.listings == 2, "one failed listing, then the one that installed it"
+    # the resolution's listing failed, its second try's did not, and the install's neither
+    assert index.listings == 3
     assert "the index's failure for a moment; trying again" in worker.log()
 
 
