@@ -25,6 +25,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
+# Run in parallel (scripts/test.sh: pytest-xdist), each test process takes its ports from a
+# range of its own (sprout.net.free_port), and so do the deployments it starts: two processes
+# never pick the same free port at once: 12000-31999, above memcached's 11211 and below the
+# kernel's ephemeral ports (32768 and up).
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    _n = int(os.environ["PYTEST_XDIST_WORKER"][2:]) % 10
+    os.environ["SPROUT_PORTS"] = f"{12000 + 2000 * _n}-{13999 + 2000 * _n}"
+
 import sprout  # noqa: E402
 from sprout.net import free_port  # noqa: E402,F401  (imported by the tests from here)
 from toml_sections import to_toml  # noqa: E402,F401  (worker settings, inline tables included)
@@ -182,6 +190,39 @@ class Worker:
 
     def deploy_test_lambda(self, name):
         return self.client.deploy(str(LAMBDAS / name), name=name)
+
+
+# The test modules that take longest, slowest first (measured 2026-12-02, one process): run in
+# parallel, each module in one process, the suite ends when the last module started does, so
+# these go first and the short ones fill in around them.
+SLOWEST_MODULES = [
+    "cloudstone/test_fleet.py",
+    "fleet/test_fleet_workers.py",
+    "cloudstone/test_cloudstone.py",
+    "worker/test_openlambda.py",
+    "olio/test_olio_browser.py",
+    "worker/test_import_cache.py",
+    "olio/test_fleet_ondemand.py",
+    "worker/test_kafka.py",
+    "worker/test_console.py",
+    "worker/test_gvisor.py",
+    "olio/test_fleet_deploy.py",
+    "worker/test_lifecycle.py",
+]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The slowest modules first, each module's tests in their own order."""
+    rank = {name: i for i, name in enumerate(SLOWEST_MODULES)}
+    tests = Path(__file__).resolve().parent
+
+    def module_rank(item):
+        try:
+            return rank.get(str(Path(item.fspath).resolve().relative_to(tests)), len(rank))
+        except ValueError:
+            return len(rank)
+
+    items.sort(key=module_rank)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -106,9 +106,8 @@ pub fn pip_failure(output: &str, from_index: bool) -> PipFailure {
         "Name or service not known",
         "Max retries exceeded",
     ];
-    let server_error = |line: &str| {
-        line.split(|c: char| !c.is_ascii_digit()).any(|n| n.len() == 3 && n.starts_with('5')) && line.contains("HTTP")
-    };
+    let server_error =
+        |line: &str| line.split(|c: char| !c.is_ascii_digit()).any(|n| n.len() == 3 && n.starts_with('5')) && line.contains("HTTP");
     let mut reasons: Vec<String> = Vec::new();
     let mut network = false;
     for line in output.lines().map(str::trim) {
@@ -321,8 +320,7 @@ impl Installer {
         args.extend(self.index_args());
         self.pip("resolve the requirements", staging, args).await?;
         let report = std::fs::read(staging.dir.join("report.json")).map_err(io_error)?;
-        let report: Report = serde_json::from_slice(&report)
-            .map_err(|e| PipError::plain(format!("pip's report is unreadable: {e}")))?;
+        let report: Report = serde_json::from_slice(&report).map_err(|e| PipError::plain(format!("pip's report is unreadable: {e}")))?;
         let names: Vec<String> = report.install.iter().map(|i| normalize(&i.metadata.name)).collect();
         let pins = report
             .install
