@@ -6,6 +6,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
 import sprout
 from conftest import Worker, deploy_with, free_port, make_wheel, module
 
