@@ -30,6 +30,10 @@ def ol(tmp_path_factory, sprout_bin):
     })
     w.app_url = ("127.0.0.1", app_port)
     w.start()
+    # A first request waits for its packages from the index (numpy, pandas, flask, ... all
+    # installing at once, beside the other test modules when they run in parallel): as long
+    # as the installs may take, not the usual minute.
+    w.client.timeout = 600
     for example in sorted(OPENLAMBDA.iterdir()):
         if example.is_dir():
             w.client.deploy(str(example))
