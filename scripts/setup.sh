@@ -1,48 +1,13 @@
 #!/usr/bin/env bash
 # Everything Sprout needs on a fresh Debian 12 machine, as root: Debian packages, Python
 # packages, the release build, the machine-wide sandbox base image, gVisor's runsc and Kafka's
-# broker (those two built and fetched in the background meanwhile). Safe to run again.
+# broker. Safe to run again. What does not wait on another step runs beside it: the release
+# build (the critical path) starts as soon as its own Debian packages are in, and the base
+# image's debootstrap as soon as the build has linked the small binary that makes it, while
+# the rest of the packages install and the rest of the workspace compiles; runsc (the Go
+# module proxy, at a lower priority than the build) and Kafka (Maven Central) come meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-need_apt=()
-for pkg in debootstrap runc docker.io postgresql memcached libmemcached-tools nginx acl chromium chromium-driver nftables iproute2 python3-venv binutils librdkafka-dev pkg-config maven e2fsprogs haproxy prometheus uwsgi uwsgi-plugin-python3; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
-done
-if [ ${#need_apt[@]} -gt 0 ]; then
-    echo "==> apt-get install ${need_apt[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends "${need_apt[@]}"
-    if [[ " ${need_apt[*]} " == *" memcached "* ]]; then
-        # Debian's package starts a memcached service on port 11211; the tests and the cache
-        # benchmark start their own, on their own ports and cores.
-        service memcached stop >/dev/null 2>&1 || true
-    fi
-    if [[ " ${need_apt[*]} " == *" haproxy "* ]]; then
-        # And HAProxy's: `sprout fleet up` starts its own in front of each fleet.
-        service haproxy stop >/dev/null 2>&1 || true
-    fi
-    if [[ " ${need_apt[*]} " == *" nginx "* ]]; then
-        # Likewise nginx on port 80: the Olio deployments start their own (sprout olio up).
-        service nginx stop >/dev/null 2>&1 || true
-    fi
-    if [[ " ${need_apt[*]} " == *" uwsgi "* ]]; then
-        # Debian's uWSGI service runs the apps in /etc/uwsgi/apps-enabled (none); the
-        # conventional-ondemand Olio fleet starts its own Emperor (sprout olio fleet-up).
-        service uwsgi stop >/dev/null 2>&1 || true
-    fi
-    if [[ " ${need_apt[*]} " == *" prometheus "* ]]; then
-        # And Prometheus on port 9090 (without recommends it pulls in no node exporter; stopped
-        # all the same in case one was there): tests/worker/test_prometheus.py starts its own
-        # server, scraping a worker, on a free port.
-        service prometheus stop >/dev/null 2>&1 || true
-        service prometheus-node-exporter stop >/dev/null 2>&1 || true
-    fi
-fi
-
-# What is only downloaded and built once per machine goes on in the background meanwhile:
-# gVisor's runsc (the Go module proxy) and Apache Kafka's broker (Maven Central).
 mkdir -p /tmp/sprout-setup
 background=()
 in_background() {
@@ -51,7 +16,74 @@ in_background() {
     "$@" >"/tmp/sprout-setup/$name.log" 2>&1 &
     background+=("$name:$!")
 }
-in_background runsc bash scripts/gvisor.sh
+wait_for_background() {
+    for job in "${background[@]}"; do
+        name=${job%%:*}
+        if ! wait "${job##*:}"; then
+            echo "setup: $name failed; the end of /tmp/sprout-setup/$name.log:" >&2
+            tail -n 40 "/tmp/sprout-setup/$name.log" >&2
+            exit 1
+        fi
+    done
+    background=()
+}
+export DEBIAN_FRONTEND=noninteractive
+apt_updated=
+apt_install() {
+    local missing=()
+    for pkg in "$@"; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -gt 0 ] || return 0
+    echo "==> apt-get install ${missing[*]}"
+    [ -n "$apt_updated" ] || { apt-get update -q; apt_updated=1; }
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+    installed+=("${missing[@]}")
+}
+installed=()
+
+# What the build links against (rdkafka-sys finds librdkafka with pkg-config), and debootstrap
+# for the base image; then the build and the base image go on in the background.
+apt_install pkg-config librdkafka-dev binutils debootstrap
+build_and_base_image() {
+    # cargo's JSON messages say when sprout-base-image is linked: debootstrap starts then.
+    local base='' status=/tmp/sprout-setup/cargo.status
+    rm -f "$status"
+    while IFS= read -r line; do
+        if [ -z "$base" ] && [[ $line == *'"reason":"compiler-artifact"'* && $line == *'/sprout-base-image"'* ]]; then
+            echo "sprout-base-image linked ${SECONDS} s into set-up: the base image builds beside the rest of the workspace"
+            target/release/sprout-base-image >/tmp/sprout-setup/base-image.log 2>&1 &
+            base=$!
+        fi
+    done < <(cargo build --release --quiet --message-format=json-render-diagnostics; echo $? >"$status")
+    [ "$(cat "$status" 2>/dev/null)" = 0 ] || { echo "cargo build --release failed"; return 1; }
+    echo "cargo build --release done ${SECONDS} s into set-up"
+    if [ -z "$base" ]; then  # an old build: nothing was linked anew
+        target/release/sprout-base-image >/tmp/sprout-setup/base-image.log 2>&1 &
+        base=$!
+    fi
+    wait "$base" || { echo "the base image failed:"; cat /tmp/sprout-setup/base-image.log; return 1; }
+    cat /tmp/sprout-setup/base-image.log
+    echo "base image done ${SECONDS} s into set-up"
+}
+echo "==> cargo build --release and the sandbox base image (debootstrap once per machine), in the background"
+in_background build build_and_base_image
+echo "==> gVisor's runsc (once per machine), in the background at a lower priority"
+in_background runsc nice -n 10 bash scripts/gvisor.sh
+
+apt_install runc docker.io postgresql memcached libmemcached-tools nginx acl chromium chromium-driver nftables iproute2 python3-venv maven e2fsprogs haproxy prometheus uwsgi uwsgi-plugin-python3
+# Services some of these packages start on their default ports: the tests and benchmarks start
+# their own, on their own ports and cores (memcached 11211; HAProxy, which `sprout fleet up`
+# starts in front of each fleet; nginx on port 80, which `sprout olio up` starts per
+# deployment; uWSGI, whose Emperor `sprout olio fleet-up` starts; Prometheus on 9090, which
+# tests/worker/test_prometheus.py starts scraping a worker, and a node exporter in case one
+# came).
+for service in memcached haproxy nginx uwsgi prometheus prometheus-node-exporter; do
+    if [[ " ${installed[*]} " == *" ${service%-node-exporter} "* ]]; then
+        service "$service" stop >/dev/null 2>&1 || true
+    fi
+done
+echo "==> Kafka's broker (Maven Central, once per machine), in the background"
 in_background kafka bash scripts/kafka.sh fetch
 
 echo "==> python packages (pytest, matplotlib; psycopg for sprout.store on PostgreSQL; the store benchmark's peers; memcached clients for sprout.cache and its tests; a Kafka producer for the trigger tests; Olio's pinned requirements, gunicorn and the test clients; ruff, pinned, for the lint)"
@@ -60,20 +92,10 @@ python3 -m pip install -q --disable-pip-version-check "pytest>=7" "pytest-xdist>
 # environment on Debian's python3, olio_deploy/conventional.py): the same pins as its lambda.
 python3 -m pip install -q --disable-pip-version-check -r apps/olio/requirements.txt
 
-echo "==> cargo build --release"
-cargo build --release --quiet
-
-echo "==> sandbox base image (debootstrap once per machine, reused after)"
+echo "==> waiting for the build, the base image, runsc and Kafka"
+wait_for_background
+cat /tmp/sprout-setup/build.log
 target/release/sprout worker init /tmp/sprout-setup >/dev/null
 # Debian's python3 here at the base's version: both Cloudstone stacks then run one CPython build.
 bash scripts/align-python.sh
-echo "==> gVisor's runsc (for the gvisor back-end) and Kafka's broker (for Kafka triggers): waiting for the background"
-for job in "${background[@]}"; do
-    name=${job%%:*}
-    if ! wait "${job##*:}"; then
-        echo "setup: $name failed; the end of /tmp/sprout-setup/$name.log:" >&2
-        tail -n 40 "/tmp/sprout-setup/$name.log" >&2
-        exit 1
-    fi
-done
 echo "==> ready: target/release/sprout"

@@ -19,6 +19,12 @@ use anyhow::{bail, Context, Result};
 use crate::mounts;
 use crate::stage::BASE_MOUNT_POINTS;
 
+/// Where the machine-wide image lives unless `[base] path` says otherwise.
+pub const DEFAULT_PATH: &str = "/var/lib/sprout/base-bookworm";
+
+/// The Debian suite it is built from unless `[base] suite` says otherwise.
+pub const DEFAULT_SUITE: &str = "bookworm";
+
 /// File in a finished image recording what it is.
 pub const MARKER: &str = ".sprout-base";
 

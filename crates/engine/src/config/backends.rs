@@ -29,7 +29,11 @@ pub struct BaseSection {
 
 impl Default for BaseSection {
     fn default() -> Self {
-        BaseSection { path: PathBuf::from("/var/lib/sprout/base-bookworm"), suite: "bookworm".into(), mirror: String::new() }
+        BaseSection {
+            path: PathBuf::from(sprout_sandbox::base::DEFAULT_PATH),
+            suite: sprout_sandbox::base::DEFAULT_SUITE.into(),
+            mirror: String::new(),
+        }
     }
 }
 
