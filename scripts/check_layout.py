@@ -11,8 +11,8 @@ any such graph is a cycle: it is printed with one edge of each pair and the file
 makes it. Test code (`#[cfg(test)]` items, `tests/`) is not read.
 
 Layers. The worker's crates depend on each other in one direction only (docs/architecture.md),
-and the engine on no HTTP crate: [`LAYERS`] lists, for each crate, the crates its
-`[dependencies]` must not name.
+and the engine on no HTTP crate: [`LAYERS`] lists, for each crate, the crates it must not
+depend on, directly or through the workspace's own crates (`[dependencies]` only).
 
 Length. No hand-written source file (.rs, .py, .c, .h, .go, .js, .sh) over --max-lines lines
 (700); a file whose first lines say `Code generated ... DO NOT EDIT` is generated and exempt.
@@ -586,8 +586,11 @@ def long_files(repo: str, limit: int) -> list[tuple[str, int]]:
 
 
 def layer_breaches(repo: str) -> list[str]:
-    """Each dependency a crate's Cargo.toml names that its layer forbids."""
-    breaches = []
+    """Each dependency a crate reaches that its layer forbids: named in its Cargo.toml's
+    `[dependencies]`, or in those of a workspace crate it depends on (so the engine cannot
+    reach hyper through a crate below it)."""
+    deps: dict[str, set[str]] = {}
+    manifests: dict[str, str] = {}
     crates = os.path.join(repo, "crates")
     for crate in sorted(os.listdir(crates)):
         manifest = os.path.join(crates, crate, "Cargo.toml")
@@ -596,8 +599,25 @@ def layer_breaches(repo: str) -> list[str]:
         with open(manifest, "rb") as f:
             cargo = tomllib.load(f)
         name = cargo.get("package", {}).get("name", crate)
-        for dep in sorted(set(cargo.get("dependencies", {})) & LAYERS.get(name, set())):
-            breaches.append(f"crates/{crate}/Cargo.toml: {name} depends on {dep}, which its layer must not")
+        deps[name] = set(cargo.get("dependencies", {}))
+        manifests[name] = f"crates/{crate}/Cargo.toml"
+    breaches = []
+    for name, forbidden in sorted(LAYERS.items()):
+        if name not in deps:
+            continue
+        # (dependency, the chain of workspace crates through which it is reached)
+        seen: dict[str, list[str]] = {}
+        todo = [(dep, [name]) for dep in sorted(deps[name])]
+        while todo:
+            dep, chain = todo.pop(0)
+            if dep in seen:
+                continue
+            seen[dep] = chain
+            for below in sorted(deps.get(dep, ())):
+                todo.append((below, chain + [dep]))
+        for dep in sorted(set(seen) & forbidden):
+            via = f" (through {' -> '.join(seen[dep][1:])})" if len(seen[dep]) > 1 else ""
+            breaches.append(f"{manifests[name]}: {name} depends on {dep}{via}, which its layer must not")
     return breaches
 
 

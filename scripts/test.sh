@@ -24,7 +24,7 @@ jobs=${SPROUT_TEST_JOBS:-$(($(nproc) * 2))}
 echo "==> integration tests ($jobs processes; cargo clippy -D warnings and the unit tests' build beside them)"
 status=0
 # With arguments (a part such as tests/cache, -k EXPR, ...) pytest runs those; testpaths is tests/.
-python3 -m pytest -q -n "$jobs" --dist loadfile "$@" || status=$?
+python3 -m pytest -q -n "$jobs" --dist loadfile --durations=15 "$@" || status=$?
 echo "==> cargo clippy -D warnings"
 if ! wait "$rust"; then
     cat "$rust_log"

@@ -143,3 +143,18 @@ def test_a_crate_naming_what_its_layer_forbids_fails(repo):
     result = run(repo)
     assert result.returncode == 1
     assert "sprout-engine depends on axum" in result.stdout and "sprout-engine depends on sprout-api" in result.stdout
+
+
+def test_a_forbidden_crate_reached_through_a_workspace_crate_below_fails(repo):
+    write(repo, {
+        "crates/engine/Cargo.toml": '[package]\nname = "sprout-engine"\n\n[dependencies]\nsprout-sandbox = "0"\n',
+        "crates/engine/src/lib.rs": "//! The engine.\n",
+        "crates/sandbox/Cargo.toml": '[package]\nname = "sprout-sandbox"\n\n[dependencies]\ntokio = "1"\n',
+        "crates/sandbox/src/lib.rs": "//! The sandboxes.\n",
+    })
+    commit(repo)
+    assert run(repo).returncode == 0
+    write(repo, {"crates/sandbox/Cargo.toml": '[package]\nname = "sprout-sandbox"\n\n[dependencies]\nhyper = "1"\n'})
+    result = run(repo)
+    assert result.returncode == 1
+    assert "sprout-engine depends on hyper (through sprout-sandbox)" in result.stdout

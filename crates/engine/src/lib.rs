@@ -62,4 +62,4 @@ pub use names::valid_name;
 pub use packages::install_cache::{InstallCache, InstalledPackage};
 pub use packages::requirements::{parse as parse_requirements, Requirement};
 pub use registry::{KafkaTrigger, Lambda, LambdaConfig, UploadError};
-pub use sandboxes::{docker_config, make_packages, Host};
+pub use sandboxes::{make_packages, Host, MakeBackend};

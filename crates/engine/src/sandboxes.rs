@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use async_trait::async_trait;
 use sprout_sandbox::cgroup::{CgroupPool, Layout, Limits};
-use sprout_sandbox::docker::{DockerBackend, DockerConfig};
 use sprout_sandbox::gvisor::{GvisorBackend, GvisorConfig};
 use sprout_sandbox::import_cache::{ImportCache, ImportCacheConfig, SparePlan};
 use sprout_sandbox::network::{self, Network, NetworkConfig};
@@ -38,6 +38,16 @@ pub struct Host {
     /// Names the worker's nftables table and host links; seeds its address block.
     pub tag: String,
     pub seed: u32,
+    /// Makes the docker baseline, when this program has it: the Engine API client speaks
+    /// HTTP, so it lives above the engine (crates/docker) and the worker hands it in.
+    pub docker: Option<Arc<dyn MakeBackend>>,
+}
+
+/// A back-end the engine does not build itself, handed in through [`Host`].
+#[async_trait]
+pub trait MakeBackend: Send + Sync {
+    /// Make it (checking that what it needs is there) for worker `worker_name`.
+    async fn make(&self, config: &EngineConfig, worker_name: &str, stage: Arc<Stage>) -> Result<Arc<dyn Backend>>;
 }
 
 /// What sandboxes are made with.
@@ -329,11 +339,10 @@ async fn make_backend(config: &EngineConfig, kind: BackendKind, host: &Host, sta
             },
             stage,
         ))),
-        BackendKind::Docker => {
-            let backend = DockerBackend::new(docker_config(config, &host.name), stage);
-            backend.prepare().await?;
-            Ok(Arc::new(backend))
-        }
+        BackendKind::Docker => match &host.docker {
+            Some(docker) => docker.make(config, &host.name, stage).await,
+            None => bail!("this program was built without the docker back-end (crates/docker)"),
+        },
         BackendKind::Vm => Ok(Arc::new(VmBackend::new(vm_config(config, &stage).await?, stage))),
         BackendKind::Gvisor => {
             let runsc = match config.gvisor.runsc.as_str() {
@@ -403,20 +412,4 @@ async fn vm_config(config: &EngineConfig, stage: &Stage) -> Result<VmBackendConf
         start_timeout: config.sandbox.start_timeout(),
         max_response: (config.limits.max_response_mb << 20) as u32,
     })
-}
-
-/// The docker back-end's settings for worker `worker_name` (its containers' label).
-pub fn docker_config(config: &EngineConfig, worker_name: &str) -> DockerConfig {
-    DockerConfig {
-        socket: config.docker.socket.clone(),
-        image: config.docker.image.clone(),
-        base_image: config.base.path.clone(),
-        worker_label: worker_name.to_string(),
-        uid: config.sandbox.uid,
-        gid: config.sandbox.gid,
-        python: config.sandbox.python.clone(),
-        start_timeout: config.sandbox.start_timeout(),
-        max_response: (config.limits.max_response_mb << 20) as u32,
-        cpuset: config.sandbox.cpuset(),
-    }
 }

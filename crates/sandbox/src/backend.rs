@@ -93,7 +93,7 @@ pub trait Backend: Send + Sync {
 
 /// What every back-end counts for [`Backend::stats`].
 #[derive(Default)]
-pub(crate) struct Counters {
+pub struct Counters {
     created: AtomicU64,
     destroyed: AtomicU64,
     failures: AtomicU64,

@@ -12,7 +12,9 @@
 //! * [`channel`] is the Unix-socket protocol between the worker and each sandbox's helper;
 //!   [`session`] is one request over it, and the health of the sandbox after it.
 //! * [`sock`] provisions sandboxes by forking a Zygote (`sock`) or not (`sock-nozygote`);
-//!   [`runc`] and [`docker`] are the baselines.
+//!   [`runc`] is the container baseline (the docker one, an HTTP client of the Docker
+//!   Engine, is a crate of its own above this one: crates/docker), [`scratch`] the
+//!   containers' writable directory.
 //! * [`import_cache`] keeps the tree of Zygotes with packages pre-imported; [`zygote`] is one
 //!   Zygote's fork protocol, [`userns`] the user namespace package Zygotes live in, and
 //!   [`memory`] measures what they and paused handlers hold (PSS).
@@ -32,7 +34,6 @@ pub mod base;
 pub mod cgroup;
 pub mod channel;
 pub mod cleanup;
-pub mod docker;
 pub mod error;
 pub mod gvisor;
 pub mod import_cache;
@@ -44,7 +45,7 @@ pub mod oneshot;
 pub mod output;
 pub mod process;
 pub mod runc;
-mod scratch;
+pub mod scratch;
 pub mod seccomp;
 pub mod session;
 pub mod sock;

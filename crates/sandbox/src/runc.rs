@@ -34,7 +34,8 @@ use crate::error::{helper_failed, Doing, PlatformError};
 use crate::output::OutputPipe;
 use crate::process::PidFd;
 use crate::scratch::{make_scratch, remove_dir};
-use crate::session::{handler_kind, session_methods, Calls, Session};
+use crate::session::{handler_kind, Calls, Session};
+use crate::session_methods;
 use crate::spec::{sandbox_env_strings, BackendStats, CreateError, InvokeError, SandboxSpec};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
 

@@ -1,11 +1,12 @@
 //! A container sandbox's scratch directory (bound at /host: its writable space and the
-//! socket the worker listens on), made and removed the same way by both container baselines.
+//! socket the worker listens on), made and removed the same way by both container baselines (runc here, docker in
+//! sprout-docker).
 
 use std::path::Path;
 
 /// Make a sandbox's scratch directory with its `tmp`, owned by the sandbox user: the base's
 /// /tmp is a symlink to host/tmp.
-pub(crate) fn make_scratch(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+pub fn make_scratch(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir.join("tmp"))?;
     [dir.to_path_buf(), dir.join("tmp")].iter().try_for_each(|d| {
@@ -15,7 +16,7 @@ pub(crate) fn make_scratch(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()
 }
 
 /// Remove a directory tree, saying so only when that fails for another reason than absence.
-pub(crate) async fn remove_dir(dir: &Path) {
+pub async fn remove_dir(dir: &Path) {
     match tokio::fs::remove_dir_all(dir).await {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             tracing::warn!("removing {}: {e}", dir.display())

@@ -27,7 +27,7 @@ pub trait Calls: Send + Sync {
 }
 
 /// A live handler: its channel, its helper process, and what tells its health.
-pub(crate) struct Session {
+pub struct Session {
     pub id: u64,
     pub kind: HandlerKind,
     /// How long provisioning took (for the cold-start metrics).
@@ -183,7 +183,7 @@ impl Session {
 }
 
 /// The hello's handler kind, or the load failure it reports.
-pub(crate) fn handler_kind(hello: Hello) -> Result<HandlerKind, CreateError> {
+pub fn handler_kind(hello: Hello) -> Result<HandlerKind, CreateError> {
     match hello.kind.as_deref() {
         Some("wsgi") => Ok(HandlerKind::Wsgi),
         Some("asgi") => Ok(HandlerKind::Asgi),
@@ -195,7 +195,9 @@ pub(crate) fn handler_kind(hello: Hello) -> Result<HandlerKind, CreateError> {
     }
 }
 
-/// The [`crate::Sandbox`] methods every back-end answers from its `session` field.
+/// The [`crate::Sandbox`] methods every back-end answers from its `session` field (a
+/// [`Session`]), for back-ends here and outside this crate (sprout-docker).
+#[macro_export]
 macro_rules! session_methods {
     () => {
         fn id(&self) -> u64 {
@@ -218,4 +220,3 @@ macro_rules! session_methods {
         }
     };
 }
-pub(crate) use session_methods;

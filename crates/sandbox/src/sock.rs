@@ -26,7 +26,8 @@ use crate::import_cache::{accept_and_place, ImportCache, Node, NodeUse};
 use crate::mounts;
 use crate::output::OutputPipe;
 use crate::process::{spawn, PidFd, SpawnSpec};
-use crate::session::{handler_kind, session_methods, Calls, Session};
+use crate::session::{handler_kind, Calls, Session};
+use crate::session_methods;
 use crate::spec::{sandbox_env, BackendStats, CreateError, InvokeError, Package, SandboxSpec};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
 

@@ -99,7 +99,7 @@ impl SandboxSpec {
     }
 
     /// What a new sandbox keeps alive from its spec (and its network namespace, if any).
-    pub(crate) fn attachments(&self) -> Vec<Box<dyn Any + Send + Sync>> {
+    pub fn attachments(&self) -> Vec<Box<dyn Any + Send + Sync>> {
         let attached = self.attached.iter().map(|a| Box::new(a.clone()) as Box<dyn Any + Send + Sync>);
         let network = self.network.iter().map(|n| Box::new(n.clone()) as Box<dyn Any + Send + Sync>);
         attached.chain(network).collect()
@@ -186,7 +186,7 @@ pub(crate) fn sandbox_env(extra: &[(String, String)]) -> Vec<(String, String)> {
 }
 
 /// [`sandbox_env`] as `KEY=value` strings, as OCI specs and the Docker API take it.
-pub(crate) fn sandbox_env_strings(extra: &[(String, String)]) -> Vec<String> {
+pub fn sandbox_env_strings(extra: &[(String, String)]) -> Vec<String> {
     sandbox_env(extra).into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 

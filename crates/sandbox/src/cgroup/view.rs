@@ -11,7 +11,7 @@ use super::layout::Layout;
 /// What a sandbox's session reads of its cgroup: its processes, its OOM kills (the count
 /// when the sandbox was made, and the file that counts them), and its peak memory.
 #[derive(Debug, Clone)]
-pub(crate) struct CgroupView {
+pub struct CgroupView {
     pub procs: PathBuf,
     pub oom_before: u64,
     pub oom_source: Option<PathBuf>,
@@ -23,7 +23,7 @@ pub(crate) struct CgroupView {
 /// (reset by writing 0), v2's `memory.peak` (reset by writing to it, for reads through the
 /// same open file: Linux 6.12 and later; before that it reads the peak since the group was
 /// made). One open file, two system calls a request.
-pub(crate) struct PeakMeter {
+pub struct PeakMeter {
     file: fs::File,
     v1: bool,
 }
@@ -48,7 +48,7 @@ impl PeakMeter {
 }
 
 /// The cgroup.procs and OOM counter of cgroup `name` (relative to the hierarchy roots).
-pub(crate) fn view_of(layout: Option<&Layout>, name: &str) -> Option<CgroupView> {
+pub fn view_of(layout: Option<&Layout>, name: &str) -> Option<CgroupView> {
     let (dir, oom_file) = match layout? {
         Layout::V1 { hierarchies } => {
             let (mount, _) = hierarchies.iter().find(|(_, c)| c.iter().any(|x| x == "memory"))?;

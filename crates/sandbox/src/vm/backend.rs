@@ -25,7 +25,8 @@ use crate::error::{helper_failed, Doing, PlatformError};
 use crate::output::log_pipe;
 use crate::process::PidFd;
 use crate::scratch::remove_dir;
-use crate::session::{handler_kind, session_methods, Calls, Session};
+use crate::session::{handler_kind, Calls, Session};
+use crate::session_methods;
 use crate::spec::{sandbox_env, BackendStats, CreateError, InvokeError, SandboxSpec};
 use crate::stage::{Stage, HELPER_IN_SANDBOX};
 

@@ -5,6 +5,7 @@
 //! dies with the process however it ends, so "is a worker running here?" never trusts a stale
 //! pid file, and `serve` can always clean up what a killed predecessor left before starting.
 
+mod docker;
 mod host;
 mod serve;
 
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use sprout_sandbox::docker::DockerBackend;
+use sprout_docker::DockerBackend;
 use sprout_sandbox::stage::Stage;
 use sprout_sandbox::{base, cleanup, network};
 
@@ -172,7 +173,7 @@ pub fn cleanup_dir(dir: &Path) -> Result<cleanup::Report> {
     let mut report = cleanup::cleanup(dir, &layout, &config.cgroup_parents(dir))?;
     report.network_removed = network::host::release(dir, &config.network_tag(dir).0);
     if config.sandbox.backend == BackendKind::Docker && config.docker.socket.exists() {
-        let docker_config = sprout_engine::docker_config(&config.engine(), &config.worker_name(dir));
+        let docker_config = docker::docker_config(&config.engine(), &config.worker_name(dir));
         let docker = DockerBackend::new(docker_config, Arc::new(Stage::paths(dir)));
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         report.processes_killed += rt.block_on(docker.remove_leftovers());

@@ -119,7 +119,12 @@ impl Claimed {
             tracing::warn!(?missing, "cgroup v{} here lacks these controllers: their limits are not enforced", layout.version());
         }
         let name = config.worker_name(&dir);
-        Ok(Claimed { config, token, host: Host { dir, name, layout, parents, tag, seed }, _lock: lock })
+        Ok(Claimed {
+            config,
+            token,
+            host: Host { dir, name, layout, parents, tag, seed, docker: Some(Arc::new(super::docker::Docker)) },
+            _lock: lock,
+        })
     }
 }
 

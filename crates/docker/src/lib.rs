@@ -1,16 +1,18 @@
-//! The `docker` baseline: every sandbox is a container of the Docker engine, the way most
-//! serverless platforms of SOCK's time ran handlers, so the benchmarks can measure what an
-//! engine between the worker and runc costs on top of a general-purpose container.
+//! The `docker` baseline back-end: every sandbox is a container of the Docker engine, the way
+//! most serverless platforms of SOCK's time ran handlers, so the benchmarks can measure what an
+//! engine between the worker and runc costs on top of a general-purpose container. A crate of
+//! its own because it speaks HTTP (the Engine API): the worker hands it to the engine, which
+//! stays free of HTTP types.
 //!
 //! The worker talks to the Engine API over its Unix socket (HTTP/1.1 with hyper, one
 //! connection per call). [`DockerBackend::prepare`] imports the base root file system as an
 //! image once; each sandbox is then a container of that image with the helper, the packages
 //! and the lambda's code bound in read-only, the worker's volumes bound as configured, and a
-//! scratch directory bound at /host where the
-//! worker listens before the container starts — the same files and the same helper as a lean
-//! sandbox, behind the engine's create/start/delete round trips, image layers and per-container
-//! cgroups. Containers carry a `sprout.worker` label, so [`DockerBackend::remove_leftovers`]
-//! finds what an earlier worker left behind.
+//! scratch directory bound at /host where the worker listens before the container starts —
+//! the same files and the same helper as a lean sandbox (sprout-sandbox's [`Session`]), behind
+//! the engine's create/start/delete round trips, image layers and per-container cgroups.
+//! Containers carry a `sprout.worker` label, so [`DockerBackend::remove_leftovers`] finds what
+//! an earlier worker left behind.
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -29,14 +31,15 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::backend::{Backend, Counters, Sandbox};
-use crate::cgroup::{view_of, Layout, Version};
-use crate::channel::{Endpoint, Reply, Request};
-use crate::error::{Doing, PlatformError};
-use crate::scratch::{make_scratch, remove_dir};
-use crate::session::{handler_kind, session_methods, Calls, Session};
-use crate::spec::{sandbox_env_strings, BackendStats, CreateError, InvokeError, SandboxSpec};
-use crate::stage::{Stage, HELPER_IN_SANDBOX};
+use sprout_sandbox::backend::{Backend, Counters, Sandbox};
+use sprout_sandbox::cgroup::{view_of, Layout, Version};
+use sprout_sandbox::channel::{Endpoint, Reply, Request};
+use sprout_sandbox::error::{Doing, PlatformError};
+use sprout_sandbox::scratch::{make_scratch, remove_dir};
+use sprout_sandbox::session::{handler_kind, Calls, Session};
+use sprout_sandbox::session_methods;
+use sprout_sandbox::spec::{sandbox_env_strings, BackendStats, CreateError, InvokeError, SandboxSpec};
+use sprout_sandbox::stage::{Stage, HELPER_IN_SANDBOX};
 
 /// The Engine API version spoken (Docker 20.10 and later).
 const API: &str = "/v1.41";
@@ -388,6 +391,19 @@ impl Docker {
     }
 }
 
+/// How many times a container is made when runc loses the race below.
+const RACE_ATTEMPTS: u32 = 3;
+
+/// Whether a container failed to start only because a cgroup hierarchy mounted on the host
+/// went away while runc was mounting the host's cgroups into it: runc lists every cgroup mount
+/// of the host (a lean worker's own hierarchy under its directory among them) and fails when
+/// one is unmounted before it stats it. Nothing about the container is wrong; made again, it
+/// starts.
+fn lost_a_host_mount_race(e: &CreateError) -> bool {
+    let message = e.to_string();
+    message.contains(r#"error mounting "cgroup""#) && message.contains("no such file or directory")
+}
+
 #[async_trait]
 impl Backend for DockerBackend {
     fn name(&self) -> &'static str {
@@ -396,18 +412,29 @@ impl Backend for DockerBackend {
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, CreateError> {
         let docker = &self.docker;
-        let id = docker.next_id.fetch_add(1, Ordering::Relaxed);
-        let scratch = docker.stage.run.join("docker").join(id.to_string());
-        let mut container = None;
-        let result = docker.provision(id, spec, &scratch, &mut container).await;
-        docker.counters.record(&result);
-        if result.is_err() {
-            if let Some(container) = container {
-                docker.remove_container(&container).await;
+        let mut attempt = 1;
+        loop {
+            let id = docker.next_id.fetch_add(1, Ordering::Relaxed);
+            let scratch = docker.stage.run.join("docker").join(id.to_string());
+            let mut container = None;
+            let result = docker.provision(id, spec, &scratch, &mut container).await;
+            if result.is_err() {
+                if let Some(container) = container {
+                    docker.remove_container(&container).await;
+                }
+                remove_dir(&scratch).await;
             }
-            remove_dir(&scratch).await;
+            match result {
+                Err(e) if attempt < RACE_ATTEMPTS && lost_a_host_mount_race(&e) => {
+                    tracing::info!(attempt, "starting a container again: {e}");
+                    attempt += 1;
+                }
+                result => {
+                    docker.counters.record(&result);
+                    return Ok(Box::new(result?));
+                }
+            }
         }
-        Ok(Box::new(result?))
     }
 
     fn stats(&self) -> BackendStats {
@@ -442,5 +469,24 @@ impl Sandbox for DockerSandbox {
         remove_dir(&scratch).await;
         docker.counters.destroyed();
         drop(attached); // a per-sandbox package install: only once nothing runs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_vanished_host_cgroup_mount_is_a_race_worth_another_container() {
+        let said = |message: &str| {
+            let body = serde_json::to_vec(&json!({ "message": message })).unwrap();
+            CreateError::Platform(api_error("start the container", StatusCode::BAD_REQUEST, &body))
+        };
+        let race = said(
+            r#"failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: error during container init: error mounting "cgroup" to rootfs at "/sys/fs/cgroup": stat /tmp/w3/run/cgroup-dynmods: no such file or directory: unknown"#,
+        );
+        assert!(lost_a_host_mount_race(&race), "{race}");
+        assert!(!lost_a_host_mount_race(&said(r#"runc create failed: exec: "python3": executable file not found in $PATH"#)));
+        assert!(!lost_a_host_mount_race(&said(r#"error mounting "cgroup" to rootfs at "/sys/fs/cgroup": permission denied"#)));
     }
 }
