@@ -35,6 +35,15 @@ def command(pid):
         return ""
 
 
+def cgroup_of(pid):
+    """/proc/PID/cgroup, or "" for a process that has ended (sandboxes and database backends
+    come and go while a test looks)."""
+    try:
+        return Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return ""
+
+
 def cgroup_pids(cgroup):
     """Every process in `cgroup` and the groups below it."""
     found = set()

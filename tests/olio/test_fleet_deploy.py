@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from conftest import ROOT, free_port, mounts_under, zygote_nodes
-from olio_fleet_helpers import cgroup_pids, fleet_file, host, olio
+from olio_fleet_helpers import cgroup_of, cgroup_pids, fleet_file, host, olio
 from olio_fleet_helpers import command as _command
 
 sys.path.insert(0, str(ROOT / "apps" / "olio"))
@@ -154,12 +154,12 @@ def test_the_cgroup_holds_every_process_of_the_fleet_on_its_cpus(fleet):
         assert count("nginx: worker process") == 1 and count("/usr/bin/memcached") == 1
         limit = Path(fleet.record["memory_cgroup"]) / "memory.limit_in_bytes"
         assert int(limit.read_text()) == MEMORY_MB << 20
-        assert all(str(Path(fleet.record["memory_cgroup"]).relative_to("/sys/fs/cgroup/memory")) in
-                   Path(f"/proc/{p}/cgroup").read_text() for p in pids)
+        assert all(str(Path(fleet.record["memory_cgroup"]).relative_to("/sys/fs/cgroup/memory")) in cgroup
+                   for cgroup in map(cgroup_of, pids) if cgroup)
     else:
         assert count("sprout worker up") == 1 and count("sprout cache serve") == 1
         handler = "helper.py handler" if fleet.stack == "sprout-runc" else "/sb-"
-        serving = [p for p in pids if handler in _command(p) + Path(f"/proc/{p}/cgroup").read_text()]
+        serving = [p for p in pids if handler in _command(p) + cgroup_of(p)]
         assert len(serving) >= 3, "a sandbox per site, found under the cgroup"
 
 

@@ -207,18 +207,20 @@ def test_every_process_of_the_stack_runs_on_the_cpus_asked_for(stack):
 
 
 def _lasting(pids):
-    """The processes that live as long as the deployment: not the sandboxes (the worker's
-    keep-alive ends idle ones), not PostgreSQL's per-connection backends and autovacuum
-    workers (they end with their client or their table)."""
-    passing = re.compile(r"^postgres: (olio |autovacuum worker)")
-    lasting = set()
+    """The processes that live as long as the deployment, by pid with their command lines: not
+    the sandboxes and Zygotes (the worker's keep-alive and import cache end idle ones), not
+    PostgreSQL's per-connection backends and autovacuum or parallel workers (they end with
+    their client or their task)."""
+    passing = re.compile(r"^postgres: (olio |autovacuum worker|parallel worker)|helper\.py ")
+    lasting = {}
     for pid in pids:
         try:
             cgroup = Path(f"/proc/{pid}/cgroup").read_text()
         except OSError:
             continue  # already gone: it was one of the passing ones
-        if "/sb-" not in cgroup and not passing.search(_command(pid)):
-            lasting.add(pid)
+        command = _command(pid)
+        if "/sb-" not in cgroup and command and not passing.search(command):
+            lasting[pid] = command
     return lasting
 
 
@@ -229,7 +231,8 @@ def test_up_twice_refuses_and_leaves_the_running_one_alone(stack):
     assert out.returncode == 1
     assert "already running" in out.stderr and "down --dir" in out.stderr
     assert stack.get("/").status_code == 200
-    assert {p for p in before if procs.alive(p)} == before, "the second up ended a process of the first"
+    ended = {p: c for p, c in before.items() if not procs.alive(p)}
+    assert not ended, f"the second up ended processes of the first: {ended}"
     status = cli("status", "--dir", str(stack.state), binary=True)
     assert status.returncode == 0, status.stdout + status.stderr
     assert '"state": "up"' in status.stdout and f'"cpus": "{stack.cpus}"' in status.stdout
