@@ -2,7 +2,7 @@
 //! sandbox's scratch directory, carrying frames and, to Zygotes, file descriptors.
 //!
 //! A frame is `<u32 header length><u32 body length><JSON header><body>`, little endian; the
-//! Python side is `python/sprout/runtime/helper.py`. The worker listens on
+//! Python side is `python/sprout/runtime/channel.py`. The worker listens on
 //! `<scratch>/sprout.sock` before the helper starts and the helper connects to
 //! `/host/sprout.sock`; the kernel then tells us, race-free, which process connected
 //! (SO_PEERPIDFD), whatever PID namespace it lives in.

@@ -5,7 +5,7 @@
 //! a cgroup from the pool, and a helper process that is PID 1 of new PID, IPC and UTS
 //! namespaces, chrooted into the root, running as an unprivileged user. With Zygotes the
 //! worker asks the [`ImportCache`] for the Zygote matching the lambda's packages and has it
-//! fork the helper into the sandbox (see `helper.py`); without, [`spawn`] clones the helper
+//! fork the helper into the sandbox (see `runtime/zygote.py`); without, [`spawn`] clones the helper
 //! into the sandbox and execs python3. Either way the helper then gets its lambda's
 //! environment and package paths, loads the lambda and says hello.
 

@@ -48,7 +48,7 @@ use runsc::Runsc;
 use settings::PodSettings;
 use template::Templates;
 
-/// The exit status of a handler that went past its memory limit (helper.py).
+/// The exit status of a handler that went past its memory limit (runtime/dispatch.py).
 const EXIT_OUT_OF_MEMORY: i32 = 75;
 
 /// The `gvisor` back-end.

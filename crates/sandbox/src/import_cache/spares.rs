@@ -2,7 +2,7 @@
 //! a cold start binds one (it enters the sandbox's root, cgroup and namespaces and connects:
 //! a few system calls) instead of waiting for a fork and for the new process's first writes
 //! to copy the pages it shares with its Zygote. The spare has made those copies already,
-//! off the request path (see `serve_spare` in helper.py and `sprout_spare_wait` in
+//! off the request path (see `serve_spare` in runtime/zygote.py and `sprout_spare_wait` in
 //! csrc/zygote.c). A spare is bound once or killed, so it never holds another lambda's code,
 //! environment or files.
 //!
