@@ -180,6 +180,13 @@ def test_a_dead_zygote_is_replaced_and_its_lambdas_served_meanwhile(make_worker,
     w.client.run("ab")
     old = node_with(w.client.stats(), "alpha==1.0", "beta==1.0")
     os.kill(zygote_pid(w, old["id"]), signal.SIGKILL)
+    # Until the worker has seen the death, a cold start may still take one of the Zygote's
+    # spares as the kernel kills them with it (its PID namespace's init), and a crash in the
+    # middle of f(event) is never run again: wait for the worker to know.
+    deadline = time.time() + 10
+    while w.client.stats()["import_cache"]["zygote_deaths"] < 1:
+        assert time.time() < deadline, "the worker did not notice its Zygote's death"
+        time.sleep(0.02)
     # Served right away: by a new Zygote, or by the root while there is none.
     assert sorted(w.client.run("ab", {"try": ["alpha"]})["paths"]) == ["/packages/alpha==1.0", "/packages/beta==1.0"]
     deadline = time.time() + 10
