@@ -58,7 +58,7 @@ build_and_base_image() {
     done < <(cargo build --release --quiet --message-format=json-render-diagnostics; echo $? >"$status")
     [ "$(cat "$status" 2>/dev/null)" = 0 ] || { echo "cargo build --release failed"; return 1; }
     echo "cargo build --release done ${SECONDS} s into set-up"
-    if [ -z "$base" ]; then  # an old build: nothing was linked anew
+    if [ -z "$base" ]; then  # cargo names fresh artifacts too: only if its message format changed
         target/release/sprout-base-image >/tmp/sprout-setup/base-image.log 2>&1 &
         base=$!
     fi
