@@ -40,6 +40,7 @@ mod load_loop;
 pub mod neighbours;
 pub mod offload;
 pub mod packages;
+mod parking;
 pub mod primitives;
 pub mod report;
 mod sandbox_worker;

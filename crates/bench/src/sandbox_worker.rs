@@ -26,6 +26,16 @@ fn variant_config(variant: &str) -> (&str, &'static str, String) {
         "sock-nozygote" => ("sock-nozygote", "seccomp = false\n", "[network]\nisolate = false\n".into()),
         // A pod per lambda under gVisor's kernel, isolated as sock-isolated is.
         "gvisor" => ("gvisor", "seccomp = true\n", service(true)),
+        // The same, its pods parked to disk soon after their sandboxes are paused; restored
+        // with memory loaded in the background, or before the restore returns.
+        "gvisor-park" | "gvisor-park-fg" => (
+            "gvisor",
+            "seccomp = true\n",
+            service(true)
+                + "\n[gvisor]\npark_after_ms = 500\n"
+                + if variant == "gvisor-park" { "background_restore = true\n" } else { "background_restore = false\n" }
+                + "\n[handler_cache]\npause_after_ms = 20\n",
+        ),
         other => (other, "", String::new()),
     }
 }
@@ -153,6 +163,19 @@ impl Worker {
             bail!("deploying {name}: {}", String::from_utf8_lossy(&deploy.stderr));
         }
         Ok(())
+    }
+
+    /// The worker's `/stats`.
+    pub(crate) fn stats(&self) -> Result<serde_json::Value> {
+        use std::io::{Read, Write};
+        let token = std::fs::read_to_string(self.dir.join("api-token")).context("reading the worker's API token")?;
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(stream, "GET /stats HTTP/1.0\r\nHost: bench\r\nAuthorization: Bearer {}\r\n\r\n", token.trim())?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply)?;
+        let body = reply.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        serde_json::from_str(body).with_context(|| format!("the worker's /stats: {}", reply.lines().next().unwrap_or("")))
     }
 
     pub(crate) fn pid(&self) -> u32 {

@@ -143,6 +143,9 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
     .await;
     warm.stop()?;
     result?;
+    if backend == "gvisor" {
+        out.insert("park".into(), crate::parking::measure(opts, port + 100).await?);
+    }
     Ok(Value::Object(out))
 }
 

@@ -150,6 +150,12 @@ pub struct Channel {
     max_body: u32,
 }
 
+impl AsRawFd for Channel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.stream.get_ref().as_raw_fd()
+    }
+}
+
 impl Channel {
     pub fn new(stream: UnixStream, max_body: u32) -> Channel {
         Channel { stream: BufReader::with_capacity(64 * 1024, stream), max_body }

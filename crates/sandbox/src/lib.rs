@@ -59,4 +59,4 @@ pub use backend::{Backend, Sandbox};
 pub use cgroup::Limits;
 pub use error::PlatformError;
 pub use session::Calls;
-pub use spec::{BackendStats, CreateError, HandlerKind, InvokeError, Package, Phase, SandboxSpec, SharedCode};
+pub use spec::{BackendStats, CreateError, HandlerKind, InvokeError, Package, ParkingStats, Phase, SandboxSpec, SharedCode};

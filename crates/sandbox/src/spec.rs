@@ -170,6 +170,25 @@ pub struct BackendStats {
     pub zygote_restarts: u64,
     /// Spares let go after a quiet spell (gvisor: a pod's, after `spares_idle`).
     pub spares_let_go: u64,
+    /// Pods parked to disk and restored (gvisor, where parking is on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parking: Option<ParkingStats>,
+}
+
+/// What parking pods to disk has done ([`BackendStats::parking`]).
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct ParkingStats {
+    pub parks: u64,
+    pub park_failures: u64,
+    pub park_ms_mean: f64,
+    pub restores: u64,
+    pub restore_failures: u64,
+    pub restore_ms_mean: f64,
+    /// Parked images removed for the disk budget (their sandboxes start afresh).
+    pub evicted: u64,
+    /// Pods parked now, and their images' bytes on disk.
+    pub parked: u64,
+    pub parked_bytes: u64,
 }
 
 /// The environment every sandbox process starts with; `extra` adds to it and overrides it.

@@ -52,6 +52,25 @@ def connect():
     return sock
 
 
+RECONNECT_PAUSE = 0.0005  # seconds between tries to reach the worker from a restored pod
+
+
+def reconnect():
+    """Reach the worker's socket once it is there again: a pod's process that hung up before
+    its pod was checkpointed (a host connection cannot be saved) resumes here in the pod
+    restored from it, where the worker listens anew."""
+    import time
+
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(SOCKET_PATH)
+            return sock
+        except OSError:
+            sock.close()
+            time.sleep(RECONNECT_PAUSE)
+
+
 class Calls:
     """What ``sprout.invoke`` reaches (as module ``_sprout_sandbox``): calls to other lambdas,
     made over this sandbox's channel while the handler serves a request. The worker, which is

@@ -1,7 +1,8 @@
 """The handler role: serve one lambda's requests, ending what each request left running.
 
 Over the worker's channel a handler receives its init frame, loads the lambda and says
-hello, then answers each request frame with one reply frame until the worker hangs up.
+hello, then answers each request frame with one reply frame until the worker hangs up; a
+pod's handler may be parked between requests (``park``).
 
 Loaded by the helper by path, as ``_sprout_handler`` (load.py); standard library only.
 """
@@ -74,6 +75,10 @@ def serve_lambda(sock):
             if server is not None:
                 server.shutdown()
             return
+        if request.get("op") == "park":
+            sock = park(sock)
+            calls.sock = sock
+            continue
         modules_before = len(sys.modules)
         if not logging_settled:
             logging_settled = configure_logging()
@@ -95,6 +100,24 @@ def serve_lambda(sock):
         sys.stderr.flush()
         kill_leftovers()
         channel.send_frame(sock, header, out)
+
+
+def park(sock):
+    """The worker parks this handler's pod (gVisor: checkpointed to disk, its processes
+    ended). The handler lets go of what the checkpoint cannot hold (its output FIFO and its
+    channel, both the host's), says so, and resumes in the pod restored from the image: it
+    reaches the worker again, says which process it is, takes its new output FIFO and says
+    it is bound. Its globals, imports and open files of its own are as they were. Returns
+    its new channel."""
+    load.redirect_output("/dev/null")
+    channel.send_frame(sock, {"op": "parked"})
+    sock.close()
+    sock = channel.reconnect()
+    channel.send_frame(sock, {"op": "resumed", "pid": os.getpid()})
+    bind, _ = channel.recv_frame(sock)
+    load.redirect_output(bind.get("output"))
+    channel.send_frame(sock, {"op": "bound"})
+    return sock
 
 
 def kill_leftovers():

@@ -112,19 +112,25 @@ def load_lambda():
     raise LookupError(f"{entry_file} defines neither f(event) nor a WSGI or ASGI callable named app")
 
 
+def redirect_output(path):
+    """Send this process's stdout and stderr to `path` (a FIFO the worker reads, or
+    /dev/null), if given."""
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def apply_init(init):
     """The worker's first frame: environment variables and package paths of this lambda; for
     a pod's handler also where its output goes (a FIFO the worker reads) and its memory
     limit (its address space, which gVisor enforces per process)."""
     global MEMORY_LIMITED
-    output = init.get("output")
-    if output:
-        fd = os.open(output, os.O_WRONLY | os.O_CLOEXEC)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
+    redirect_output(init.get("output"))
     limit = init.get("memory_bytes")
     if limit:
         import resource

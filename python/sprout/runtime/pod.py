@@ -9,7 +9,6 @@ Loaded by the helper by path, as ``_sprout_pod`` (load.py); standard library onl
 
 import os
 import signal
-import socket
 import sys
 import traceback
 
@@ -66,7 +65,10 @@ def serve_pod_spare(uid, gid, seccomp, held=None):
         os.close(release)
         if "random" in sys.modules:  # restored: every pod of the template had the same state
             sys.modules["random"].seed()
-    sock = channel.connect()
+    try:
+        sock = channel.connect()
+    except OSError:
+        return  # the pod is being parked: the worker no longer listens for spares
     channel.send_frame(sock, {"op": "spare", "pid": os.getpid()})
     handler.serve_lambda(sock)
 
@@ -88,9 +90,6 @@ def fork_spares(sock, order, held=None):
     return pids
 
 
-RECONNECT_PAUSE = 0.0005  # seconds between a template's Zygote's tries to reach its new pod
-
-
 def become_template(sock, order):
     """Make this pod a template: fork the spares `order` asks for, held until they are let
     go, wait until they are ready, say so, and hang up (a host connection cannot be saved).
@@ -98,8 +97,6 @@ def become_template(sock, order):
     reaches the new pod's socket (tried every RECONNECT_PAUSE until it is there), says hello
     as a restored pod naming its spares, and lets them go, each to connect on its own.
     Returns the new pod's control socket."""
-    import time
-
     release_r, release_w = os.pipe()
     ready_r, ready_w = os.pipe()
     pids = fork_spares(sock, order, (release_r, ready_w))
@@ -116,17 +113,23 @@ def become_template(sock, order):
     sys.stderr.flush()
     channel.send_frame(sock, {"pids": pids, "ready": ready})
     sock.close()
-    while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(channel.SOCKET_PATH)
-            break
-        except OSError:
-            sock.close()
-            time.sleep(RECONNECT_PAUSE)
+    sock = channel.reconnect()
     channel.send_frame(sock, {"op": "hello", "role": "pod", "restored": True, "spares": pids})
     os.write(release_w, b"g" * len(pids))
     os.close(release_w)
+    return sock
+
+
+def park(sock):
+    """The worker parks this pod: its handlers have let go of their channels; the Zygote
+    answers, hangs up (a host connection cannot be saved) and resumes in the pod restored
+    from the checkpoint, saying hello there as a restored pod. Returns its new socket."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    channel.send_frame(sock, {})
+    sock.close()
+    sock = channel.reconnect()
+    channel.send_frame(sock, {"op": "hello", "role": "pod", "restored": True, "spares": []})
     return sock
 
 
@@ -141,6 +144,8 @@ def serve_pod():
         {"op": "kill", "pid": p}            SIGKILL one of its handlers   -> {}
         {"op": "template", "count": n, ...} become a template: fork n spares held until the
                                             pod is restored (become_template) -> {"pids": [...]}
+        {"op": "park"}                      the pod is to be checkpointed: answer, hang up,
+                                            and reconnect once restored (park)  -> {}
     """
     import gc
 
@@ -176,6 +181,8 @@ def serve_pod():
             channel.send_frame(sock, {"pids": fork_spares(sock, order)})
         elif op == "template":
             sock = become_template(sock, order)
+        elif op == "park":
+            sock = park(sock)
         elif op == "status":
             reap()
             channel.send_frame(sock, {"status": {str(p): ended.pop(p, None) for p in order.get("pids") or []}})

@@ -64,6 +64,16 @@ pub struct GvisorSection {
     pub pod_memory_mb: u64,
     /// How long a pod without sandboxes stays up (then it stops: scale to zero).
     pub pod_idle_ms: u64,
+    /// Park a pod to disk (`runsc checkpoint`, its handlers' state in the image) once every
+    /// sandbox of it has been paused this long; its next request restores it. 0: never (its
+    /// sandboxes are then not paused).
+    pub park_after_ms: u64,
+    /// Disk the parked pods' images may take, MiB; past it the oldest are removed (their
+    /// lambdas' next requests start afresh).
+    pub park_disk_mb: u64,
+    /// Restores return once gVisor's kernel is loaded, the memory following in the
+    /// background (runsc `restore --background`).
+    pub background_restore: bool,
     /// Lambdas' first pods restored from a checkpoint of their package set's template.
     pub templates: bool,
     /// Containers kept created ahead per template.
@@ -92,6 +102,9 @@ impl Default for GvisorSection {
             spares_idle_ms: 2000,
             pod_memory_mb: 1024,
             pod_idle_ms: 60_000,
+            park_after_ms: 10_000,
+            park_disk_mb: 4096,
+            background_restore: false,
             templates: true,
             created_ahead: 1,
             network: GvisorNetwork::Sandbox,

@@ -1,6 +1,7 @@
 //! How a lambda's pod comes to be: restored from its package set's template, into a
 //! container created ahead when one is ready (else created now), or, while the set has no
-//! template yet, started afresh (and the template made meanwhile).
+//! template yet, started afresh (and the template made meanwhile). Parked pods are restored
+//! into containers created ahead too ([`super::slot`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -25,18 +26,11 @@ impl Inner {
         let recipe = Recipe::of(spec);
         let (template, make) = if self.use_templates { self.templates.lookup(&recipe) } else { (None, false) };
         if let Some(template) = template {
-            let created = self.ahead.lock().expect("ahead lock").get_mut(&recipe.key).and_then(|(ready, _)| ready.pop());
-            // The next one is created once this restore and its first request are done with
-            // the CPU (on one core, a create beside a restore slows it by a third).
-            let (inner, next) = (self.clone(), recipe.clone());
-            tokio::spawn(async move {
-                tokio::time::sleep(REFILL_AFTER).await;
-                inner.create_ahead(&next);
-            });
+            let created = self.take_created(&recipe);
             let id = created.as_ref().map_or_else(|| self.next_id.fetch_add(1, Ordering::Relaxed), |c| c.id);
             let ahead = created.is_some();
             let started = Instant::now();
-            match Pod::restore(id, &self.runsc, &self.settings, &self.stage, spec, &template, created, spec.output_sink()).await {
+            match Pod::restore(id, &self.runsc, &self.settings, &self.stage, spec, &template.image, created, spec.output_sink()).await {
                 Ok(pod) => {
                     template.failures.store(0, Ordering::Relaxed);
                     let ms = started.elapsed().as_secs_f64() * 1e3;
@@ -68,10 +62,23 @@ impl Inner {
         Ok(pod)
     }
 
-    /// Create containers ahead for `recipe`'s template, up to [`created_ahead`], in the
-    /// background.
+    /// A container created ahead for `recipe`'s pods, if one is ready; its replacement is
+    /// created once this restore and its first request are done with the CPU (on one core,
+    /// a create beside a restore slows it by a third).
+    pub(super) fn take_created(self: &Arc<Self>, recipe: &Recipe) -> Option<Created> {
+        let created = self.ahead.lock().expect("ahead lock").get_mut(&recipe.key).and_then(|(ready, _)| ready.pop());
+        let (inner, next) = (self.clone(), recipe.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(REFILL_AFTER).await;
+            inner.create_ahead(&next);
+        });
+        created
+    }
+
+    /// Create containers ahead for `recipe`'s pods (restored from its template, or parked),
+    /// up to [`created_ahead`], in the background.
     fn create_ahead(self: &Arc<Self>, recipe: &Recipe) {
-        if self.templates.lookup_ready(recipe).is_none() {
+        if self.templates.lookup_ready(recipe).is_none() && self.settings.cfg.park_after.is_none() {
             return;
         }
         let wanted = {
@@ -114,11 +121,11 @@ impl Inner {
 
     /// A lambda has one link: a pod of `spec`'s lambda that holds it lent (one of its earlier
     /// code, idling or draining) gives it back before a new pod starts, which needs it.
-    fn return_lambdas_link(&self, spec: &SandboxSpec) {
+    pub(super) fn return_lambdas_link(&self, spec: &SandboxSpec) {
         let prefix = format!("{}\n", spec.lambda);
         let others: Vec<Arc<Pod>> = (self.pods.lock().expect("pods lock").values())
             .filter(|slot| slot.key.starts_with(&prefix))
-            .filter_map(|slot| slot.pod.get().cloned())
+            .filter_map(|slot| slot.running())
             .collect();
         for pod in others {
             pod.return_link();
@@ -126,7 +133,7 @@ impl Inner {
     }
 
     /// Remove what a pod that failed to start left.
-    async fn discard(&self, id: u64) {
+    pub(super) async fn discard(&self, id: u64) {
         self.runsc.delete(&super::bundle::container(&format!("pod-{id}"))).await;
         ahead::remove_bundle(&self.stage.run.join("gvisor").join(format!("pod-{id}"))).await;
     }

@@ -4,8 +4,10 @@
 //! the host's. The hard boundary is between lambdas; inside a pod the lambda's Zygote forks
 //! its handlers (SOCK's idea, kept inside the boundary), from spares forked ahead, so only a
 //! lambda's first cold start pays for starting gVisor, and that start is a restore of its
-//! package set's [`template`] once there is one. A pod goes when its last handler does
-//! (scale to zero). Why this shape, and what each alternative measured: docs/isolation.md.
+//! package set's [`template`] once there is one. A pod whose sandboxes have all been paused
+//! for `park_after` is parked to disk, its handlers in it, and restored by the next request
+//! ([`slot`]); a pod goes when its last handler does (scale to zero). Why this shape, and
+//! what each alternative measured: docs/isolation.md.
 //!
 //! A handler in a pod is the lean sandboxes' helper with their channel protocol; it differs
 //! in how it is reached: it connects to the pod's socket on its own, its output goes to a
@@ -17,35 +19,41 @@
 mod ahead;
 mod bundle;
 mod claim;
+mod ledger;
 pub mod pod;
 pub mod runsc;
 mod settings;
+mod slot;
 mod template;
 mod zygote;
 
 pub use settings::GvisorConfig;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::sync::OnceCell;
+use serde_json::{json, Value};
 
 use crate::backend::{Backend, Counters, Sandbox};
 use crate::cgroup::{Layout, Version};
 use crate::channel::{Init, Reply, Request};
 use crate::error::{Doing, PlatformError};
+use crate::output::OutputSink;
 use crate::session::{handler_kind, Calls, Session};
 use crate::session_methods;
-use crate::spec::{BackendStats, CreateError, InvokeError, SandboxSpec};
+use crate::spec::{BackendStats, CreateError, InvokeError, Phase, SandboxSpec};
 use crate::stage::Stage;
 use ahead::Created;
+use ledger::DiskLedger;
 use pod::Pod;
 use runsc::Runsc;
 use settings::PodSettings;
+use slot::{ParkingCounters, PodSlot, SlotRef};
 use template::Templates;
 
 /// The exit status of a handler that went past its memory limit (runtime/dispatch.py).
@@ -74,13 +82,9 @@ struct Inner {
     use_templates: bool,
     /// Containers created ahead, by template (package set), and how many are being made.
     ahead: Mutex<HashMap<String, (Vec<Created>, usize)>>,
-}
-
-/// A lambda's pod, started once by the first sandbox that needs it.
-struct PodSlot {
-    key: String,
-    pod: OnceCell<Arc<Pod>>,
-    sandboxes: AtomicUsize,
+    /// Parked pods' images against the disk budget.
+    ledger: Mutex<DiskLedger<SlotRef>>,
+    parking: ParkingCounters,
 }
 
 /// One handler in a pod.
@@ -89,6 +93,11 @@ struct GvisorSandbox {
     pid: i32,
     slot: Arc<PodSlot>,
     inner: Arc<Inner>,
+    /// The pod its channel leads into (a parked pod comes back as a new one).
+    pod_id: u64,
+    /// Paused by the worker (counted in its slot's paused sandboxes).
+    paused: AtomicBool,
+    sink: Arc<dyn OutputSink>,
 }
 
 impl GvisorBackend {
@@ -105,8 +114,14 @@ impl GvisorBackend {
                 tracing::warn!("preparing the pods' cpuset group: {e}");
             }
         }
-        let runsc = Runsc { binary: cfg.runsc.clone(), root: stage.run.join("runsc-state"), host_network: cfg.host_network };
+        let runsc = Runsc {
+            binary: cfg.runsc.clone(),
+            root: stage.run.join("runsc-state"),
+            host_network: cfg.host_network,
+            background_restore: cfg.background_restore,
+        };
         let use_templates = cfg.templates;
+        let ledger = Mutex::new(DiskLedger::new(cfg.park_disk_bytes));
         let inner = Inner {
             settings: PodSettings { cfg, seccomp: seccomp.map(hex::encode) },
             runsc,
@@ -119,6 +134,8 @@ impl GvisorBackend {
             templates: Arc::new(Templates::default()),
             use_templates,
             ahead: Mutex::new(HashMap::new()),
+            ledger,
+            parking: ParkingCounters::default(),
         };
         GvisorBackend { inner: Arc::new(inner) }
     }
@@ -144,42 +161,6 @@ fn cpuset_parent(parent: &str, cpus: &str) -> std::io::Result<()> {
 }
 
 impl Inner {
-    /// The slot of `spec`'s pod, counting one more sandbox in it.
-    fn slot(&self, spec: &SandboxSpec) -> Arc<PodSlot> {
-        let packages: Vec<&str> = spec.packages.iter().map(|p| p.key.as_str()).collect();
-        let key = format!("{}\n{}\n{}", spec.lambda, spec.code_dir.display(), packages.join(","));
-        let mut pods = self.pods.lock().expect("pods lock");
-        let slot =
-            pods.entry(key.clone()).or_insert_with(|| Arc::new(PodSlot { key, pod: OnceCell::new(), sandboxes: AtomicUsize::new(0) }));
-        slot.sandboxes.fetch_add(1, Ordering::Relaxed);
-        slot.clone()
-    }
-
-    /// One sandbox less in `slot`. A pod without sandboxes stays up for `pod_idle` (a cold
-    /// start then only binds a spare), and is stopped if none came meanwhile: scale to zero.
-    async fn release(self: &Arc<Self>, slot: &Arc<PodSlot>) {
-        if slot.sandboxes.fetch_sub(1, Ordering::Relaxed) != 1 {
-            return;
-        }
-        let (inner, slot) = (self.clone(), slot.clone());
-        let idle = if slot.pod.get().is_some() { self.settings.cfg.pod_idle } else { Duration::ZERO };
-        let stop = async move {
-            tokio::time::sleep(idle).await;
-            {
-                let mut pods = inner.pods.lock().expect("pods lock");
-                let current = pods.get(&slot.key).is_some_and(|s| Arc::ptr_eq(s, &slot));
-                if !current || slot.sandboxes.load(Ordering::Relaxed) != 0 {
-                    return;
-                }
-                pods.remove(&slot.key);
-            }
-            if let Some(pod) = slot.pod.get() {
-                pod.stop(&inner.runsc).await;
-            }
-        };
-        tokio::spawn(stop);
-    }
-
     /// Bind a spare of `pod` to a sandbox for `spec`.
     async fn provision(self: &Arc<Self>, pod: &Arc<Pod>, spec: &SandboxSpec) -> Result<(Session, i32), CreateError> {
         let started = Instant::now();
@@ -238,15 +219,24 @@ impl Backend for GvisorBackend {
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, CreateError> {
         let inner = &self.inner;
-        let slot = inner.slot(spec);
-        let started = slot.pod.get_or_try_init(|| inner.start_pod(spec)).await.cloned();
+        let mut slot = inner.slot(spec);
+        if slot.lost.load(Ordering::SeqCst) {
+            // Lost after it was looked up: its successor is a new slot.
+            inner.release(&slot).await;
+            slot = inner.slot(spec);
+        }
+        let started = inner.pod_for(&slot, Some(spec)).await;
         let result = match started {
-            Ok(pod) => inner.provision(&pod, spec).await,
+            Ok(pod) => inner.provision(&pod, spec).await.map(|(session, pid)| (session, pid, pod.id)),
             Err(e) => Err(e),
         };
         inner.counters.record(&result);
         match result {
-            Ok((session, pid)) => Ok(Box::new(GvisorSandbox { session, pid, slot, inner: inner.clone() })),
+            Ok((session, pid, pod_id)) => {
+                slot.handlers.lock().expect("handlers lock").insert(pid, session.channel.as_raw_fd());
+                let (inner, sink) = (inner.clone(), spec.output_sink());
+                Ok(Box::new(GvisorSandbox { session, pid, slot, inner, pod_id, paused: AtomicBool::new(false), sink }))
+            }
             Err(e) => {
                 inner.release(&slot).await;
                 Err(e)
@@ -255,7 +245,11 @@ impl Backend for GvisorBackend {
     }
 
     fn stats(&self) -> BackendStats {
-        BackendStats { spares_let_go: self.inner.spares_let_go.load(Ordering::Relaxed), ..self.inner.counters.stats() }
+        BackendStats {
+            spares_let_go: self.inner.spares_let_go.load(Ordering::Relaxed),
+            parking: self.inner.parking_stats(),
+            ..self.inner.counters.stats()
+        }
     }
 
     async fn shutdown(&self) {
@@ -268,9 +262,7 @@ impl Backend for GvisorBackend {
         }
         let slots: Vec<Arc<PodSlot>> = inner.pods.lock().expect("pods lock").drain().map(|(_, s)| s).collect();
         for slot in slots {
-            if let Some(pod) = slot.pod.get() {
-                pod.stop(&inner.runsc).await;
-            }
+            inner.end(&slot).await;
         }
         for container in inner.runsc.list().await {
             if container.starts_with("sprout-pod-") {
@@ -285,8 +277,44 @@ impl Backend for GvisorBackend {
 }
 
 impl GvisorSandbox {
-    fn pod(&self) -> Option<&Arc<Pod>> {
-        self.slot.pod.get()
+    /// The running pod, if it is this sandbox's.
+    fn pod(&self) -> Option<Arc<Pod>> {
+        self.slot.running().filter(|pod| pod.id == self.pod_id)
+    }
+
+    /// Make sure the handler's pod runs and its channel leads there: a parked pod is restored
+    /// (by this request or another's), and the handler, which has reached the restored pod on
+    /// its own, is bound again with a new output FIFO.
+    async fn bind(&mut self) -> Result<(), CreateError> {
+        if self.pod().is_some() {
+            return Ok(());
+        }
+        let pod = self.inner.pod_for(&self.slot, None).await?;
+        if pod.id == self.pod_id {
+            return Ok(());
+        }
+        let timeout = self.inner.settings.cfg.start_timeout;
+        let mut channel = pod.resumed(self.pid, timeout).await?;
+        let (host_fifo, fifo) = pod.output_fifo();
+        let (output, hold) =
+            crate::output::OutputPipe::fifo(&host_fifo, self.session.id, self.sink.clone()).at("making the output FIFO", &host_fifo)?;
+        channel.send(&json!({"op": "bind", "output": fifo}), &[]).await.doing("binding a restored handler")?;
+        let bound = tokio::time::timeout(timeout, channel.recv::<Value>()).await;
+        drop(hold);
+        let _ = std::fs::remove_file(&host_fifo);
+        match bound {
+            Ok(Ok((said, _))) if said["op"] == "bound" => {}
+            Ok(Ok((said, _))) => {
+                return Err(PlatformError::Protocol { process: "a restored handler".into(), said: said.to_string() }.into())
+            }
+            Ok(Err(e)) => return Err(e).doing("binding a restored handler").map_err(Into::into),
+            Err(_) => return Err(PlatformError::timed_out("a restored handler", "take its output", timeout).into()),
+        }
+        self.slot.handlers.lock().expect("handlers lock").insert(self.pid, channel.as_raw_fd());
+        self.session.channel = channel;
+        self.session.output = Some(output);
+        self.pod_id = pod.id;
+        Ok(())
     }
 }
 
@@ -301,6 +329,10 @@ impl Sandbox for GvisorSandbox {
         timeout: Duration,
         calls: &dyn Calls,
     ) -> Result<(Reply, Bytes), InvokeError> {
+        if let Err(e) = self.bind().await {
+            self.session.tainted = true;
+            return Err(InvokeError::Crashed { message: format!("its parked pod could not be restored: {e}"), phase: Phase::Sending });
+        }
         match self.session.invoke(request, body, timeout, calls).await {
             Err(InvokeError::Crashed { message, phase }) => {
                 // The pod knows how its handler ended (it may take a moment to have reaped it).
@@ -323,7 +355,36 @@ impl Sandbox for GvisorSandbox {
         }
     }
 
-    /// Its share of its pod's memory on the host (gVisor's kernel holds every handler's pages).
+    /// Paused by the worker: once every sandbox of its pod is, the pod is parked after
+    /// `park_after` (where parking is on; else a gVisor sandbox is not paused).
+    fn pause(&self) -> std::io::Result<bool> {
+        if self.inner.settings.cfg.park_after.is_none() {
+            return Ok(false);
+        }
+        if !self.paused.swap(true, Ordering::SeqCst) {
+            self.slot.paused.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.plan_park(&self.slot);
+        Ok(true)
+    }
+
+    /// Taken for a request: a park planned meanwhile is called off (a parked pod is restored
+    /// by the request itself, in `invoke`).
+    fn resume(&self) -> std::io::Result<()> {
+        self.slot.epoch.fetch_add(1, Ordering::SeqCst);
+        if self.paused.swap(false, Ordering::SeqCst) {
+            self.slot.paused.fetch_sub(1, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// Its parked pod's image was evicted (or parking it failed): the handler is gone.
+    fn killed_while_paused(&self) -> bool {
+        self.slot.lost.load(Ordering::SeqCst)
+    }
+
+    /// Its share of its pod's memory on the host (gVisor's kernel holds every handler's
+    /// pages); none while the pod is parked.
     fn memory_bytes(&self) -> u64 {
         match (self.pod(), &self.inner.layout) {
             (Some(pod), Some(layout)) => layout.memory_in_use_of(&pod.cgroup) / self.slot.sandboxes.load(Ordering::Relaxed).max(1) as u64,
@@ -336,15 +397,19 @@ impl Sandbox for GvisorSandbox {
     }
 
     async fn destroy(self: Box<Self>) {
-        let GvisorSandbox { session, pid, slot, inner } = *self;
+        let pod = self.pod();
+        let GvisorSandbox { session, pid, slot, inner, paused, .. } = *self;
         let Session { channel, attached, tainted, .. } = session;
+        if paused.load(Ordering::SeqCst) {
+            slot.paused.fetch_sub(1, Ordering::SeqCst);
+        }
         // A handler waiting for its next request exits when its channel closes; one that
-        // failed or overran its time may be running still, and is killed.
+        // failed or overran its time may be running still, and is killed. (In a parked pod,
+        // it is killed once the pod is restored, if it ever is.)
+        slot.handlers.lock().expect("handlers lock").remove(&pid);
         drop(channel);
-        if tainted {
-            if let Some(pod) = slot.pod.get() {
-                pod.kill(pid).await;
-            }
+        if let (true, Some(pod)) = (tainted, pod) {
+            pod.kill(pid).await;
         }
         inner.counters.destroyed();
         inner.release(&slot).await;

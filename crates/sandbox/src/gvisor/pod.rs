@@ -6,24 +6,29 @@
 //! Spares are forked ahead, so a cold start inside a running pod only binds one. A pod is
 //! started afresh (`runsc run`, the Zygote then imports the packages) or restored from its
 //! package set's template ([`super::template`]), its Zygote and spares already made.
+//!
+//! An idle pod can be parked ([`Pod::park`]): its handlers and its Zygote let go of their
+//! channels, `runsc checkpoint` writes it to disk and its processes end; restored from that
+//! image ([`Pod::restore`]), each process reaches the new pod's socket on its own, the
+//! handlers saying who they are ([`Resumed`]), their globals as they were.
 
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::{mpsc, Mutex, Notify};
 
 use super::ahead::{remove_bundle, Created};
 use super::bundle::{pods_pids, Bundle, Contents};
 use super::runsc::Runsc;
 use super::settings::PodSettings;
-use super::template::Template;
 use super::zygote::{import_packages, recv_hello};
-use crate::channel::{Channel, Endpoint};
+use crate::channel::{Channel, Endpoint, SOCKET_NAME};
 use crate::error::{Doing, PlatformError};
 use crate::network::LambdaNetwork;
 use crate::output::{OutputPipe, OutputSink};
@@ -34,6 +39,32 @@ use crate::stage::Stage;
 pub(crate) struct Spare {
     pub channel: Channel,
     pub pid: i32,
+}
+
+/// Handlers of a restored pod that have reached it again, by pid, until their sandboxes
+/// take them back ([`Pod::resumed`]).
+#[derive(Default)]
+struct Resumed {
+    channels: std::sync::Mutex<HashMap<i32, Channel>>,
+    arrived: Notify,
+}
+
+impl Resumed {
+    fn add(&self, pid: i32, channel: Channel) {
+        self.channels.lock().expect("resumed lock").insert(pid, channel);
+        self.arrived.notify_waiters();
+    }
+}
+
+/// A pod written to disk: its image and what it held.
+pub(crate) struct Parked {
+    pub image: PathBuf,
+    /// The image's bytes on disk.
+    pub bytes: u64,
+    /// How long parking took, from the first handler told to the container gone.
+    pub took: Duration,
+    /// The handlers in it.
+    pub pids: Vec<i32>,
 }
 
 /// A running pod.
@@ -58,6 +89,8 @@ pub(crate) struct Pod {
     /// Its own output (the Zygote's, and gVisor's), kept while it runs.
     _output: OutputPipe,
     next_fifo: AtomicU64,
+    resumed: Arc<Resumed>,
+    max_body: u32,
 }
 
 #[derive(Deserialize)]
@@ -107,11 +140,12 @@ impl Pod {
         Ok(pod)
     }
 
-    /// A pod for `spec`'s lambda restored from `template`, into `created` (a container created
-    /// ahead: the lambda's code is bound onto its /handler and the lambda's link lent to its
-    /// namespace) or, without one, into a container created now with the lambda's code and
-    /// namespace. The restored Zygote reaches the new pod's socket on its own, with its spares
-    /// behind it.
+    /// A pod for `spec`'s lambda restored from `image` (its package set's template, or its own
+    /// parked pod), into `created` (a container created ahead: the lambda's code is bound onto
+    /// its /handler and the lambda's link lent to its namespace) or, without one, into a
+    /// container created now with the lambda's code and namespace. The restored Zygote
+    /// reaches the new pod's socket on its own, with its spares (a template's) or its
+    /// handlers (a parked pod's) behind it.
     #[allow(clippy::too_many_arguments)]
     pub async fn restore(
         id: u64,
@@ -119,7 +153,7 @@ impl Pod {
         settings: &PodSettings,
         stage: &Stage,
         spec: &SandboxSpec,
-        template: &Template,
+        image: &Path,
         created: Option<Created>,
         sink: Arc<dyn OutputSink>,
     ) -> Result<Pod, CreateError> {
@@ -146,8 +180,8 @@ impl Pod {
             }
         };
         let create = started.elapsed();
-        let restored = restored(runsc, settings, &bundle, &template.image, network.is_some(), sink).await;
-        let (control, hello, output) = match restored {
+        let restored = restored(runsc, settings, &bundle, image, network.is_some(), sink).await;
+        let (control, hello, output, early) = match restored {
             Ok(restored) => restored,
             Err(e) => {
                 stop(runsc, &bundle.container, &bundle.dir, lent.as_ref(), network.as_deref()).await;
@@ -160,6 +194,9 @@ impl Pod {
         tracing::debug!(pod = id, create_ms = ms(create), restore_ms = restore, "a pod restored (the restore until the Zygote's hello)");
         let mut pod = Pod::assemble(id, bundle, control, network, output, spares, settings);
         pod.lent = std::sync::Mutex::new(lent);
+        for (pid, channel) in early {
+            pod.resumed.add(pid, channel);
+        }
         Ok(pod)
     }
 
@@ -173,7 +210,8 @@ impl Pod {
         settings: &PodSettings,
     ) -> Pod {
         let (sender, receiver) = mpsc::channel(64);
-        let accepting = tokio::spawn(accept_spares(bundle.endpoint, sender, settings.cfg.max_response));
+        let resumed = Arc::new(Resumed::default());
+        let accepting = tokio::spawn(accept_helpers(bundle.endpoint, sender, resumed.clone(), settings.cfg.max_response));
         Pod {
             id,
             container: bundle.container,
@@ -189,7 +227,70 @@ impl Pod {
             lent: std::sync::Mutex::new(None),
             _output: output,
             next_fifo: AtomicU64::new(1),
+            resumed,
+            max_body: settings.cfg.max_response,
         }
+    }
+
+    /// Park the pod into `image`: stop taking connections, let its spares go, tell each of
+    /// its handlers (`handlers`: descriptors of their channels; every one idle) and then its
+    /// Zygote to let go of its channel, checkpoint it and stop it. Its lambda's link, if
+    /// lent to it, goes back to the lambda's namespace. On an error the pod is half parked:
+    /// the caller stops it.
+    pub async fn park(&self, runsc: &Runsc, handlers: Vec<(i32, OwnedFd)>, image: &Path) -> Result<Parked, PlatformError> {
+        let started = Instant::now();
+        self.accepting.abort();
+        let socket = self.scratch.join(SOCKET_NAME);
+        std::fs::remove_file(&socket).at("removing", &socket)?;
+        self.let_spares_go(self.cold_starts.load(Ordering::Relaxed)).await;
+        let timeout = Duration::from_secs(10);
+        let pids = handlers.iter().map(|(pid, _)| *pid).collect();
+        for (_, fd) in handlers {
+            let stream = std::os::unix::net::UnixStream::from(fd);
+            stream.set_nonblocking(true).doing("parking a handler")?;
+            let mut channel = Channel::new(tokio::net::UnixStream::from_std(stream).doing("parking a handler")?, self.max_body);
+            channel.send(&json!({"op": "park"}), &[]).await.doing("telling a handler to park")?;
+            match tokio::time::timeout(timeout, channel.recv::<Value>()).await {
+                Ok(Ok((said, _))) if said["op"] == "parked" => {}
+                Ok(Ok((said, _))) => return Err(PlatformError::Protocol { process: "a parked handler".into(), said: said.to_string() }),
+                Ok(Err(e)) => return Err(e).doing("a handler being parked"),
+                Err(_) => return Err(PlatformError::timed_out("a handler", "park", timeout)),
+            }
+        }
+        {
+            let mut control = self.control.lock().await;
+            control.send(&json!({"op": "park"}), &[]).await.doing("telling the pod's Zygote to park")?;
+            let answered = tokio::time::timeout(timeout, control.recv::<Value>()).await;
+            let hung_up = tokio::time::timeout(timeout, control.recv::<Value>()).await;
+            if !matches!(answered, Ok(Ok(_))) || !matches!(hung_up, Ok(Err(_))) {
+                return Err(PlatformError::Protocol { process: "the pod's Zygote".into(), said: "no answer and hang-up to park".into() });
+            }
+        }
+        tokio::fs::create_dir_all(image).await.at("making", image)?;
+        runsc.checkpoint(&self.container, &self.bundle, image, self.network.is_some(), "park the pod").await?;
+        self.stop(runsc).await;
+        Ok(Parked { image: image.to_path_buf(), bytes: super::template::du(image), took: started.elapsed(), pids })
+    }
+
+    /// The channel of the handler `pid` once it has reached this (restored) pod again, within
+    /// `timeout`.
+    pub async fn resumed(&self, pid: i32, timeout: Duration) -> Result<Channel, PlatformError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let arrived = self.resumed.arrived.notified();
+            if let Some(channel) = self.resumed.channels.lock().expect("resumed lock").remove(&pid) {
+                return Ok(channel);
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                return Err(PlatformError::timed_out("a restored handler", "reach its pod again", timeout));
+            }
+        }
+    }
+
+    /// Forget the handler `pid` if it has reached the pod again (its sandbox went while the
+    /// pod was parked).
+    pub fn forget_resumed(&self, pid: i32) {
+        self.resumed.channels.lock().expect("resumed lock").remove(&pid);
     }
 
     /// Ask the Zygote for `count` more spares.
@@ -319,8 +420,9 @@ impl Pod {
     }
 }
 
-/// Accept the pod's spares as they connect; each says which process it is first.
-async fn accept_spares(endpoint: Endpoint, spares: mpsc::Sender<Spare>, max_body: u32) {
+/// Accept the pod's spares as they connect, and its handlers reaching it after a restore;
+/// each says which process it is first.
+async fn accept_helpers(endpoint: Endpoint, spares: mpsc::Sender<Spare>, resumed: Arc<Resumed>, max_body: u32) {
     loop {
         let (mut channel, _) = match endpoint.accept_next(Duration::from_secs(24 * 3600), max_body).await {
             Ok(accepted) => accepted,
@@ -333,36 +435,52 @@ async fn accept_spares(endpoint: Endpoint, spares: mpsc::Sender<Spare>, max_body
         };
         let said = tokio::time::timeout(Duration::from_secs(10), channel.recv::<Value>()).await;
         let Ok(Ok((hello, _))) = said else { continue };
+        let pid = hello["pid"].as_i64().unwrap_or(0) as i32;
+        if hello["op"] == "resumed" {
+            resumed.add(pid, channel);
+            continue;
+        }
         if hello["op"] != "spare" {
             tracing::warn!("a pod's helper connected saying {hello}, not as a spare");
             continue;
         }
-        let pid = hello["pid"].as_i64().unwrap_or(0) as i32;
         if spares.send(Spare { channel, pid }).await.is_err() {
             return;
         }
     }
 }
 
+/// What a restore hands over: the Zygote's control channel and hello, the pod's output, and
+/// handlers that reached the pod before the Zygote did.
+type Restored = (Channel, Value, OutputPipe, Vec<(i32, Channel)>);
+
 /// Restore `image` into the created container of `bundle`, and wait for the restored Zygote's
-/// hello: its control channel, its hello, and the pod's output.
+/// hello (a parked pod's handlers may connect first, saying they resumed).
 async fn restored(
     runsc: &Runsc,
     settings: &PodSettings,
     bundle: &Bundle,
-    image: &std::path::Path,
+    image: &Path,
     networked: bool,
     sink: Arc<dyn OutputSink>,
-) -> Result<(Channel, Value, OutputPipe), PlatformError> {
+) -> Result<Restored, PlatformError> {
     let (output, log) = OutputPipe::new(0, sink).doing("making the pod's log pipe")?;
     runsc.restore(&bundle.container, &bundle.dir, image, networked, log).await?;
     let timeout = settings.cfg.start_timeout;
-    let (mut control, _) = bundle.endpoint.accept_next(timeout, settings.cfg.max_response).await?;
-    match tokio::time::timeout(timeout, control.recv::<Value>()).await {
-        Ok(Ok((hello, _))) if hello["role"] == "pod" && hello["restored"] == true => Ok((control, hello, output)),
-        Ok(Ok((hello, _))) => Err(PlatformError::Protocol { process: "the restored pod's Zygote".into(), said: hello.to_string() }),
-        Ok(Err(e)) => Err(e).doing("the restored pod's Zygote died before its hello"),
-        Err(_) => Err(PlatformError::timed_out("the restored pod's Zygote", "say hello", timeout)),
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut early = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let (mut control, _) = bundle.endpoint.accept_next(left, settings.cfg.max_response).await?;
+        match tokio::time::timeout_at(deadline, control.recv::<Value>()).await {
+            Ok(Ok((hello, _))) if hello["role"] == "pod" && hello["restored"] == true => return Ok((control, hello, output, early)),
+            Ok(Ok((hello, _))) if hello["op"] == "resumed" => early.push((hello["pid"].as_i64().unwrap_or(0) as i32, control)),
+            Ok(Ok((hello, _))) => {
+                return Err(PlatformError::Protocol { process: "the restored pod's Zygote".into(), said: hello.to_string() })
+            }
+            Ok(Err(e)) => return Err(e).doing("the restored pod's Zygote died before its hello"),
+            Err(_) => return Err(PlatformError::timed_out("the restored pod's Zygote", "say hello", timeout)),
+        }
     }
 }
 

@@ -28,6 +28,9 @@ pub struct Runsc {
     /// A networked pod's sockets are the host kernel's, made by the Sentry inside the pod's
     /// namespace (runsc's `--network=host`), not gVisor's network stack's.
     pub host_network: bool,
+    /// Restores return once gVisor's kernel state is loaded, the memory's pages following
+    /// in the background (runsc `restore --background`).
+    pub background_restore: bool,
 }
 
 impl Runsc {
@@ -75,13 +78,25 @@ impl Runsc {
     /// the restored processes' stdout and stderr become `output`.
     pub async fn restore(&self, name: &str, bundle: &Path, image: &Path, networked: bool, output: OwnedFd) -> Result<(), PlatformError> {
         let image = format!("--image-path={}", image.display());
-        self.launch(&["restore", "--detach", &image], name, bundle, networked, Some(output), "restore the pod from its template").await
+        let mut args = vec!["restore", "--detach", &image];
+        if self.background_restore {
+            args.push("--background");
+        }
+        self.launch(&args, name, bundle, networked, Some(output), "restore the pod from its image").await
     }
 
-    /// `runsc checkpoint` the container `name` into `image` (the container stops).
-    pub async fn checkpoint(&self, name: &str, bundle: &Path, image: &Path, networked: bool) -> Result<(), PlatformError> {
+    /// `runsc checkpoint` the container `name` into `image` (the container stops), `doing`
+    /// what the caller says in an error.
+    pub async fn checkpoint(
+        &self,
+        name: &str,
+        bundle: &Path,
+        image: &Path,
+        networked: bool,
+        doing: &'static str,
+    ) -> Result<(), PlatformError> {
         let image = format!("--image-path={}", image.display());
-        self.launch(&["checkpoint", &image], name, bundle, networked, None, "checkpoint the template").await
+        self.launch(&["checkpoint", &image], name, bundle, networked, None, doing).await
     }
 
     /// `runsc <args> [--bundle bundle] name`, its log in the bundle, its standard output and

@@ -29,6 +29,13 @@ pub struct GvisorConfig {
     pub pod_memory_bytes: u64,
     /// How long a pod without sandboxes stays up.
     pub pod_idle: Duration,
+    /// Park a pod to disk once all its sandboxes have been paused this long (None: never).
+    pub park_after: Option<Duration>,
+    /// Disk the parked pods' images may take, bytes (past it, the oldest are evicted).
+    pub park_disk_bytes: u64,
+    /// Restores return once gVisor's kernel state is loaded, memory following (runsc
+    /// `restore --background`).
+    pub background_restore: bool,
     /// Start lambdas' first pods from templates (checkpoints per package set); false: each
     /// pod afresh.
     pub templates: bool,

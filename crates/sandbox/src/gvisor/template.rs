@@ -218,14 +218,14 @@ async fn make(id: u64, recipe: &Recipe, runsc: &Runsc, settings: &PodSettings, s
     let image = stage.run.join("gvisor").join(format!("image-{id}"));
     tokio::fs::create_dir_all(&image).await.at("making", &image)?;
     let started = Instant::now();
-    runsc.checkpoint(&bundle.container, &bundle.dir, &image, recipe.networked).await?;
+    runsc.checkpoint(&bundle.container, &bundle.dir, &image, recipe.networked, "checkpoint the template").await?;
     let checkpoint = started.elapsed();
     let bytes = du(&image);
     Ok(Template { image, spares, failures: AtomicU64::new(0), checkpoint, bytes })
 }
 
 /// The bytes a directory's files hold on disk.
-fn du(dir: &std::path::Path) -> u64 {
+pub(crate) fn du(dir: &std::path::Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
     entries.filter_map(|e| e.metadata().ok()).map(|m| m.blocks() * 512).sum()

@@ -1,0 +1,162 @@
+"""Parked gVisor pods (crates/sandbox/src/gvisor/slot.rs): a pod whose sandboxes have all
+been paused for `park_after_ms` is checkpointed to disk and its processes end; the next
+request restores it with its handlers as they were. Parked images count against a disk
+budget, go with their lambda and with the worker, and a worker killed while parking or
+restoring leaves nothing behind `sprout worker cleanup`."""
+
+import json
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import SPROUT
+from test_gvisor import gvisor_processes, pods, wait_for
+
+COUNTER = ("import os, sys\n"
+           "n = 0\n"
+           "def f(e):\n"
+           "    global n\n"
+           "    n += 1\n"
+           "    print('call', n, file=sys.stderr)\n"
+           "    return {'n': n, 'pid': os.getpid(), 'tag': open('/handler/tag.txt').read()}\n")
+
+
+def parking(worker):
+    return worker.client.stats()["backends"]["gvisor"]["counters"].get("parking") or {}
+
+
+def parked_images(worker):
+    return sorted(p.name for p in (worker.dir / "run" / "gvisor").glob("parked-*"))
+
+
+@pytest.fixture
+def parker(make_worker):
+    return make_worker(sandbox={"backend": "gvisor", "start_timeout_ms": 60000},
+                       gvisor={"park_after_ms": 300, "pod_idle_ms": 500},
+                       handler_cache={"pause_after_ms": 50}, limits={"timeout_ms": 5000})
+
+
+def park_and_wait(worker, parks):
+    assert wait_for(lambda: parking(worker).get("parks", 0) >= parks, 30), (parking(worker), worker.log()[-3000:])
+
+
+def test_a_parked_pod_keeps_its_handlers_state_and_costs_no_memory(parker):
+    parker.deploy_source("counter", COUNTER, **{"tag.txt": "a"})
+    first = parker.client.run("counter")
+    assert parker.client.run("counter")["n"] == 2
+    park_and_wait(parker, 1)
+    assert pods(parker) == [], "a parked pod's container is gone"
+    assert len(parked_images(parker)) == 1
+    assert parking(parker)["parked"] == 1 and parking(parker)["parked_bytes"] > 0
+    reply = parker.client.request("POST", "counter", "", b"{}")
+    body = reply.json()
+    assert body["n"] == 3 and body["pid"] == first["pid"] and body["tag"] == "a", body
+    assert reply.headers["x-sprout-start"] == "warm"
+    assert parking(parker)["restores"] == 1 and parked_images(parker) == []
+    logs = parker.client.request_logs(reply.headers["x-sprout-request-id"])
+    assert [e["message"] for e in logs if e["type"] in ("out", "err")] == ["call 3"], logs
+    # Parked and restored again, and again.
+    for n in (4, 5):
+        park_and_wait(parker, n - 2)
+        assert parker.client.run("counter")["n"] == n
+
+
+
+def test_a_parked_image_goes_with_its_lambda_and_with_the_worker(parker):
+    for name in ("gone", "kept"):
+        parker.deploy_source(name, COUNTER, **{"tag.txt": name})
+        assert parker.client.run(name)["n"] == 1
+    park_and_wait(parker, 2)
+    assert len(parked_images(parker)) == 2
+    parker.client.delete("gone")
+    assert wait_for(lambda: len(parked_images(parker)) == 1, 10), parked_images(parker)
+    assert parking(parker)["parked"] == 1
+    assert parker.client.run("kept")["n"] == 2
+    park_and_wait(parker, 3)
+    assert len(parked_images(parker)) == 1
+    parker.stop()
+    assert parked_images(parker) == [] and not (parker.dir / "run" / "gvisor").exists()
+
+
+def test_the_disk_budget_evicts_the_oldest_image(make_worker):
+    """Images of this lambda are about 13 MiB: a 20 MiB budget holds one. The older parked
+    pod's image goes when the newer is parked; its lambda's next request is a cold start
+    (its handler's state gone with the image), the other's is its own pod restored."""
+    w = make_worker(sandbox={"backend": "gvisor", "start_timeout_ms": 60000},
+                    gvisor={"park_after_ms": 300, "park_disk_mb": 20},
+                    handler_cache={"pause_after_ms": 50}, limits={"timeout_ms": 5000})
+    for name in ("old", "new"):
+        w.deploy_source(name, COUNTER, **{"tag.txt": name})
+        assert w.client.run(name)["n"] == 1
+        park_and_wait(w, 1 if name == "old" else 2)
+    assert wait_for(lambda: parking(w).get("evicted") == 1, 10), parking(w)
+    assert parking(w)["parked"] == 1 and len(parked_images(w)) == 1
+    assert parking(w)["parked_bytes"] <= 20 << 20
+    restored = w.client.request("POST", "new", "", b"{}")
+    assert restored.json()["n"] == 2 and restored.headers["x-sprout-start"] == "warm"
+    evicted = w.client.request("POST", "old", "", b"{}")
+    assert evicted.json()["n"] == 1 and evicted.headers["x-sprout-start"] == "cold"
+
+
+def test_two_sites_from_one_template_parked_and_restored_see_only_their_own(parker):
+    """Both pods restored from one template (the first lambda's made it), both parked and
+    restored: each handler sees its own code and its own state, in a pod of its own."""
+    parker.deploy_source("maker", COUNTER, **{"tag.txt": "maker"})
+    parker.client.run("maker")
+    assert wait_for(lambda: "gVisor template made" in parker.log()), parker.log()[-2000:]
+    for name in ("left", "right"):
+        parker.deploy_source(name, COUNTER + "secret = open('/handler/tag.txt').read() * 2\n", **{"tag.txt": name})
+    for n in (1, 2):
+        for name in ("left", "right"):
+            assert parker.client.run(name) | {"pid": 0} == {"n": n, "pid": 0, "tag": name}
+    assert parker.log().count("restored from its package set's template") >= 2
+    park_and_wait(parker, 3)
+    seen = {name: parker.client.run(name) for name in ("left", "right")}
+    assert seen["left"]["n"] == 3 and seen["left"]["tag"] == "left"
+    assert seen["right"]["n"] == 3 and seen["right"]["tag"] == "right"
+    assert parking(parker)["restores"] >= 2
+    assert len(pods(parker)) >= 2
+
+
+def kill_when(worker, seen, seconds=30):
+    """SIGKILL the worker as soon as `seen()` holds (polled every millisecond)."""
+    deadline = time.time() + seconds
+    while not seen():
+        assert time.time() < deadline, worker.log()[-3000:]
+        time.sleep(0.001)
+    worker.process.kill()
+    worker.process.wait()
+    worker.process = None
+
+
+def runsc_doing(worker, verb):
+    out = subprocess.run(["pgrep", "-af", f"runsc .*{worker.dir}/run/runsc-state.* {verb} "], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def cleaned_and_restarted(worker):
+    report = json.loads(subprocess.run([str(SPROUT), "worker", "cleanup", str(worker.dir)], capture_output=True,
+                                       text=True, check=True).stdout)
+    assert wait_for(lambda: gvisor_processes(worker) == [], 5), gvisor_processes(worker)
+    assert worker.leftovers() == [], worker.leftovers()
+    assert parked_images(worker) == []
+    worker.start()
+    assert worker.client.run("counter")["n"] == 1
+    return report
+
+
+@pytest.mark.parametrize("during", ["checkpoint", "restore"])
+def test_a_kill_9_while_parking_or_restoring_leaves_nothing_after_cleanup(parker, during):
+    parker.deploy_source("counter", COUNTER, **{"tag.txt": "a"})
+    parker.client.run("counter")
+    if during == "checkpoint":
+        kill_when(parker, lambda: runsc_doing(parker, "checkpoint"))
+    else:
+        park_and_wait(parker, 1)
+        caller = threading.Thread(target=lambda: pytest.raises(Exception, parker.client.run, "counter"))
+        caller.start()
+        kill_when(parker, lambda: runsc_doing(parker, "restore"))
+        caller.join()
+    cleaned_and_restarted(parker)
