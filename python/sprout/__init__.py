@@ -5,12 +5,13 @@
 worker's sandboxes (``sprout.offload``); ``sprout.Lease(target, parts)`` holds sandboxes for an
 object's life, each keeping its state between calls (``sprout.lease``); inside a sandbox, ``sprout.services()`` names the
 services a lambda may reach, ``sprout.invoke(name, event)`` calls another lambda and
-``sprout.request_id()`` names the request being served (``sprout.platform``);
+``sprout.request_id()`` names the request being served and ``sprout.on_park(fn)`` runs ``fn``
+before the sandbox is parked (``sprout.platform``);
 ``sprout.runtime`` is what runs inside the sandboxes (standard library only).
 """
 
 from sprout.client import Client, Response, SproutError, pack
-from sprout.platform import InvokeError, invoke, request_id, service, services
+from sprout.platform import InvokeError, invoke, on_park, request_id, service, services
 
 
 def _client_map(self, target, items, **options):
@@ -41,5 +42,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'sprout' has no attribute {name!r}")
 
 
-__all__ = ["Client", "Response", "SproutError", "pack", "TaskError", "map", "Lease", "InvokeError", "invoke", "request_id", "service",
-           "services"]
+__all__ = ["Client", "Response", "SproutError", "pack", "TaskError", "map", "Lease", "InvokeError", "invoke", "on_park",
+           "request_id", "service", "services"]

@@ -48,6 +48,31 @@ def service(name, environ=None):
     return host, int(port)
 
 
+_PARK_HOOKS = []
+
+
+def on_park(fn):
+    """Call ``fn()`` before this sandbox is parked (a gVisor pod written to disk, its
+    processes ended until its next request restores them, globals and all): let go of what
+    the image cannot keep, connections to services above all (each would hold a server
+    process while the site sleeps; ``sprout.store`` lets its PostgreSQL connections go on its
+    own). A hook that raises is reported in the lambda's log and the park goes on. Returns
+    ``fn``, so it serves as a decorator."""
+    _PARK_HOOKS.append(fn)
+    return fn
+
+
+def _run_park_hooks():
+    """Run the hooks (the runtime calls this when the worker parks the sandbox)."""
+    import traceback
+
+    for fn in list(_PARK_HOOKS):
+        try:
+            fn()
+        except Exception:
+            traceback.print_exc()
+
+
 def _channel():
     channel = sys.modules.get("_sprout_sandbox")
     if channel is None:

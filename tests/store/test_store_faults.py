@@ -193,3 +193,30 @@ def test_sqlite_settings_are_applied_and_switchable(tmp_path):
         assert (pragma("journal_mode"), pragma("synchronous")) == ("delete", 2)
     with store.open(f"sqlite://{tmp_path}/full.db", synchronous="full", mmap_mb=0) as db:
         assert db.backend.rows("PRAGMA synchronous")[0][0] == 2 and db.backend.rows("PRAGMA mmap_size")[0][0] == 0
+
+
+def test_a_parked_sandbox_lets_its_postgresql_connections_go_and_opens_them_again(postgres):
+    """sprout.on_park's hook of sprout.store (what a gVisor pod's handler runs before it is
+    written to disk): a connection outside a transaction is closed, its server process ends,
+    and the next statement opens a new one; one inside a transaction is kept."""
+    import sprout.platform as platform
+
+    url = postgres.create_database("parked")
+    db = store.open(url)
+    counters = db.table(Counter)
+    counters.save(Counter("kept", 1))
+    pid = db.backend.rows("SELECT pg_backend_pid()")[0][0]
+    platform._run_park_hooks()
+    assert db.backend._conn is None
+    watcher = store.open(url)
+    deadline = time.time() + 5
+    while watcher.backend.rows("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))[0][0] and time.time() < deadline:
+        time.sleep(0.05)
+    assert watcher.backend.rows("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))[0][0] == 0
+    assert counters.query(counters.fields.name == "kept").first().value == 1
+    assert db.backend.rows("SELECT pg_backend_pid()")[0][0] != pid
+    with db.transaction():
+        platform._run_park_hooks()
+        assert db.backend._conn is not None
+    db.close()
+    watcher.close()

@@ -64,6 +64,26 @@ def test_a_parked_pod_keeps_its_handlers_state_and_costs_no_memory(parker):
 
 
 
+def test_park_hooks_run_before_the_park(parker):
+    """sprout.on_park: the lambda lets go of what the image cannot keep; its hook ran once in
+    the handler that was parked, and a hook that raises is reported and parks all the same."""
+    parker.deploy_source("hooked", (
+        "import sprout\n"
+        "ran = []\n"
+        "@sprout.on_park\n"
+        "def bye():\n"
+        "    ran.append('bye')\n"
+        "@sprout.on_park\n"
+        "def broken():\n"
+        "    raise RuntimeError('a hook failed')\n"
+        "def f(e):\n"
+        "    return ran\n"))
+    assert parker.client.run("hooked") == []
+    park_and_wait(parker, 1)
+    assert parker.client.run("hooked") == ["bye"]
+    assert parking(parker)["park_failures"] == 0
+
+
 def test_a_parked_image_goes_with_its_lambda_and_with_the_worker(parker):
     for name in ("gone", "kept"):
         parker.deploy_source(name, COUNTER, **{"tag.txt": name})

@@ -107,8 +107,11 @@ def park(sock):
     ended). The handler lets go of what the checkpoint cannot hold (its output FIFO and its
     channel, both the host's), says so, and resumes in the pod restored from the image: it
     reaches the worker again, says which process it is, takes its new output FIFO and says
-    it is bound. Its globals, imports and open files of its own are as they were. Returns
-    its new channel."""
+    it is bound. Its globals, imports and open files of its own are as they were. The
+    lambda's park hooks (sprout.on_park) run first. Returns its new channel."""
+    platform = sys.modules.get("sprout.platform")
+    if platform is not None:
+        platform._run_park_hooks()  # sprout.on_park: connections to services let go
     load.redirect_output("/dev/null")
     channel.send_frame(sock, {"op": "parked"})
     sock.close()

@@ -28,13 +28,18 @@ read-modify-write inside one never loses an update.
 their first use, and batches of new rows (``save_many``) sent with one ``COPY``, their ids
 reserved from the table's sequence first; ``transaction()`` runs at SERIALIZABLE isolation,
 where a conflicting concurrent transaction makes the commit fail with :class:`ConflictError`
-(``Database.atomic`` retries a function on it).
+(``Database.atomic`` retries a function on it). When its sandbox is parked
+(``sprout.on_park``), a PostgreSQL connection outside a transaction is let go, and opened
+again by the next statement.
 """
 
 import contextlib
 import os
 import sqlite3
 import time
+import weakref
+
+from sprout.platform import on_park
 
 from .errors import ConflictError, ConnectError, StoreError
 from .sql import PostgresDialect, SQLiteDialect
@@ -146,7 +151,19 @@ class SQLiteBackend:
         return self.depth > 0
 
     def close(self):
-        self.conn.close()
+        if self._conn is not None:
+            self._conn.close()
+        _PARKABLE.discard(self)
+
+
+# PostgreSQL connections let go when their sandbox is parked (sprout.on_park).
+_PARKABLE = weakref.WeakSet()
+
+
+@on_park
+def _park_connections():
+    for backend in list(_PARKABLE):
+        backend.park()
 
 
 def _run_undo(callbacks):
@@ -177,13 +194,32 @@ class PostgresBackend:
         except ImportError:
             raise ConnectError("PostgreSQL needs psycopg 3: pip install 'psycopg[binary]'") from None
         self.psycopg = psycopg
-        timeout = options.pop("connect_timeout", "5")
-        try:
-            self.conn = psycopg.connect(url, autocommit=True, prepare_threshold=1, connect_timeout=int(timeout), **options)
-        except psycopg.OperationalError as e:
-            raise ConnectError(f"cannot connect to PostgreSQL ({_where(url)}): {str(e).strip().splitlines()[0]}") from None
+        self.url, self.options = url, options
+        self.timeout = int(options.pop("connect_timeout", "5"))
+        self._conn = self._connect()
         self.depth = 0
         self.undo = []
+        _PARKABLE.add(self)
+
+    def _connect(self):
+        try:
+            return self.psycopg.connect(self.url, autocommit=True, prepare_threshold=1, connect_timeout=self.timeout, **self.options)
+        except self.psycopg.OperationalError as e:
+            raise ConnectError(f"cannot connect to PostgreSQL ({_where(self.url)}): {str(e).strip().splitlines()[0]}") from None
+
+    @property
+    def conn(self):
+        """The connection, opened again if it was let go while the sandbox was parked."""
+        if self._conn is None:
+            self._conn = self._connect()
+        return self._conn
+
+    def park(self):
+        """Let the connection go while no transaction is open (the sandbox is being parked:
+        a parked site holds no server process); the next statement opens a new one."""
+        if self._conn is not None and self.depth == 0:
+            self._conn.close()
+            self._conn = None
 
     def execute(self, sql, params=()):
         try:
@@ -244,7 +280,19 @@ class PostgresBackend:
         return self.depth > 0
 
     def close(self):
-        self.conn.close()
+        if self._conn is not None:
+            self._conn.close()
+        _PARKABLE.discard(self)
+
+
+# PostgreSQL connections let go when their sandbox is parked (sprout.on_park).
+_PARKABLE = weakref.WeakSet()
+
+
+@on_park
+def _park_connections():
+    for backend in list(_PARKABLE):
+        backend.park()
 
 
 def _where(url):

@@ -6,7 +6,7 @@
 //! lambda's first cold start pays for starting gVisor, and that start is a restore of its
 //! package set's [`template`] once there is one. A pod whose sandboxes have all been paused
 //! for `park_after` is parked to disk, its handlers in it, and restored by the next request
-//! ([`slot`]); a pod goes when its last handler does (scale to zero). Why this shape, and
+//! ([`parking`]); a pod goes when its last handler does (scale to zero). Why this shape, and
 //! what each alternative measured: docs/isolation.md.
 //!
 //! A handler in a pod is the lean sandboxes' helper with their channel protocol; it differs
@@ -20,6 +20,7 @@ mod ahead;
 mod bundle;
 mod claim;
 mod ledger;
+mod parking;
 pub mod pod;
 pub mod runsc;
 mod settings;

@@ -1,21 +1,14 @@
-//! A lambda's pod through its life: none yet, running, parked to disk, or lost (its image
-//! evicted, or parking failed). Started by its first sandbox; parked once every sandbox of it
-//! has been paused by the worker for `park_after` (its handlers' state kept in the image);
-//! restored by the next request or cold start; stopped or its image removed when its last
-//! sandbox goes. Parked images count against the disk budget ([`super::ledger`]).
+//! A lambda's pod through its life (none yet, running, parked to disk, or lost: its image
+//! evicted, or parking failed), the sandboxes in it, and what parking has done; the changes
+//! themselves are [`super::parking`]'s.
 
-use std::collections::{HashMap, HashSet};
-use std::os::fd::{OwnedFd, RawFd};
+use std::collections::HashMap;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
 
 use super::pod::{Parked, Pod};
-use super::template::Recipe;
-use super::Inner;
-use crate::error::PlatformError;
-use crate::scratch::remove_dir;
-use crate::spec::{CreateError, ParkingStats, SandboxSpec};
+use crate::spec::{ParkingStats, SandboxSpec};
 
 /// Where a lambda's pod is.
 pub(super) enum PodState {
@@ -74,12 +67,12 @@ impl PodSlot {
         self.running.lock().expect("running lock").clone()
     }
 
-    fn set_running(&self, pod: Option<Arc<Pod>>) {
+    pub fn set_running(&self, pod: Option<Arc<Pod>>) {
         *self.running.lock().expect("running lock") = pod;
     }
 
     /// Every sandbox of it is paused.
-    fn all_paused(&self) -> bool {
+    pub fn all_paused(&self) -> bool {
         let sandboxes = self.sandboxes.load(Ordering::SeqCst);
         sandboxes > 0 && self.paused.load(Ordering::SeqCst) == sandboxes
     }
@@ -88,246 +81,29 @@ impl PodSlot {
 /// What parking and restoring have done, for the back-end's stats.
 #[derive(Default)]
 pub(super) struct ParkingCounters {
-    parks: AtomicU64,
-    park_failures: AtomicU64,
-    park_us: AtomicU64,
-    restores: AtomicU64,
-    restore_failures: AtomicU64,
-    restore_us: AtomicU64,
-    evicted: AtomicU64,
+    pub parks: AtomicU64,
+    pub park_failures: AtomicU64,
+    pub park_us: AtomicU64,
+    pub restores: AtomicU64,
+    pub restore_failures: AtomicU64,
+    pub restore_us: AtomicU64,
+    pub evicted: AtomicU64,
 }
 
-impl Inner {
-    /// The slot of `spec`'s pod, counting one more sandbox in it.
-    pub(super) fn slot(&self, spec: &SandboxSpec) -> Arc<PodSlot> {
-        let packages: Vec<&str> = spec.packages.iter().map(|p| p.key.as_str()).collect();
-        let key = format!("{}\n{}\n{}", spec.lambda, spec.code_dir.display(), packages.join(","));
-        let mut pods = self.pods.lock().expect("pods lock");
-        let slot = pods.entry(key.clone()).or_insert_with(|| Arc::new(PodSlot::new(key)));
-        slot.sandboxes.fetch_add(1, Ordering::SeqCst);
-        slot.spec.lock().expect("spec lock").get_or_insert_with(|| spec.clone());
-        slot.clone()
-    }
-
-    /// The running pod of `slot`: started for `spec` if it has none, restored if parked.
-    pub(super) async fn pod_for(self: &Arc<Self>, slot: &Arc<PodSlot>, spec: Option<&SandboxSpec>) -> Result<Arc<Pod>, CreateError> {
-        let mut state = slot.state.lock().await;
-        let pod = match std::mem::replace(&mut *state, PodState::Lost) {
-            PodState::Running(pod) => pod,
-            PodState::Parked(parked) => match self.restore_parked(slot, parked).await {
-                Ok(pod) => pod,
-                Err(e) => {
-                    self.lose(slot);
-                    return Err(e);
-                }
-            },
-            PodState::None if spec.is_some() => {
-                let spec = spec.expect("checked");
-                match self.start_pod(spec).await {
-                    Ok(pod) => pod,
-                    Err(e) => {
-                        *state = PodState::None;
-                        return Err(e);
-                    }
-                }
-            }
-            PodState::None | PodState::Lost => {
-                return Err(PlatformError::Engine {
-                    engine: "gvisor",
-                    doing: "restore the pod".into(),
-                    message: "its parked image is gone (evicted for the disk budget, or it failed)".into(),
-                }
-                .into())
-            }
-        };
-        *state = PodState::Running(pod.clone());
-        slot.set_running(Some(pod.clone()));
-        Ok(pod)
-    }
-
-    /// Mark `slot` lost: its sandboxes die at their next request, and the next cold start of
-    /// its lambda makes a new slot.
-    fn lose(&self, slot: &Arc<PodSlot>) {
-        slot.lost.store(true, Ordering::SeqCst);
-        slot.set_running(None);
-        let mut pods = self.pods.lock().expect("pods lock");
-        if pods.get(&slot.key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
-            pods.remove(&slot.key);
-        }
-    }
-
-    /// A sandbox of `slot` was paused: once all are, park the pod after `park_after` unless one
-    /// is resumed meanwhile.
-    pub(super) fn plan_park(self: &Arc<Self>, slot: &Arc<PodSlot>) {
-        let Some(after) = self.settings.cfg.park_after else { return };
-        if !slot.all_paused() {
-            return;
-        }
-        let epoch = slot.epoch.load(Ordering::SeqCst);
-        let (inner, slot) = (self.clone(), slot.clone());
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        runtime.spawn(async move {
-            tokio::time::sleep(after).await;
-            inner.park(&slot, epoch).await;
-        });
-    }
-
-    /// Park `slot`'s pod if nothing has been resumed since `epoch` and every sandbox is still
-    /// paused; then evict older images over the disk budget.
-    async fn park(self: &Arc<Self>, slot: &Arc<PodSlot>, epoch: u64) {
-        let evicted = {
-            let mut state = slot.state.lock().await;
-            if slot.epoch.load(Ordering::SeqCst) != epoch || !slot.all_paused() {
-                return;
-            }
-            let PodState::Running(pod) = &*state else { return };
-            let pod = pod.clone();
-            slot.set_running(None);
-            let handlers = dup_handlers(slot);
-            let image = self.stage.run.join("gvisor").join(format!("parked-{}", pod.id));
-            match pod.park(&self.runsc, handlers, &image).await {
-                Ok(parked) => {
-                    self.parking.parks.fetch_add(1, Ordering::Relaxed);
-                    self.parking.park_us.fetch_add(parked.took.as_micros() as u64, Ordering::Relaxed);
-                    tracing::info!(
-                        pod = pod.id,
-                        handlers = parked.pids.len(),
-                        ms = parked.took.as_secs_f64() * 1e3,
-                        image_kb = parked.bytes >> 10,
-                        "gVisor pod parked"
-                    );
-                    let evicted = self.ledger.lock().expect("ledger lock").park(SlotRef(Arc::downgrade(slot)), parked.bytes);
-                    *state = PodState::Parked(parked);
-                    evicted
-                }
-                Err(e) => {
-                    tracing::warn!(pod = pod.id, "parking a gVisor pod (its sandboxes go): {e}");
-                    self.parking.park_failures.fetch_add(1, Ordering::Relaxed);
-                    pod.stop(&self.runsc).await;
-                    remove_dir(&image).await;
-                    *state = PodState::Lost;
-                    self.lose(slot);
-                    return;
-                }
-            }
-        };
-        for SlotRef(weak) in evicted {
-            let Some(victim) = weak.upgrade() else { continue };
-            let mut state = victim.state.lock().await;
-            if let PodState::Parked(parked) = std::mem::replace(&mut *state, PodState::Lost) {
-                remove_dir(&parked.image).await;
-                self.parking.evicted.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(image = %parked.image.display(), "a parked gVisor pod evicted for the disk budget");
-            }
-            self.lose(&victim);
-        }
-    }
-
-    /// Restore `slot`'s parked pod into a new container; the handlers whose sandboxes went
-    /// while it was parked are killed.
-    async fn restore_parked(self: &Arc<Self>, slot: &Arc<PodSlot>, parked: Parked) -> Result<Arc<Pod>, CreateError> {
-        self.ledger.lock().expect("ledger lock").remove(&SlotRef(Arc::downgrade(slot)));
-        let spec = slot.spec.lock().expect("spec lock").clone().expect("a slot's spec is set when it is made");
-        self.return_lambdas_link(&spec);
-        let created = self.take_created(&Recipe::of(&spec));
-        let id = created.as_ref().map_or_else(|| self.next_id.fetch_add(1, Ordering::Relaxed), |c| c.id);
-        let started = Instant::now();
-        let restored = Pod::restore(id, &self.runsc, &self.settings, &self.stage, &spec, &parked.image, created, spec.output_sink()).await;
-        remove_dir(&parked.image).await;
-        let pod = match restored {
-            Ok(pod) => {
-                self.kill_orphans(slot, &pod, &parked.pids).await;
-                Arc::new(pod)
-            }
-            Err(e) => {
-                self.parking.restore_failures.fetch_add(1, Ordering::Relaxed);
-                self.discard(id).await;
-                tracing::warn!(lambda = %spec.lambda, "restoring a parked gVisor pod: {e}");
-                return Err(e);
-            }
-        };
-        let took = started.elapsed();
-        self.parking.restores.fetch_add(1, Ordering::Relaxed);
-        self.parking.restore_us.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
-        tracing::info!(lambda = %spec.lambda, pod = id, ms = took.as_secs_f64() * 1e3, "parked gVisor pod restored");
-        Ok(pod)
-    }
-
-    /// One sandbox less in `slot`. A running pod without sandboxes stays up for `pod_idle` (a
-    /// cold start then only binds a spare), and is stopped if none came meanwhile: scale to
-    /// zero. A parked pod's image goes at once.
-    pub(super) async fn release(self: &Arc<Self>, slot: &Arc<PodSlot>) {
-        if slot.sandboxes.fetch_sub(1, Ordering::SeqCst) != 1 {
-            return;
-        }
-        let (inner, slot) = (self.clone(), slot.clone());
-        let idle = if slot.running().is_some() { self.settings.cfg.pod_idle } else { Duration::ZERO };
-        tokio::spawn(async move {
-            tokio::time::sleep(idle).await;
-            {
-                let mut pods = inner.pods.lock().expect("pods lock");
-                let current = pods.get(&slot.key).is_some_and(|s| Arc::ptr_eq(s, &slot));
-                if slot.sandboxes.load(Ordering::SeqCst) != 0 {
-                    return;
-                }
-                if current {
-                    pods.remove(&slot.key);
-                }
-            }
-            inner.end(&slot).await;
-        });
-    }
-
-    /// Stop `slot`'s pod, or remove its parked image.
-    pub(super) async fn end(&self, slot: &Arc<PodSlot>) {
-        let mut state = slot.state.lock().await;
-        slot.set_running(None);
-        match std::mem::replace(&mut *state, PodState::None) {
-            PodState::Running(pod) => pod.stop(&self.runsc).await,
-            PodState::Parked(parked) => {
-                self.ledger.lock().expect("ledger lock").remove(&SlotRef(Arc::downgrade(slot)));
-                remove_dir(&parked.image).await;
-            }
-            PodState::None | PodState::Lost => {}
-        }
-    }
-
-    /// Kill, in `pod` restored from a park, the handlers whose sandboxes went meanwhile.
-    async fn kill_orphans(&self, slot: &PodSlot, pod: &Pod, parked_pids: &[i32]) {
-        let live: HashSet<i32> = slot.handlers.lock().expect("handlers lock").keys().copied().collect();
-        for pid in parked_pids.iter().filter(|p| !live.contains(p)) {
-            pod.forget_resumed(*pid);
-            pod.kill(*pid).await;
-        }
-    }
-
-    pub(super) fn parking_stats(&self) -> Option<ParkingStats> {
-        self.settings.cfg.park_after?;
-        let p = &self.parking;
-        let (parked, parked_bytes) = self.ledger.lock().expect("ledger lock").usage();
+impl ParkingCounters {
+    /// The figures, with the images parked now and their bytes.
+    pub fn stats(&self, (parked, parked_bytes): (usize, u64)) -> ParkingStats {
         let mean_ms = |us: &AtomicU64, n: &AtomicU64| us.load(Ordering::Relaxed) as f64 / 1e3 / n.load(Ordering::Relaxed).max(1) as f64;
-        Some(ParkingStats {
-            parks: p.parks.load(Ordering::Relaxed),
-            park_failures: p.park_failures.load(Ordering::Relaxed),
-            park_ms_mean: mean_ms(&p.park_us, &p.parks),
-            restores: p.restores.load(Ordering::Relaxed),
-            restore_failures: p.restore_failures.load(Ordering::Relaxed),
-            restore_ms_mean: mean_ms(&p.restore_us, &p.restores),
-            evicted: p.evicted.load(Ordering::Relaxed),
+        ParkingStats {
+            parks: self.parks.load(Ordering::Relaxed),
+            park_failures: self.park_failures.load(Ordering::Relaxed),
+            park_ms_mean: mean_ms(&self.park_us, &self.parks),
+            restores: self.restores.load(Ordering::Relaxed),
+            restore_failures: self.restore_failures.load(Ordering::Relaxed),
+            restore_ms_mean: mean_ms(&self.restore_us, &self.restores),
+            evicted: self.evicted.load(Ordering::Relaxed),
             parked: parked as u64,
             parked_bytes,
-        })
+        }
     }
-}
-
-/// Copies of the channel descriptors of `slot`'s handlers (taken under the lock their
-/// sandboxes remove them under before closing them), with their pids.
-fn dup_handlers(slot: &PodSlot) -> Vec<(i32, OwnedFd)> {
-    use std::os::fd::BorrowedFd;
-    let handlers = slot.handlers.lock().expect("handlers lock");
-    let copy = |fd: RawFd| {
-        // SAFETY: the descriptor stays open while its entry is in the map, which is locked.
-        unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned().ok()
-    };
-    handlers.iter().filter_map(|(pid, fd)| Some((*pid, copy(*fd)?))).collect()
 }
