@@ -180,3 +180,23 @@ def test_a_kill_9_while_parking_or_restoring_leaves_nothing_after_cleanup(parker
         kill_when(parker, lambda: runsc_doing(parker, "restore"))
         caller.join()
     cleaned_and_restarted(parker)
+
+
+def test_the_resident_budget_parks_the_least_recently_used_pod_early(make_worker):
+    """With room for about two running pods, a third lambda's first request parks the pod
+    idle longest at once (park_after is a minute here); that one's next request restores it,
+    its state kept, and parks another."""
+    w = make_worker(sandbox={"backend": "gvisor", "start_timeout_ms": 60000},
+                    gvisor={"park_after_ms": 60000, "resident_mb": 110, "templates": False},
+                    handler_cache={"pause_after_ms": 50}, limits={"timeout_ms": 5000})
+    for name in ("a", "b", "c"):
+        w.deploy_source(name, COUNTER, **{"tag.txt": name})
+    for name in ("a", "b"):
+        assert w.client.run(name)["n"] == 1
+        time.sleep(0.3)
+    assert parking(w).get("parks", 0) == 0, parking(w)
+    assert w.client.run("c")["n"] == 1
+    assert parking(w)["parks"] >= 1 and len(parked_images(w)) >= 1, (parking(w), w.log()[-2000:])
+    time.sleep(0.3)
+    assert w.client.run("a")["n"] == 2
+    assert parking(w)["restores"] == 1

@@ -9,10 +9,16 @@ of all of them (the processes found under the printed cgroup). How each stack ke
   16-64 MiB), the worker, and the database connection each sandbox holds (a backend per
   sandbox, outside the worker's cgroup, so the budget is scaled by sandbox / (sandbox +
   backend)). The figures are fixed, measured on this VM, not re-measured at each start.
-- sprout-runc, sprout-gvisor: the worker's budget applies to sock back-ends only, so B is kept
-  by a count: at most (B - fixed reserve) / (sandbox + backend) sandboxes at once
-  (`max_total`), a runc container each, or for gVisor a site's pod with its handler (the
-  pod's Sentry, gofer and Zygote are counted with its first sandbox, the dearest case).
+- sprout-runc: the worker's budget applies to sock back-ends only, so B is kept by a count:
+  at most (B - fixed reserve) / (sandbox + backend) sandboxes at once (`max_total`), a runc
+  container each.
+- sprout-gvisor: every site may keep its sandbox (`max_total`), since an idle site's pod is
+  parked to disk (`[gvisor] park_after_ms`) and holds no memory, nor a database connection
+  (sprout.store lets it go at the park); the running pods are kept within the same share of
+  B as sprout's sandboxes (`[gvisor] resident_mb`, scaled for the connection each running
+  site holds), parking the idle ones least recently used first to make room. The worker
+  moves every pod's processes into its own cpuset group, so the runner's memory and CPU
+  columns count them.
 - conventional, conventional-ondemand: nothing inside adapts to the budget (every gunicorn
   keeps its workers; uWSGI's Emperor starts a site's vassal at its first request whatever
   the others hold, and stops it only when idle), so the budget is a limit: on cgroup v1 a
@@ -83,8 +89,12 @@ def memory_plan(stack, memory_mb, sites, cores, per_worker=None, stack_options=N
     if stack == "sprout":
         budget = room * SANDBOX_MB // (SANDBOX_MB + PG_BACKEND_MB)
         plan.update(budget_mb=budget, reserve_mb=memory_mb - budget, sandbox_mb=SANDBOX_MB, max_total=want)
+    elif stack == "sprout-gvisor":
+        resident = room * GVISOR_SANDBOX_MB // (GVISOR_SANDBOX_MB + PG_BACKEND_MB)
+        plan.update(budget_mb=None, resident_mb=resident, reserve_mb=memory_mb - resident, sandbox_mb=GVISOR_SANDBOX_MB,
+                    max_total=want)
     else:
-        sandbox_mb = GVISOR_SANDBOX_MB if stack == "sprout-gvisor" else RUNC_SANDBOX_MB
+        sandbox_mb = RUNC_SANDBOX_MB
         fit = room // (sandbox_mb + PG_BACKEND_MB)
         plan.update(budget_mb=None, reserve_mb=fixed, sandbox_mb=sandbox_mb, max_total=max(1, min(want, fit)))
     plan["max_connections"] = plan["max_total"] + 20

@@ -31,6 +31,8 @@ FILES_IN_SANDBOX = sprout_stack.FILES_IN_SANDBOX
 MAX_PER_LAMBDA = 3
 IDLE_TIMEOUT_S = 600
 UPLOADS_AT_ONCE = 4
+PARK_AFTER_MS = 30_000  # sprout-gvisor: a site idle this long is parked
+PARK_DISK_MB = 32_768
 # Every site runs the same code with its own olio.toml: the worker loads Olio once, in a code
 # Zygote all the sites' sandboxes are forked from (olio.web.prepare builds the application
 # without settings there; each sandbox's create_app gives it its site's).
@@ -58,7 +60,12 @@ def worker_config(fd):
     statics = f'{{ "/static/" = {t(str(fd.static_dir))}, "/files/" = {t(str(fd.files))} }}'
     sites = "".join(f"\n[app.sites.{t(s.host)}]\nlambda = {t(s.name)}\nstatic = {statics}\n" for s in fd.sites)
     v2_root = fd.confinement.worker_v2_root
-    if backend != "sock":
+    if backend == "gvisor":
+        budget = """\
+# The worker's memory budget applies to the sock back-ends only: a gVisor site's pod is parked
+# to disk when idle ([gvisor] below), and the running pods are kept within resident_mb.
+memory_budget_mb = 0"""
+    elif backend != "sock":
         budget = f"""\
 # The worker's memory budget applies to the sock back-ends only ({backend}'s sandboxes are not in
 # its cgroup): the fleet's budget is kept by a count instead, max_total sandboxes of about
@@ -123,11 +130,7 @@ max_total = {plan['max_total']}
 sandbox_estimate_mb = {plan['sandbox_mb']}
 {budget}
 
-[handler_cache]
-# No pausing: an idle Olio sandbox sleeps in a read and costs no CPU, so freezing it saves
-# nothing but puts a thaw before a mostly idle site's next request; memory is bounded by the
-# budget above, which evicts the idle sandboxes holding the most memory per recent request.
-pause = false
+{handler_cache(fd)}
 
 [packages]
 cache_dir = {t(str(fd.package_cache))}
@@ -141,6 +144,29 @@ address = {t(f"127.0.0.1:{fd.ports['postgres']}")}
 # The worker's cgroups inside the deployment's cpuset group, so sandboxes stay on its CPUs.
 v2_root = {t(str(v2_root))}
 """ if v2_root else "")
+
+
+def handler_cache(fd):
+    """The [handler_cache] section, and for gVisor the [gvisor] one."""
+    if BACKENDS[fd.stack] != "gvisor":
+        return """[handler_cache]
+# No pausing: an idle Olio sandbox sleeps in a read and costs no CPU, so freezing it saves
+# nothing but puts a thaw before a mostly idle site's next request; memory is bounded by the
+# budget above, which evicts the idle sandboxes holding the most memory per recent request."""
+    return f"""[handler_cache]
+# A gVisor sandbox is not frozen when paused: pausing marks it idle, and a site whose sandboxes
+# are all idle for park_after_ms has its pod parked.
+pause = true
+pause_after_ms = 100
+
+[gvisor]
+# An idle site's pod is written to disk (its handler's state in it) past the longest gap
+# between a visitor's page views (Olio's cycle times: 5 s on average, 25 s at most), and
+# restored by its next request; the running pods share resident_mb, idle ones parked early
+# to make room; parked images may take park_disk_mb of disk (the oldest go past it).
+park_after_ms = {PARK_AFTER_MS}
+resident_mb = {fd.plan['resident_mb']}
+park_disk_mb = {PARK_DISK_MB}"""
 
 
 def site_config(fd, site):

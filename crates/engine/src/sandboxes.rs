@@ -365,6 +365,7 @@ async fn make_backend(config: &EngineConfig, kind: BackendKind, host: &Host, sta
                     pod_idle: Duration::from_millis(config.gvisor.pod_idle_ms),
                     park_after: (config.gvisor.park_after_ms > 0).then(|| Duration::from_millis(config.gvisor.park_after_ms)),
                     park_disk_bytes: config.gvisor.park_disk_mb << 20,
+                    resident_bytes: (config.gvisor.resident_mb > 0).then_some(config.gvisor.resident_mb << 20),
                     background_restore: config.gvisor.background_restore,
                     templates: config.gvisor.templates,
                     created_ahead: config.gvisor.created_ahead,

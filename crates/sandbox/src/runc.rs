@@ -100,7 +100,7 @@ impl RuncBackend {
 /// configured `cpuset`, a container's init is therefore moved back into the worker's group
 /// as soon as it runs, before its helper connects (what it starts later follows it). This is
 /// the `cgroup.procs` of that group, when the worker runs in one other than the root.
-fn worker_cpuset() -> Option<PathBuf> {
+pub(crate) fn worker_cpuset() -> Option<PathBuf> {
     let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     let group = own.lines().find_map(|line| {
         let mut fields = line.splitn(3, ':');
@@ -110,9 +110,13 @@ fn worker_cpuset() -> Option<PathBuf> {
     if group == "/" {
         return None;
     }
-    let mount =
-        crate::mountinfo::read().ok()?.into_iter().find(|m| m.fs_type == "cgroup" && m.super_options.split(',').any(|o| o == "cpuset"))?;
-    Some(mount.mount_point.join(group.trim_start_matches('/')).join("cgroup.procs"))
+    Some(cpuset_mount()?.join(group.trim_start_matches('/')).join("cgroup.procs"))
+}
+
+/// Where the v1 cpuset hierarchy is mounted.
+pub(crate) fn cpuset_mount() -> Option<PathBuf> {
+    let mounts = crate::mountinfo::read().ok()?;
+    mounts.into_iter().find(|m| m.fs_type == "cgroup" && m.super_options.split(',').any(|o| o == "cpuset")).map(|m| m.mount_point)
 }
 
 impl Runc {

@@ -186,6 +186,9 @@ pub struct ParkingStats {
     pub restore_ms_mean: f64,
     /// Parked images removed for the disk budget (their sandboxes start afresh).
     pub evicted: u64,
+    /// Pods started or restored over the resident budget (`[gvisor] resident_mb`: nothing
+    /// idle was left to park).
+    pub over_budget: u64,
     /// Pods parked now, and their images' bytes on disk.
     pub parked: u64,
     pub parked_bytes: u64,

@@ -71,6 +71,9 @@ pub struct GvisorSection {
     /// Disk the parked pods' images may take, MiB; past it the oldest are removed (their
     /// lambdas' next requests start afresh).
     pub park_disk_mb: u64,
+    /// Memory the running pods may hold together, MiB: before a pod starts or is restored,
+    /// idle pods are parked at once (least recently used first) until it fits. 0: no budget.
+    pub resident_mb: u64,
     /// Restores return once gVisor's kernel is loaded, the memory following in the
     /// background (runsc `restore --background`).
     pub background_restore: bool,
@@ -104,6 +107,7 @@ impl Default for GvisorSection {
             pod_idle_ms: 60_000,
             park_after_ms: 10_000,
             park_disk_mb: 4096,
+            resident_mb: 0,
             background_restore: false,
             templates: true,
             created_ahead: 1,

@@ -46,6 +46,7 @@ impl Created {
             created.discard(runsc).await;
             return Err(e);
         }
+        runsc.join_worker_cpuset(&created.bundle.cgroup);
         Ok(created)
     }
 

@@ -22,6 +22,7 @@ mod claim;
 mod ledger;
 mod parking;
 pub mod pod;
+mod room;
 pub mod runsc;
 mod settings;
 mod slot;
@@ -120,6 +121,7 @@ impl GvisorBackend {
             root: stage.run.join("runsc-state"),
             host_network: cfg.host_network,
             background_restore: cfg.background_restore,
+            worker_cpuset: if cfg.cpuset.is_none() { crate::runc::worker_cpuset().zip(crate::runc::cpuset_mount()) } else { None },
         };
         let use_templates = cfg.templates;
         let ledger = Mutex::new(DiskLedger::new(cfg.park_disk_bytes));
@@ -365,6 +367,7 @@ impl Sandbox for GvisorSandbox {
         if !self.paused.swap(true, Ordering::SeqCst) {
             self.slot.paused.fetch_add(1, Ordering::SeqCst);
         }
+        self.slot.touch();
         self.inner.plan_park(&self.slot);
         Ok(true)
     }
@@ -373,6 +376,7 @@ impl Sandbox for GvisorSandbox {
     /// by the request itself, in `invoke`).
     fn resume(&self) -> std::io::Result<()> {
         self.slot.epoch.fetch_add(1, Ordering::SeqCst);
+        self.slot.touch();
         if self.paused.swap(false, Ordering::SeqCst) {
             self.slot.paused.fetch_sub(1, Ordering::SeqCst);
         }

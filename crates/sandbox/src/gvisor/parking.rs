@@ -33,6 +33,12 @@ impl Inner {
     /// The running pod of `slot`: started for `spec` if it has none, restored if parked.
     pub(super) async fn pod_for(self: &Arc<Self>, slot: &Arc<PodSlot>, spec: Option<&SandboxSpec>) -> Result<Arc<Pod>, CreateError> {
         let mut state = slot.state.lock().await;
+        if !matches!(*state, PodState::Running(_)) {
+            // Its own image, if parked, leaves the ledger first: parking others for room must
+            // not evict what is about to be restored.
+            self.ledger.lock().expect("ledger lock").remove(&SlotRef(Arc::downgrade(slot)));
+            self.make_room(slot).await;
+        }
         let pod = match std::mem::replace(&mut *state, PodState::Lost) {
             PodState::Running(pod) => pod,
             PodState::Parked(parked) => match self.restore_parked(slot, parked).await {
@@ -94,13 +100,19 @@ impl Inner {
     }
 
     /// Park `slot`'s pod if nothing has been resumed since `epoch` and every sandbox is still
-    /// paused; then evict older images over the disk budget.
+    /// paused.
     async fn park(self: &Arc<Self>, slot: &Arc<PodSlot>, epoch: u64) {
+        let state = slot.state.lock().await;
+        if slot.epoch.load(Ordering::SeqCst) != epoch || !slot.all_paused() {
+            return;
+        }
+        self.park_locked(slot, state).await;
+    }
+
+    /// Park `slot`'s pod, if it runs, under its state's lock `state`; then evict older
+    /// images over the disk budget.
+    pub(super) async fn park_locked(self: &Arc<Self>, slot: &Arc<PodSlot>, mut state: tokio::sync::MutexGuard<'_, PodState>) {
         let evicted = {
-            let mut state = slot.state.lock().await;
-            if slot.epoch.load(Ordering::SeqCst) != epoch || !slot.all_paused() {
-                return;
-            }
             let PodState::Running(pod) = &*state else { return };
             let pod = pod.clone();
             slot.set_running(None);
@@ -132,9 +144,11 @@ impl Inner {
                 }
             }
         };
+        drop(state);
         for SlotRef(weak) in evicted {
             let Some(victim) = weak.upgrade() else { continue };
-            let mut state = victim.state.lock().await;
+            // A busy one is being restored or ended: its image goes then anyway.
+            let Ok(mut state) = victim.state.try_lock() else { continue };
             if let PodState::Parked(parked) = std::mem::replace(&mut *state, PodState::Lost) {
                 remove_dir(&parked.image).await;
                 self.parking.evicted.fetch_add(1, Ordering::Relaxed);

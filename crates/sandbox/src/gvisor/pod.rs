@@ -122,6 +122,7 @@ impl Pod {
             network.configure_again().doing("configuring the lambda's network namespace")?;
         }
         runsc.run(&bundle.container, &bundle.dir, network.is_some(), log).await?;
+        runsc.join_worker_cpuset(&bundle.cgroup);
         let timeout = settings.cfg.start_timeout;
         let (mut control, _) = bundle.endpoint.accept_next(timeout, settings.cfg.max_response).await?;
         let hello = recv_hello(&mut control, timeout, "start").await?;
@@ -176,6 +177,7 @@ impl Pod {
                     network.configure_again().doing("configuring the lambda's network namespace")?;
                 }
                 runsc.create(&bundle.container, &bundle.dir, network.is_some(), None).await?;
+                runsc.join_worker_cpuset(&bundle.cgroup);
                 (bundle, None)
             }
         };
@@ -466,6 +468,7 @@ async fn restored(
 ) -> Result<Restored, PlatformError> {
     let (output, log) = OutputPipe::new(0, sink).doing("making the pod's log pipe")?;
     runsc.restore(&bundle.container, &bundle.dir, image, networked, log).await?;
+    runsc.join_worker_cpuset(&bundle.cgroup);
     let timeout = settings.cfg.start_timeout;
     let deadline = tokio::time::Instant::now() + timeout;
     let mut early = Vec::new();

@@ -31,6 +31,10 @@ pub struct Runsc {
     /// Restores return once gVisor's kernel state is loaded, the memory's pages following
     /// in the background (runsc `restore --background`).
     pub background_restore: bool,
+    /// On cgroup v1, the worker's own cpuset group (its `cgroup.procs`) and the hierarchy's
+    /// mount point, when the worker runs in one other than the root and no `cpuset` is
+    /// configured: each pod's processes are moved into it ([`Runsc::join_worker_cpuset`]).
+    pub worker_cpuset: Option<(PathBuf, PathBuf)>,
 }
 
 impl Runsc {
@@ -51,6 +55,25 @@ impl Runsc {
         }
         cmd.stdin(Stdio::null()).kill_on_drop(true);
         cmd
+    }
+
+    /// Move the processes of the pod whose cgroup is `cgroup` into the worker's cpuset group
+    /// (runc's containers are, too: `crate::runc`): runsc makes each pod's cpuset group at
+    /// the hierarchy's root, so a worker confined to a deployment's group would see its pods
+    /// leave it, their CPUs and their memory out of the deployment's sight. What the pod
+    /// starts later (gVisor's stubs) follows its Sentry.
+    pub fn join_worker_cpuset(&self, cgroup: &str) {
+        let Some((procs, mount)) = &self.worker_cpuset else { return };
+        let from = mount.join(cgroup).join("cgroup.procs");
+        let pids = std::fs::read_to_string(&from).unwrap_or_default();
+        for pid in pids.split_whitespace() {
+            match std::fs::write(procs, pid) {
+                Err(e) if e.raw_os_error() != Some(libc::ESRCH) => {
+                    tracing::warn!(cgroup, pid, "moving a pod's process into the worker's cpuset group: {e}");
+                }
+                _ => {}
+            }
+        }
     }
 
     /// What to say when runsc cannot be run at all.

@@ -33,6 +33,9 @@ pub struct GvisorConfig {
     pub park_after: Option<Duration>,
     /// Disk the parked pods' images may take, bytes (past it, the oldest are evicted).
     pub park_disk_bytes: u64,
+    /// Memory the running pods may hold together, bytes: idle ones are parked early to make
+    /// room for another (None: no such budget).
+    pub resident_bytes: Option<u64>,
     /// Restores return once gVisor's kernel state is loaded, memory following (runsc
     /// `restore --background`).
     pub background_restore: bool,

@@ -33,6 +33,8 @@ pub(super) struct PodSlot {
     /// Bumped by every resume: a park planned before it is called off.
     pub epoch: AtomicU64,
     pub lost: AtomicBool,
+    /// When a sandbox of it was last taken or paused (milliseconds since the Unix epoch).
+    pub last_used: AtomicU64,
     /// Each handler's channel descriptor, by pid, while its sandbox lives.
     pub handlers: Mutex<HashMap<i32, RawFd>>,
     /// What the pod was made for, to make or restore it again.
@@ -58,6 +60,7 @@ impl PodSlot {
             paused: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
             lost: AtomicBool::new(false),
+            last_used: AtomicU64::new(now_ms()),
             handlers: Mutex::new(HashMap::new()),
             spec: Mutex::new(None),
         }
@@ -69,6 +72,11 @@ impl PodSlot {
 
     pub fn set_running(&self, pod: Option<Arc<Pod>>) {
         *self.running.lock().expect("running lock") = pod;
+    }
+
+    /// A sandbox of it was taken or paused now.
+    pub fn touch(&self) {
+        self.last_used.store(now_ms(), Ordering::Relaxed);
     }
 
     /// Every sandbox of it is paused.
@@ -88,6 +96,8 @@ pub(super) struct ParkingCounters {
     pub restore_failures: AtomicU64,
     pub restore_us: AtomicU64,
     pub evicted: AtomicU64,
+    /// Pods started or restored over the resident budget (nothing idle left to park).
+    pub over_budget: AtomicU64,
 }
 
 impl ParkingCounters {
@@ -102,8 +112,14 @@ impl ParkingCounters {
             restore_failures: self.restore_failures.load(Ordering::Relaxed),
             restore_ms_mean: mean_ms(&self.restore_us, &self.restores),
             evicted: self.evicted.load(Ordering::Relaxed),
+            over_budget: self.over_budget.load(Ordering::Relaxed),
             parked: parked as u64,
             parked_bytes,
         }
     }
+}
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

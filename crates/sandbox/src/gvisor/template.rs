@@ -194,6 +194,7 @@ async fn make(id: u64, recipe: &Recipe, runsc: &Runsc, settings: &PodSettings, s
     let sink = Arc::new(TracingSink(format!("gvisor-template-{id}")));
     let (_output, log) = OutputPipe::new(id, sink).doing("making the template's log pipe")?;
     runsc.run(&bundle.container, &bundle.dir, recipe.networked, log).await?;
+    runsc.join_worker_cpuset(&bundle.cgroup);
     let timeout = settings.cfg.start_timeout;
     let (mut control, _) = bundle.endpoint.accept_next(timeout, settings.cfg.max_response).await?;
     // Nothing else is to connect here: the Zygote, restored, is to reach its new pod's socket.
