@@ -42,10 +42,17 @@ struct Samples {
 pub(crate) async fn measure(opts: &Options, port: u16) -> Result<Value> {
     let variants = ["gvisor-park", "gvisor-park-fg"];
     let mut samples: [Samples; 2] = Default::default();
+    let mut parked_mib = None;
     for round in 0..ROUNDS {
         for (i, variant) in variants.iter().enumerate() {
             let worker = Worker::start(opts, variant, true, port)?;
-            let result = parks(&worker, &mut samples[i]).await;
+            let result = async {
+                if round == 0 && i == 0 {
+                    parked_mib = Some(weigh(opts, &worker).await?);
+                }
+                parks(&worker, &mut samples[i]).await
+            }
+            .await;
             worker.stop()?;
             result.with_context(|| format!("{variant}, round {round}"))?;
         }
@@ -73,6 +80,7 @@ pub(crate) async fn measure(opts: &Options, port: u16) -> Result<Value> {
     }
     let (background, foreground) = (&samples[0], &samples[1]);
     Ok(json!({
+        "parked_pss_mib": parked_mib,
         "rounds": ROUNDS,
         "parks_per_round": PARKS,
         "park_ms": p50(&background.park_ms),
@@ -82,6 +90,35 @@ pub(crate) async fn measure(opts: &Options, port: u16) -> Result<Value> {
         "background": figures(background),
         "foreground": figures(foreground),
     }))
+}
+
+/// What one more parked pod weighs, MiB PSS: the worker's processes (pods included) weighed
+/// with the no-op lambda's pod parked, and again once a second lambda's pod has been started
+/// and parked too (the one container created ahead to restore into is there both times).
+async fn weigh(opts: &Options, worker: &Worker) -> Result<f64> {
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+    let mut client = Client::connect(worker.port).await?;
+    let mut weights = Vec::new();
+    for name in ["noop", "noop2"] {
+        if name != "noop" {
+            let dir = opts.work_dir.join("second-noop");
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(dir.join("f.py"), "def f(event):\n    return None\n")?;
+            worker.deploy(opts, &dir, name)?;
+        }
+        let start = counters(worker)?.0;
+        client.post(&format!("/run/{name}"), b"null").await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while counters(worker)?.0 == start {
+            if Instant::now() > deadline {
+                bail!("{name}'s pod was not parked within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        weights.push(mib(crate::footprint::worker_pss(worker)));
+    }
+    Ok(weights[1] - weights[0])
 }
 
 /// Park `worker`'s no-op pod [`PARKS`] times, timing each park and the request after it.

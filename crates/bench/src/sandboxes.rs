@@ -384,6 +384,29 @@ fn markdown(r: &Value) -> String {
             ratio("service_connect_p50")
         );
     }
+    let park = &r["backends"]["gvisor"]["park"];
+    if park.get("background").is_some() {
+        let side = |k: &str| {
+            let v = &park[k];
+            format!(
+                "{} ms | {} / {} ms | {} ms | {} MiB",
+                f(v["park_ms"].as_f64(), 1),
+                f(v["restore_parked_p50_ms"].as_f64(), 1),
+                f(v["restore_parked_p99_ms"].as_f64(), 1),
+                f(v["restore_only_p50_ms"].as_f64(), 1),
+                f(v["parked_image_mib"].as_f64(), 1)
+            )
+        };
+        s += &format!(
+            "\ngVisor pods parked to disk and restored by their next request, {} rounds alternating the two ways of restoring, {} parks each (one more parked pod weighs {} MiB PSS):\n\n",
+            park["rounds"],
+            park["parks_per_round"],
+            f(park["parked_pss_mib"].as_f64(), 1)
+        );
+        s += "| restore | park p50 | next request p50 / p99 | the restore alone p50 | image |\n|---|---:|---:|---:|---:|\n";
+        s += &format!("| memory loaded in the background | {} |\n", side("background"));
+        s += &format!("| memory loaded first | {} |\n", side("foreground"));
+    }
     let second = &r["second_kernel"];
     if second.get("gvisor").is_some() {
         s += &format!("\nA second kernel, head to head: the isolated lean sandbox against gVisor's, {} alternating rounds (medians of the rounds' p50s):\n\n", second["rounds"]);

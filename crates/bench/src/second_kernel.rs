@@ -41,6 +41,16 @@ pub fn add(results: &mut Value, head_to_head: Value) {
         ("gvisor: a lambda's first cold start p50 <= 60 ms".into(), get(&b, &["gvisor", "first_cold_p50_ms"]), Box::new(|x| x <= 60.0)),
         ("gvisor: warm invocation p50 <= 2x the isolated lean sandbox's".into(), warm_ratio, Box::new(|x| x <= 2.0)),
         ("gvisor: an idle lambda costs <= 32 MiB PSS more than a lean one (MiB more)".into(), extra_idle, Box::new(|x| x <= 32.0)),
+        (
+            "gvisor: a parked pod's next request (its restore) p99 <= 300 ms".into(),
+            get(&b, &["gvisor", "park", "restore_parked_p99_ms"]),
+            Box::new(|x| x <= 300.0),
+        ),
+        (
+            "gvisor: a parked pod holds no memory (MiB PSS one more parked pod adds)".into(),
+            get(&b, &["gvisor", "park", "parked_pss_mib"]),
+            Box::new(|x| x <= 1.0),
+        ),
     ];
     let list = results["targets"].as_array_mut().expect("targets");
     for (name, measured, met) in targets {

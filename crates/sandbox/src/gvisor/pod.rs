@@ -135,7 +135,7 @@ impl Pod {
             .into());
         }
         let imports: Vec<String> = spec.packages.iter().flat_map(|p| p.modules.iter().cloned()).collect();
-        import_packages(&mut control, &spec.paths, &imports, timeout).await?;
+        import_packages(&mut control, &spec.paths, &imports, spec.shared_code.as_ref(), timeout).await?;
         let pod = Pod::assemble(id, bundle, control, network, output, 0, settings);
         pod.fork_spares(settings, settings.cfg.spares.max(1)).await?;
         Ok(pod)

@@ -1,4 +1,5 @@
-//! Template checkpoints: per package set, one pod whose Zygote has imported the packages and
+//! Template checkpoints: per package set (and per codebase, for lambdas sharing code), one
+//! pod whose Zygote has imported the packages (or loaded the shared code) and
 //! forked its spares (held, not yet connected: a host connection cannot be saved), saved
 //! once with `runsc checkpoint` under the stage's run directory; a lambda's first pod is then
 //! restored from it ([`super::pod::Pod::restore`]) instead of started and importing. The
@@ -19,7 +20,7 @@ use super::zygote::{import_packages, recv_hello};
 use crate::error::{Doing, PlatformError};
 use crate::output::{OutputPipe, TracingSink};
 use crate::scratch::remove_dir;
-use crate::spec::SandboxSpec;
+use crate::spec::{SandboxSpec, SharedCode};
 use crate::stage::Stage;
 
 /// Spares a template's Zygote forks and holds: the first request of a restored pod binds one
@@ -41,7 +42,8 @@ pub(crate) struct Template {
     pub bytes: u64,
 }
 
-/// What a template is made of: the package set of a lambda's pods.
+/// What a template is made of: the package set of a lambda's pods, and the code it shares
+/// with other lambdas (`ol.yaml` `preload`), if any.
 #[derive(Clone)]
 pub(crate) struct Recipe {
     pub key: String,
@@ -49,17 +51,22 @@ pub(crate) struct Recipe {
     pub imports: Vec<String>,
     pub pids: u64,
     pub networked: bool,
+    /// The shared code, loaded in the template's Zygote from its /handler (that code without
+    /// its settings files): every lambda of the codebase restores with it imported.
+    pub code: Option<SharedCode>,
 }
 
 impl Recipe {
-    /// The recipe of `spec`'s pods: its packages, their paths and whether pods are networked
-    /// (a template is restored with the network flag it was made with); not the lambda.
+    /// The recipe of `spec`'s pods: its packages, their paths, the code it shares, and
+    /// whether pods are networked (a template is restored with the network flag it was made
+    /// with); not the lambda.
     pub fn of(spec: &SandboxSpec) -> Recipe {
         let networked = spec.network.as_ref().is_some_and(|n| n.fd() >= 0);
         let packages: Vec<&str> = spec.packages.iter().map(|p| p.key.as_str()).collect();
-        let key = format!("{}\n{}\n{networked}", packages.join(","), spec.paths.join(":"));
+        let digest = spec.shared_code.as_ref().map_or("", |c| c.digest.as_str());
+        let key = format!("{}\n{}\n{networked}\n{digest}", packages.join(","), spec.paths.join(":"));
         let imports = spec.packages.iter().flat_map(|p| p.modules.iter().cloned()).collect();
-        Recipe { key, paths: spec.paths.clone(), imports, pids: pods_pids(spec), networked }
+        Recipe { key, paths: spec.paths.clone(), imports, pids: pods_pids(spec), networked, code: spec.shared_code.clone() }
     }
 }
 
@@ -189,7 +196,8 @@ impl Drop for Busy<'_> {
 /// of its own), have its Zygote import the packages and become a template, and checkpoint it
 /// into `run/gvisor/image-<id>`.
 async fn make(id: u64, recipe: &Recipe, runsc: &Runsc, settings: &PodSettings, stage: &Stage) -> Result<Template, PlatformError> {
-    let contents = Contents { handler: None, env: &[], network: None, pids: recipe.pids };
+    let shared = recipe.code.as_ref().map(|c| stage.code_view(&c.dir));
+    let contents = Contents { handler: shared.as_deref(), env: &[], network: None, pids: recipe.pids };
     let bundle = Bundle::write(settings, stage, &format!("pod-t{id}"), contents).await?;
     let sink = Arc::new(TracingSink(format!("gvisor-template-{id}")));
     let (_output, log) = OutputPipe::new(id, sink).doing("making the template's log pipe")?;
@@ -201,7 +209,7 @@ async fn make(id: u64, recipe: &Recipe, runsc: &Runsc, settings: &PodSettings, s
     let socket = bundle.scratch.join(crate::channel::SOCKET_NAME);
     std::fs::remove_file(&socket).at("removing", &socket)?;
     recv_hello(&mut control, timeout, "start").await?;
-    import_packages(&mut control, &recipe.paths, &recipe.imports, timeout).await?;
+    import_packages(&mut control, &recipe.paths, &recipe.imports, recipe.code.as_ref(), timeout).await?;
     let cfg = &settings.cfg;
     let order = json!({"op": "template", "count": HELD_SPARES, "uid": cfg.uid, "gid": cfg.gid, "seccomp": settings.seccomp});
     control.send(&order, &[]).await.doing("making the pod a template")?;
