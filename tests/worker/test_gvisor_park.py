@@ -57,6 +57,8 @@ def test_a_parked_pod_keeps_its_handlers_state_and_costs_no_memory(parker):
     assert parking(parker)["restores"] == 1 and parked_images(parker) == []
     logs = parker.client.request_logs(reply.headers["x-sprout-request-id"])
     assert [e["message"] for e in logs if e["type"] in ("out", "err")] == ["call 3"], logs
+    metrics = parker.client.metrics()
+    assert "sprout_gvisor_parks_total 1" in metrics and "sprout_gvisor_restores_total 1" in metrics, metrics[-3000:]
     # Parked and restored again, and again.
     for n in (4, 5):
         park_and_wait(parker, n - 2)

@@ -33,6 +33,7 @@ IDLE_TIMEOUT_S = 600
 UPLOADS_AT_ONCE = 4
 PARK_AFTER_MS = 30_000  # sprout-gvisor: a site idle this long is parked
 PARK_DISK_MB = 32_768
+CREATED_AHEAD = 3  # sprout-gvisor: containers kept created ahead (a runsc sandbox and gofer, ~25 MiB each)
 # Every site runs the same code with its own olio.toml: the worker loads Olio once, in a code
 # Zygote all the sites' sandboxes are forked from (olio.web.prepare builds the application
 # without settings there; each sandbox's create_app gives it its site's).
@@ -166,7 +167,10 @@ pause_after_ms = 100
 # to make room; parked images may take park_disk_mb of disk (the oldest go past it).
 park_after_ms = {PARK_AFTER_MS}
 resident_mb = {fd.plan['resident_mb']}
-park_disk_mb = {PARK_DISK_MB}"""
+park_disk_mb = {PARK_DISK_MB}
+# A new site's first pod is restored from the codebase's template into a container created
+# ahead; sessions start at several sites at once, so a few are kept ready.
+created_ahead = {CREATED_AHEAD}"""
 
 
 def site_config(fd, site):

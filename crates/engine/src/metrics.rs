@@ -121,6 +121,20 @@ impl Collector for BackendCollector {
                 ("sprout_memory_budget_pending_bytes", "Memory granted to cold starts under way", pending as i64),
             ]);
         }
+        if let Some(parking) = each.iter().find_map(|(_, stats)| stats.parking.clone()) {
+            all.extend([
+                ("sprout_gvisor_parks", "gVisor pods parked to disk", parking.parks),
+                ("sprout_gvisor_park_failures", "gVisor pods that failed to be parked (their sandboxes went)", parking.park_failures),
+                ("sprout_gvisor_restores", "Parked gVisor pods restored", parking.restores),
+                ("sprout_gvisor_restore_failures", "Parked gVisor pods that failed to be restored", parking.restore_failures),
+                ("sprout_gvisor_parked_evicted", "Parked gVisor pods' images removed for the disk budget", parking.evicted),
+                ("sprout_gvisor_over_resident_budget", "gVisor pods started or restored over the resident budget", parking.over_budget),
+            ]);
+            gauges.extend([
+                ("sprout_gvisor_parked", "gVisor pods parked now", parking.parked as i64),
+                ("sprout_gvisor_parked_bytes", "Disk the parked gVisor pods' images take", parking.parked_bytes as i64),
+            ]);
+        }
         if let Some(cache) = self.backend.import_cache() {
             let (ready, memory) = cache.spare_figures();
             gauges.extend([

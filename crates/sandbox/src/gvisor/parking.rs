@@ -33,11 +33,12 @@ impl Inner {
     /// The running pod of `slot`: started for `spec` if it has none, restored if parked.
     pub(super) async fn pod_for(self: &Arc<Self>, slot: &Arc<PodSlot>, spec: Option<&SandboxSpec>) -> Result<Arc<Pod>, CreateError> {
         let mut state = slot.state.lock().await;
-        if !matches!(*state, PodState::Running(_)) {
+        let was_running = matches!(*state, PodState::Running(_));
+        if !was_running {
             // Its own image, if parked, leaves the ledger first: parking others for room must
             // not evict what is about to be restored.
             self.ledger.lock().expect("ledger lock").remove(&SlotRef(Arc::downgrade(slot)));
-            self.make_room(slot).await;
+            self.make_room(Some(slot)).await;
         }
         let pod = match std::mem::replace(&mut *state, PodState::Lost) {
             PodState::Running(pod) => pod,
@@ -69,6 +70,10 @@ impl Inner {
         };
         *state = PodState::Running(pod.clone());
         slot.set_running(Some(pod.clone()));
+        if !was_running && self.settings.cfg.resident_bytes.is_some() {
+            let inner = self.clone();
+            tokio::spawn(async move { inner.make_room(None).await });
+        }
         Ok(pod)
     }
 

@@ -1,6 +1,6 @@
-//! The resident budget of gVisor pods (`[gvisor] resident_mb`): before a pod starts or is
-//! restored, idle pods (every sandbox paused) are parked at once, least recently used
-//! first, until the running pods and the new one fit. Parked pods cost no memory, so a
+//! The resident budget of gVisor pods (`[gvisor] resident_mb`): after a pod starts or is
+//! restored, and before, idle pods (every sandbox paused) are parked at once, least recently
+//! used first, until the running pods and one more fit. Parked pods cost no memory, so a
 //! host holds as many sites as its disk allows and as many running as its memory does.
 
 use std::sync::atomic::Ordering;
@@ -35,10 +35,12 @@ impl Inner {
     /// park idle pods now, least recently used first, until the running ones and the new one
     /// fit in the resident budget. A pod whose state is busy (being parked, restored) is
     /// passed over; when nothing more can be parked the new pod starts anyway, over budget,
-    /// and is counted.
-    pub(super) async fn make_room(self: &Arc<Self>, this: &Arc<PodSlot>) {
+    /// and is counted. Without `this`, room is made ahead, off any request's path, for the
+    /// next pod to come (after each start or restore), so that one rarely waits for a park.
+    pub(super) async fn make_room(self: &Arc<Self>, this: Option<&Arc<PodSlot>>) {
         let (Some(budget), Some(layout)) = (self.settings.cfg.resident_bytes, &self.layout) else { return };
-        let slots: Vec<Arc<PodSlot>> = self.pods.lock().expect("pods lock").values().filter(|s| !Arc::ptr_eq(s, this)).cloned().collect();
+        let others = |s: &&Arc<PodSlot>| this.is_none_or(|this| !Arc::ptr_eq(s, this));
+        let slots: Vec<Arc<PodSlot>> = self.pods.lock().expect("pods lock").values().filter(others).cloned().collect();
         let mut used = 0;
         let mut running = 0;
         let mut idle = Vec::new();
@@ -55,7 +57,7 @@ impl Inner {
         let figures: Vec<(u64, u64)> = idle.iter().map(|(at, bytes, _)| (*at, *bytes)).collect();
         let chosen = to_park(used, need, budget, &figures);
         let freed: u64 = chosen.iter().map(|&i| figures[i].1).sum();
-        if used.saturating_sub(freed) + need > budget {
+        if this.is_some() && used.saturating_sub(freed) + need > budget {
             self.parking.over_budget.fetch_add(1, Ordering::Relaxed);
         }
         for i in chosen {
