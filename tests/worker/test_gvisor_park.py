@@ -5,6 +5,7 @@ budget, go with their lambda and with the worker, and a worker killed while park
 restoring leaves nothing behind `sprout worker cleanup`."""
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -47,7 +48,8 @@ def test_a_parked_pod_keeps_its_handlers_state_and_costs_no_memory(parker):
     first = parker.client.run("counter")
     assert parker.client.run("counter")["n"] == 2
     park_and_wait(parker, 1)
-    assert pods(parker) == [], "a parked pod's container is gone"
+    # (The template's pod may still be being made: its container is named -t.)
+    assert [p for p in pods(parker) if not p.startswith("sprout-pod-t")] == [], "a parked pod's container is gone"
     assert len(parked_images(parker)) == 1
     assert parking(parker)["parked"] == 1 and parking(parker)["parked_bytes"] > 0
     reply = parker.client.request("POST", "counter", "", b"{}")
@@ -142,20 +144,35 @@ def test_two_sites_from_one_template_parked_and_restored_see_only_their_own(park
     assert len(pods(parker)) >= 2
 
 
-def kill_when(worker, seen, seconds=30):
-    """SIGKILL the worker as soon as `seen()` holds (polled every millisecond)."""
-    deadline = time.time() + seconds
+def kill_when(worker, seen, give_up):
+    """SIGKILL the worker as soon as `seen()` holds (polled every millisecond); False, and
+    nothing killed, when `give_up()` holds first (the moment passed unseen)."""
+    deadline = time.time() + 60
     while not seen():
+        if give_up():
+            return False
         assert time.time() < deadline, worker.log()[-3000:]
         time.sleep(0.001)
     worker.process.kill()
     worker.process.wait()
     worker.process = None
+    return True
 
 
 def runsc_doing(worker, verb):
-    out = subprocess.run(["pgrep", "-af", f"runsc .*{worker.dir}/run/runsc-state.* {verb} "], capture_output=True, text=True)
-    return out.stdout.strip()
+    """Whether one of the worker's runsc commands doing `verb` runs now (read from /proc:
+    quicker than a pgrep on a loaded machine, where a restore lasts a tenth of a second)."""
+    state = f"{worker.dir}/run/runsc-state"
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"runsc") and verb.encode() in argv and any(state.encode() in a for a in argv):
+            return True
+    return False
 
 
 def call_and_ignore(worker, name):
@@ -179,23 +196,34 @@ def cleaned_and_restarted(worker):
 
 @pytest.mark.parametrize("during", ["checkpoint", "restore"])
 def test_a_kill_9_while_parking_or_restoring_leaves_nothing_after_cleanup(parker, during):
+    """Each try catches the moment runsc checkpoints or restores the pod (a park follows every
+    request here, and a restore every request after a park); a try that misses it, on a
+    loaded machine, is made again."""
     parker.deploy_source("counter", COUNTER, **{"tag.txt": "a"})
     parker.client.run("counter")
-    if during == "checkpoint":
-        kill_when(parker, lambda: runsc_doing(parker, "checkpoint"))
+    for attempt in range(1, 11):
+        if during == "checkpoint":
+            parks = parking(parker).get("parks", 0)
+            if kill_when(parker, lambda: runsc_doing(parker, "checkpoint"), lambda parks=parks: parking(parker).get("parks", 0) > parks):
+                break
+            parker.client.run("counter")
+        else:
+            park_and_wait(parker, attempt)
+            caller = threading.Thread(target=call_and_ignore, args=(parker, "counter"))
+            caller.start()
+            killed = kill_when(parker, lambda: runsc_doing(parker, "restore"), lambda caller=caller: not caller.is_alive())
+            caller.join()
+            if killed:
+                break
     else:
-        park_and_wait(parker, 1)
-        caller = threading.Thread(target=call_and_ignore, args=(parker, "counter"))
-        caller.start()
-        kill_when(parker, lambda: runsc_doing(parker, "restore"))
-        caller.join()
+        pytest.fail(f"no {during} caught in 10 tries")
     cleaned_and_restarted(parker)
 
 
 def test_the_resident_budget_parks_the_least_recently_used_pod_early(make_worker):
-    """With room for about two running pods, a third lambda's first request parks the pod
-    idle longest at once (park_after is a minute here); that one's next request restores it,
-    its state kept, and parks another."""
+    """With room for about two running pods, a third lambda's start parks the pod idle
+    longest (park_after is a minute here); that one's next request restores it, its state
+    kept."""
     w = make_worker(sandbox={"backend": "gvisor", "start_timeout_ms": 60000},
                     gvisor={"park_after_ms": 60000, "resident_mb": 110, "templates": False},
                     handler_cache={"pause_after_ms": 50}, limits={"timeout_ms": 5000})
@@ -204,7 +232,7 @@ def test_the_resident_budget_parks_the_least_recently_used_pod_early(make_worker
     for name in ("a", "b"):
         assert w.client.run(name)["n"] == 1
         time.sleep(0.3)
-    assert parking(w).get("parks", 0) == 0, parking(w)
+    # (Room for the next pod is also made ahead, after each start: "a" may be parked already.)
     assert w.client.run("c")["n"] == 1
     assert parking(w)["parks"] >= 1 and len(parked_images(w)) >= 1, (parking(w), w.log()[-2000:])
     time.sleep(0.3)

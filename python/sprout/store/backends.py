@@ -151,19 +151,7 @@ class SQLiteBackend:
         return self.depth > 0
 
     def close(self):
-        if self._conn is not None:
-            self._conn.close()
-        _PARKABLE.discard(self)
-
-
-# PostgreSQL connections let go when their sandbox is parked (sprout.on_park).
-_PARKABLE = weakref.WeakSet()
-
-
-@on_park
-def _park_connections():
-    for backend in list(_PARKABLE):
-        backend.park()
+        self.conn.close()
 
 
 def _run_undo(callbacks):

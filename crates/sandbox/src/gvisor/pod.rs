@@ -404,8 +404,10 @@ impl Pod {
     /// address back when the next pod starts in it).
     pub async fn stop(&self, runsc: &Runsc) {
         self.accepting.abort();
-        runsc.delete(&self.container).await;
+        // The link first: once the container is gone from runsc's list a new pod of the lambda
+        // may start, and it needs the link in the lambda's namespace.
         self.return_link();
+        runsc.delete(&self.container).await;
         remove_bundle(&self.bundle).await;
     }
 
@@ -503,11 +505,11 @@ async fn lend(netns: &OwnedFd, code: &std::path::Path, bundle: &Bundle, network:
 /// Stop a pod's container and remove its bundle; the lambda's link, if lent to the pod's
 /// namespace, is taken back first.
 async fn stop(runsc: &Runsc, container: &str, bundle: &std::path::Path, lent: Option<&OwnedFd>, network: Option<&LambdaNetwork>) {
-    runsc.delete(container).await;
     if let (Some(netns), Some(network)) = (lent, network) {
         if let Err(e) = network.take_link_back(netns.as_raw_fd()) {
             tracing::warn!(container, "taking a lambda's link back from its pod: {e}");
         }
     }
+    runsc.delete(container).await;
     remove_bundle(bundle).await;
 }
