@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 
 import pytest
 
@@ -148,19 +149,23 @@ def host_addresses():
     return sorted({a["local"] for link in out for a in link.get("addr_info", []) if not a["local"].startswith("fe80")})
 
 
-@pytest.mark.parametrize("backend", ["sock", "sock-nozygote", "package Zygote", "gvisor", "gvisor-host"])
+@pytest.mark.parametrize("backend", ["sock", "sock-nozygote", "package Zygote", "gvisor", "gvisor-host", "gvisor-parked"])
 def test_every_attempt_to_reach_beyond_the_sandbox_fails(tmp_path, sprout_bin, wheel_dir, backend):
-    """With each way a handler comes to be: forked from the root Zygote, started afresh, and
-    forked from a Zygote that imported a package (in the package Zygotes' user namespace)."""
+    """With each way a handler comes to be: forked from the root Zygote, started afresh,
+    forked from a Zygote that imported a package (in the package Zygotes' user namespace), in
+    a gVisor pod (either network stack), and in a gVisor pod parked to disk and restored."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     abstract = socket.socket(socket.AF_UNIX)
     abstract.bind(f"\0sprout-hostile-test-{os.getpid()}")
     abstract.listen()
-    settings = offline(wheel_dir) if backend == "package Zygote" else {"sandbox": {"backend": backend.removesuffix("-host")}}
+    kind = backend.removesuffix("-host").removesuffix("-parked")
+    settings = offline(wheel_dir) if backend == "package Zygote" else {"sandbox": {"backend": kind}}
     if backend == "gvisor-host":  # the Sentry's sockets the host's, inside the lambda's namespace
         settings["gvisor"] = {"network": "host"}
+    if backend == "gvisor-parked":  # every pod parked soon after its request
+        settings.update(gvisor={"park_after_ms": 300}, handler_cache={"pause_after_ms": 50})
     w = Worker(tmp_path / "w", settings)
     w.start()
     try:
@@ -171,11 +176,21 @@ def test_every_attempt_to_reach_beyond_the_sandbox_fails(tmp_path, sprout_bin, w
             w.client.upload("hostile", targz({"f.py": "import gamma\n" + HOSTILE, "requirements.txt": "gamma==1.0\n"}))
         else:
             w.deploy_source("hostile", HOSTILE)
-        report = w.client.run("hostile", {
+        event = {
             "api_port": w.port, "host_addresses": host_addresses(), "host_port": listener.getsockname()[1],
             "abstract": f"sprout-hostile-test-{os.getpid()}", "secret": secret, "worker_pid": w.process.pid,
             "host_file": str(w.dir / "config.toml"),
-        })
+        }
+        if backend == "gvisor-parked":
+            w.client.run("hostile", event)  # its pod made; then both pods are parked
+            parking = lambda: w.client.stats()["backends"]["gvisor"]["counters"]["parking"]  # noqa: E731
+            deadline = time.time() + 30
+            while parking()["parked"] < 2 and time.time() < deadline:
+                time.sleep(0.1)
+            assert parking()["parked"] == 2, parking()
+        report = w.client.run("hostile", event)
+        if backend == "gvisor-parked":
+            assert parking()["restores"] >= 1, parking()
         if backend == "package Zygote":
             assert any("gamma==1.0" in node["adds"] for node in zygote_nodes(w.client.stats()))
         allowed = {probe: got for probe, got in report.items() if not got.startswith("denied")}
