@@ -1,7 +1,7 @@
 //! How a lambda's pod comes to be: restored from its package set's template, into a
 //! container created ahead when one is ready (else created now), or, while the set has no
 //! template yet, started afresh (and the template made meanwhile). Parked pods are restored
-//! into containers created ahead too ([`super::slot`]).
+//! into containers created ahead too ([`super::parking`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -152,8 +152,12 @@ impl Inner {
         drop(state);
         for SlotRef(weak) in evicted {
             let Some(victim) = weak.upgrade() else { continue };
-            // A busy one is being restored or ended: its image goes then anyway.
+            // A busy one is being restored or ended (its image goes then anyway), and one
+            // restored since the ledger named it runs again: either is left alone.
             let Ok(mut state) = victim.state.try_lock() else { continue };
+            if !matches!(*state, PodState::Parked(_)) {
+                continue;
+            }
             if let PodState::Parked(parked) = std::mem::replace(&mut *state, PodState::Lost) {
                 remove_dir(&parked.image).await;
                 self.parking.evicted.fetch_add(1, Ordering::Relaxed);
@@ -163,10 +167,9 @@ impl Inner {
         }
     }
 
-    /// Restore `slot`'s parked pod into a new container; the handlers whose sandboxes went
-    /// while it was parked are killed.
+    /// Restore `slot`'s parked pod into a new container (its image already out of the
+    /// ledger: `pod_for`); the handlers whose sandboxes went while it was parked are killed.
     async fn restore_parked(self: &Arc<Self>, slot: &Arc<PodSlot>, parked: Parked) -> Result<Arc<Pod>, CreateError> {
-        self.ledger.lock().expect("ledger lock").remove(&SlotRef(Arc::downgrade(slot)));
         let spec = slot.spec.lock().expect("spec lock").clone().expect("a slot's spec is set when it is made");
         self.return_lambdas_link(&spec);
         let created = self.take_created(&Recipe::of(&spec));
