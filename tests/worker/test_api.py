@@ -120,6 +120,9 @@ def test_oversized_request_body_is_413(make_worker):
     big = b'"' + b"x" * (1 << 20) + b'"'
     r = w.client._call("POST", "/run/sleepy", big)
     assert r.status == 413 and json.loads(r.body)["error"] == "payload_too_large"
+    # The unread rest of the body ends the connection, and the reply says so: a client that
+    # reused it would race the close.
+    assert r.headers["Connection"] == "close"
     assert w.client.run("sleepy", {"seconds": 0})["slept"] == 0
 
 

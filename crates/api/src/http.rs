@@ -52,6 +52,11 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (code, counted) = (self.0.code, self.0.is_counted());
         let mut response = (status_of(code), [(header::CONTENT_TYPE, "application/json")], self.0.body().to_string()).into_response();
+        if code == ErrorCode::PayloadTooLarge {
+            // The rest of the body was not read, so the connection cannot carry another
+            // request: say so, or a client reusing it races the close (RFC 9112 9.6).
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if !counted {
             response.extensions_mut().insert(code);
         }
