@@ -46,9 +46,10 @@ def table(summary):
     lines = [f"Cloudstone for a fleet: the most Olio sites within SLA-2 in {budget} MiB on CPU(s) "
              f"{summary['sut_cpus']} (load on CPU(s) {','.join(map(str, summary['agent_cpus']))}), "
              f"{summary['span_s']:.0f} s runs.", "",
-             "| deployment | sites at SLA-2 | MiB per site: at rest, at peak | a resident site's processes: private (PSS) MiB | "
-             "a database connection: private (PSS) MiB | $ per site-month (each price in bench/pricing.toml) | runs (sites: result) |",
-             "|---|---|---|---|---|---|---|"]
+             "| deployment | sites at SLA-2 | first request after idle, p99 ms | MiB per site: at rest, at peak | "
+             "a resident site's processes: private (PSS) MiB | a database connection: private (PSS) MiB | "
+             "$ per site-month (each price in bench/pricing.toml) | runs (sites: result) |",
+             "|---|---|---|---|---|---|---|---|"]
     for name in ORDER:
         s = summary["stacks"].get(name)
         if not s:
@@ -58,14 +59,17 @@ def table(summary):
         usd = ", ".join(f"{k} ${v:.3f}" for k, v in s.get("usd_per_site_month_by_price", {}).items()) or "-"
         held = f"{s['sites_sla2']}{'+' if s.get('lower_bound') else ''}"
         per_site, processes, connection = memory_columns(s)
-        lines.append(f"| {name} | {held} | {per_site} | {processes} | {connection} | {usd} | {runs} |")
+        first = s.get("first_after_idle_p99_ms")
+        first = f"{first:.0f}" if isinstance(first, (int, float)) else "-"
+        lines.append(f"| {name} | {held} | {first} | {per_site} | {processes} | {connection} | {usd} | {runs} |")
     ratios = summary.get("ratios", {})
     cut = [n for n in ORDER if summary["stacks"].get(n, {}).get("lower_bound")]
     lines.append("")
     lines.append("Ratios: sprout / conventional " + fmt(ratios.get("sprout_vs_conventional"))
                  + ", sprout / conventional-ondemand " + fmt(ratios.get("sprout_vs_conventional_ondemand"))
                  + ", sprout / sprout-runc " + fmt(ratios.get("sprout_vs_sprout_runc"))
-                 + ", sprout / sprout-gvisor " + fmt(ratios.get("sprout_vs_sprout_gvisor")) + "."
+                 + ", sprout / sprout-gvisor " + fmt(ratios.get("sprout_vs_sprout_gvisor"))
+                 + ", sprout-gvisor / conventional-ondemand " + fmt(ratios.get("sprout_gvisor_vs_conventional_ondemand")) + "."
                  + (f" A + marks a search that stopped while its last run held ({', '.join(cut)}): a lower bound, "
                     "so a ratio against it is an upper bound." if cut else ""))
     return "\n".join(lines) + "\n"

@@ -57,6 +57,8 @@ def test_a_parked_pod_keeps_its_handlers_state_and_costs_no_memory(parker):
     assert body["n"] == 3 and body["pid"] == first["pid"] and body["tag"] == "a", body
     assert reply.headers["x-sprout-start"] == "warm"
     assert parking(parker)["restores"] == 1 and parked_images(parker) == []
+    # The restore's CPU is read from the pod's cgroup: some, and not more than it could use.
+    assert 0 < parking(parker)["restore_cpu_ms_mean"] < 60_000, parking(parker)
     logs = parker.client.request_logs(reply.headers["x-sprout-request-id"])
     assert [e["message"] for e in logs if e["type"] in ("out", "err")] == ["call 3"], logs
     metrics = parker.client.metrics()

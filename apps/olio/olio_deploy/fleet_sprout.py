@@ -300,8 +300,17 @@ def status(fd):
         except (OSError, ValueError):
             stats = None
     return {"worker": {"running": "worker" in running, "api": fd.api_url, "log": str(fd.state.worker / "worker.log"),
-                       "sandboxes": _sandboxes(stats)},
+                       "sandboxes": _sandboxes(stats), "parking": _parking(stats)},
             "cache": {"running": "cache" in running, "address": f"127.0.0.1:{fd.ports['cache']}"}}
+
+
+def _parking(stats):
+    """What the gVisor back-end's parking has done (parks, restores and their time and CPU,
+    images on disk), from /stats; None without it."""
+    if not isinstance(stats, dict):
+        return None
+    gvisor = (stats.get("backends") or {}).get("gvisor") or {}
+    return (gvisor.get("counters") or {}).get("parking")
 
 
 def _sandboxes(stats):

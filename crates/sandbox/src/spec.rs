@@ -184,6 +184,9 @@ pub struct ParkingStats {
     pub restores: u64,
     pub restore_failures: u64,
     pub restore_ms_mean: f64,
+    /// CPU a restore costs, mean: what the restored pod's processes (the Sentry, the gofer)
+    /// had used by its end, their creation ahead included (0 where it cannot be read).
+    pub restore_cpu_ms_mean: f64,
     /// Parked images removed for the disk budget (their sandboxes start afresh).
     pub evicted: u64,
     /// Pods started or restored over the resident budget (`[gvisor] resident_mb`: nothing

@@ -22,6 +22,14 @@ pub struct FleetStep {
     pub sla2: Option<bool>,
     pub sites_failing_sla2: usize,
     pub first_after_idle: Option<serde_json::Value>,
+    /// The 99th percentile of every site's first request after an idle spell (for
+    /// sprout-gvisor, whose pods park before the spell ends, the first request after a park).
+    #[serde(default)]
+    pub first_after_idle_p99_ms: Option<f64>,
+    /// What the worker's gVisor parking had done by the run's end (its `/stats`; None for
+    /// other stacks).
+    #[serde(default)]
+    pub parking: Option<serde_json::Value>,
     pub requests: u64,
     pub errors: u64,
     /// PSS of every process of the deployment, MiB: right after start-up, and the run's peak and mean.
@@ -111,6 +119,8 @@ pub(super) fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> R
         sla2: None,
         sites_failing_sla2: 0,
         first_after_idle: None,
+        first_after_idle_p99_ms: None,
+        parking: None,
         requests: 0,
         errors: 0,
         resident_mb: 0.0,
@@ -143,9 +153,11 @@ pub(super) fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> R
     let kills_before = memory_group.as_deref().map(oom_kills).unwrap_or(0);
     let run = run_load(a, exe, stack, &deployed.url, &fleet_path, cgroup, &dir);
     step.oom_kills = memory_group.as_deref().map(oom_kills).unwrap_or(0).saturating_sub(kills_before);
-    if let Some(memory) = at_rest(exe, &state) {
+    if let Some(status) = at_rest(exe, &state) {
+        let memory = &status["memory"];
         step.rest_mb = memory["pss_mb"].as_f64();
-        step.sites_at_rest = Some(memory["sites"].clone());
+        step.sites_at_rest = Some(memory["sites"].clone()).filter(|s| !s.is_null());
+        step.parking = Some(status["worker"]["parking"].clone()).filter(|p| p.is_object());
     }
     let down = olio(exe, &["fleet-down", "--dir"], &state);
     let report = run?;
@@ -182,6 +194,7 @@ fn judge(step: &mut FleetStep, report: &serde_json::Value, budget_mb: f64) {
     step.sla2 = report["passed_sla2"].as_bool();
     step.sites_failing_sla2 = report["sites_failing_sla2"].as_array().map(Vec::len).unwrap_or(0);
     step.first_after_idle = Some(report["first_after_idle"].clone());
+    step.first_after_idle_p99_ms = first_after_idle_p99(report);
     step.requests = report["requests"].as_u64().unwrap_or(0);
     step.errors = report["errors"].as_u64().unwrap_or(0);
     step.peak_mb = mb(&report["resources"]["peak_pss_bytes"]);
@@ -255,11 +268,28 @@ fn run_load(
         .with_context(|| format!("parsing {}", path.display()))
 }
 
-/// fleet-status's `memory` once the load has stopped (None if it cannot say).
+/// fleet-status once the load has stopped (None if it cannot say).
 fn at_rest(exe: &Path, state: &Path) -> Option<serde_json::Value> {
     let out = Command::new(exe).args(["olio", "fleet-status", "--dir"]).arg(state).stderr(Stdio::null()).output().ok()?;
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    Some(status["memory"].clone()).filter(|m| m.is_object())
+    Some(status).filter(|s| s["memory"].is_object())
+}
+
+/// The 99th percentile (nearest rank) of every site's first requests after idle in a
+/// fleet-run.json; None when there were none.
+fn first_after_idle_p99(report: &serde_json::Value) -> Option<f64> {
+    let mut ms: Vec<f64> = report["sites"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|site| site["first_after_idle"].as_array().into_iter().flatten().filter_map(|f| f["ms"].as_f64()))
+        .collect();
+    if ms.is_empty() {
+        return None;
+    }
+    ms.sort_by(f64::total_cmp);
+    let rank = ((ms.len() as f64) * 0.99).ceil() as usize;
+    Some(ms[rank.clamp(1, ms.len()) - 1])
 }
 
 /// Processes killed in a memory cgroup by its limit so far (v1 memory.oom_control, v2
@@ -295,6 +325,8 @@ mod tests {
             sla2: None,
             sites_failing_sla2: 0,
             first_after_idle: None,
+            first_after_idle_p99_ms: None,
+            parking: None,
             requests: 0,
             errors: 0,
             resident_mb: 100.0,
@@ -323,6 +355,17 @@ mod tests {
         let defaults = Cli::parse_from(["fleet"]);
         assert!(stack_flags(&defaults.fleet, "conventional-ondemand").is_empty(), "fleet-up's defaults");
         assert!(defaults.fleet.stacks.iter().any(|s| s == "conventional-ondemand"));
+    }
+
+    #[test]
+    fn the_first_requests_after_idle_p99_is_over_every_site() {
+        let site =
+            |ms: &[f64]| serde_json::json!({"first_after_idle": ms.iter().map(|m| serde_json::json!({"ms": m})).collect::<Vec<_>>()});
+        let many: Vec<f64> = (1..=200).map(f64::from).collect();
+        let report = serde_json::json!({"sites": [site(&many[..100]), site(&many[100..]), site(&[])]});
+        assert_eq!(first_after_idle_p99(&report), Some(198.0));
+        assert_eq!(first_after_idle_p99(&serde_json::json!({"sites": [site(&[700.0])]})), Some(700.0));
+        assert_eq!(first_after_idle_p99(&serde_json::json!({"sites": [site(&[])]})), None);
     }
 
     #[test]

@@ -19,6 +19,13 @@ pub struct StackResult {
     /// It passed at --max: the true maximum may be higher.
     pub lower_bound: bool,
     pub usd_per_site_month: Option<f64>,
+    /// The largest passing fleet's p99 of first requests after an idle spell (sprout-gvisor:
+    /// after its pod was parked; conventional-ondemand: after its vassal stopped), ms.
+    #[serde(default)]
+    pub first_after_idle_p99_ms: Option<f64>,
+    /// The largest passing fleet's gVisor parking figures at its end (sprout-gvisor only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parking: Option<serde_json::Value>,
     /// The same at every price in the pricing file.
     pub usd_per_site_month_by_price: std::collections::BTreeMap<String, f64>,
     /// The stack's own settings the search ran with (conventional-ondemand's vassals; null:
@@ -42,8 +49,11 @@ pub(super) fn stack_result(
     a: &FleetArgs,
 ) -> StackResult {
     let best = steps.iter().filter(|s| s.passed).map(|s| s.sites).max().unwrap_or(0);
+    let best_step = steps.iter().rfind(|s| s.passed && s.sites == best);
     StackResult {
         sites_sla2: best,
+        first_after_idle_p99_ms: best_step.and_then(|s| s.first_after_idle_p99_ms),
+        parking: best_step.and_then(|s| s.parking.clone()),
         lower_bound: a.sites.is_none() && bracket.failed.is_none() && best > 0,
         usd_per_site_month: (best > 0).then(|| per_site_month(price, best)),
         usd_per_site_month_by_price: if best > 0 {
@@ -87,6 +97,7 @@ pub(super) fn write_summary(
             "sprout_vs_sprout_gvisor": ratio("sprout", "sprout-gvisor"),
             "sprout_gvisor_vs_conventional": ratio("sprout-gvisor", "conventional"),
             "sprout_vs_conventional_ondemand": ratio("sprout", "conventional-ondemand"),
+            "sprout_gvisor_vs_conventional_ondemand": ratio("sprout-gvisor", "conventional-ondemand"),
         },
     });
     let text = serde_json::to_vec_pretty(&summary)?;

@@ -110,6 +110,22 @@ impl Layout {
         }
     }
 
+    /// CPU time group `name` and everything below it have used (v1 `cpuacct.usage`, v2
+    /// `cpu.stat`'s `usage_usec`); None if it cannot be read.
+    pub fn cpu_usage_of(&self, name: &str) -> Option<std::time::Duration> {
+        match self {
+            Layout::V1 { .. } => {
+                let text = fs::read_to_string(self.v1_dir_of(name, "cpuacct")?.join("cpuacct.usage")).ok()?;
+                text.trim().parse().ok().map(std::time::Duration::from_nanos)
+            }
+            Layout::V2 { root, .. } => {
+                let text = fs::read_to_string(root.join(name).join("cpu.stat")).ok()?;
+                let usec = text.lines().find_map(|l| l.strip_prefix("usage_usec "))?;
+                usec.trim().parse().ok().map(std::time::Duration::from_micros)
+            }
+        }
+    }
+
     /// Memory charged to group `name` and everything below it, in bytes (0 if unknown).
     pub fn memory_usage_of(&self, name: &str) -> u64 {
         let Some(dir) = self.memory_dir_of(name) else { return 0 };

@@ -192,6 +192,10 @@ impl Inner {
         let took = started.elapsed();
         self.parking.restores.fetch_add(1, Ordering::Relaxed);
         self.parking.restore_us.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        if let Some(cpu) = self.layout.as_ref().and_then(|l| l.cpu_usage_of(&pod.cgroup)) {
+            self.parking.restore_cpu_us.fetch_add(cpu.as_micros() as u64, Ordering::Relaxed);
+            self.parking.restore_cpu_read.fetch_add(1, Ordering::Relaxed);
+        }
         tracing::info!(lambda = %spec.lambda, pod = id, ms = took.as_secs_f64() * 1e3, "parked gVisor pod restored");
         Ok(pod)
     }

@@ -95,6 +95,10 @@ pub(super) struct ParkingCounters {
     pub restores: AtomicU64,
     pub restore_failures: AtomicU64,
     pub restore_us: AtomicU64,
+    /// CPU the restored pods' processes had used when their restores ended (since they were
+    /// created, ahead or not), and how many restores it was read for.
+    pub restore_cpu_us: AtomicU64,
+    pub restore_cpu_read: AtomicU64,
     pub evicted: AtomicU64,
     /// Pods started or restored over the resident budget (nothing idle left to park).
     pub over_budget: AtomicU64,
@@ -111,6 +115,7 @@ impl ParkingCounters {
             restores: self.restores.load(Ordering::Relaxed),
             restore_failures: self.restore_failures.load(Ordering::Relaxed),
             restore_ms_mean: mean_ms(&self.restore_us, &self.restores),
+            restore_cpu_ms_mean: mean_ms(&self.restore_cpu_us, &self.restore_cpu_read),
             evicted: self.evicted.load(Ordering::Relaxed),
             over_budget: self.over_budget.load(Ordering::Relaxed),
             parked: parked as u64,
