@@ -1,102 +1,175 @@
-"""A/B of two builds on `sprout bench sandboxes`: the lean back-end's cold starts at concurrency 1
-and its warm requests, rounds alternating A and B in one run (so the machine's drift falls on
-both), medians and B/A ratios as JSON, a markdown table and a PNG plot.
+"""A/B guard on `sprout bench sandboxes`: two builds (a binary, or a git revision built here
+beside this checkout), the same benchmark in rounds alternating A and B (ABBA..., so a shared
+host's drift falls on both), and each figure's B/A ratio of medians with its 95% interval, a
+rank-sum p-value and a verdict (bench/ab_stats.py); JSON, a markdown table and a PNG plot.
+With --guard it exits 1 when a figure got worse beyond --tolerance.
 
-    python3 bench/ab_sandboxes.py --a OLD/target/release/sprout --b target/release/sprout \\
-        --rounds 5 --out bench/results/ab-sandboxes
+    python3 bench/ab_sandboxes.py --a-rev 62e4c5f --rounds 6 --guard \\
+        --out bench/results/ab-sandboxes
 """
 
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-# What is compared: (name, where in the benchmark's JSON under backends.sock, better when)
+import ab_stats
+
+REPO = Path(__file__).resolve().parents[1]
+BUILDS = Path(os.environ.get("SPROUT_AB_BUILDS", "/var/tmp/sprout-ab"))
+
+# What is compared: (name, where in the benchmark's JSON under backends.<backend>, better when).
+# Figures a build does not report (an older one) are left out of the comparison.
 FIGURES = [
-    ("cold_p50_ms", ("c1", "cold_p50_ms"), "lower"),
-    ("cold_p99_ms", ("c1", "cold_p99_ms"), "lower"),
-    ("cold_per_s", ("c1", "cold_per_s"), "higher"),
+    ("c1_cold_p50_ms", ("c1", "cold_p50_ms"), "lower"),
+    ("c1_cold_p99_ms", ("c1", "cold_p99_ms"), "lower"),
+    ("c1_cold_per_s", ("c1", "cold_per_s"), "higher"),
+    ("c10_cold_per_s", ("c10", "cold_per_s"), "higher"),
+    ("c10_cold_p99_ms", ("c10", "cold_p99_ms"), "lower"),
     ("paced_cold_p50_ms", ("paced", "cold_p50_ms"), "lower"),
     ("warm_p50_ms", ("warm_p50_ms",), "lower"),
     ("warm_p99_ms", ("warm_p99_ms",), "lower"),
+    ("cpu_ms_per_cold_start", ("cpu_ms_per_cold_start",), "lower"),
 ]
 
 
-def run_once(binary, seconds, scratch):
-    """One `sprout bench sandboxes` of the sock back-end at concurrency 1: its figures."""
+def build_revision(rev):
+    """The sprout binary of git revision `rev`, built once in its own worktree under BUILDS
+    (reused while the revision's build is there): (binary, the worktree it runs in)."""
+    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    tree = BUILDS / sha[:12]
+    binary = tree / "target" / "release" / "sprout"
+    if not (tree / ".git").exists():
+        BUILDS.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), sha], check=True)
+    if not binary.exists():
+        print(f"building {rev} ({sha[:12]}) in {tree}", file=sys.stderr)
+        subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "sprout"], cwd=tree, check=True)
+    return binary, tree
+
+
+def run_once(binary, cwd, backend, concurrency, seconds, scratch):
+    """One `sprout bench sandboxes` of `backend`: its figures (those it reports)."""
     out = tempfile.mkdtemp(prefix="ab-", dir=scratch)
-    cmd = [binary, "bench", "sandboxes", "--backends", "sock", "--concurrency", "1", "--seconds", str(seconds), "--out", out]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    cmd = [str(binary), "bench", "sandboxes", "--backends", backend, "--concurrency", concurrency,
+           "--seconds", str(seconds), "--out", out]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=cwd)
     with open(os.path.join(out, "sandboxes.json")) as f:
-        sock = json.load(f)["backends"]["sock"]
+        figures_in = json.load(f)["backends"][backend]
     figures = {}
     for name, path, _ in FIGURES:
-        value = sock
+        value = figures_in
         for key in path:
-            value = value[key]
-        figures[name] = value
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, (int, float)):
+            figures[name] = value
     return figures
+
+
+def side(args, which):
+    """(label, binary, cwd) of side A or B."""
+    binary, rev = getattr(args, which), getattr(args, f"{which}_rev")
+    if rev:
+        built, tree = build_revision(rev)
+        return f"{rev} ({built})", built, tree
+    binary = Path(binary or REPO / "target" / "release" / "sprout").resolve()
+    return str(binary), binary, REPO
+
+
+def compare(rounds, tolerance):
+    """Each figure both sides reported in every round: its verdict (ab_stats.verdict)."""
+    out = {}
+    for name, _, better in FIGURES:
+        a = [r[name] for r in rounds["a"] if name in r]
+        b = [r[name] for r in rounds["b"] if name in r]
+        if len(a) == len(rounds["a"]) and len(b) == len(rounds["b"]) and a and b:
+            out[name] = {**ab_stats.verdict(a, b, better, tolerance=tolerance), "better_when": better}
+    return out
+
+
+def markdown(result):
+    lines = [f"A: `{result['a']}`; B: `{result['b']}`; `{result['backend']}`, concurrency {result['concurrency']}, "
+             f"{result['rounds_each']} rounds each, alternating; ratio = B / A of the rounds' medians, "
+             f"95% bootstrap interval, rank-sum p; a change is named past ±{result['tolerance']:.0%}.", "",
+             "| figure | A median | B median | B/A | 95% interval | p | better when | verdict |",
+             "|---|---:|---:|---:|---|---:|---|---|"]
+    for name, f in result["figures"].items():
+        low, high = f["ci95"]
+        lines.append(f"| {name} | {f['a_median']:.3f} | {f['b_median']:.3f} | {f['ratio']:.3f} | "
+                     f"{low:.3f}-{high:.3f} | {f['p']:.3f} | {f['better_when']} | **{f['verdict']}** |")
+    return "\n".join(lines) + "\n"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--a", required=True, help="the build before (its sprout binary)")
-    parser.add_argument("--b", required=True, help="the build after")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=int, default=5, help="seconds measured per point")
+    parser.add_argument("--a", help="the build before: its sprout binary")
+    parser.add_argument("--a-rev", help="...or a git revision, built under $SPROUT_AB_BUILDS (/var/tmp/sprout-ab)")
+    parser.add_argument("--b", help="the build after (default: this checkout's target/release/sprout)")
+    parser.add_argument("--b-rev", help="...or a git revision")
+    parser.add_argument("--backend", default="sock-isolated", help="the back-end measured (default sock-isolated)")
+    parser.add_argument("--concurrency", default="1,10", help="cold-start concurrencies (default 1,10)")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds of each build (default 6)")
+    parser.add_argument("--seconds", type=int, default=4, help="seconds measured per point (default 4)")
+    parser.add_argument("--tolerance", type=float, default=0.03,
+                        help="a change smaller than this share is not named (default 0.03)")
+    parser.add_argument("--guard", action="store_true", help="exit 1 when a figure got worse")
     parser.add_argument("--out", default="bench/results/ab-sandboxes")
     args = parser.parse_args()
+    if not (args.a or args.a_rev):
+        parser.error("give --a or --a-rev")
+    sides = {"a": side(args, "a"), "b": side(args, "b")}
     scratch = tempfile.mkdtemp(prefix="sprout-ab-")
     rounds = {"a": [], "b": []}
     for i in range(args.rounds):
-        for side in ("a", "b") if i % 2 == 0 else ("b", "a"):
+        for which in ("a", "b") if i % 2 == 0 else ("b", "a"):
             started = time.time()
-            figures = run_once(getattr(args, side), args.seconds, scratch)
-            rounds[side].append(figures)
-            print(f"round {i + 1}/{args.rounds} {side.upper()}: {figures} ({time.time() - started:.0f} s)", file=sys.stderr)
-    medians = {side: {name: statistics.median(r[name] for r in rounds[side]) for name, _, _ in FIGURES} for side in rounds}
-    ratios = {name: medians["b"][name] / medians["a"][name] for name, _, _ in FIGURES}
+            _, binary, cwd = sides[which]
+            figures = run_once(binary, cwd, args.backend, args.concurrency, args.seconds, scratch)
+            rounds[which].append(figures)
+            print(f"round {i + 1}/{args.rounds} {which.upper()} ({time.time() - started:.0f} s): "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()), file=sys.stderr)
     result = {
-        "method": "sprout bench sandboxes --backends sock --concurrency 1, rounds alternating A and B (ABBA...), "
-        "medians of the rounds; ratio = B / A",
-        "a": args.a,
-        "b": args.b,
-        "rounds": rounds,
-        "medians": medians,
-        "ratios": ratios,
-        "better_when": {name: better for name, _, better in FIGURES},
+        "method": f"sprout bench sandboxes --backends {args.backend} --concurrency {args.concurrency} "
+                  f"--seconds {args.seconds}, rounds alternating A and B (ABBA...); bench/ab_stats.py",
+        "a": sides["a"][0], "b": sides["b"][0], "backend": args.backend, "concurrency": args.concurrency,
+        "rounds_each": args.rounds, "tolerance": args.tolerance, "rounds": rounds,
+        "figures": compare(rounds, args.tolerance),
     }
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump(result, f, indent=1)
-    lines = ["| figure (sock, c1) | A median | B median | B/A | better |", "|---|---:|---:|---:|---|"]
-    for name, _, better in FIGURES:
-        lines.append(f"| {name} | {medians['a'][name]:.3f} | {medians['b'][name]:.3f} | {ratios[name]:.3f} | {better} |")
     with open(args.out + ".md", "w") as f:
-        f.write(f"A: `{args.a}`; B: `{args.b}`; {args.rounds} rounds each, alternating.\n\n" + "\n".join(lines) + "\n")
-    plot(rounds, args.out + ".png")
-    print("\n".join(lines))
+        f.write(markdown(result))
+    plot(result, args.out + ".png")
+    print(markdown(result))
+    worse = [name for name, f in result["figures"].items() if f["verdict"] == "worse"]
+    if args.guard and worse:
+        print(f"worse: {', '.join(worse)}", file=sys.stderr)
+        sys.exit(1)
 
 
-def plot(rounds, path):
+def plot(result, path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(FIGURES), figsize=(3 * len(FIGURES), 3))
-    for ax, (name, _, better) in zip(axes, FIGURES):
-        for side, color in (("a", "tab:gray"), ("b", "tab:green")):
-            values = [r[name] for r in rounds[side]]
-            ax.plot(range(1, len(values) + 1), values, "o-", color=color, label=side.upper())
-        ax.set_title(f"{name} ({better} is better)", fontsize=8)
-        ax.set_xlabel("round")
-        ax.tick_params(labelsize=7)
-    axes[0].legend(fontsize=7)
+    names = list(result["figures"])
+    fig, axes = plt.subplots(1, len(names), figsize=(2.6 * len(names), 3), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        f = result["figures"][name]
+        for which, color in (("a", "tab:gray"), ("b", "tab:green")):
+            values = [r[name] for r in result["rounds"][which]]
+            ax.plot(range(1, len(values) + 1), values, "o-", color=color, label=which.upper())
+        ax.set_title(f"{name}\nB/A {f['ratio']:.2f}: {f['verdict']}", fontsize=7)
+        ax.set_xlabel("round", fontsize=7)
+        ax.tick_params(labelsize=6)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

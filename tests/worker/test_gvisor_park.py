@@ -6,6 +6,7 @@ restoring leaves nothing behind `sprout worker cleanup`."""
 
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -143,7 +144,9 @@ def test_two_sites_from_one_template_parked_and_restored_see_only_their_own(park
     assert seen["left"]["n"] == 3 and seen["left"]["tag"] == "left"
     assert seen["right"]["n"] == 3 and seen["right"]["tag"] == "right"
     assert parking(parker)["restores"] >= 2
-    assert len(pods(parker)) >= 2
+    # Each restored into a pod of its own (read from the log: either may be parked again by now).
+    restored = dict(re.findall(r"parked gVisor pod restored lambda=(left|right) pod=(\d+)", parker.log()))
+    assert set(restored) == {"left", "right"} and restored["left"] != restored["right"], restored
 
 
 def kill_when(worker, seen, give_up):

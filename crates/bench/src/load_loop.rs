@@ -1,5 +1,6 @@
 //! Load on a worker's `/run/...` over keep-alive HTTP connections, for the sandbox benchmarks:
-//! closed loops, a paced open loop, and what a run measured ([`Point`]).
+//! closed loops, a paced open loop, and what a run measured ([`Point`]: the answers, and the
+//! CPU each CPU of the machine was busy for meanwhile).
 
 use std::time::{Duration, Instant};
 
@@ -16,11 +17,20 @@ pub(crate) struct Point {
     pub(crate) wrong_start: u64,
     elapsed: Duration,
     latency: Histogram<u64>,
+    /// Busy time of each CPU (by number) over the measured part, from /proc/stat.
+    busy: Vec<Duration>,
 }
 
 impl Point {
     fn new() -> Point {
-        Point { ok: 0, errors: 0, wrong_start: 0, elapsed: Duration::ZERO, latency: Histogram::new_with_bounds(1, 600_000_000, 3).unwrap() }
+        Point {
+            ok: 0,
+            errors: 0,
+            wrong_start: 0,
+            elapsed: Duration::ZERO,
+            latency: Histogram::new_with_bounds(1, 600_000_000, 3).unwrap(),
+            busy: Vec::new(),
+        }
     }
 
     /// Count one answered request; `expect` ("cold", "warm" or "" for either) is the start it
@@ -52,6 +62,44 @@ impl Point {
     pub(crate) fn per_s(&self) -> f64 {
         self.ok as f64 / self.elapsed.as_secs_f64()
     }
+
+    /// Milliseconds of CPU per answered request: the busy time of `cpu` (every CPU when None)
+    /// over the measured part, shared by the answers; None if /proc/stat could not say.
+    pub(crate) fn cpu_ms_per_request(&self, cpu: Option<usize>) -> Option<f64> {
+        let busy: Duration = match cpu {
+            Some(cpu) => *self.busy.get(cpu)?,
+            None if self.busy.is_empty() => return None,
+            None => self.busy.iter().sum(),
+        };
+        (self.ok > 0).then(|| busy.as_secs_f64() * 1e3 / self.ok as f64)
+    }
+}
+
+/// Each CPU's busy time so far (user, nice, system, irq and softirq of its `cpuN` line in
+/// /proc/stat, in USER_HZ = 100 ticks a second); empty if it cannot be read.
+fn busy_per_cpu() -> Vec<Duration> {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    busy_from_stat(&text)
+}
+
+fn busy_from_stat(text: &str) -> Vec<Duration> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut fields = line.split_whitespace();
+        let Some(cpu) = fields.next().and_then(|f| f.strip_prefix("cpu")).and_then(|n| n.parse::<usize>().ok()) else { continue };
+        let ticks: Vec<u64> = fields.map(|f| f.parse().unwrap_or(0)).collect();
+        let busy: u64 = [0, 1, 2, 5, 6].iter().filter_map(|&i| ticks.get(i)).sum();
+        if out.len() <= cpu {
+            out.resize(cpu + 1, Duration::ZERO);
+        }
+        out[cpu] = Duration::from_millis(busy * 10);
+    }
+    out
+}
+
+/// What each CPU was busy for between `before` and now.
+fn busy_since(before: &[Duration]) -> Vec<Duration> {
+    busy_per_cpu().iter().zip(before).map(|(now, then)| now.saturating_sub(*then)).collect()
 }
 
 /// `concurrency` clients, each sending requests back to back on its own keep-alive
@@ -67,6 +115,10 @@ pub(crate) async fn closed_loop(
     let started = Instant::now();
     let measure_from = started + warmup;
     let stop_at = measure_from + duration;
+    let busy_at_start = tokio::spawn(async move {
+        tokio::time::sleep_until(measure_from.into()).await;
+        busy_per_cpu()
+    });
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
         let path = path.to_string();
@@ -87,6 +139,7 @@ pub(crate) async fn closed_loop(
     for t in tasks {
         point.add(t.await??)?;
     }
+    point.busy = busy_since(&busy_at_start.await?);
     point.elapsed = started.elapsed().saturating_sub(warmup);
     Ok(point)
 }
@@ -102,15 +155,38 @@ pub(crate) async fn paced(port: u16, per_s: f64, warmup: Duration, duration: Dur
     let mut point = Point::new();
     let mut client = Client::connect(port).await?;
     let mut next = Instant::now();
+    let mut busy_at_start = None;
     while next < stop_at {
         tokio::time::sleep_until(next.into()).await;
         let sent = Instant::now();
+        if sent >= measure_from && busy_at_start.is_none() {
+            busy_at_start = Some(busy_per_cpu());
+        }
         let answer = client.post(path, b"null").await?;
         if sent >= measure_from {
             point.count(&answer, expect);
         }
         next = (next + interval).max(Instant::now());
     }
+    point.busy = busy_at_start.map(|b| busy_since(&b)).unwrap_or_default();
     point.elapsed = started.elapsed().saturating_sub(warmup);
     Ok(point)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_time_is_read_per_cpu_from_proc_stat() {
+        let stat = "cpu  100 0 50 900 0 0 0 0 0 0\ncpu0 10 1 5 400 7 2 3 9 0 0\ncpu1 90 0 45 500 0 0 0 0 0 0\nintr 1 2\n";
+        // user + nice + system + irq + softirq, at 10 ms a tick; idle, iowait and steal are not busy.
+        assert_eq!(busy_from_stat(stat), vec![Duration::from_millis(210), Duration::from_millis(1350)]);
+        let mut p = Point::new();
+        p.ok = 100;
+        p.busy = vec![Duration::from_millis(210), Duration::from_millis(1350)];
+        assert_eq!(p.cpu_ms_per_request(Some(0)), Some(2.1));
+        assert_eq!(p.cpu_ms_per_request(None), Some(15.6));
+        assert_eq!(p.cpu_ms_per_request(Some(5)), None);
+    }
 }

@@ -83,8 +83,17 @@ fn which(program: &str) -> bool {
     std::env::var_os("PATH").map(|paths| std::env::split_paths(&paths).any(|p| p.join(program).is_file())).unwrap_or(false)
 }
 
+/// The worker's CPU when the worker and the load generator can be kept apart (else None).
+fn pinned_worker_cpu(opts: &Options) -> Option<usize> {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    (cpus > opts.worker_cpu.max(opts.client_cpu) && opts.worker_cpu != opts.client_cpu).then_some(opts.worker_cpu)
+}
+
 async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Value> {
     let mut out = serde_json::Map::new();
+    // A sandbox's life in CPU: what the worker's CPU (the worker, its sandboxes, the kernel's
+    // work for them) was busy for, shared by the cold starts; every CPU's when not pinned.
+    let worker_cpu = pinned_worker_cpu(opts);
     let cold = Worker::start(opts, backend, false, port)?;
     let result = async {
         let warmup = Duration::from_millis(500);
@@ -101,7 +110,8 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
             if p.wrong_start > 0 {
                 bail!("{} of the {label} cold-start requests were served warm", p.wrong_start);
             }
-            Ok(json!({"cold_p50_ms": p.ms(0.5), "cold_p99_ms": p.ms(0.99), "cold_per_s": p.per_s(), "requests": p.ok, "errors": p.errors}))
+            Ok(json!({"cold_p50_ms": p.ms(0.5), "cold_p99_ms": p.ms(0.99), "cold_per_s": p.per_s(), "requests": p.ok, "errors": p.errors,
+                "cpu_ms_per_cold_start": p.cpu_ms_per_request(worker_cpu)}))
         };
         let first = crate::footprint::first_cold_starts(opts, &cold).await?;
         let first_p50 = crate::report::median(first.clone()).unwrap_or(0.0);
@@ -111,6 +121,13 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
         for &c in &opts.concurrency {
             let p = closed_loop(port, c, warmup, measured, "cold", "/run/noop").await?;
             out.insert(format!("c{c}"), cold_point(format!("c={c}"), &p)?);
+        }
+        // The back-end's figure: at concurrency 10 (where cold starts per second are judged),
+        // else at the highest measured.
+        let headline = opts.concurrency.iter().copied().find(|&c| c == 10).or_else(|| opts.concurrency.iter().copied().max());
+        if let Some(cpu) = headline.and_then(|c| out[&format!("c{c}")]["cpu_ms_per_cold_start"].as_f64()) {
+            eprintln!("  {backend:>14} CPU per sandbox life (cold start, request, teardown) {cpu:.2} ms");
+            out.insert("cpu_ms_per_cold_start".into(), json!(cpu));
         }
         let per_s = paced_per_s(backend);
         let p = paced(port, per_s, warmup, measured, "cold", "/run/noop").await?;
@@ -152,8 +169,7 @@ async fn measure_backend(opts: &Options, backend: &str, port: u16) -> Result<Val
 /// Run the benchmark; writes sandboxes.json, .md and .png under `opts.out_dir`.
 pub fn run(opts: &Options) -> Result<Value> {
     std::fs::create_dir_all(&opts.work_dir)?;
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let pinned = cpus > opts.worker_cpu.max(opts.client_cpu) && opts.worker_cpu != opts.client_cpu;
+    let pinned = pinned_worker_cpu(opts).is_some();
     if pinned {
         pin_to(opts.client_cpu)?;
     } else {
@@ -298,6 +314,7 @@ fn summarize(opts: &Options, backends: serde_json::Map<String, Value>, pinned: b
             "first_cold": format!("{} no-op lambdas deployed one after another to the cold worker, each one's first request timed (gvisor: its pod starts too); the median", crate::footprint::FIRST_LAMBDAS),
             "idle_pss": format!("PSS of every process in the warm worker's cgroups, each address space once (sandboxes, Zygotes and spares; gVisor's pods: Sentry, gofer, Zygote, handler, and spares until the pod lets them go, [gvisor] spares_idle_ms = 2000), after {n} no-op lambdas' first requests, less before them, each after {s} s still; divided by {n}", s = crate::footprint::SETTLE.as_secs(), n = crate::footprint::IDLE_LAMBDAS),
             "warm": "keep_warm = true: the same sandbox serves every request; concurrency 1",
+            "cpu_per_cold_start": "the busy time (user, nice, system, irq, softirq in /proc/stat) of the worker's CPU over a cold point's measured seconds, divided by its cold starts: the worker, its sandboxes and the kernel's work for them, whole lives (start, request, teardown); every CPU's when not pinned. The back-end's figure is at concurrency 10",
             "pinning": if pinned {
                 format!("worker and its sandboxes on CPU {} (affinity inherited by the Zygote, runc and containers; runc and docker containers also get cpuset {0}; a dockerd started by the benchmark too); load generator on CPU {}", opts.worker_cpu, opts.client_cpu)
             } else {
@@ -330,23 +347,24 @@ fn add_isolation(results: &mut Value, isolation: Value) {
 fn markdown(r: &Value) -> String {
     let f = |v: Option<f64>, digits: usize| v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "—".into());
     let mut s = format!("Machine: {}. {}\n\n", r["machine"].as_str().unwrap_or(""), r["method"]["pinning"].as_str().unwrap_or(""));
-    s += "| backend | cold p50 c=1 (ms) | cold p99 c=1 (ms) | cold/s c=1 | cold p50 c=10 (ms) | cold/s c=10 | cold p50 / p99 paced (ms) | warm p50 (ms) | a new lambda's first cold p50 (ms) | idle lambda (MiB PSS) |\n";
-    s += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    s += "| backend | cold p50 c=1 (ms) | cold p99 c=1 (ms) | cold/s c=1 | cold p50 c=10 (ms) | cold/s c=10 | CPU per sandbox life (ms) | cold p50 / p99 paced (ms) | warm p50 (ms) | a new lambda's first cold p50 (ms) | idle lambda (MiB PSS) |\n";
+    s += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     if let Some(backends) = r["backends"].as_object() {
         let order: BTreeMap<usize, (&String, &Value)> =
             backends.iter().map(|(k, v)| (BACKENDS.iter().position(|b| b == k).unwrap_or(99), (k, v))).collect();
         for (_, (name, v)) in order {
             if let Some(reason) = v.get("skipped").and_then(|x| x.as_str()) {
-                s += &format!("| {name} | skipped: {reason} |||||||||\n");
+                s += &format!("| {name} | skipped: {reason} ||||||||||\n");
                 continue;
             }
             s += &format!(
-                "| {name} | {} | {} | {} | {} | {} | {} / {} at {}/s | {} | {} | {} |\n",
+                "| {name} | {} | {} | {} | {} | {} | {} | {} / {} at {}/s | {} | {} | {} |\n",
                 f(get(v, &["c1", "cold_p50_ms"]), 2),
                 f(get(v, &["c1", "cold_p99_ms"]), 2),
                 f(get(v, &["c1", "cold_per_s"]), 1),
                 f(get(v, &["c10", "cold_p50_ms"]), 2),
                 f(get(v, &["c10", "cold_per_s"]), 1),
+                f(get(v, &["cpu_ms_per_cold_start"]), 2),
                 f(get(v, &["paced", "cold_p50_ms"]), 2),
                 f(get(v, &["paced", "cold_p99_ms"]), 2),
                 f(get(v, &["paced", "per_s"]), 0),

@@ -110,6 +110,16 @@ impl Layout {
         }
     }
 
+    /// How group `name` shares a contended CPU, where the cpu controller reaches it.
+    pub fn cpu_control_of(&self, name: &str) -> Option<super::CpuControl> {
+        match self {
+            Layout::V1 { .. } => self.v1_dir_of(name, "cpu").map(|d| super::CpuControl::at(&d, true)),
+            Layout::V2 { root, controllers } => {
+                controllers.iter().any(|c| c == "cpu").then(|| super::CpuControl::at(&root.join(name), false))
+            }
+        }
+    }
+
     /// CPU time group `name` and everything below it have used (v1 `cpuacct.usage`, v2
     /// `cpu.stat`'s `usage_usec`); None if it cannot be read.
     pub fn cpu_usage_of(&self, name: &str) -> Option<std::time::Duration> {

@@ -14,9 +14,10 @@ use super::Inner;
 use crate::spec::{CreateError, SandboxSpec};
 
 /// How long after a claim the container replacing the one it took is created (each is
-/// `runsc create`, 45-80 ms, off a lambda's first cold start; `[gvisor] created_ahead` says
-/// how many per template).
-const REFILL_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
+/// `runsc create`, 45-80 ms of CPU, off a lambda's first cold start; `[gvisor] created_ahead`
+/// says how many per template). An Olio site's first page takes 300-500 ms after its pod is
+/// restored: a refill sooner took a quarter of the CPU two sites' first pages had at once.
+const REFILL_AFTER: std::time::Duration = std::time::Duration::from_millis(1000);
 
 impl Inner {
     /// Start a pod for `spec`'s lambda: restored from its package set's template when there

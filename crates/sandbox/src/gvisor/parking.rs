@@ -111,15 +111,29 @@ impl Inner {
         if slot.epoch.load(Ordering::SeqCst) != epoch || !slot.all_paused() {
             return;
         }
-        self.park_locked(slot, state).await;
+        self.park_locked(slot, state, true).await;
     }
 
     /// Park `slot`'s pod, if it runs, under its state's lock `state`; then evict older
     /// images over the disk budget.
-    pub(super) async fn park_locked(self: &Arc<Self>, slot: &Arc<PodSlot>, mut state: tokio::sync::MutexGuard<'_, PodState>) {
+    /// Park `slot`'s running pod (its state lock held). In the `background` (no request waits
+    /// for it) the pod's cgroup first idles, so that writing its image takes only CPU time
+    /// that requests, restores and other pods' calls do not want.
+    pub(super) async fn park_locked(
+        self: &Arc<Self>,
+        slot: &Arc<PodSlot>,
+        mut state: tokio::sync::MutexGuard<'_, PodState>,
+        background: bool,
+    ) {
         let evicted = {
             let PodState::Running(pod) = &*state else { return };
             let pod = pod.clone();
+            if let Some(cpu) = self.layout.as_ref().and_then(|l| l.cpu_control_of(&pod.cgroup)).filter(|_| background) {
+                // Without cpu.idle (before Linux 5.15), the least weight.
+                if !matches!(cpu.set_idle(true), Ok(true)) {
+                    let _ = cpu.set_weight(1);
+                }
+            }
             slot.set_running(None);
             let handlers = dup_handlers(slot);
             let image = self.stage.run.join("gvisor").join(format!("parked-{}", pod.id));

@@ -66,7 +66,7 @@ impl Inner {
             if !matches!(*state, PodState::Running(_)) || !slot.all_paused() {
                 continue;
             }
-            self.park_locked(slot, state).await;
+            self.park_locked(slot, state, this.is_none()).await;
         }
     }
 }
