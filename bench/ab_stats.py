@@ -6,6 +6,7 @@ Pure functions of the rounds' numbers, seeded, so the same rounds always give th
 """
 
 import itertools
+import math
 import random
 import statistics
 
@@ -48,7 +49,7 @@ def permutation_p(a, b, draws=20000, seed=1):
     def as_far(idx):
         return abs(sum(ranks[i] for i in idx) - expected) >= observed - 1e-9
 
-    if _binomial(len(pooled), n) <= draws:
+    if math.comb(len(pooled), n) <= draws:
         splits = list(itertools.combinations(range(len(pooled)), n))
         return sum(as_far(s) for s in splits) / len(splits)
     rng = random.Random(seed)
@@ -68,13 +69,6 @@ def _ranks(values):
             ranks[order[k]] = (i + j) / 2 + 1
         i = j + 1
     return ranks
-
-
-def _binomial(n, k):
-    out = 1
-    for i in range(1, k + 1):
-        out = out * (n - k + i) // i
-    return out
 
 
 def verdict(a, b, better, tolerance=0.03, alpha=0.05):

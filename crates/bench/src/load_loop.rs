@@ -75,26 +75,9 @@ impl Point {
     }
 }
 
-/// Each CPU's busy time so far (user, nice, system, irq and softirq of its `cpuN` line in
-/// /proc/stat, in USER_HZ = 100 ticks a second); empty if it cannot be read.
+/// Each CPU's busy time so far (its busy jiffies, 10 ms each); empty if it cannot be read.
 fn busy_per_cpu() -> Vec<Duration> {
-    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    busy_from_stat(&text)
-}
-
-fn busy_from_stat(text: &str) -> Vec<Duration> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let mut fields = line.split_whitespace();
-        let Some(cpu) = fields.next().and_then(|f| f.strip_prefix("cpu")).and_then(|n| n.parse::<usize>().ok()) else { continue };
-        let ticks: Vec<u64> = fields.map(|f| f.parse().unwrap_or(0)).collect();
-        let busy: u64 = [0, 1, 2, 5, 6].iter().filter_map(|&i| ticks.get(i)).sum();
-        if out.len() <= cpu {
-            out.resize(cpu + 1, Duration::ZERO);
-        }
-        out[cpu] = Duration::from_millis(busy * 10);
-    }
-    out
+    sprout_load::cpu_jiffies().iter().map(|(busy, _, _)| Duration::from_millis(busy * 10)).collect()
 }
 
 /// What each CPU was busy for between `before` and now.
@@ -178,15 +161,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn busy_time_is_read_per_cpu_from_proc_stat() {
-        let stat = "cpu  100 0 50 900 0 0 0 0 0 0\ncpu0 10 1 5 400 7 2 3 9 0 0\ncpu1 90 0 45 500 0 0 0 0 0 0\nintr 1 2\n";
-        // user + nice + system + irq + softirq, at 10 ms a tick; idle, iowait and steal are not busy.
-        assert_eq!(busy_from_stat(stat), vec![Duration::from_millis(210), Duration::from_millis(1350)]);
+    fn cpu_per_request_is_the_cpus_busy_time_shared_by_the_answers() {
         let mut p = Point::new();
         p.ok = 100;
         p.busy = vec![Duration::from_millis(210), Duration::from_millis(1350)];
         assert_eq!(p.cpu_ms_per_request(Some(0)), Some(2.1));
         assert_eq!(p.cpu_ms_per_request(None), Some(15.6));
         assert_eq!(p.cpu_ms_per_request(Some(5)), None);
+        assert_eq!(Point::new().cpu_ms_per_request(None), None);
     }
 }

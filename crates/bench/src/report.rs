@@ -26,6 +26,17 @@ pub fn median(mut xs: Vec<f64>) -> Option<f64> {
     xs.get(xs.len() / 2).copied()
 }
 
+/// Percentile `q` (0-1) of `samples`, nearest rank; NaN when there are none.
+pub fn percentile(samples: &[f64], q: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    s[rank - 1]
+}
+
 /// One line describing this machine, recorded with every result.
 pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")

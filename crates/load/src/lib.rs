@@ -28,4 +28,4 @@ pub use cost::{Price, Pricing, HOURS_PER_MONTH};
 pub use fleet_run::{fleet_agent_main, run_fleet, FleetRunOptions};
 pub use run::{run, RunOptions};
 pub use search::{search, Maximum, SearchOptions};
-pub use utilization::pss_of_cgroup;
+pub use utilization::{cpu_jiffies, pss_of_cgroup};

@@ -186,18 +186,27 @@ struct Counters {
     net_tx: u64,
 }
 
-fn read_counters() -> Counters {
-    let mut c = Counters::default();
-    if let Ok(stat) = std::fs::read_to_string("/proc/stat") {
-        for line in stat.lines().filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(|b| b.is_ascii_digit())) {
-            let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
-            // user nice system idle iowait irq softirq steal (guest is inside user).
-            let total: u64 = v.iter().take(8).sum();
-            let idle = v.get(3).copied().unwrap_or(0);
-            let iowait = v.get(4).copied().unwrap_or(0);
-            c.cpus.push((total - idle - iowait, total, iowait));
-        }
+/// Each CPU's jiffies so far (USER_HZ, 100 a second), by CPU number, from /proc/stat's
+/// `cpuN` lines: (busy: user, nice, system, irq and softirq; total, steal included; iowait).
+/// Empty if it cannot be read.
+pub fn cpu_jiffies() -> Vec<(u64, u64, u64)> {
+    cpu_jiffies_of(&std::fs::read_to_string("/proc/stat").unwrap_or_default())
+}
+
+fn cpu_jiffies_of(stat: &str) -> Vec<(u64, u64, u64)> {
+    let mut cpus = Vec::new();
+    for line in stat.lines().filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(|b| b.is_ascii_digit())) {
+        let v: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap_or(0)).collect();
+        // user nice system idle iowait irq softirq steal (guest is inside user).
+        let field = |i: usize| v.get(i).copied().unwrap_or(0);
+        let busy = field(0) + field(1) + field(2) + field(5) + field(6);
+        cpus.push((busy, v.iter().take(8).sum(), field(4)));
     }
+    cpus
+}
+
+fn read_counters() -> Counters {
+    let mut c = Counters { cpus: cpu_jiffies(), ..Counters::default() };
     if let Ok(disks) = std::fs::read_to_string("/proc/diskstats") {
         for line in disks.lines() {
             let f: Vec<&str> = line.split_whitespace().collect();
@@ -359,6 +368,13 @@ pub fn integrate(samples: &[Sample], cpus: &[usize]) -> (f64, Option<f64>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn busy_jiffies_are_read_per_cpu_from_proc_stat() {
+        let stat = "cpu  100 0 50 900 0 0 0 0 0 0\ncpu0 10 1 5 400 7 2 3 9 0 0\ncpu1 90 0 45 500 0 0 0 0 0 0\nintr 1 2\n";
+        // user + nice + system + irq + softirq; idle, iowait and steal are not busy.
+        assert_eq!(cpu_jiffies_of(stat), vec![(21, 437, 7), (135, 635, 0)]);
+    }
 
     #[test]
     fn a_busy_thread_shows_on_its_cpu() {

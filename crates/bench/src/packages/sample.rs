@@ -3,16 +3,7 @@
 
 use serde_json::{json, Value};
 
-/// Percentile `q` of `samples` (nearest rank).
-pub fn percentile(samples: &[f64], q: f64) -> f64 {
-    if samples.is_empty() {
-        return f64::NAN;
-    }
-    let mut s = samples.to_vec();
-    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
-    s[rank - 1]
-}
+pub use crate::report::percentile;
 
 pub fn summary(samples: &[f64]) -> Value {
     let mean = samples.iter().sum::<f64>() / samples.len().max(1) as f64;

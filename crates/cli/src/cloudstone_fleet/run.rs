@@ -278,18 +278,13 @@ fn at_rest(exe: &Path, state: &Path) -> Option<serde_json::Value> {
 /// The 99th percentile (nearest rank) of every site's first requests after idle in a
 /// fleet-run.json; None when there were none.
 fn first_after_idle_p99(report: &serde_json::Value) -> Option<f64> {
-    let mut ms: Vec<f64> = report["sites"]
+    let ms: Vec<f64> = report["sites"]
         .as_array()
         .into_iter()
         .flatten()
         .flat_map(|site| site["first_after_idle"].as_array().into_iter().flatten().filter_map(|f| f["ms"].as_f64()))
         .collect();
-    if ms.is_empty() {
-        return None;
-    }
-    ms.sort_by(f64::total_cmp);
-    let rank = ((ms.len() as f64) * 0.99).ceil() as usize;
-    Some(ms[rank.clamp(1, ms.len()) - 1])
+    (!ms.is_empty()).then(|| sprout_bench::report::percentile(&ms, 0.99))
 }
 
 /// Processes killed in a memory cgroup by its limit so far (v1 memory.oom_control, v2

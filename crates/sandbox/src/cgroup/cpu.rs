@@ -39,4 +39,18 @@ impl CpuControl {
             Err(e) => Err(e),
         }
     }
+
+    /// Run the group only on CPU time no sibling wants (`idle`), or as usual again: `cpu.idle`,
+    /// or where the kernel lacks it the least weight (v1's 2 shares, v2's 1) and back to the
+    /// default.
+    pub fn set_idle_or_least_weight(&self, idle: bool) -> io::Result<()> {
+        if self.set_idle(idle)? {
+            return Ok(());
+        }
+        match (self.v1, idle) {
+            (true, true) => write_file(&self.dir.join("cpu.shares"), "2"),
+            (false, true) => write_file(&self.dir.join("cpu.weight"), "1"),
+            (_, false) => self.set_weight(100),
+        }
+    }
 }

@@ -104,26 +104,12 @@ impl Cgroup {
     /// lacks it the least weight. A process's own SCHED_IDLE would not do: it counts only
     /// against its group's siblings.
     pub fn set_idle(&self, idle: bool) -> io::Result<()> {
-        let dir = match &*self.layout {
-            Layout::V1 { .. } => self.layout.v1_dir_of(&self.name, "cpu"),
-            Layout::V2 { controllers, .. } => controllers.iter().any(|c| c == "cpu").then(|| self.dirs[0].clone()),
-        };
-        let Some(dir) = dir else { return Ok(()) };
-        if dir.join("cpu.idle").exists() {
-            return write_file(&dir.join("cpu.idle"), if idle { "1" } else { "0" });
-        }
-        match &*self.layout {
-            Layout::V1 { .. } => write_file(&dir.join("cpu.shares"), if idle { "2" } else { "1024" }),
-            Layout::V2 { .. } => write_file(&dir.join("cpu.weight"), if idle { "1" } else { "100" }),
-        }
+        self.cpu_control().map_or(Ok(()), |cpu| cpu.set_idle_or_least_weight(idle))
     }
 
     /// The group's share of a contended CPU, where the cpu controller reaches it.
     pub fn cpu_control(&self) -> Option<CpuControl> {
-        match &*self.layout {
-            Layout::V1 { .. } => self.layout.v1_dir_of(&self.name, "cpu").map(|d| CpuControl::at(&d, true)),
-            Layout::V2 { controllers, .. } => controllers.iter().any(|c| c == "cpu").then(|| CpuControl::at(&self.dirs[0], false)),
-        }
+        self.layout.cpu_control_of(&self.name)
     }
 
     /// cgroup.procs of the hierarchy holding the cpu controller (the unified one on v2): where

@@ -129,9 +129,8 @@ impl Inner {
             let PodState::Running(pod) = &*state else { return };
             let pod = pod.clone();
             if let Some(cpu) = self.layout.as_ref().and_then(|l| l.cpu_control_of(&pod.cgroup)).filter(|_| background) {
-                // Without cpu.idle (before Linux 5.15), the least weight.
-                if !matches!(cpu.set_idle(true), Ok(true)) {
-                    let _ = cpu.set_weight(1);
+                if let Err(e) = cpu.set_idle_or_least_weight(true) {
+                    tracing::debug!(pod = pod.id, "idling a pod's CPU group before its park: {e}");
                 }
             }
             slot.set_running(None);
