@@ -149,15 +149,23 @@ def test_two_sites_from_one_template_parked_and_restored_see_only_their_own(park
     assert set(restored) == {"left", "right"} and restored["left"] != restored["right"], restored
 
 
-def kill_when(worker, seen, give_up):
-    """SIGKILL the worker as soon as `seen()` holds (polled every millisecond); False, and
-    nothing killed, when `give_up()` holds first (the moment passed unseen)."""
+def caught(worker, seen, give_up):
+    """Whether `seen()` came to hold (polled every millisecond) before `give_up()` did (the
+    moment passed unseen)."""
     deadline = time.time() + 60
     while not seen():
         if give_up():
             return False
         assert time.time() < deadline, worker.log()[-3000:]
         time.sleep(0.001)
+    return True
+
+
+def kill_when(worker, seen, give_up):
+    """SIGKILL the worker as soon as `seen()` holds; False, and nothing killed, when
+    `give_up()` holds first."""
+    if not caught(worker, seen, give_up):
+        return False
     worker.process.kill()
     worker.process.wait()
     worker.process = None
@@ -223,6 +231,28 @@ def test_a_kill_9_while_parking_or_restoring_leaves_nothing_after_cleanup(parker
     else:
         pytest.fail(f"no {during} caught in 10 tries")
     cleaned_and_restarted(parker)
+
+
+def test_a_worker_stopped_while_parking_finishes_the_park_and_leaves_nothing(parker):
+    """A SIGTERM while runsc checkpoints a pod: the shutdown waits for the park before it
+    deletes the pods' containers and cgroups, then removes the image. (It once deleted the
+    container under the checkpoint, and the park's failure, later, left a cgroup behind.)"""
+    parker.deploy_source("counter", COUNTER, **{"tag.txt": "a"})
+    parker.client.run("counter")
+    for _ in range(10):
+        parks = parking(parker).get("parks", 0)
+        if caught(parker, lambda: parking(parker).get("parking_now", 0) > 0,
+                  lambda parks=parks: parking(parker).get("parks", 0) > parks):
+            break
+        parker.client.run("counter")
+    else:
+        pytest.fail("no park caught under way in 10 tries")
+    parker.stop()
+    log = parker.log()
+    assert "could not park" not in log, log[-3000:]
+    assert log.index("shutting down") < log.rindex("gVisor pod parked"), log[-3000:]
+    assert gvisor_processes(parker) == [] and parked_images(parker) == []
+    assert parker.leftovers() == [], parker.leftovers()
 
 
 def test_the_resident_budget_parks_the_least_recently_used_pod_early(make_worker):

@@ -132,6 +132,7 @@ impl Collector for BackendCollector {
             ]);
             gauges.extend([
                 ("sprout_gvisor_parked", "gVisor pods parked now", parking.parked as i64),
+                ("sprout_gvisor_parking", "gVisor pods being parked now", parking.parking_now as i64),
                 ("sprout_gvisor_parked_bytes", "Disk the parked gVisor pods' images take", parking.parked_bytes as i64),
             ]);
         }

@@ -192,6 +192,8 @@ pub struct ParkingStats {
     /// Pods started or restored over the resident budget (`[gvisor] resident_mb`: nothing
     /// idle was left to park).
     pub over_budget: u64,
+    /// Pods being parked now (their checkpoints under way).
+    pub parking_now: u64,
     /// Pods parked now, and their images' bytes on disk.
     pub parked: u64,
     pub parked_bytes: u64,

@@ -56,7 +56,7 @@ impl Inner {
         if make {
             let inner = self.clone();
             tokio::spawn(async move {
-                inner.templates.make(recipe.clone(), &inner.runsc, &inner.settings, &inner.stage).await;
+                inner.templates.make(recipe.clone(), &inner.runsc, &inner.settings, &inner.stage, &inner.background).await;
                 inner.create_ahead(&recipe);
             });
         }
@@ -92,11 +92,11 @@ impl Inner {
         for _ in 0..wanted {
             let (inner, recipe) = (self.clone(), recipe.clone());
             tokio::spawn(async move {
-                let _busy = inner.templates.busy();
+                let _busy = inner.background.busy();
                 let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
                 let made = Created::make(id, &inner.runsc, &inner.settings, &inner.stage, &recipe).await;
                 let made = made
-                    .map_err(|e| match inner.templates.is_closed() {
+                    .map_err(|e| match inner.background.is_closed() {
                         true => tracing::debug!("creating a gVisor container ahead while the worker stops: {e}"),
                         false => tracing::warn!("creating a gVisor container ahead: {e}"),
                     })
@@ -106,7 +106,7 @@ impl Inner {
                     let (ready, making) = ahead.entry(recipe.key.clone()).or_default();
                     *making -= 1;
                     match made {
-                        Some(created) if !inner.templates.is_closed() => {
+                        Some(created) if !inner.background.is_closed() => {
                             ready.push(created);
                             None
                         }

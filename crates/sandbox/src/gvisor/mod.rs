@@ -17,6 +17,7 @@
 //! the host bounds the whole pod.
 
 mod ahead;
+mod background;
 mod bundle;
 mod claim;
 mod ledger;
@@ -87,6 +88,8 @@ struct Inner {
     /// Parked pods' images against the disk budget.
     ledger: Mutex<DiskLedger<SlotRef>>,
     parking: ParkingCounters,
+    /// Work off the requests' paths, which the shutdown waits for.
+    background: background::Background,
 }
 
 /// One handler in a pod.
@@ -139,6 +142,7 @@ impl GvisorBackend {
             ahead: Mutex::new(HashMap::new()),
             ledger,
             parking: ParkingCounters::default(),
+            background: background::Background::default(),
         };
         GvisorBackend { inner: Arc::new(inner) }
     }
@@ -257,8 +261,10 @@ impl Backend for GvisorBackend {
 
     async fn shutdown(&self) {
         let inner = &self.inner;
-        inner.templates.close();
-        inner.templates.settle().await;
+        // Parks and ends under way finish first: a container deleted under a checkpoint, or
+        // a pod's cgroup left by a park that failed late, would outlive the worker.
+        inner.background.close();
+        inner.background.settle().await;
         let created: Vec<Created> = inner.ahead.lock().expect("ahead lock").drain().flat_map(|(_, (ready, _))| ready).collect();
         for created in created {
             created.discard(&inner.runsc).await;
@@ -273,6 +279,7 @@ impl Backend for GvisorBackend {
             }
         }
         ahead::remove_bundle(&inner.stage.run.join("gvisor")).await;
+        inner.background.settle().await; // a pod's last sandbox may have gone meanwhile
         if let Some(layout) = &inner.layout {
             layout.remove_container_parent(&inner.settings.cfg.cgroup_parent);
         }

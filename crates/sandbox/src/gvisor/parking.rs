@@ -72,7 +72,10 @@ impl Inner {
         slot.set_running(Some(pod.clone()));
         if !was_running && self.settings.cfg.resident_bytes.is_some() {
             let inner = self.clone();
-            tokio::spawn(async move { inner.make_room(None).await });
+            tokio::spawn(async move {
+                let Some(_busy) = inner.background.start() else { return };
+                inner.make_room(None).await
+            });
         }
         Ok(pod)
     }
@@ -100,6 +103,7 @@ impl Inner {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         runtime.spawn(async move {
             tokio::time::sleep(after).await;
+            let Some(_busy) = inner.background.start() else { return };
             inner.park(&slot, epoch).await;
         });
     }
@@ -136,7 +140,10 @@ impl Inner {
             slot.set_running(None);
             let handlers = dup_handlers(slot);
             let image = self.stage.run.join("gvisor").join(format!("parked-{}", pod.id));
-            match pod.park(&self.runsc, handlers, &image).await {
+            self.parking.parking_now.fetch_add(1, Ordering::Relaxed);
+            let parked = pod.park(&self.runsc, handlers, &image).await;
+            self.parking.parking_now.fetch_sub(1, Ordering::Relaxed);
+            match parked {
                 Ok(parked) => {
                     self.parking.parks.fetch_add(1, Ordering::Relaxed);
                     self.parking.park_us.fetch_add(parked.took.as_micros() as u64, Ordering::Relaxed);
@@ -224,6 +231,9 @@ impl Inner {
         let idle = if slot.running().is_some() { self.settings.cfg.pod_idle } else { Duration::ZERO };
         tokio::spawn(async move {
             tokio::time::sleep(idle).await;
+            // Counted even once the worker stops: its pod goes either way, and the shutdown
+            // must not delete the container under this task's stop.
+            let _busy = inner.background.busy();
             {
                 let mut pods = inner.pods.lock().expect("pods lock");
                 let current = pods.get(&slot.key).is_some_and(|s| Arc::ptr_eq(s, &slot));

@@ -102,6 +102,8 @@ pub(super) struct ParkingCounters {
     pub evicted: AtomicU64,
     /// Pods started or restored over the resident budget (nothing idle left to park).
     pub over_budget: AtomicU64,
+    /// Parks under way.
+    pub parking_now: AtomicU64,
 }
 
 impl ParkingCounters {
@@ -118,6 +120,7 @@ impl ParkingCounters {
             restore_cpu_ms_mean: mean_ms(&self.restore_cpu_us, &self.restore_cpu_read),
             evicted: self.evicted.load(Ordering::Relaxed),
             over_budget: self.over_budget.load(Ordering::Relaxed),
+            parking_now: self.parking_now.load(Ordering::Relaxed),
             parked: parked as u64,
             parked_bytes,
         }

@@ -7,12 +7,13 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::background::Background;
 use super::bundle::{pods_pids, Bundle, Contents};
 use super::runsc::Runsc;
 use super::settings::PodSettings;
@@ -82,10 +83,6 @@ enum State {
 pub(crate) struct Templates {
     states: Mutex<HashMap<String, State>>,
     next: AtomicU64,
-    /// The worker is stopping: no template is made any more.
-    closed: AtomicBool,
-    /// Templates (and containers created ahead) being made now.
-    busy: AtomicUsize,
 }
 
 impl Templates {
@@ -112,11 +109,9 @@ impl Templates {
     }
 
     /// Make `recipe`'s template and keep it (or remember that it failed).
-    pub async fn make(&self, recipe: Recipe, runsc: &Runsc, settings: &PodSettings, stage: &Stage) {
-        let _busy = self.busy();
-        if self.closed.load(Ordering::Relaxed) {
-            return;
-        }
+    /// Made after the worker stops, it is removed at once.
+    pub async fn make(&self, recipe: Recipe, runsc: &Runsc, settings: &PodSettings, stage: &Stage, background: &Background) {
+        let Some(_busy) = background.start() else { return };
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let made = make(id, &recipe, runsc, settings, stage).await;
@@ -124,7 +119,7 @@ impl Templates {
         runsc.delete(&super::bundle::container(&name)).await;
         remove_dir(&stage.run.join("gvisor").join(&name)).await;
         let state = match made {
-            Ok(template) if self.closed.load(Ordering::Relaxed) => {
+            Ok(template) if background.is_closed() => {
                 remove_dir(&template.image).await;
                 return;
             }
@@ -136,7 +131,7 @@ impl Templates {
                 );
                 State::Ready(Arc::new(template))
             }
-            Err(e) if self.closed.load(Ordering::Relaxed) => {
+            Err(e) if background.is_closed() => {
                 tracing::debug!("making a gVisor template while the worker stops: {e}");
                 return;
             }
@@ -148,47 +143,12 @@ impl Templates {
         self.states.lock().expect("templates lock").insert(recipe.key, state);
     }
 
-    /// Make no more templates (the worker stops; its run directory goes with their images).
-    pub fn close(&self) {
-        self.closed.store(true, Ordering::Relaxed);
-    }
-
-    /// Count one more thing being made until the guard goes.
-    pub fn busy(&self) -> Busy<'_> {
-        self.busy.fetch_add(1, Ordering::Relaxed);
-        Busy(&self.busy)
-    }
-
-    /// Wait (up to 10 s) until nothing is being made: what is made after `close` is removed by
-    /// its maker, which must finish before the worker's runtime goes.
-    pub async fn settle(&self) {
-        for _ in 0..1000 {
-            if self.busy.load(Ordering::Relaxed) == 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Relaxed)
-    }
-
     /// A pod failed to be restored from `template` (its lambda's link may have been held by
     /// another pod, say); at the third in a row the template is given up.
     pub fn failed(&self, recipe: &Recipe, template: &Template) {
         if template.failures.fetch_add(1, Ordering::Relaxed) >= 2 {
             self.states.lock().expect("templates lock").insert(recipe.key.clone(), State::Failed);
         }
-    }
-}
-
-/// One thing being made ([`Templates::busy`]).
-pub(crate) struct Busy<'a>(&'a AtomicUsize);
-
-impl Drop for Busy<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
