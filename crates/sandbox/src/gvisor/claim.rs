@@ -77,9 +77,11 @@ impl Inner {
     }
 
     /// Create containers ahead for `recipe`'s pods (restored from its template, or parked),
-    /// up to [`created_ahead`], in the background.
+    /// up to [`created_ahead`], in the background; none once the worker stops (a refill
+    /// due during its shutdown would create a container, and its cgroup, after the last
+    /// were deleted).
     fn create_ahead(self: &Arc<Self>, recipe: &Recipe) {
-        if self.templates.lookup_ready(recipe).is_none() && self.settings.cfg.park_after.is_none() {
+        if self.templates.lookup_ready(recipe).is_none() && self.settings.cfg.park_after.is_none() || self.background.is_closed() {
             return;
         }
         let wanted = {
@@ -92,7 +94,10 @@ impl Inner {
         for _ in 0..wanted {
             let (inner, recipe) = (self.clone(), recipe.clone());
             tokio::spawn(async move {
-                let _busy = inner.background.busy();
+                let Some(_busy) = inner.background.start() else {
+                    inner.ahead.lock().expect("ahead lock").entry(recipe.key.clone()).or_default().1 -= 1;
+                    return;
+                };
                 let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
                 let made = Created::make(id, &inner.runsc, &inner.settings, &inner.stage, &recipe).await;
                 let made = made

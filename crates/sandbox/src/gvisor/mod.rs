@@ -294,15 +294,18 @@ impl GvisorSandbox {
 
     /// Make sure the handler's pod runs and its channel leads there: a parked pod is restored
     /// (by this request or another's), and the handler, which has reached the restored pod on
-    /// its own, is bound again with a new output FIFO.
-    async fn bind(&mut self) -> Result<(), CreateError> {
+    /// its own, is bound again with a new output FIFO. When it was: how long the pod took to
+    /// be running, and the handler to be bound after that.
+    async fn bind(&mut self) -> Result<Option<(Duration, Duration)>, CreateError> {
         if self.pod().is_some() {
-            return Ok(());
+            return Ok(None);
         }
+        let started = Instant::now();
         let pod = self.inner.pod_for(&self.slot, None).await?;
         if pod.id == self.pod_id {
-            return Ok(());
+            return Ok(None);
         }
+        let running = started.elapsed();
         let timeout = self.inner.settings.cfg.start_timeout;
         let mut channel = pod.resumed(self.pid, timeout).await?;
         let (host_fifo, fifo) = pod.output_fifo();
@@ -324,7 +327,7 @@ impl GvisorSandbox {
         self.session.channel = channel;
         self.session.output = Some(output);
         self.pod_id = pod.id;
-        Ok(())
+        Ok(Some((running, started.elapsed() - running)))
     }
 }
 
@@ -339,11 +342,28 @@ impl Sandbox for GvisorSandbox {
         timeout: Duration,
         calls: &dyn Calls,
     ) -> Result<(Reply, Bytes), InvokeError> {
-        if let Err(e) = self.bind().await {
-            self.session.tainted = true;
-            return Err(InvokeError::Crashed { message: format!("its parked pod could not be restored: {e}"), phase: Phase::Sending });
+        let bound = match self.bind().await {
+            Ok(bound) => bound,
+            Err(e) => {
+                self.session.tainted = true;
+                return Err(InvokeError::Crashed { message: format!("its parked pod could not be restored: {e}"), phase: Phase::Sending });
+            }
+        };
+        let started = Instant::now();
+        let invoked = self.session.invoke(request, body, timeout, calls).await;
+        if let Some((running, bind)) = bound {
+            // Where a parked handler's first request spends its time (the fleet's first
+            // requests after idle).
+            tracing::info!(
+                pod = self.pod_id,
+                pid = self.pid,
+                running_ms = running.as_secs_f64() * 1e3,
+                bind_ms = bind.as_secs_f64() * 1e3,
+                request_ms = started.elapsed().as_secs_f64() * 1e3,
+                "a parked handler's first request"
+            );
         }
-        match self.session.invoke(request, body, timeout, calls).await {
+        match invoked {
             Err(InvokeError::Crashed { message, phase }) => {
                 // The pod knows how its handler ended (it may take a moment to have reaped it).
                 let mut status = None;
