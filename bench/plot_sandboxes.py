@@ -52,9 +52,10 @@ def main(src, dst):
     names = [b for b in ORDER if b in backends]
     xs = range(len(names))
     series = [
-        ("cold start, closed loop c=1", [backends[n]["c1"]["cold_p50_ms"] for n in names], "#457b9d", "{:.1f}"),
+        # (A run of other concurrencies has no c=1 point: its bar is left out.)
+        ("cold start, closed loop c=1", [(backends[n].get("c1") or {}).get("cold_p50_ms", 0) for n in names], "#457b9d", "{:.1f}"),
         ("cold start, paced (gvisor 20/s)", [(backends[n].get("paced") or {}).get("cold_p50_ms", 0) for n in names], "#1d3557", "{:.1f}"),
-        ("warm invocation", [backends[n]["warm_p50_ms"] for n in names], "#a8dadc", "{:.2f}"),
+        ("warm invocation", [backends[n].get("warm_p50_ms", 0) for n in names], "#a8dadc", "{:.2f}"),
     ]
     for i, (label, values, color, fmt) in enumerate(series):
         offset = (i - 1) * 0.27

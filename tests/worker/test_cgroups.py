@@ -82,3 +82,21 @@ def test_package_zygotes_and_the_handler_cache_on_cgroup_v2(make_worker, wheel_d
         time.sleep(0.05)
     assert open(frozen).read().strip() == "1", "the idle handler was paused with the v2 freezer"
     assert w.client.run("ab")["preloaded"] == ["alpha", "beta"]
+
+
+def test_only_a_request_that_computes_yields_the_cpu_as_a_long_one(make_worker):
+    """`limits.long_request_ms`: a request idles its sandbox's cgroup once it has computed for
+    half of that by then; one that only waits (for I/O here, or for a CPU crowded with cold
+    starts) does not, however long it runs (it had made a busy worker's short requests idle,
+    with preemption ticks, and slowed them all: issue 51)."""
+    w = make_worker(limits={"long_request_ms": 50})
+    w.deploy_source("nap", "import time\ndef f(e):\n    time.sleep(0.3)\n    return 'rested'\n")
+    w.deploy_source("spin", "import time\ndef f(e):\n    end = time.time() + 0.3\n    while time.time() < end:\n        pass\n"
+                            "    return 'spun'\n")
+    idled = lambda: w.client.stats()["lambdas"]["long_requests_idled"]  # noqa: E731
+    for _ in range(3):
+        assert w.client.run("nap") == "rested"
+    assert idled() == 0
+    assert w.client.run("spin") == "spun"
+    assert idled() == 1
+    assert "sprout_long_requests_idled_total 1" in w.client.metrics()

@@ -98,6 +98,11 @@ impl Collector for BackendCollector {
             all.extend(cache.counters().into_iter().filter(|(name, _, _)| *name != "sprout_zygote_restarts"));
         }
         all.extend(self.packages.counters());
+        all.push((
+            "sprout_long_requests_idled",
+            "Requests that computed long enough to yield the CPU to short ones (limits.long_request_ms)",
+            self.instances.long_requests_idled(),
+        ));
         let handler_cache = Some(self.instances.cache_figures());
         let network = self.networks.figures();
         let mut namespaces = None;

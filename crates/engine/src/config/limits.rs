@@ -20,8 +20,9 @@ pub struct LimitsSection {
     pub max_invoke_depth: u32,
     /// Each lambda's CPU weight, split among its sandboxes; 0: each sandbox its cgroup's default.
     pub cpu_weight: u64,
-    /// A request running longer than this (milliseconds) yields the CPU to other requests for
-    /// the rest of its run (its sandbox's cgroup idles); 0: never.
+    /// A request that has computed for half of this by the time it has run this long
+    /// (milliseconds; checked again every as long) yields the CPU to other requests for the
+    /// rest of its run (its sandbox's cgroup idles); 0: never.
     pub long_request_ms: u64,
     /// While long requests run, wake each CPU this often (microseconds, [`crate::ticker`]); 0: never.
     pub preempt_tick_us: u64,

@@ -77,6 +77,8 @@ pub struct Instances {
     pub(super) cpu: Option<Mutex<CpuShares<CpuControl>>>,
     /// Which lambdas' requests run long (and yield the CPU from their start).
     pub(super) long_requests: Mutex<LongRequests>,
+    /// Requests that yielded the CPU as long ones.
+    pub(super) long_requests_idled: AtomicU64,
     /// Preemption ticks while long requests run.
     pub(super) ticker: Option<crate::ticker::Ticker>,
 }
@@ -106,6 +108,7 @@ impl Instances {
             memory_group,
             memory: MemoryAccounts::default(),
             prewarms: Prewarms::default(),
+            long_requests_idled: AtomicU64::new(0),
             me: me.clone(),
             backend,
             prepare,
@@ -280,12 +283,17 @@ impl Instances {
         let began = Instant::now();
         let cpu = self.cfg.long_request.and_then(|after| Some((after, lease.kept.sandbox.cpu_control()?)));
         let invoke = lease.kept.sandbox.invoke(request, body, limit, calls);
+        let mut computed = None;
         let result = match &cpu {
             None => invoke.await,
             Some((after, cpu)) => {
                 // A lambda whose requests run long yields from the start; any other once it has.
                 let after = if self.long_requests.lock().unwrap().expected_long(&lease.kept.lambda.name) { Duration::ZERO } else { *after };
-                let (done, idled) = yield_when_long(invoke, after, cpu, self.ticker.as_ref()).await;
+                let (done, idled, used) = yield_when_long(invoke, after, cpu, self.ticker.as_ref()).await;
+                computed = used;
+                if idled {
+                    self.long_requests_idled.fetch_add(1, Ordering::Relaxed);
+                }
                 // Back from idling its group weighs as a default one: its lambda's share again.
                 if let (true, Some(shares)) = (idled, &self.cpu) {
                     if let Some(weight) = shares.lock().unwrap().weight_of(sandbox) {
@@ -297,7 +305,9 @@ impl Instances {
         };
         let duration = began.elapsed();
         if cpu.is_some() {
-            self.long_requests.lock().unwrap().ran(&lease.kept.lambda.name, duration);
+            // What it computed, where that is known: a short request that waited for a
+            // crowded CPU does not make its lambda's requests long.
+            self.long_requests.lock().unwrap().ran(&lease.kept.lambda.name, computed.unwrap_or(duration));
         }
         let (outcome, error) = match &result {
             Ok((reply, _)) => match reply.error.as_deref() {

@@ -65,6 +65,7 @@ impl Instances {
             "handler_cache": self.cache.json(&self.cfg.handler_cache, paused, paused_pss),
             "memory_budget": budget,
             "prewarms": {"made": self.prewarms.made.load(Ordering::Relaxed), "skipped": self.prewarms.skipped.load(Ordering::Relaxed)},
+            "long_requests_idled": self.long_requests_idled(),
         })
     }
 
@@ -95,6 +96,11 @@ impl Instances {
                 }
             })
             .collect()
+    }
+
+    /// Requests that yielded the CPU as long ones (`[limits] long_request_ms`).
+    pub fn long_requests_idled(&self) -> u64 {
+        self.long_requests_idled.load(Ordering::Relaxed)
     }
 
     /// The memory budget in bytes, when there is one.

@@ -1,8 +1,9 @@
 //! How a cgroup's processes share a contended CPU with its siblings': a group's weight and
-//! whether it idles ([`CpuControl`]).
+//! whether it idles ([`CpuControl`]), and the CPU time it has used.
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::files::write_file;
 
@@ -13,12 +14,29 @@ use super::files::write_file;
 pub struct CpuControl {
     dir: PathBuf,
     v1: bool,
+    /// Where the group's CPU time is read (v1: `cpuacct.usage` in the cpuacct hierarchy,
+    /// which may be another than the cpu one; v2: `cpu.stat`), if it is.
+    usage: Option<PathBuf>,
 }
 
 impl CpuControl {
     /// The group at `dir` (its directory in the cpu hierarchy), on v1 or not.
     pub fn at(dir: &Path, v1: bool) -> CpuControl {
-        CpuControl { dir: dir.to_path_buf(), v1 }
+        let usage = (!v1).then(|| dir.join("cpu.stat"));
+        CpuControl { dir: dir.to_path_buf(), v1, usage }
+    }
+
+    /// The same, with its CPU time read from v1's `cpuacct.usage` in `cpuacct_dir`.
+    pub fn with_cpuacct(self, cpuacct_dir: Option<PathBuf>) -> CpuControl {
+        match self.v1 {
+            true => CpuControl { usage: cpuacct_dir.map(|d| d.join("cpuacct.usage")), ..self },
+            false => self,
+        }
+    }
+
+    /// CPU time the group and everything below it have used; None where it cannot be read.
+    pub fn used(&self) -> Option<Duration> {
+        read_usage(self.usage.as_deref()?, self.v1)
     }
 
     /// Set the weight, on v2's scale (1 to 10000, 100 by default); v1's `cpu.shares` are
@@ -53,4 +71,14 @@ impl CpuControl {
             (_, false) => self.set_weight(100),
         }
     }
+}
+
+/// CPU time from a v1 `cpuacct.usage` (nanoseconds) or a v2 `cpu.stat` (`usage_usec`).
+pub(super) fn read_usage(path: &Path, v1: bool) -> Option<Duration> {
+    let text = std::fs::read_to_string(path).ok()?;
+    if v1 {
+        return text.trim().parse().ok().map(Duration::from_nanos);
+    }
+    let usec = text.lines().find_map(|l| l.strip_prefix("usage_usec "))?;
+    usec.trim().parse().ok().map(Duration::from_micros)
 }

@@ -113,7 +113,9 @@ impl Layout {
     /// How group `name` shares a contended CPU, where the cpu controller reaches it.
     pub fn cpu_control_of(&self, name: &str) -> Option<super::CpuControl> {
         match self {
-            Layout::V1 { .. } => self.v1_dir_of(name, "cpu").map(|d| super::CpuControl::at(&d, true)),
+            Layout::V1 { .. } => {
+                self.v1_dir_of(name, "cpu").map(|d| super::CpuControl::at(&d, true).with_cpuacct(self.v1_dir_of(name, "cpuacct")))
+            }
             Layout::V2 { root, controllers } => {
                 controllers.iter().any(|c| c == "cpu").then(|| super::CpuControl::at(&root.join(name), false))
             }
@@ -124,15 +126,8 @@ impl Layout {
     /// `cpu.stat`'s `usage_usec`); None if it cannot be read.
     pub fn cpu_usage_of(&self, name: &str) -> Option<std::time::Duration> {
         match self {
-            Layout::V1 { .. } => {
-                let text = fs::read_to_string(self.v1_dir_of(name, "cpuacct")?.join("cpuacct.usage")).ok()?;
-                text.trim().parse().ok().map(std::time::Duration::from_nanos)
-            }
-            Layout::V2 { root, .. } => {
-                let text = fs::read_to_string(root.join(name).join("cpu.stat")).ok()?;
-                let usec = text.lines().find_map(|l| l.strip_prefix("usage_usec "))?;
-                usec.trim().parse().ok().map(std::time::Duration::from_micros)
-            }
+            Layout::V1 { .. } => super::cpu::read_usage(&self.v1_dir_of(name, "cpuacct")?.join("cpuacct.usage"), true),
+            Layout::V2 { root, .. } => super::cpu::read_usage(&root.join(name).join("cpu.stat"), false),
         }
     }
 
