@@ -72,6 +72,9 @@ def test_three_sites_run_end_to_end_on_every_deployment(work):
         assert len(pss) >= 20 and 0 < max(pss) < 2048 * 2**20, (stack, max(pss, default=None))
         assert abs(step["peak_mb"] - run["resources"]["peak_pss_bytes"] / 2**20) < 1e-6
         assert step["sla2"] is not None and step["cpu_seconds"] > 0
+        if stack.startswith("sprout"):
+            # The run's worker log is kept when its state goes, for reading afterwards.
+            assert "worker ready" in (work / "state" / "logs" / stack / "0003" / "worker.log").read_text()
     # Three lightly loaded sites fit any deployment: the lean one and the conventional one hold them.
     for stack in ("sprout", "conventional"):
         step = summary["stacks"][stack]["steps"][0]

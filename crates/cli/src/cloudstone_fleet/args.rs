@@ -75,7 +75,8 @@ pub struct FleetArgs {
     #[arg(long, default_value = "bench/results/fleet")]
     pub out: PathBuf,
     /// The deployments' state (databases, logs), one at a time, under STATE/<stack>: outside
-    /// the repository, and traversable by PostgreSQL's and nginx's users.
+    /// the repository, and traversable by PostgreSQL's and nginx's users; each run's logs are
+    /// kept under STATE/logs/<stack>/<sites>.
     #[arg(long, default_value = "/var/tmp/sprout-fleet")]
     pub state: PathBuf,
     /// Continue the searches of --stacks from the runs the summary recorded (an interrupted

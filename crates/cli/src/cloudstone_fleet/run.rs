@@ -160,6 +160,7 @@ pub(super) fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> R
         step.parking = Some(status["worker"]["parking"].clone()).filter(|p| p.is_object());
     }
     let down = olio(exe, &["fleet-down", "--dir"], &state);
+    keep_logs(&state, &a.state.join("logs").join(stack).join(format!("{sites:04}")));
     let report = run?;
     judge(&mut step, &report, budget);
     step.run = Some(format!("{stack}/{sites:04}/fleet-run.json"));
@@ -169,6 +170,25 @@ pub(super) fn one_run(a: &FleetArgs, exe: &Path, stack: &str, sites: usize) -> R
         std::fs::remove_dir_all(&state).with_context(|| format!("removing {}", state.display()))
     });
     Ok((step, teardown))
+}
+
+/// Keep the run's logs (the worker's, the deployment's `logs/`) in `keep`, outside the
+/// repository, before the state goes: where a slow request went is read there afterwards.
+/// A log that cannot be kept is said and skipped; the run goes on.
+fn keep_logs(state: &Path, keep: &Path) {
+    let copy = |from: &Path, to: &Path| -> std::io::Result<()> {
+        std::fs::create_dir_all(to.parent().unwrap_or(to))?;
+        std::fs::copy(from, to).map(|_| ())
+    };
+    let mut logs = vec![(state.join("worker").join("worker.log"), keep.join("worker.log"))];
+    if let Ok(entries) = std::fs::read_dir(state.join("logs")) {
+        logs.extend(entries.flatten().filter(|e| e.path().is_file()).map(|e| (e.path(), keep.join(e.file_name()))));
+    }
+    for (from, to) in logs.iter().filter(|(from, _)| from.is_file()) {
+        if let Err(e) = copy(from, to) {
+            eprintln!("keeping {}: {e}", from.display());
+        }
+    }
 }
 
 /// fleet-up's flags of the stack's own settings (conventional-ondemand's vassals), as given.
