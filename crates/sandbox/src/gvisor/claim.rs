@@ -81,7 +81,7 @@ impl Inner {
     /// due during its shutdown would create a container, and its cgroup, after the last
     /// were deleted).
     fn create_ahead(self: &Arc<Self>, recipe: &Recipe) {
-        if self.templates.lookup_ready(recipe).is_none() && self.settings.cfg.park_after.is_none() || self.background.is_closed() {
+        if (self.templates.lookup_ready(recipe).is_none() && self.settings.cfg.park_after.is_none()) || self.background.is_closed() {
             return;
         }
         let wanted = {
