@@ -13,7 +13,8 @@ const LONG_SHARE: u32 = 2;
 /// Run `invoke`; once it has computed for `after` / [`LONG_SHARE`] (checked every `after`;
 /// at once for zero), idle its sandbox's cgroup until it ends (a long request yields a
 /// contended CPU to short ones), and not after. Says whether it idled, and the CPU time its
-/// sandbox used meanwhile (where its cgroup's can be read).
+/// sandbox used meanwhile (where its cgroup's can be read; not read for a request done before
+/// the first check, whose time says it is short).
 ///
 /// Long means computing, not waiting: on a CPU crowded with cold starts a no-op request
 /// takes longer than `after` while it computes for a fraction of a millisecond, and idling
@@ -30,11 +31,15 @@ pub(super) async fn yield_when_long<T>(
     let used = |cpu: &CpuControl| Some(cpu.used()?.saturating_sub(began?));
     tokio::pin!(invoke);
     if !after.is_zero() {
+        let mut checked = false;
         loop {
             tokio::select! {
-                done = &mut invoke => return (done, false, used(cpu)),
+                // Done before the first check it is short whatever it computed: its CPU time
+                // is not read again (most requests end here, on the warm path).
+                done = &mut invoke => return (done, false, if checked { used(cpu) } else { None }),
                 _ = tokio::time::sleep(after) => {}
             }
+            checked = true;
             match used(cpu) {
                 Some(computed) if computed < after / LONG_SHARE => continue,
                 _ => break,
@@ -114,6 +119,14 @@ mod tests {
         assert!(idled);
         assert_eq!(used, Some(Duration::from_millis(160)));
         assert_eq!(std::fs::read_to_string(dir.path().join("cpu.idle")).unwrap(), "0", "and not after");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_done_before_the_first_check_is_short_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let cpu = group(dir.path(), 0);
+        let (_, idled, used) = yield_when_long(tokio::time::sleep(Duration::from_millis(20)), Duration::from_millis(50), &cpu, None).await;
+        assert!(!idled && used.is_none());
     }
 
     #[tokio::test(start_paused = true)]
