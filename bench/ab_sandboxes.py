@@ -2,10 +2,13 @@
 beside this checkout), the same benchmark in rounds alternating A and B (ABBA..., so a shared
 host's drift falls on both), and each figure's B/A ratio of medians with its 95% interval, a
 rank-sum p-value and a verdict (bench/ab_stats.py); JSON, a markdown table and a PNG plot.
-With --guard it exits 1 when a figure got worse beyond --tolerance.
+With --guard it exits 1 when a figure got worse beyond --tolerance. Two configurations of one
+build compare the same way: --a-set/--b-set give a side worker settings (`sprout bench
+sandboxes --set`).
 
     python3 bench/ab_sandboxes.py --a-rev 62e4c5f --rounds 6 --guard \\
         --out bench/results/ab-sandboxes
+    python3 bench/ab_sandboxes.py --a-set limits.cpu_weight_per=lambda --rounds 6
 """
 
 import argparse
@@ -53,11 +56,12 @@ def build_revision(rev):
     return binary, tree
 
 
-def run_once(binary, cwd, backend, concurrency, seconds, scratch):
-    """One `sprout bench sandboxes` of `backend`: its figures (those it reports)."""
+def run_once(binary, cwd, backend, concurrency, seconds, scratch, settings=()):
+    """One `sprout bench sandboxes` of `backend` (with worker `settings`): its figures (those
+    it reports)."""
     out = tempfile.mkdtemp(prefix="ab-", dir=scratch)
     cmd = [str(binary), "bench", "sandboxes", "--backends", backend, "--concurrency", concurrency,
-           "--seconds", str(seconds), "--out", out]
+           "--seconds", str(seconds), "--out", out, *(f"--set={s}" for s in settings)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=cwd)
     with open(os.path.join(out, "sandboxes.json")) as f:
         figures_in = json.load(f)["backends"][backend]
@@ -72,13 +76,14 @@ def run_once(binary, cwd, backend, concurrency, seconds, scratch):
 
 
 def side(args, which):
-    """(label, binary, cwd) of side A or B."""
-    binary, rev = getattr(args, which), getattr(args, f"{which}_rev")
+    """(label, binary, cwd, settings) of side A or B."""
+    binary, rev, settings = getattr(args, which), getattr(args, f"{which}_rev"), getattr(args, f"{which}_set")
+    with_settings = "".join(f" --set {s}" for s in settings)
     if rev:
         built, tree = build_revision(rev)
-        return f"{rev} ({built})", built, tree
+        return f"{rev} ({built}){with_settings}", built, tree, settings
     binary = Path(binary or REPO / "target" / "release" / "sprout").resolve()
-    return str(binary), binary, REPO
+    return f"{binary}{with_settings}", binary, REPO, settings
 
 
 def compare(rounds, tolerance):
@@ -111,6 +116,10 @@ def main():
     parser.add_argument("--a-rev", help="...or a git revision, built under $SPROUT_AB_BUILDS (/var/tmp/sprout-ab)")
     parser.add_argument("--b", help="the build after (default: this checkout's target/release/sprout)")
     parser.add_argument("--b-rev", help="...or a git revision")
+    parser.add_argument("--a-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a worker setting of side A (repeatable; `sprout bench sandboxes --set`)")
+    parser.add_argument("--b-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a worker setting of side B (repeatable)")
     parser.add_argument("--backend", default="sock-isolated", help="the back-end measured (default sock-isolated)")
     parser.add_argument("--concurrency", default="1,10", help="cold-start concurrencies (default 1,10)")
     parser.add_argument("--rounds", type=int, default=6, help="rounds of each build (default 6)")
@@ -120,16 +129,16 @@ def main():
     parser.add_argument("--guard", action="store_true", help="exit 1 when a figure got worse")
     parser.add_argument("--out", default="bench/results/ab-sandboxes")
     args = parser.parse_args()
-    if not (args.a or args.a_rev):
-        parser.error("give --a or --a-rev")
+    if not (args.a or args.a_rev or args.a_set or args.b_set):
+        parser.error("give --a or --a-rev, or settings that tell the sides apart (--a-set, --b-set)")
     sides = {"a": side(args, "a"), "b": side(args, "b")}
     scratch = tempfile.mkdtemp(prefix="sprout-ab-")
     rounds = {"a": [], "b": []}
     for i in range(args.rounds):
         for which in ("a", "b") if i % 2 == 0 else ("b", "a"):
             started = time.time()
-            _, binary, cwd = sides[which]
-            figures = run_once(binary, cwd, args.backend, args.concurrency, args.seconds, scratch)
+            _, binary, cwd, settings = sides[which]
+            figures = run_once(binary, cwd, args.backend, args.concurrency, args.seconds, scratch, settings)
             rounds[which].append(figures)
             print(f"round {i + 1}/{args.rounds} {which.upper()} ({time.time() - started:.0f} s): "
                   + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()), file=sys.stderr)

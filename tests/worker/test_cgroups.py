@@ -4,6 +4,7 @@ unified v2 hierarchy, which here is mounted at /sys/fs/cgroup/unified without co
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -82,6 +83,34 @@ def test_package_zygotes_and_the_handler_cache_on_cgroup_v2(make_worker, wheel_d
         time.sleep(0.05)
     assert open(frozen).read().strip() == "1", "the idle handler was paused with the v2 freezer"
     assert w.client.run("ab")["preloaded"] == ["alpha", "beta"]
+
+
+@pytest.mark.parametrize("per, shares", [("sandbox", 3072), ("lambda", 1024)])
+def test_each_sandbox_weighs_its_lambdas_cpu_weight_or_a_split_of_it(make_worker, per, shares):
+    """`limits.cpu_weight` with `cpu_weight_per`: each of three busy sandboxes of a lambda
+    weighs 300 (v1's 3072 shares), or the three split 300 (100 each: 1024 shares)."""
+    w = make_worker(limits={"cpu_weight": 300, "cpu_weight_per": per}, instances={"keep_warm": False})
+    w.deploy_source("nap", "import time\ndef f(e):\n    time.sleep(3)\n    return 'rested'\n")
+    parent = f"/sys/fs/cgroup/cpu/{w.cgroup_names[0]}"
+
+    def busy_groups():
+        groups = (os.path.join(parent, g) for g in os.listdir(parent) if g.startswith("sb-"))
+        return {g: open(f"{g}/cpu.shares").read().strip() for g in groups if open(f"{g}/cgroup.procs").read().strip()}
+
+    with ThreadPoolExecutor(3) as pool:
+        naps = [pool.submit(w.client.run, "nap") for _ in range(3)]
+        deadline = time.time() + 2.5  # while the three nap
+        while (weights := sorted(busy_groups().values())) != [str(shares)] * 3 and time.time() < deadline:
+            time.sleep(0.05)
+        assert weights == [str(shares)] * 3
+        assert [n.result() for n in naps] == ["rested"] * 3
+
+
+def test_a_weighted_worker_joins_a_cpu_group_of_its_own(make_worker):
+    w = make_worker(worker={"cpu_weight": 400})
+    group = f"/sys/fs/cgroup/cpu/{w.cgroup_names[0]}/worker"
+    assert open(f"{group}/cpu.shares").read().strip() == "4096"
+    assert str(w.process.pid) in open(f"{group}/cgroup.procs").read().split()
 
 
 def test_only_a_request_that_computes_yields_the_cpu_as_a_long_one(make_worker):

@@ -82,12 +82,16 @@ def test_init_writes_a_documented_config_and_a_second_init_is_fast(tmp_path, spr
     assert time.time() - started < 5
 
 
-def test_bad_config_is_a_clear_error(tmp_path, sprout_bin):
+@pytest.mark.parametrize("config, named", [
+    ("[limits]\nmemroy_mb = 5\n", "memroy_mb"),
+    ('[limits]\ncpu_weight_per = "tenant"\n', "cpu_weight_per"),
+])
+def test_bad_config_is_a_clear_error(tmp_path, sprout_bin, config, named):
     d = tmp_path / "w"
     d.mkdir()
-    (d / "config.toml").write_text("[limits]\nmemroy_mb = 5\n")
+    (d / "config.toml").write_text(config)
     out = subprocess.run([str(sprout_bin), "worker", "up", str(d)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and "memroy_mb" in out.stderr
+    assert out.returncode == 1 and named in out.stderr, out.stderr
 
 
 def test_detach_status_down(tmp_path, sprout_bin):

@@ -40,6 +40,29 @@ fn variant_config(variant: &str) -> (&str, &'static str, String) {
     }
 }
 
+/// `config` with each `section.key=value` of `settings` set in it (the value parsed as TOML,
+/// or taken as a string where it is not TOML: `limits.cpu_weight_per=lambda`).
+pub(crate) fn with_settings(config: &str, settings: &[String]) -> Result<String> {
+    if settings.is_empty() {
+        return Ok(config.to_string());
+    }
+    let mut table: toml::Table = config.parse()?;
+    for setting in settings {
+        let (path, value) = setting.split_once('=').ok_or_else(|| anyhow::anyhow!("--set {setting}: not section.key=value"))?;
+        let (section, key) = path.trim().split_once('.').ok_or_else(|| anyhow::anyhow!("--set {setting}: name a section and a key"))?;
+        let value = format!("v = {value}")
+            .parse::<toml::Table>()
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(value.to_string()));
+        match table.entry(section).or_insert_with(|| toml::Value::Table(toml::Table::new())) {
+            toml::Value::Table(t) => t.insert(key.to_string(), value),
+            _ => anyhow::bail!("--set {setting}: {section} is not a section"),
+        };
+    }
+    Ok(toml::to_string(&table)?)
+}
+
 #[derive(Debug, Clone)]
 pub struct Options {
     pub backends: Vec<String>,
@@ -54,6 +77,9 @@ pub struct Options {
     pub out_dir: PathBuf,
     /// The `sprout` binary that runs the workers.
     pub sprout: PathBuf,
+    /// Worker settings over the benchmark's own (`section.key=value`, the value in TOML or a
+    /// bare string), to compare configurations of one build.
+    pub settings: Vec<String>,
 }
 
 impl Default for Options {
@@ -67,6 +93,7 @@ impl Default for Options {
             work_dir: PathBuf::from("/tmp/sprout-bench-sandboxes"),
             out_dir: PathBuf::from("bench/results"),
             sprout: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("sprout")),
+            settings: Vec::new(),
         }
     }
 }
@@ -107,7 +134,7 @@ impl Worker {
             pool = max * 2,
             total = max * 2,
         );
-        std::fs::write(dir.join("config.toml"), config)?;
+        std::fs::write(dir.join("config.toml"), with_settings(&config, &opts.settings)?)?;
         let init = Command::new(&opts.sprout).args(["worker", "init"]).arg(&dir).output()?;
         if !init.status.success() {
             bail!("sprout worker init: {}", String::from_utf8_lossy(&init.stderr));
@@ -208,5 +235,25 @@ impl Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         self.shut_down();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn settings_are_set_over_the_benchmarks_own() {
+        let config = "[worker]\nlog = \"warn\"\n[limits]\ntimeout_ms = 120000\n";
+        let set = |s: &[&str]| super::with_settings(config, &s.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let table: toml::Table =
+            set(&["worker.cpu_weight=400", "limits.cpu_weight_per=lambda", "gvisor.spares=\"2\""]).unwrap().parse().unwrap();
+        assert_eq!(table["worker"]["cpu_weight"].as_integer(), Some(400));
+        assert_eq!(table["worker"]["log"].as_str(), Some("warn"));
+        assert_eq!(table["limits"]["cpu_weight_per"].as_str(), Some("lambda"));
+        assert_eq!(table["limits"]["timeout_ms"].as_integer(), Some(120000));
+        assert_eq!(table["gvisor"]["spares"].as_str(), Some("2"));
+        assert_eq!(set(&[]).unwrap(), config);
+        for bad in ["cpu_weight=1", "worker=1", "worker.log.x"] {
+            assert!(set(&[bad]).is_err(), "{bad}");
+        }
     }
 }

@@ -321,6 +321,7 @@ fn summarize(opts: &Options, backends: serde_json::Map<String, Value>, pinned: b
                 "none: fewer than two CPUs".to_string()
             },
         },
+        "settings": opts.settings,
         "backends": backends,
         "ratios": ratios,
         "targets": targets,

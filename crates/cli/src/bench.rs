@@ -116,6 +116,10 @@ pub enum BenchCommand {
         /// Scratch directory for the benchmark's workers.
         #[arg(long, default_value = "/tmp/sprout-bench-sandboxes")]
         work_dir: PathBuf,
+        /// A worker setting over the benchmark's own, section.key=value (the value in TOML, or
+        /// a bare string): `--set limits.cpu_weight_per=lambda`; repeatable.
+        #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+        settings: Vec<String>,
     },
     /// Packages and the three caches (SOCK figures 17-21, and memory).
     Packages {
@@ -291,7 +295,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
             let results = sprout_bench::neighbours::run(&opts, quick)?;
             print!("{}", sprout_bench::neighbours::summary(&results));
         }
-        BenchCommand::Sandboxes { out, backends, concurrency, seconds, worker_cpu, client_cpu, work_dir } => {
+        BenchCommand::Sandboxes { out, backends, concurrency, seconds, worker_cpu, client_cpu, work_dir, settings } => {
             let opts = sprout_bench::sandboxes::Options {
                 backends,
                 concurrency,
@@ -300,6 +304,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
                 client_cpu,
                 work_dir,
                 out_dir: out,
+                settings,
                 ..Default::default()
             };
             let results = sprout_bench::sandboxes::run(&opts)?;

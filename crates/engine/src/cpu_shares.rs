@@ -1,7 +1,8 @@
 //! How lambdas share a contended CPU, decided without touching it (the instance manager
-//! writes what these say): [`CpuShares`] splits each lambda's weight evenly among its live
-//! sandboxes, so a lambda gets no more CPU by running more sandboxes; [`LongRequests`] knows
-//! which lambdas' requests run long, so theirs yield the CPU to short ones from their start.
+//! writes what these say): [`CpuShares`] gives each live sandbox its lambda's weight, or
+//! splits that weight evenly among them (so a lambda gets no more CPU by running more
+//! sandboxes); [`LongRequests`] knows which lambdas' requests run long, so theirs yield the
+//! CPU to short ones from their start.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -11,25 +12,37 @@ pub fn split(weight: u64, n: usize) -> u64 {
     (weight / n.max(1) as u64).max(1)
 }
 
+/// A cgroup's weight until one is written (cgroup v2's scale; v1's 1024 shares).
+pub const DEFAULT_WEIGHT: u64 = 100;
+
 /// Every live sandbox by lambda, with the handle its weight is written through.
 pub struct CpuShares<H> {
     /// Each lambda's weight (cgroup v2's scale: 100 is a default process group's).
     weight: u64,
+    /// Split it among the lambda's sandboxes (`[limits] cpu_weight_per = "lambda"`), or give
+    /// each sandbox all of it (`"sandbox"`, as a pod or a function invocation elsewhere gets
+    /// its own share: a lambda's concurrency, capped by `instances.max_per_lambda`, buys CPU).
+    split: bool,
     lambdas: HashMap<String, Vec<(u64, H)>>,
     lambda_of: HashMap<u64, String>,
 }
 
 impl<H: Clone> CpuShares<H> {
-    pub fn new(weight: u64) -> CpuShares<H> {
-        CpuShares { weight, lambdas: HashMap::new(), lambda_of: HashMap::new() }
+    pub fn new(weight: u64, split: bool) -> CpuShares<H> {
+        CpuShares { weight, split, lambdas: HashMap::new(), lambda_of: HashMap::new() }
     }
 
     /// Sandbox `id` of `lambda` is live: the weights to write (its own and its siblings').
     pub fn added(&mut self, lambda: &str, id: u64, handle: H) -> Vec<(H, u64)> {
         self.lambda_of.insert(id, lambda.to_string());
         let sandboxes = self.lambdas.entry(lambda.to_string()).or_default();
-        sandboxes.push((id, handle));
-        self.writes(lambda)
+        sandboxes.push((id, handle.clone()));
+        match self.split {
+            true => self.writes(lambda),
+            // Each its own weight: none to write where every group has it already.
+            false if self.weight == DEFAULT_WEIGHT => Vec::new(),
+            false => vec![(handle, self.weight)],
+        }
     }
 
     /// Sandbox `id` is gone: the weights its siblings get now (none if it was not known).
@@ -41,19 +54,31 @@ impl<H: Clone> CpuShares<H> {
             self.lambdas.remove(&lambda);
             return Vec::new();
         }
-        self.writes(&lambda)
+        match self.split {
+            true => self.writes(&lambda),
+            false => Vec::new(),
+        }
     }
 
     fn writes(&self, lambda: &str) -> Vec<(H, u64)> {
         let sandboxes = &self.lambdas[lambda];
-        let each = split(self.weight, sandboxes.len());
+        let each = self.each(sandboxes.len());
         sandboxes.iter().map(|(_, h)| (h.clone(), each)).collect()
+    }
+
+    /// The weight of each of a lambda's `n` live sandboxes.
+    fn each(&self, n: usize) -> u64 {
+        if self.split {
+            split(self.weight, n)
+        } else {
+            self.weight
+        }
     }
 
     /// The weight sandbox `id` has now (None: not known).
     pub fn weight_of(&self, id: u64) -> Option<u64> {
         let sandboxes = self.lambdas.get(self.lambda_of.get(&id)?)?;
-        Some(split(self.weight, sandboxes.len()))
+        Some(self.each(sandboxes.len()))
     }
 
     /// Live sandboxes of `lambda`.
@@ -127,7 +152,7 @@ mod tests {
 
     #[test]
     fn a_lambdas_weight_is_split_among_its_sandboxes() {
-        let mut shares = CpuShares::new(100);
+        let mut shares = CpuShares::new(100, true);
         assert_eq!(shares.added("busy", 1, 'a'), [('a', 100)]);
         assert_eq!(shares.added("busy", 2, 'b'), [('a', 50), ('b', 50)]);
         assert_eq!(shares.added("busy", 3, 'c'), [('a', 33), ('b', 33), ('c', 33)]);
@@ -138,6 +163,23 @@ mod tests {
         assert_eq!(shares.removed(99), []);
         assert_eq!((shares.count("busy"), shares.count("victim")), (2, 0));
         assert_eq!((shares.weight_of(1), shares.weight_of(4)), (Some(50), None));
+    }
+
+    #[test]
+    fn each_sandbox_weighs_its_lambdas_weight_unless_split() {
+        // The default weight is every group's already: nothing to write, ever.
+        let mut shares = CpuShares::new(DEFAULT_WEIGHT, false);
+        assert_eq!(shares.added("busy", 1, 'a'), []);
+        assert_eq!(shares.added("busy", 2, 'b'), []);
+        assert_eq!(shares.removed(1), []);
+        assert_eq!((shares.weight_of(2), shares.weight_of(1)), (Some(100), None));
+        // Another weight: the new sandbox's own, once; its siblings' stay as they are.
+        let mut shares = CpuShares::new(300, false);
+        assert_eq!(shares.added("busy", 1, 'a'), [('a', 300)]);
+        assert_eq!(shares.added("busy", 2, 'b'), [('b', 300)]);
+        assert_eq!(shares.added("victim", 3, 'v'), [('v', 300)]);
+        assert_eq!(shares.removed(2), []);
+        assert_eq!((shares.count("busy"), shares.weight_of(1), shares.weight_of(3)), (1, Some(300), Some(300)));
     }
 
     #[test]

@@ -199,6 +199,7 @@ fn instance_config(config: &EngineConfig, host: &Host, sandboxes: &Sandboxes) ->
         budget: memory_budget(config, sandboxes.backend.as_ref())?,
         sandbox_estimate: i.sandbox_estimate_mb << 20,
         lambda_cpu_weight: config.limits.cpu_weight,
+        cpu_weight_split: config.limits.cpu_weight_per == crate::config::CpuWeightPer::Lambda,
         long_request: (config.limits.long_request_ms > 0).then(|| Duration::from_millis(config.limits.long_request_ms)),
         preempt_tick: (config.limits.preempt_tick_us > 0).then(|| Duration::from_micros(config.limits.preempt_tick_us)),
         rt_home: host.layout.cpu_root_tasks(),

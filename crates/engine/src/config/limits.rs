@@ -18,8 +18,10 @@ pub struct LimitsSection {
     pub max_unpacked_mb: u64,
     pub max_files: usize,
     pub max_invoke_depth: u32,
-    /// Each lambda's CPU weight, split among its sandboxes; 0: each sandbox its cgroup's default.
+    /// Each lambda's CPU weight (cgroup v2's scale), each of its sandboxes' or split among
+    /// them ([`CpuWeightPer`]); 0: each sandbox its cgroup's default.
     pub cpu_weight: u64,
+    pub cpu_weight_per: CpuWeightPer,
     /// A request that has computed for half of this by the time it has run this long
     /// (milliseconds; checked again every as long) yields the CPU to other requests for the
     /// rest of its run (its sandbox's cgroup idles); 0: never.
@@ -42,10 +44,26 @@ impl Default for LimitsSection {
             max_files: 10_000,
             max_invoke_depth: 8,
             cpu_weight: 100,
+            cpu_weight_per: CpuWeightPer::Sandbox,
             long_request_ms: 50,
             preempt_tick_us: 250,
         }
     }
+}
+
+/// `[limits] cpu_weight_per`: what `cpu_weight` weighs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuWeightPer {
+    /// Each sandbox weighs `cpu_weight`, as a pod or a function invocation elsewhere gets its
+    /// own share: a lambda's concurrency (at most `instances.max_per_lambda`) buys CPU, and its
+    /// requests in flight finish before new cold starts take the CPU.
+    Sandbox,
+    /// A lambda's `cpu_weight` is split evenly among its live sandboxes: it gets no more of a
+    /// contended CPU by running more of them, at a cost to its own tail latency (its
+    /// sandboxes, weighing a fraction each, wait behind the worker's and the Zygotes' work
+    /// for its next cold starts: issue 51 measured 1.6-2x the p99 at concurrency 10).
+    Lambda,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -17,7 +17,7 @@ use anyhow::{bail, Result};
 
 pub use backends::{BaseSection, CgroupsSection, DockerSection, GvisorNetwork, GvisorSection, RuncSection, VmSection};
 pub use isolation::IsolationSection;
-pub use limits::{HandlerCacheSection, InstancesSection, KeepAlive, LimitsSection};
+pub use limits::{CpuWeightPer, HandlerCacheSection, InstancesSection, KeepAlive, LimitsSection};
 pub use logs::LogsSection;
 pub use network::{AllowEntry, NetworkSection};
 pub use packages::{ImportCacheSection, PackagesSection};

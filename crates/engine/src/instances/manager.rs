@@ -73,7 +73,7 @@ pub struct Instances {
     pub(super) prewarms: Prewarms,
     /// The lambdas' logs, where each sandbox's output and each request's report go.
     pub(super) logs: Arc<Logs>,
-    /// Each lambda's CPU weight, split among its live sandboxes.
+    /// Each live sandbox's CPU weight: its lambda's, or a split of it.
     pub(super) cpu: Option<Mutex<CpuShares<CpuControl>>>,
     /// Which lambdas' requests run long (and yield the CPU from their start).
     pub(super) long_requests: Mutex<LongRequests>,
@@ -96,7 +96,7 @@ impl Instances {
         let bounds = Bounds { max_per_lambda: cfg.max_per_lambda, max_total: cfg.max_total, queue_depth: cfg.queue_depth };
         let idle_times = cfg.keep_alive.map(|policy| Mutex::new(Tracker::new(policy)));
         let memory_group = cfg.budget.and(backend.memory_group());
-        let (cfg_cpu_weight, cfg_long) = (cfg.lambda_cpu_weight, cfg.long_request);
+        let (cfg_cpu_weight, cfg_split, cfg_long) = (cfg.lambda_cpu_weight, cfg.cpu_weight_split, cfg.long_request);
         let ticker = match (cfg.long_request, cfg.preempt_tick) {
             (Some(_), Some(period)) => crate::ticker::Ticker::start(period, cfg.rt_home.clone())
                 .inspect_err(|e| tracing::warn!("no preemption ticks ({e}): requests beside long ones may wait a scheduler tick"))
@@ -121,7 +121,7 @@ impl Instances {
             closed: AtomicBool::new(false),
             measure: tokio::sync::Notify::new(),
             logs,
-            cpu: (cfg_cpu_weight > 0).then(|| Mutex::new(CpuShares::new(cfg_cpu_weight))),
+            cpu: (cfg_cpu_weight > 0).then(|| Mutex::new(CpuShares::new(cfg_cpu_weight, cfg_split))),
             long_requests: Mutex::new(LongRequests::new(cfg_long.unwrap_or(Duration::MAX))),
             ticker,
         });
@@ -294,7 +294,7 @@ impl Instances {
                 if idled {
                     self.long_requests_idled.fetch_add(1, Ordering::Relaxed);
                 }
-                // Back from idling its group weighs as a default one: its lambda's share again.
+                // Back from idling its group weighs as a default one: its weight again.
                 if let (true, Some(shares)) = (idled, &self.cpu) {
                     if let Some(weight) = shares.lock().unwrap().weight_of(sandbox) {
                         write_cpu_weights(vec![(cpu.clone(), weight)]);

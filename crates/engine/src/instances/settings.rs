@@ -26,9 +26,10 @@ pub struct InstanceConfig {
     pub budget: Option<Budget>,
     /// Memory a lambda's sandbox is assumed to need until one has been measured.
     pub sandbox_estimate: u64,
-    /// Each lambda's CPU weight, split among its sandboxes ([`crate::cpu_shares`]); 0 leaves
-    /// every sandbox at its cgroup's default.
+    /// Each lambda's CPU weight ([`crate::cpu_shares`]): each of its sandboxes', or split
+    /// among them (`cpu_weight_split`); 0 leaves every sandbox at its cgroup's default.
     pub lambda_cpu_weight: u64,
+    pub cpu_weight_split: bool,
     /// A request running longer idles its sandbox's cgroup for the rest of its run, so
     /// shorter requests take a contended CPU at once; None: never.
     pub long_request: Option<Duration>,

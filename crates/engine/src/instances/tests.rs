@@ -38,6 +38,7 @@ fn config() -> InstanceConfig {
         budget: None,
         sandbox_estimate: 32 << 20,
         lambda_cpu_weight: 100,
+        cpu_weight_split: true,
         long_request: None,
         preempt_tick: None,
         rt_home: None,
