@@ -269,6 +269,10 @@ def test_the_resident_budget_parks_the_least_recently_used_pod_early(make_worker
         time.sleep(0.3)
     # (Room for the next pod is also made ahead, after each start: "a" may be parked already.)
     assert w.client.run("c")["n"] == 1
+    # The park runs in the background (a second or more on a loaded host): wait for it.
+    deadline = time.time() + 20
+    while not (parking(w)["parks"] >= 1 and len(parked_images(w)) >= 1) and time.time() < deadline:
+        time.sleep(0.1)
     assert parking(w)["parks"] >= 1 and len(parked_images(w)) >= 1, (parking(w), w.log()[-2000:])
     time.sleep(0.3)
     assert w.client.run("a")["n"] == 2

@@ -151,7 +151,8 @@ impl OutputPipe {
         {
             let mut lines = reader.lines.lock().unwrap();
             let mut left = pending_bytes(reader.fd.as_raw_fd());
-            let mut chunk = [0u8; 64 * 1024];
+            // Most requests print nothing: no buffer to clear for them (64 KiB, every request).
+            let mut chunk = if left > 0 { vec![0u8; left.min(64 * 1024)] } else { Vec::new() };
             while left > 0 {
                 match read_now(reader.fd.as_raw_fd(), &mut chunk[..left.min(64 * 1024)]) {
                     Ok(0) | Err(_) => break,

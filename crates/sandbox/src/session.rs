@@ -165,6 +165,12 @@ impl Session {
         output: Option<OutputPipe>,
     ) -> Session {
         let peak = cgroup.as_ref().and_then(|c| c.peak.as_deref()).and_then(PeakMeter::open);
+        // What the handler printed while loading is in the pipe before its hello: taken now,
+        // it belongs to no request (left to the poller, a busy CPU could leave it for the
+        // first request's end, inside that request's START and REPORT).
+        if let Some(output) = &output {
+            output.settle();
+        }
         Session { id, kind, startup, channel, process, cgroup, limits, tainted: false, attached, output, peak, last_peak: None }
     }
 

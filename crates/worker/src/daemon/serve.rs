@@ -89,17 +89,34 @@ struct Claimed {
     _lock: nix::fcntl::Flock<fs::File>,
 }
 
+/// How long a held lock is tried again before it means a running worker: a worker killed a
+/// moment ago may have left a child between its fork and its exec (a helper it was starting),
+/// which holds the lock's descriptor until it execs.
+const LOCK_GRACE: Duration = Duration::from_secs(1);
+
+/// Take `dir`'s worker lock, or say which worker holds it.
+fn lock_dir(dir: &Path) -> Result<nix::fcntl::Flock<fs::File>> {
+    let deadline = std::time::Instant::now() + LOCK_GRACE;
+    loop {
+        let lock_file = fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(LOCK))?;
+        match nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err(_) => {
+                let pid = fs::read_to_string(dir.join(PID)).unwrap_or_default();
+                bail!("a worker is already running in {} (pid {})", dir.display(), pid.trim());
+            }
+        }
+    }
+}
+
 impl Claimed {
     /// Lock `dir`, write the pid file, read the configuration, check the base image, and
     /// remove what a worker that did not shut down left behind.
     fn claim(dir: &Path) -> Result<Claimed> {
         let dir = fs::canonicalize(dir).with_context(|| format!("{} does not exist; run `sprout worker init` first", dir.display()))?;
         let config = Config::load(&dir)?;
-        let lock_file = fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(LOCK))?;
-        let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
-            let pid = fs::read_to_string(dir.join(PID)).unwrap_or_default();
-            anyhow::anyhow!("a worker is already running in {} (pid {})", dir.display(), pid.trim())
-        })?;
+        let lock = lock_dir(&dir)?;
         // At once, so `down` never reads a pid file an earlier, killed worker left behind.
         fs::write(dir.join(PID), format!("{}\n", std::process::id()))?;
         if !base::is_ready(&config.base.path, &config.base.suite) {
