@@ -79,6 +79,22 @@ def report(perf_data, sort, limit):
     return rows
 
 
+def checkout_of(binary):
+    """The checkout a build runs in (target/release/sprout's), which holds its examples and
+    runtime; this one for a binary elsewhere."""
+    parents = Path(binary).resolve().parents
+    return parents[2] if len(parents) > 2 and (parents[2] / "Cargo.toml").exists() else REPO
+
+
+def write_results(out, result, markdown, plot):
+    """`result` as OUT.json, its table as OUT.md (printed too) and its plot as OUT.png."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
+    Path(f"{out}.md").write_text(markdown(result))
+    plot(result, f"{out}.png")
+    print(markdown(result))
+
+
 def profile_once(binary, args, scratch):
     """One bench run of `binary` with perf sampling the measured closed loop: the bench's
     figures, the busy share by kind of process and the top functions (shares of busy samples)."""
@@ -87,10 +103,7 @@ def profile_once(binary, args, scratch):
     # A c=1 point first (every build's report wants it), then the profiled one.
     cmd = [str(binary), "bench", "sandboxes", "--backends", args.backend, "--concurrency", f"1,{args.concurrency}",
            "--seconds", str(args.seconds), "--out", out]
-    # A build runs in its own checkout (target/release/sprout's), which holds its examples.
-    parents = Path(binary).resolve().parents
-    tree = parents[2] if len(parents) > 2 and (parents[2] / "Cargo.toml").exists() else REPO
-    bench = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=tree)
+    bench = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=checkout_of(binary))
     started = threading.Event()
     lines = []
 
@@ -243,11 +256,7 @@ def main():
                   f"{run['cpu_ms_per_cold_start']:.2f} ms CPU per life", file=sys.stderr)
     result = {"backend": args.backend, "concurrency": args.concurrency, "seconds": args.seconds, "machine": machine(),
               "builds": [{"label": labels[i], "binary": str(binaries[i]), **summarize(runs[i])} for i in range(len(binaries))]}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")
-    Path(f"{args.out}.md").write_text(markdown(result))
-    plot(result, f"{args.out}.png")
-    print(markdown(result))
+    write_results(args.out, result, markdown, plot)
 
 
 if __name__ == "__main__":

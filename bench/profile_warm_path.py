@@ -14,7 +14,6 @@ bound as much as the worker's; the CPU per request is the worker CPU's alone. Ne
 
 import argparse
 import http.client
-import json
 import os
 import re
 import shutil
@@ -27,6 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "python"))
+from profile_sandbox_life import checkout_of, machine, write_results  # noqa: E402
+
 import sprout  # noqa: E402
 
 CONFIG = """[worker]
@@ -69,12 +70,9 @@ def profile_once(binary, args, port):
     and by (process, function)."""
     work = tempfile.mkdtemp(prefix="warm-path-", dir=args.scratch)
     Path(work, "config.toml").write_text(CONFIG.format(port=port, cpu=args.worker_cpu))
-    subprocess.run([str(binary), "worker", "init", work], check=True, capture_output=True, cwd=Path(binary).resolve().parents[2]
-                   if (Path(binary).resolve().parents[2] / "Cargo.toml").exists() else REPO)
+    tree = checkout_of(binary)
+    subprocess.run([str(binary), "worker", "init", work], check=True, capture_output=True, cwd=tree)
     log = open(os.path.join(work, "worker.log"), "w")
-    # A build runs in its own checkout (target/release/sprout's), which holds its runtime.
-    parents = Path(binary).resolve().parents
-    tree = parents[2] if len(parents) > 2 and (parents[2] / "Cargo.toml").exists() else REPO
     worker = subprocess.Popen(["taskset", "-c", str(args.worker_cpu), str(binary), "worker", "up", work], stdout=log,
                               stderr=log, cwd=tree)
     try:
@@ -218,14 +216,9 @@ def main():
             runs[i].append(run)
             print(f"round {r + 1}/{args.rounds} {labels[i]}: {run['requests_per_s']:.0f}/s, "
                   f"{run['cpu_us_per_request']:.0f} µs CPU per request", file=sys.stderr)
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    result = {"machine": f"{os.cpu_count()} cores ({model}), {os.uname().release}", "seconds": args.seconds,
+    result = {"machine": machine(), "seconds": args.seconds,
               "builds": [{"label": labels[i], "binary": str(binaries[i]), **summarize(runs[i])} for i in runs]}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")
-    Path(f"{args.out}.md").write_text(markdown(result))
-    plot(result, f"{args.out}.png")
-    print(markdown(result))
+    write_results(args.out, result, markdown, plot)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use sprout_sandbox::cgroup::DEFAULT_WEIGHT;
+
 /// The weight each of `n` sandboxes of a lambda weighing `weight` gets (at least 1).
 pub fn split(weight: u64, n: usize) -> u64 {
     (weight / n.max(1) as u64).max(1)
 }
-
-/// A cgroup's weight until one is written (cgroup v2's scale; v1's 1024 shares).
-pub const DEFAULT_WEIGHT: u64 = 100;
 
 /// Every live sandbox by lambda, with the handle its weight is written through.
 pub struct CpuShares<H> {

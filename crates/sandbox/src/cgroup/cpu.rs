@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use super::files::write_file;
 
+/// A cgroup's CPU weight until one is written, on v2's scale (v1's 1024 shares).
+pub const DEFAULT_WEIGHT: u64 = 100;
+
 /// How a cgroup's processes share a contended CPU with its siblings': its weight, and
 /// whether it idles (`cpu.idle`: the group runs as SCHED_IDLE does, on time no sibling
 /// wants, and a sibling waking takes the CPU from it at once).
@@ -68,7 +71,7 @@ impl CpuControl {
         match (self.v1, idle) {
             (true, true) => write_file(&self.dir.join("cpu.shares"), "2"),
             (false, true) => write_file(&self.dir.join("cpu.weight"), "1"),
-            (_, false) => self.set_weight(100),
+            (_, false) => self.set_weight(DEFAULT_WEIGHT),
         }
     }
 }

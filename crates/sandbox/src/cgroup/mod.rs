@@ -25,7 +25,7 @@ mod tree;
 mod view;
 mod worker_cpu;
 
-pub use cpu::CpuControl;
+pub use cpu::{CpuControl, DEFAULT_WEIGHT};
 pub(crate) use files::{move_pid, read_oom_kills, read_pids};
 pub use group::Cgroup;
 pub use layout::{Layout, Version};

@@ -97,11 +97,14 @@ const LOCK_GRACE: Duration = Duration::from_secs(1);
 /// Take `dir`'s worker lock, or say which worker holds it.
 fn lock_dir(dir: &Path) -> Result<nix::fcntl::Flock<fs::File>> {
     let deadline = std::time::Instant::now() + LOCK_GRACE;
+    let mut lock_file = fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(LOCK))?;
     loop {
-        let lock_file = fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(LOCK))?;
         match nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
             Ok(lock) => return Ok(lock),
-            Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err((file, _)) if std::time::Instant::now() < deadline => {
+                lock_file = file;
+                std::thread::sleep(Duration::from_millis(50));
+            }
             Err(_) => {
                 let pid = fs::read_to_string(dir.join(PID)).unwrap_or_default();
                 bail!("a worker is already running in {} (pid {})", dir.display(), pid.trim());
