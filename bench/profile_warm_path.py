@@ -26,6 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "python"))
+from cpus_awake import NAME, cpus_awake  # noqa: E402
 from profile_sandbox_life import checkout_of, machine, write_results  # noqa: E402
 
 import sprout  # noqa: E402
@@ -50,6 +51,8 @@ max_per_lambda = 1
 
 
 def kind_of(comm):
+    if comm.startswith(NAME):
+        return None  # bench/cpus_awake.py's spinner
     if comm.startswith("python"):
         return "handler"
     if comm.startswith("sprout-logs"):
@@ -123,7 +126,7 @@ def profile_once(binary, args, port):
     per_request = lambda share: share / 100.0 * recorded * 1e6 / len(latencies)  # noqa: E731
     kinds, functions = {}, {}
     for share, (comm, *rest) in perf_rows(perf_data, "comm,sym"):
-        if comm.startswith("swapper"):
+        if comm.startswith("swapper") or kind_of(comm) is None:
             continue
         function = re.sub(r"^\[.\]\s+", "", rest[0] if rest else "?")[:90]
         kinds[kind_of(comm)] = kinds.get(kind_of(comm), 0.0) + per_request(share)
@@ -150,7 +153,8 @@ def markdown(result):
     builds = result["builds"]
     names = [b["label"] for b in builds]
     lines = [f"CPU of a warm request (no-op lambda, sock with seccomp and a network namespace, one connection); "
-             f"{result['machine']}; medians of {builds[0]['rounds']} alternating rounds.", "",
+             f"{result['machine']}; medians of {builds[0]['rounds']} alternating rounds"
+             f"{'; CPUs kept awake (bench/cpus_awake.py)' if result.get('cpus_kept_awake') else ''}.", "",
              "| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     lines.append("| requests/s (the client's bound too) | " + " | ".join(f"{b['requests_per_s']:.0f}" for b in builds) + " |")
     lines.append("| p50 (ms) | " + " | ".join(f"{b['p50_ms']:.3f}" for b in builds) + " |")
@@ -203,6 +207,8 @@ def main():
     parser.add_argument("--port", type=int, default=5720)
     parser.add_argument("--scratch", default="/var/tmp")
     parser.add_argument("--out", default="bench/results/warm-path")
+    parser.add_argument("--keep-cpus-awake", action="store_true",
+                        help="an idle-class spinner per CPU meanwhile (bench/cpus_awake.py; left out of the profile)")
     args = parser.parse_args()
     if not shutil.which("perf"):
         sys.exit("perf is needed (Debian: apt-get install linux-perf)")
@@ -210,13 +216,14 @@ def main():
     binaries = [Path(b).resolve() for b in args.binary]
     labels = (args.label or []) + [str(b) for b in binaries[len(args.label or []):]]
     runs = {i: [] for i in range(len(binaries))}
-    for r in range(args.rounds):
-        for i in (range(len(binaries)) if r % 2 == 0 else reversed(range(len(binaries)))):
-            run = profile_once(binaries[i], args, args.port + i)
-            runs[i].append(run)
-            print(f"round {r + 1}/{args.rounds} {labels[i]}: {run['requests_per_s']:.0f}/s, "
-                  f"{run['cpu_us_per_request']:.0f} µs CPU per request", file=sys.stderr)
-    result = {"machine": machine(), "seconds": args.seconds,
+    with cpus_awake(args.keep_cpus_awake, {args.worker_cpu, args.client_cpu}):
+        for r in range(args.rounds):
+            for i in (range(len(binaries)) if r % 2 == 0 else reversed(range(len(binaries)))):
+                run = profile_once(binaries[i], args, args.port + i)
+                runs[i].append(run)
+                print(f"round {r + 1}/{args.rounds} {labels[i]}: {run['requests_per_s']:.0f}/s, "
+                      f"{run['cpu_us_per_request']:.0f} µs CPU per request", file=sys.stderr)
+    result = {"machine": machine(), "seconds": args.seconds, "cpus_kept_awake": args.keep_cpus_awake,
               "builds": [{"label": labels[i], "binary": str(binaries[i]), **summarize(runs[i])} for i in runs]}
     write_results(args.out, result, markdown, plot)
 

@@ -22,7 +22,7 @@ def strict(tmp_path_factory, sprout_bin):
         "limits": {"timeout_ms": 2000, "memory_mb": 64, "pids": 32},
     })
     w.start()
-    for name in ("sleepy", "hog", "forkbomb", "probe", "spawner"):
+    for name in ("sleepy", "hog", "forkbomb", "probe", "spawner", "threader"):
         w.deploy_test_lambda(name)
     w.client.deploy(str(LAMBDAS.parent.parent / "examples" / "lambdas" / "echo"))
     yield w
@@ -83,6 +83,13 @@ def test_children_left_behind_are_killed_after_the_request(strict):
     assert host_processes_matching("sleep 3600") == []
     # the sandbox itself stays usable
     assert strict.client.run("spawner")["marker"] == "sleep 3600"
+
+
+def test_a_handlers_own_threads_left_running_keep_its_sandbox_warm(strict):
+    # The worker's check after a request counts the group's tasks first; threads of the one
+    # process left make it ask cgroup.procs, which finds the helper alone: no cold start.
+    assert strict.client.run("threader") == {"calls": 1, "threads": 2}
+    assert strict.client.run("threader") == {"calls": 2, "threads": 3}
 
 
 def test_writes_to_code_base_and_runtime_are_refused(strict):

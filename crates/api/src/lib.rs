@@ -38,7 +38,7 @@ use std::net::SocketAddr;
 pub use app_config::AppSection;
 pub use app_port::AppPort;
 pub use auth::{Discovery, Guard, Token};
-pub use state::{Api, AppSites};
+pub use state::{Api, ApiParts, AppSites};
 
 /// Serve the API on `listener` until `shutdown` completes, then finish the requests under way.
 pub async fn serve(

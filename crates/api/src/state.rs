@@ -16,8 +16,27 @@ use crate::static_files::StaticDir;
 /// The app port's sites, their static directories served by [`StaticDir`].
 pub type AppSites = Sites<StaticDir>;
 
+/// The API's state, one handle cloned for each request (one reference count, where cloning
+/// its parts would touch each of theirs).
 #[derive(Clone)]
-pub struct Api {
+pub struct Api(Arc<ApiParts>);
+
+impl Api {
+    pub fn new(parts: ApiParts) -> Api {
+        Api(Arc::new(parts))
+    }
+}
+
+impl std::ops::Deref for Api {
+    type Target = ApiParts;
+
+    fn deref(&self) -> &ApiParts {
+        &self.0
+    }
+}
+
+/// What the API serves with.
+pub struct ApiParts {
     pub engine: Arc<Engine>,
     /// Who may use the API, and the token lambdas must never see.
     pub auth: Arc<Guard>,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::cgroup::{CgroupView, Limits, PeakMeter};
+use crate::cgroup::{CgroupView, Limits, PeakMeter, TaskCounter};
 use crate::channel::{Channel, Hello, Reply, Request};
 use crate::output::OutputPipe;
 use crate::process::PidFd;
@@ -49,6 +49,8 @@ pub struct Session {
     pub peak: Option<PeakMeter>,
     /// The peak memory of its last request, when its cgroup tells.
     pub last_peak: Option<u64>,
+    /// Its cgroup's task count, read after each request.
+    pub tasks: Option<TaskCounter>,
 }
 
 impl Session {
@@ -132,8 +134,12 @@ impl Session {
     }
 
     /// After a request the helper (PID 1 of the sandbox) kills what the handler left running;
-    /// the worker checks rather than trusts it, since the helper runs the handler's code.
+    /// the worker checks rather than trusts it, since the helper runs the handler's code. A
+    /// task count of one settles it; more (a handler's threads, say) asks `cgroup.procs`.
     fn only_helper_left(&self) -> bool {
+        if self.tasks.as_ref().and_then(TaskCounter::read).is_some_and(|n| n <= 1) {
+            return true;
+        }
         match &self.cgroup {
             Some(view) => crate::cgroup::read_pids(&view.procs).len() <= 1,
             None => true,
@@ -165,13 +171,14 @@ impl Session {
         output: Option<OutputPipe>,
     ) -> Session {
         let peak = cgroup.as_ref().and_then(|c| c.peak.as_deref()).and_then(PeakMeter::open);
+        let tasks = cgroup.as_ref().and_then(|c| c.tasks.as_deref()).and_then(TaskCounter::open);
         // What the handler printed while loading is in the pipe before its hello: taken now,
         // it belongs to no request (left to the poller, a busy CPU could leave it for the
         // first request's end, inside that request's START and REPORT).
         if let Some(output) = &output {
             output.settle();
         }
-        Session { id, kind, startup, channel, process, cgroup, limits, tainted: false, attached, output, peak, last_peak: None }
+        Session { id, kind, startup, channel, process, cgroup, limits, tainted: false, attached, output, peak, last_peak: None, tasks }
     }
 
     /// Whether the sandbox may serve another request.

@@ -37,13 +37,14 @@ def _recv_exact(sock, n, into=None):
 
 
 def recv_frame(sock):
-    """Read one frame; returns (header, body)."""
+    """Read one frame; returns (header, body). The header and body come in one read where
+    the worker sent them at once (it does)."""
     head_len, body_len = FRAME.unpack(_recv_exact(sock, FRAME.size))
     if head_len > MAX_HEADER:
         raise ValueError("frame header too large")
-    head = _recv_exact(sock, head_len)
-    body = bytes(_recv_exact(sock, body_len)) if body_len else b""
-    return json.loads(head), body
+    rest = _recv_exact(sock, head_len + body_len)
+    body = bytes(rest[head_len:]) if body_len else b""
+    return json.loads(rest[:head_len]), body
 
 
 def connect():

@@ -67,6 +67,7 @@ def serve_lambda(sock):
         def invoke(_app, request, body):
             return server.invoke(request, body)
     invoke_many = dispatch.invoke_batch if kind == "function" else dispatch.refuse_batch(kind)
+    init = os.getpid() == 1  # PID 1 of the sandbox's namespace (a pod's handler is not)
     served = 0
     while True:
         try:
@@ -98,7 +99,7 @@ def serve_lambda(sock):
                 header["package_modules"] = learned
         sys.stdout.flush()
         sys.stderr.flush()
-        kill_leftovers()
+        kill_leftovers(init)
         channel.send_frame(sock, header, out)
 
 
@@ -123,15 +124,21 @@ def park(sock):
     return sock
 
 
-def kill_leftovers():
-    """End every process the request left behind. As PID 1 of the sandbox's PID namespace,
-    kill(-1) reaches all of them at once, and each one's exit reparents its orphans to us.
+def kill_leftovers(init):
+    """End every process the request left behind. As PID 1 of the sandbox's PID namespace
+    (`init`), kill(-1) reaches all of them at once, and each one's exit reparents its orphans to us.
     A pod's handler is not PID 1 but a subreaper (pod.py), so it kills its children,
-    found in /proc, until none is left."""
-    if os.getpid() != 1:
+    found in /proc, until none is left.
+
+    Most requests leave nothing: every process of the namespace descends from PID 1 (an
+    orphan is reparented to it), so with no child there is nobody, and the kill, whose
+    kernel walk visits every process of the host, is skipped."""
+    if not init:
         if POD_HANDLER and has_children():
             kill_children()
         return
+    if not has_children():
+        return  # so no other process in the namespace
     try:
         os.kill(-1, signal.SIGKILL)
         block = 0

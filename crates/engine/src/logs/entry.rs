@@ -1,6 +1,8 @@
 //! One kept line of a lambda's logs: what a handler wrote, or the start, error and report of
 //! an invocation; as the API and the files show it (JSON).
 
+use std::borrow::Cow;
+use std::fmt::Write;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -22,15 +24,29 @@ pub enum Kind {
     Dropped,
 }
 
+/// A word of a few known values (`cold`, `http`, `ok`), borrowed; anything else, owned.
+pub type Word = Cow<'static, str>;
+
+/// `text` as a [`Word`]: borrowed when it is `ok` or an error code.
+pub fn word(text: &str) -> Word {
+    if text == "ok" {
+        return Cow::Borrowed("ok");
+    }
+    match crate::errors::ErrorCode::ALL.iter().map(|c| c.as_str()).find(|c| *c == text) {
+        Some(code) => Cow::Borrowed(code),
+        None => Cow::Owned(text.to_string()),
+    }
+}
+
 /// What an entry other than a line of output adds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Details {
     /// `cold` or `warm`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start: Option<String>,
+    pub start: Option<Word>,
     /// `http`, `app`, `invoke` or `kafka`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trigger: Option<String>,
+    pub trigger: Option<Word>,
     /// The calling request's id (`invoke`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caller: Option<String>,
@@ -44,7 +60,7 @@ pub struct Details {
     pub max_memory_mb: Option<f64>,
     /// `ok` or an error code.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outcome: Option<String>,
+    pub outcome: Option<Word>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceback: Option<String>,
     /// Lines (and bytes) of output dropped: a `dropped` entry's, or a report's for its request.
@@ -114,22 +130,25 @@ impl Entry {
 
 /// A report's message, as AWS Lambda words it.
 pub fn report_message(request_id: &str, d: &Details) -> String {
-    let mut m = format!(
+    let mut m = String::with_capacity(160);
+    // Writing to a String cannot fail.
+    let _ = write!(
+        m,
         "REPORT RequestId: {request_id} Duration: {:.2} ms Billed Duration: {} ms",
         d.duration_ms.unwrap_or(0.0),
         d.billed_ms.unwrap_or(0)
     );
     if let Some(mb) = d.max_memory_mb {
-        m.push_str(&format!(" Max Memory Used: {} MB", mb.ceil() as u64));
+        let _ = write!(m, " Max Memory Used: {} MB", mb.ceil() as u64);
     }
     if let Some(init) = d.init_ms {
-        m.push_str(&format!(" Init Duration: {init:.2} ms"));
+        let _ = write!(m, " Init Duration: {init:.2} ms");
     }
     if let Some(outcome) = d.outcome.as_deref().filter(|o| *o != "ok") {
-        m.push_str(&format!(" Outcome: {outcome}"));
+        let _ = write!(m, " Outcome: {outcome}");
     }
     if let Some(lines) = d.lines.filter(|n| *n > 0) {
-        m.push_str(&format!(" Output Dropped: {lines} lines"));
+        let _ = write!(m, " Output Dropped: {lines} lines");
     }
     m
 }

@@ -392,7 +392,7 @@ impl SandboxOutput {
         self.flush_dropped(&mut state, report.sandbox, Some(id.clone()));
         if let Some((message, traceback)) = report.error {
             let details =
-                Details { outcome: Some(report.outcome.to_string()), traceback: traceback.map(str::to_string), ..Details::default() };
+                Details { outcome: Some(entry::word(report.outcome)), traceback: traceback.map(str::to_string), ..Details::default() };
             let text = format!("ERROR RequestId: {id} {}: {message}", report.outcome);
             self.logs.keep(&self.log, &mut state, self.entry(Kind::Error, text, Some(id.clone()), report.sandbox).details(details));
         }
@@ -403,7 +403,7 @@ impl SandboxOutput {
             billed_ms: Some(duration_ms.ceil().max(1.0) as u64),
             init_ms: report.init.map(|d| (d.as_secs_f64() * 1e6).round() / 1000.0),
             max_memory_mb: report.peak_memory.map(|b| (b as f64 / (1 << 20) as f64 * 100.0).round() / 100.0),
-            outcome: Some(report.outcome.to_string()),
+            outcome: Some(entry::word(report.outcome)),
             lines: (current.dropped_lines > 0).then_some(current.dropped_lines),
             ..Details::default()
         };

@@ -12,7 +12,7 @@ use super::cpu::CpuControl;
 use super::files::{mkdir_exist_ok, read_key, read_oom_kills, read_pids, write_file, write_pid};
 use super::layout::Layout;
 use super::limits::Limits;
-use super::view::{peak_file, CgroupView};
+use super::view::{peak_file, tasks_file, CgroupView};
 
 /// One sandbox's cgroup: a directory in each hierarchy.
 #[derive(Debug)]
@@ -23,6 +23,8 @@ pub struct Cgroup {
     limits: Option<Limits>,
     /// cgroup.procs of each hierarchy, opened for writing once and kept with the group.
     procs_fds: Vec<OwnedFd>,
+    /// Its share of a contended CPU, made once (with its CPU time's file kept open).
+    cpu: Option<CpuControl>,
 }
 
 impl Cgroup {
@@ -36,7 +38,8 @@ impl Cgroup {
             .iter()
             .map(|d| fs::OpenOptions::new().write(true).open(d.join("cgroup.procs")).map(OwnedFd::from))
             .collect::<io::Result<_>>()?;
-        Ok(Cgroup { name: name.to_string(), layout, dirs, limits: None, procs_fds })
+        let cpu = layout.cpu_control_of(name);
+        Ok(Cgroup { name: name.to_string(), layout, dirs, limits: None, procs_fds, cpu })
     }
 
     /// The group's directories, one per hierarchy.
@@ -109,7 +112,7 @@ impl Cgroup {
 
     /// The group's share of a contended CPU, where the cpu controller reaches it.
     pub fn cpu_control(&self) -> Option<CpuControl> {
-        self.layout.cpu_control_of(&self.name)
+        self.cpu.clone()
     }
 
     /// cgroup.procs of the hierarchy holding the cpu controller (the unified one on v2): where
@@ -146,6 +149,7 @@ impl Cgroup {
             oom_before: oom_source.as_deref().map(read_oom_kills).unwrap_or(0),
             oom_source,
             peak: self.memory_dir().map(|d| d.join(peak_file(&self.layout))),
+            tasks: tasks_file(&self.layout, &self.name),
         }
     }
 

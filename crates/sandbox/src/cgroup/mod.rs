@@ -32,5 +32,5 @@ pub use layout::{Layout, Version};
 pub use limits::Limits;
 pub use pool::{CgroupPool, PoolStats};
 pub use tree::remove_group_tree;
-pub use view::{view_of, CgroupView, PeakMeter};
+pub use view::{view_of, CgroupView, PeakMeter, TaskCounter};
 pub use worker_cpu::OwnCpuGroup;

@@ -1,6 +1,6 @@
 //! What a sandbox's session reads of its cgroup after each request: its processes, its OOM
-//! kills and its peak memory ([`CgroupView`], [`PeakMeter`]), for a group of Sprout's or one
-//! an OCI runtime made ([`view_of`]).
+//! kills and its peak memory ([`CgroupView`], [`PeakMeter`], [`TaskCounter`]), for a group of
+//! Sprout's or one an OCI runtime made ([`view_of`]).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -17,6 +17,8 @@ pub struct CgroupView {
     pub oom_source: Option<PathBuf>,
     /// `memory.max_usage_in_bytes` (v1) or `memory.peak` (v2).
     pub peak: Option<PathBuf>,
+    /// `pids.current`: the tasks (threads) in the group, where the pids controller counts them.
+    pub tasks: Option<PathBuf>,
 }
 
 /// A cgroup's peak memory since the last [`PeakMeter::reset`]: v1's `memory.max_usage_in_bytes`
@@ -40,11 +42,34 @@ impl PeakMeter {
     }
 
     pub fn read(&self) -> Option<u64> {
-        use std::os::unix::fs::FileExt;
-        let mut buf = [0u8; 32];
-        let n = self.file.read_at(&mut buf, 0).ok()?;
-        std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
+        read_number(&self.file)
     }
+}
+
+/// The tasks in a cgroup (`pids.current`: every thread of every process, the group's
+/// subgroups' too), read through a file kept open: one system call, where reading
+/// `cgroup.procs` builds a list of the group's processes. A count of one proves the group
+/// holds one process; more may be one process's threads, which only `cgroup.procs` tells.
+pub struct TaskCounter {
+    file: fs::File,
+}
+
+impl TaskCounter {
+    pub fn open(path: &Path) -> Option<TaskCounter> {
+        Some(TaskCounter { file: fs::File::open(path).ok()? })
+    }
+
+    pub fn read(&self) -> Option<u64> {
+        read_number(&self.file)
+    }
+}
+
+/// The number a cgroup file holds, read from its start.
+fn read_number(file: &fs::File) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 32];
+    let n = file.read_at(&mut buf, 0).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
 }
 
 /// The cgroup.procs and OOM counter of cgroup `name` (relative to the hierarchy roots).
@@ -63,7 +88,16 @@ pub fn view_of(layout: Option<&Layout>, name: &str) -> Option<CgroupView> {
     let oom_source = Some(dir.join(oom_file)).filter(|p| p.exists());
     let oom_before = oom_source.as_deref().map(read_oom_kills).unwrap_or(0);
     let peak = Some(dir.join(peak_file(layout?))).filter(|p| p.exists());
-    Some(CgroupView { procs, oom_before, oom_source, peak })
+    Some(CgroupView { procs, oom_before, oom_source, peak, tasks: tasks_file(layout?, name) })
+}
+
+/// Group `name`'s `pids.current`, where the pids controller reaches it.
+pub(super) fn tasks_file(layout: &Layout, name: &str) -> Option<PathBuf> {
+    let dir = match layout {
+        Layout::V1 { .. } => layout.v1_dir_of(name, "pids")?,
+        Layout::V2 { root, .. } => root.join(name),
+    };
+    Some(dir.join("pids.current")).filter(|p| p.exists())
 }
 
 /// The file holding a group's peak memory.

@@ -16,7 +16,7 @@ use sprout_sandbox::{base, cleanup, network};
 use tokio::net::TcpListener;
 
 use sprout_api::auth::token;
-use sprout_api::{Api, AppPort, Discovery, Guard};
+use sprout_api::{Api, ApiParts, AppPort, Discovery, Guard};
 use sprout_engine::{Engine, Extensions, Host, LambdaWatcher};
 use sprout_fleet::member::{shared_registry, FleetRoutes, SharedRegistry};
 use sprout_offload::{Blobs, LeaseBook, LeaseFiles, MapCalls};
@@ -246,7 +246,7 @@ impl Features {
 fn assemble(claimed: &Claimed, engine: Arc<Engine>, features: Features, listeners: &Listeners) -> Api {
     let config = &claimed.config;
     let worker_name = claimed.host.name.as_str();
-    Api {
+    Api::new(ApiParts {
         engine,
         auth: Arc::new(Guard::new(claimed.token.clone(), config.worker.auth, listeners.listening.to_string())),
         leases: features.leases,
@@ -256,7 +256,7 @@ fn assemble(claimed: &Claimed, engine: Arc<Engine>, features: Features, listener
         sites: listeners.app.as_ref().map(AppPort::sites),
         shared: features.shared,
         worker_name: sprout_api::http::worker_name_header(worker_name),
-    }
+    })
 }
 
 /// Weigh the worker's own threads above the lambdas' (`worker.cpu_weight`): on cgroup v1, a
