@@ -113,6 +113,21 @@ def test_a_weighted_worker_joins_a_cpu_group_of_its_own(make_worker):
     assert str(w.process.pid) in open(f"{group}/cgroup.procs").read().split()
 
 
+def test_the_output_reader_and_the_log_writer_run_in_an_idle_group(make_worker):
+    """A lambda flooding its output slows itself, not its neighbours: the threads that read
+    the sandboxes' pipes and write the logs run on CPU time no other group wants, and their
+    output still reaches the logs."""
+    w = make_worker(worker={"cpu_weight": 400})
+    group = f"/sys/fs/cgroup/cpu/{w.cgroup_names[0]}/worker-output"
+    assert open(f"{group}/cpu.idle").read().strip() == "1"
+    tids = open(f"{group}/tasks").read().split()
+    names = sorted(open(f"/proc/{w.process.pid}/task/{t}/comm").read().strip() for t in tids)
+    assert names == ["sprout-logs", "sprout-output"]
+    w.deploy_source("talker", "def f(e):\n    print('said', e)\n    return 'ok'\n")
+    assert w.client.run("talker", "hello") == "ok"
+    assert any("said hello" in e["message"] for e in w.client.logs("talker"))
+
+
 def test_only_a_request_that_computes_yields_the_cpu_as_a_long_one(make_worker):
     """`limits.long_request_ms`: a request idles its sandbox's cgroup once it has computed for
     half of that by then; one that only waits (for I/O here, or for a CPU crowded with cold

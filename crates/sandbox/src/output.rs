@@ -219,6 +219,12 @@ struct Poller {
 static POLLER: OnceLock<Poller> = OnceLock::new();
 
 /// The poller, started on first use.
+/// Start the thread that reads every sandbox's output (`sprout-output`) now, rather than
+/// with the first pipe, so the worker can place it.
+pub fn start_poller() -> io::Result<()> {
+    poller().map(|_| ())
+}
+
 fn poller() -> io::Result<&'static Poller> {
     if let Some(p) = POLLER.get() {
         return Ok(p);

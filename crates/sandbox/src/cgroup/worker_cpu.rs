@@ -1,6 +1,7 @@
-//! The worker's own group in the cpu hierarchy, on v1: joining one with a weight of its own
-//! ([`Layout::join_cpu_group`]) and leaving it ([`OwnCpuGroup`]), and the root group's
-//! `tasks` file, where real-time threads may run ([`Layout::cpu_root_tasks`]).
+//! The worker's own groups in the cpu hierarchy, on v1: joining one with a weight of its own
+//! ([`Layout::join_cpu_group`]) and leaving it ([`OwnCpuGroup`]), an idle one for threads
+//! whose work no request waits for ([`Layout::idle_threads`]), and the root group's `tasks`
+//! file, where real-time threads may run ([`Layout::cpu_root_tasks`]).
 
 use std::fs;
 use std::io;
@@ -58,5 +59,27 @@ impl Layout {
         CpuControl::at(&dir, true).set_weight(weight)?;
         write_file(&dir.join("cgroup.procs"), &std::process::id().to_string())?;
         Ok(Some(OwnCpuGroup { back: was.join("cgroup.procs") }))
+    }
+
+    /// Make group `name` of the cpu hierarchy an idle one (`cpu.idle`: it runs on CPU time
+    /// no sibling wants; the least weight where the kernel has no `cpu.idle`) and move this
+    /// process's threads called one of `threads` into it: on v1 only, where a thread can be
+    /// placed apart from its process. Returns how many were moved (0 on v2).
+    pub fn idle_threads(&self, name: &str, threads: &[&str]) -> io::Result<usize> {
+        let Layout::V1 { hierarchies } = self else { return Ok(0) };
+        let Some((mount, _)) = hierarchies.iter().find(|(_, c)| c.iter().any(|x| x == "cpu")) else { return Ok(0) };
+        let dir = mount.join(name);
+        fs::create_dir_all(&dir)?;
+        CpuControl::at(&dir, true).set_idle_or_least_weight(true)?;
+        let mut moved = 0;
+        for task in fs::read_dir("/proc/self/task")? {
+            let task = task?;
+            let comm = fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            if threads.contains(&comm.trim_end()) {
+                write_file(&dir.join("tasks"), &task.file_name().to_string_lossy())?;
+                moved += 1;
+            }
+        }
+        Ok(moved)
     }
 }

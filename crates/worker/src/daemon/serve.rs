@@ -273,6 +273,7 @@ fn join_own_cpu_group(config: &Config, layout: &Layout, parent: &str) -> Option<
                 lambda_weight = config.limits.cpu_weight,
                 "the worker's threads weigh above any lambda's"
             );
+            idle_output_threads(layout, parent);
             Some(own)
         }
         Ok(None) => {
@@ -284,6 +285,28 @@ fn join_own_cpu_group(config: &Config, layout: &Layout, parent: &str) -> Option<
             None
         }
     }
+}
+
+/// The threads that read the sandboxes' output and write the logs run on CPU time no other
+/// group wants (an idle group beside the worker's), so a lambda flooding its output slows
+/// itself, its pipe filling, rather than its neighbours. A request's own output is still taken
+/// at its end by the thread serving it. They go back with the worker when it leaves its group.
+fn idle_output_threads(layout: &Layout, parent: &str) {
+    if let Err(e) = sprout_sandbox::output::start_poller() {
+        tracing::warn!("starting the sandboxes' output reader: {e}");
+        return;
+    }
+    const THREADS: [&str; 2] = ["sprout-output", "sprout-logs"];
+    let group = format!("{parent}/worker-output");
+    // A thread names itself once it runs: one just started may not be found at once.
+    for _ in 0..50 {
+        match layout.idle_threads(&group, &THREADS) {
+            Ok(moved) if moved < THREADS.len() => std::thread::sleep(Duration::from_millis(2)),
+            Ok(moved) => return tracing::info!(threads = moved, "the output reader and the log writer run on idle CPU time"),
+            Err(e) => return tracing::warn!("the output reader and the log writer stay in the worker's group: {e}"),
+        }
+    }
+    tracing::warn!("the output reader or the log writer was not found; it stays in the worker's group");
 }
 
 /// Leave the token where this machine's clients look for it (`/run/sprout/api/<listen>`),
