@@ -3,12 +3,11 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use super::files::write_file;
+use super::files::{read_again, write_file};
 
 /// A cgroup's CPU weight until one is written, on v2's scale (v1's 1024 shares).
 pub const DEFAULT_WEIGHT: u64 = 100;
@@ -66,13 +65,12 @@ impl CpuControl {
     pub fn used(&self) -> Option<Duration> {
         let group = &*self.group;
         let path = group.usage.as_deref()?;
-        if let Some(file) = group.usage_file.get_or_init(|| File::open(path).ok()) {
-            let mut buf = [0u8; 1024];
-            if let Ok(n) = file.read_at(&mut buf, 0) {
-                return parse_usage(std::str::from_utf8(&buf[..n]).ok()?, group.v1);
-            }
+        let kept = group.usage_file.get_or_init(|| File::open(path).ok());
+        let mut buf = [0u8; 1024];
+        match kept.as_ref().and_then(|file| read_again(file, &mut buf)) {
+            Some(text) => parse_usage(text, group.v1),
+            None => read_usage(path, group.v1),
         }
-        read_usage(path, group.v1)
     }
 
     /// Set the weight, on v2's scale (1 to 10000, 100 by default); v1's `cpu.shares` are

@@ -1,6 +1,7 @@
 //! The cgroup filesystem's files, read and written: a value written to a control file, a
-//! group's directory made, the pids of a cgroup.procs file, a keyed counter, and processes
-//! moved into groups through their open cgroup.procs descriptors.
+//! group's directory made, the pids of a cgroup.procs file, a keyed counter, a file kept open
+//! read again from its start, and processes moved into groups through their open
+//! cgroup.procs descriptors.
 
 use std::fs;
 use std::io::{self, Write};
@@ -32,6 +33,14 @@ pub(crate) fn write_pid(fds: &[OwnedFd], pid: i32) -> io::Result<()> {
 pub(crate) async fn move_pid<'a>(fds: impl IntoIterator<Item = &'a OwnedFd>, pid: i32) -> io::Result<()> {
     let fds: Vec<OwnedFd> = fds.into_iter().map(|f| f.try_clone()).collect::<io::Result<_>>()?;
     tokio::task::spawn_blocking(move || write_pid(&fds, pid)).await.map_err(io::Error::other)?
+}
+
+/// What a cgroup file kept open holds now (a control file is made afresh at each read from
+/// its start): one system call, into `buf`. None if it cannot be read.
+pub(super) fn read_again<'a>(file: &fs::File, buf: &'a mut [u8]) -> Option<&'a str> {
+    use std::os::unix::fs::FileExt;
+    let n = file.read_at(buf, 0).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()
 }
 
 pub(super) fn write_file(path: &Path, value: &str) -> io::Result<()> {

@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::files::read_oom_kills;
+use super::files::{read_again, read_oom_kills};
 use super::layout::Layout;
 
 /// What a sandbox's session reads of its cgroup: its processes, its OOM kills (the count
@@ -64,12 +64,9 @@ impl TaskCounter {
     }
 }
 
-/// The number a cgroup file holds, read from its start.
+/// The number a cgroup file kept open holds now.
 fn read_number(file: &fs::File) -> Option<u64> {
-    use std::os::unix::fs::FileExt;
-    let mut buf = [0u8; 32];
-    let n = file.read_at(&mut buf, 0).ok()?;
-    std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
+    read_again(file, &mut [0u8; 32])?.trim().parse().ok()
 }
 
 /// The cgroup.procs and OOM counter of cgroup `name` (relative to the hierarchy roots).

@@ -66,9 +66,7 @@ impl Layout {
     /// process's threads called one of `threads` into it: on v1 only, where a thread can be
     /// placed apart from its process. Returns how many were moved (0 on v2).
     pub fn idle_threads(&self, name: &str, threads: &[&str]) -> io::Result<usize> {
-        let Layout::V1 { hierarchies } = self else { return Ok(0) };
-        let Some((mount, _)) = hierarchies.iter().find(|(_, c)| c.iter().any(|x| x == "cpu")) else { return Ok(0) };
-        let dir = mount.join(name);
+        let Some(dir) = self.v1_dir_of(name, "cpu") else { return Ok(0) };
         fs::create_dir_all(&dir)?;
         CpuControl::at(&dir, true).set_idle_or_least_weight(true)?;
         let mut moved = 0;
