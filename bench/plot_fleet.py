@@ -61,7 +61,17 @@ def table(summary):
         per_site, processes, connection = memory_columns(s)
         first = s.get("first_after_idle_p99_ms")
         first = f"{first:.0f}" if isinstance(first, (int, float)) else "-"
+        parked = s.get("first_request_after_park_p99_ms")
+        if isinstance(parked, (int, float)):
+            first += f" (after a park, in the worker: {parked:.0f})"
         lines.append(f"| {name} | {held} | {first} | {per_site} | {processes} | {connection} | {usd} | {runs} |")
+    searched = [f"{name} on {s['date']} ({s.get('machine', summary.get('machine'))})" for name in ORDER
+                if (s := summary["stacks"].get(name)) and s.get("date")
+                and (s["date"], s.get("machine")) != (summary.get("date"), summary.get("machine"))]
+    if searched:
+        lines.append("")
+        lines.append(f"Searched on {summary.get('date')} ({summary.get('machine')}) but for: " + "; ".join(searched)
+                     + ". Ratios between deployments searched on different days or hosts are not a same-run comparison.")
     ratios = summary.get("ratios", {})
     cut = [n for n in ORDER if summary["stacks"].get(n, {}).get("lower_bound")]
     lines.append("")

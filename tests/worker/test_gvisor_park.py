@@ -58,6 +58,10 @@ def test_a_parked_pod_keeps_its_handlers_state_and_costs_no_memory(parker):
     assert body["n"] == 3 and body["pid"] == first["pid"] and body["tag"] == "a", body
     assert reply.headers["x-sprout-start"] == "warm"
     assert parking(parker)["restores"] == 1 and parked_images(parker) == []
+    # The parked handler's first request is timed in the worker, its pod's restore included.
+    stats = parking(parker)
+    assert stats["first_requests_after_park"] == 1, stats
+    assert stats["first_request_after_park_p99_ms"] >= stats["restore_ms_mean"] > 0, stats
     # The restore's CPU is read from the pod's cgroup: some, and not more than it could use.
     assert 0 < parking(parker)["restore_cpu_ms_mean"] < 60_000, parking(parker)
     logs = parker.client.request_logs(reply.headers["x-sprout-request-id"])
@@ -70,6 +74,31 @@ def test_a_parked_pod_keeps_its_handlers_state_and_costs_no_memory(parker):
         assert parker.client.run("counter")["n"] == n
 
 
+
+
+LOADED_AT = ("import os, time\n"
+             "LOADED = time.time()\n"
+             "def f(e):\n"
+             "    return {'loaded': LOADED, 'pid': os.getpid()}\n")
+
+
+def test_a_lambda_started_on_deploy_is_parked_before_its_first_request_which_restores_it(make_worker):
+    w = make_worker(sandbox={"backend": "gvisor", "start_timeout_ms": 60000},
+                    instances={"start_on_deploy": True},
+                    gvisor={"park_after_ms": 300, "pod_idle_ms": 500},
+                    handler_cache={"pause_after_ms": 50}, limits={"timeout_ms": 5000})
+    w.deploy_source("loaded", LOADED_AT)
+    park_and_wait(w, 1)
+    started = w.client.stats()["lambdas"]["started_on_deploy"]
+    assert (started["made"], started["failed"], started["pending"]) == (1, 0, 0), started
+    assert [p for p in pods(w) if not p.startswith("sprout-pod-t")] == [], "parked before any request"
+    asked = time.time()
+    reply = w.client.request("POST", "loaded", "", b"{}")
+    assert reply.status == 200 and reply.headers["x-sprout-start"] == "warm", (reply.status, dict(reply.headers))
+    assert reply.json()["loaded"] < asked, "the handler was loaded on deploy, not by the request"
+    stats = parking(w)
+    assert stats["restores"] == 1 and stats["first_requests_after_park"] == 1, stats
+    assert w.client.stats()["cold_starts"] == 0
 
 def test_park_hooks_run_before_the_park(parker):
     """sprout.on_park: the lambda lets go of what the image cannot keep; its hook ran once in

@@ -65,7 +65,10 @@ def worker_config(fd):
         budget = """\
 # The worker's memory budget applies to the sock back-ends only: a gVisor site's pod is parked
 # to disk when idle ([gvisor] below), and the running pods are kept within resident_mb.
-memory_budget_mb = 0"""
+memory_budget_mb = 0
+# Each site's pod is started as it is deployed, its handler loaded, and parked once idle: a
+# site's first visit restores it (as a later one does) instead of starting from the template.
+start_on_deploy = true"""
     elif backend != "sock":
         budget = f"""\
 # The worker's memory budget applies to the sock back-ends only ({backend}'s sandboxes are not in
@@ -229,6 +232,30 @@ def deploy_lambdas(fd):
         for i, _ in enumerate(pool.map(upload, sites), 1):
             if i % 50 == 0 or i == len(sites):
                 fd.log(f"  {i} of {len(sites)} lambdas deployed ({time.monotonic() - started:.1f} s)")
+    if BACKENDS[fd.stack] == "gvisor":
+        wait_for_starts_on_deploy(fd, token)
+
+
+def wait_for_starts_on_deploy(fd, token):
+    """Wait until the worker has started every site's pod ([instances] start_on_deploy, one at a
+    time), so the load does not begin beside the deployment's own work; progress every 10 s."""
+    started, said = time.monotonic(), 0.0
+    while True:
+        code, _, body = http_get(fd.api_url, "/stats", timeout=10, headers={"Authorization": f"Bearer {token}"})
+        if code != 200:
+            raise RuntimeError(f"the worker's /stats answered {code} while its sites' pods started; {log_hint(fd)}")
+        starts = json.loads(body)["lambdas"]["started_on_deploy"]
+        waited = time.monotonic() - started
+        if starts["pending"] == 0:
+            fd.log(f"  {starts['made']} site pod(s) started on deploy, {starts['failed']} failed, "
+                   f"{starts['skipped']} skipped ({waited:.1f} s)")
+            return
+        if waited - said >= 10:
+            said = waited
+            fd.log(f"  site pods started on deploy: {starts['made']} of {len(fd.sites)} ({waited:.0f} s)")
+        if waited > 60 + 5 * len(fd.sites):
+            raise RuntimeError(f"the sites' pods were not all started in {waited:.0f} s; {log_hint(fd)}")
+        time.sleep(0.5)
 
 
 def start(fd):

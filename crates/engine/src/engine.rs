@@ -133,7 +133,8 @@ impl Engine {
     }
 
     /// What follows a lambda's (new version's) arrival, from an upload or the shared registry:
-    /// its packages installed ahead of its first request, and the watchers told.
+    /// its packages installed ahead of its first request, a sandbox started for it (with
+    /// `start_on_deploy`), and the watchers told.
     pub fn arrived(self: &Arc<Self>, lambda: &Arc<Lambda>, origin: Origin) {
         if !lambda.parsed_requirements.is_empty() {
             let (packages, reqs, name) = (self.packages.clone(), lambda.parsed_requirements.clone(), lambda.name.clone());
@@ -144,6 +145,7 @@ impl Engine {
                 }
             });
         }
+        self.instances.arrived(lambda.clone());
         for watcher in &self.watchers {
             watcher.clone().arrived(self, lambda, origin);
         }
@@ -183,6 +185,7 @@ fn instance_config(config: &EngineConfig, host: &Host, sandboxes: &Sandboxes) ->
     let i = &config.instances;
     Ok(InstanceConfig {
         keep_warm: i.keep_warm,
+        start_on_deploy: i.start_on_deploy,
         idle_timeout: Duration::from_secs(i.idle_timeout_s),
         keep_alive: (i.keep_alive == KeepAlive::Histogram)
             .then(|| crate::keepalive::Policy { fixed_keep_alive: Duration::from_secs(i.idle_timeout_s), ..Default::default() }),

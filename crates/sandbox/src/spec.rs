@@ -197,6 +197,13 @@ pub struct ParkingStats {
     /// Pods parked now, and their images' bytes on disk.
     pub parked: u64,
     pub parked_bytes: u64,
+    /// Parked handlers' first requests, timed in the worker from the request's start to its
+    /// reply (the pod's restore when the request waited for it, the handler's binding, the
+    /// request): how many, and their p50, p99 and longest (0 when none).
+    pub first_requests_after_park: u64,
+    pub first_request_after_park_p50_ms: f64,
+    pub first_request_after_park_p99_ms: f64,
+    pub first_request_after_park_max_ms: f64,
 }
 
 /// The environment every sandbox process starts with; `extra` adds to it and overrides it.

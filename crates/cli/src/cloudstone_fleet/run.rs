@@ -22,8 +22,9 @@ pub struct FleetStep {
     pub sla2: Option<bool>,
     pub sites_failing_sla2: usize,
     pub first_after_idle: Option<serde_json::Value>,
-    /// The 99th percentile of every site's first request after an idle spell (for
-    /// sprout-gvisor, whose pods park before the spell ends, the first request after a park).
+    /// The 99th percentile of every site's first request after an idle spell, at the load
+    /// generator (for sprout-gvisor, whose pods park before the spell ends, a restore or, where
+    /// the site's sandboxes were let go, a new pod from its template).
     #[serde(default)]
     pub first_after_idle_p99_ms: Option<f64>,
     /// What the worker's gVisor parking had done by the run's end (its `/stats`; None for

@@ -23,6 +23,11 @@ pub struct StackResult {
     /// after its pod was parked; conventional-ondemand: after its vassal stopped), ms.
     #[serde(default)]
     pub first_after_idle_p99_ms: Option<f64>,
+    /// The largest passing fleet's p99 of parked handlers' first requests, timed in the worker
+    /// from the request to its reply, the pod's restore included (sprout-gvisor only; its
+    /// `parking` has the p50, the count and the longest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_request_after_park_p99_ms: Option<f64>,
     /// The largest passing fleet's gVisor parking figures at its end (sprout-gvisor only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parking: Option<serde_json::Value>,
@@ -33,6 +38,12 @@ pub struct StackResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settings: Option<serde_json::Value>,
     pub steps: Vec<FleetStep>,
+    /// When and where this deployment was searched: a summary keeps the deployments it did
+    /// not search again, so its own `date` and `machine` are only the newest search's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub date: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
 }
 
 /// One instance for a month (upfront costs over a year), per site held.
@@ -54,6 +65,10 @@ pub(super) fn stack_result(
         sites_sla2: best,
         first_after_idle_p99_ms: best_step.and_then(|s| s.first_after_idle_p99_ms),
         parking: best_step.and_then(|s| s.parking.clone()),
+        first_request_after_park_p99_ms: best_step
+            .and_then(|s| s.parking.as_ref())
+            .filter(|p| p["first_requests_after_park"].as_u64().unwrap_or(0) > 0)
+            .and_then(|p| p["first_request_after_park_p99_ms"].as_f64()),
         lower_bound: a.sites.is_none() && bracket.failed.is_none() && best > 0,
         usd_per_site_month: (best > 0).then(|| per_site_month(price, best)),
         usd_per_site_month_by_price: if best > 0 {
@@ -64,6 +79,8 @@ pub(super) fn stack_result(
         settings: (stack == "conventional-ondemand")
             .then(|| serde_json::json!({"vassal_idle_s": a.vassal_idle, "vassal_processes": a.vassal_processes})),
         steps: steps.to_vec(),
+        date: Some(chrono_free_date()),
+        machine: Some(sprout_bench::report::machine()),
     }
 }
 

@@ -70,6 +70,10 @@ pub enum CpuWeightPer {
 #[serde(default, deny_unknown_fields)]
 pub struct InstancesSection {
     pub keep_warm: bool,
+    /// Make each lambda that arrives (a new version, uploaded or from the fleet's registry) a
+    /// sandbox at once, left idle for its keep-alive: under gVisor's parking its first request
+    /// restores a handler already loaded.
+    pub start_on_deploy: bool,
     pub idle_timeout_s: u64,
     /// How long idle sandboxes are kept: `idle_timeout_s` for all (`fixed`), or per lambda
     /// from its idle times (`histogram`, the default: the hybrid histogram policy, falling back
@@ -97,6 +101,7 @@ impl Default for InstancesSection {
     fn default() -> Self {
         InstancesSection {
             keep_warm: true,
+            start_on_deploy: false,
             idle_timeout_s: 300,
             keep_alive: KeepAlive::Histogram,
             max_per_lambda: 16,

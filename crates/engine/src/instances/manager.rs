@@ -45,7 +45,7 @@ impl Drop for Running<'_> {
 }
 
 /// How a request is to get its sandbox next ([`Instances::obtain`]).
-enum Step {
+pub(super) enum Step {
     Warm(Idle<Kept>),
     Create,
     Wait(oneshot::Receiver<Grant<Kept>>),
@@ -71,6 +71,7 @@ pub struct Instances {
     pub(super) memory_group: Option<(Arc<sprout_sandbox::cgroup::Layout>, String)>,
     pub(super) memory: MemoryAccounts,
     pub(super) prewarms: Prewarms,
+    pub(super) on_deploy: super::deploy_starts::StartsOnDeploy,
     /// The lambdas' logs, where each sandbox's output and each request's report go.
     pub(super) logs: Arc<Logs>,
     /// Each live sandbox's CPU weight: its lambda's, or a split of it.
@@ -108,6 +109,7 @@ impl Instances {
             memory_group,
             memory: MemoryAccounts::default(),
             prewarms: Prewarms::default(),
+            on_deploy: Default::default(),
             long_requests_idled: AtomicU64::new(0),
             me: me.clone(),
             backend,
@@ -363,7 +365,7 @@ impl Instances {
     /// Follow a request's steps to a sandbox: an idle one resumed, a new one made, or one (or
     /// room for one) handed over within `wait`. A loop, not recursion: under a full memory
     /// budget a request may go from making a sandbox to waiting for one and back.
-    async fn obtain(&self, lambda: &Arc<Lambda>, mut step: Step, wait: Duration) -> Result<Lease, Failure> {
+    pub(super) async fn obtain(&self, lambda: &Arc<Lambda>, mut step: Step, wait: Duration) -> Result<Lease, Failure> {
         let deadline = Instant::now() + wait;
         loop {
             step = match step {
@@ -498,7 +500,7 @@ impl Instances {
         self.release_to(lease, reusable, prewarm);
     }
 
-    fn release_to(&self, lease: Lease, reusable: bool, prewarm: Option<Duration>) {
+    pub(super) fn release_to(&self, lease: Lease, reusable: bool, prewarm: Option<Duration>) {
         let lambda = lease.kept.lambda.clone();
         if self.memory_group.is_some() {
             self.memory.estimates.lock().unwrap().observe(&lambda.name, lease.kept.sandbox.memory_bytes());

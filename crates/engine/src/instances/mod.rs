@@ -24,16 +24,18 @@
 //!
 //! The parts: [`manager`] carries a request to a sandbox and back; [`pools`] decides; the
 //! memory budget's [`admission`]; sandboxes [`held`] for user leases; what a new sandbox is
-//! made with ([`prepare`]); what is counted ([`figures`], [`stats`]).
+//! made with ([`prepare`]); sandboxes started as lambdas arrive ([`on_deploy`]); what is counted ([`figures`], [`stats`]).
 
 mod admission;
 mod cpu;
+mod deploy_starts;
 #[cfg(test)]
 pub(crate) mod fake;
 mod figures;
 mod held;
 mod kept;
 mod manager;
+mod on_deploy;
 mod outcome;
 pub mod pools;
 mod prepare;

@@ -11,6 +11,8 @@ use crate::handler_cache::HandlerCacheConfig;
 #[derive(Debug, Clone)]
 pub struct InstanceConfig {
     pub keep_warm: bool,
+    /// Make each arriving lambda a sandbox at once and leave it idle ([`super::on_deploy`]).
+    pub start_on_deploy: bool,
     pub idle_timeout: Duration,
     /// Keep each lambda's idle sandboxes for the windows its idle times give
     /// ([`crate::keepalive`]); None: `idle_timeout` for every lambda.

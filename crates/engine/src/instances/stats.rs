@@ -65,6 +65,7 @@ impl Instances {
             "handler_cache": self.cache.json(&self.cfg.handler_cache, paused, paused_pss),
             "memory_budget": budget,
             "prewarms": {"made": self.prewarms.made.load(Ordering::Relaxed), "skipped": self.prewarms.skipped.load(Ordering::Relaxed)},
+            "started_on_deploy": self.on_deploy.json(),
             "long_requests_idled": self.long_requests_idled(),
         })
     }

@@ -27,6 +27,7 @@ impl Calls for NoCalls {
 fn config() -> InstanceConfig {
     InstanceConfig {
         keep_warm: true,
+        start_on_deploy: false,
         idle_timeout: Duration::from_secs(600),
         keep_alive: None,
         max_per_lambda: 4,
@@ -376,4 +377,30 @@ async fn a_held_sandbox_serves_its_holder_alone_is_never_reaped_and_is_destroyed
     assert_eq!(idle(&instances), 0);
     assert!(call(&instances, &f, "GET").await.unwrap().cold);
     drop(b);
+}
+
+#[tokio::test]
+async fn a_lambda_started_on_deploy_serves_its_first_request_warm_and_one_with_a_sandbox_gets_none() {
+    let (backend, instances) = start(InstanceConfig { start_on_deploy: true, ..config() });
+    let (f, g) = (Lambda::fake("f", 1), Lambda::fake("g", 1));
+    instances.arrived(f.clone());
+    instances.arrived(g.clone());
+    let started = |field: &str| instances.stats()["started_on_deploy"][field].as_u64();
+    until("both started and left idle", || started("made") == Some(2) && started("pending") == Some(0)).await;
+    assert_eq!((backend.count(Event::Created), idle(&instances)), (2, 2));
+    let first = call(&instances, &f, "GET").await.unwrap();
+    assert!(!first.cold, "the first request found the sandbox started on deploy");
+    // Arriving again (the same version, from the fleet's registry): it has a sandbox already.
+    instances.arrived(f.clone());
+    until("skipped", || started("skipped") == Some(1)).await;
+    assert_eq!(backend.count(Event::Created), 2);
+}
+
+#[tokio::test]
+async fn without_start_on_deploy_an_arriving_lambda_gets_no_sandbox() {
+    let (backend, instances) = start(config());
+    instances.arrived(Lambda::fake("f", 1));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(backend.count(Event::Created), 0);
+    assert_eq!(instances.stats()["started_on_deploy"]["pending"].as_u64(), Some(0));
 }

@@ -352,6 +352,7 @@ impl Sandbox for GvisorSandbox {
         let started = Instant::now();
         let invoked = self.session.invoke(request, body, timeout, calls).await;
         if let Some((running, bind)) = bound {
+            self.inner.parking.first_request(running + bind + started.elapsed());
             // Where a parked handler's first request spends its time (the fleet's first
             // requests after idle).
             tracing::info!(

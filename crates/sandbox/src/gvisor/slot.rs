@@ -6,6 +6,9 @@ use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
 
 use super::pod::{Parked, Pod};
 use crate::spec::{ParkingStats, SandboxSpec};
@@ -104,13 +107,29 @@ pub(super) struct ParkingCounters {
     pub over_budget: AtomicU64,
     /// Parks under way.
     pub parking_now: AtomicU64,
+    /// A parked handler's first request in the worker, µs: its pod's restore (when this
+    /// request waited for it), its binding and the request itself.
+    pub first_requests: Mutex<Option<Histogram<u64>>>,
 }
 
 impl ParkingCounters {
+    /// Count a parked handler's first request, which took `took` in the worker.
+    pub fn first_request(&self, took: Duration) {
+        let mut h = self.first_requests.lock().expect("first requests lock");
+        let h = h.get_or_insert_with(|| Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds"));
+        h.saturating_record(took.as_micros().max(1) as u64);
+    }
+
     /// The figures, with the images parked now and their bytes.
     pub fn stats(&self, (parked, parked_bytes): (usize, u64)) -> ParkingStats {
         let mean_ms = |us: &AtomicU64, n: &AtomicU64| us.load(Ordering::Relaxed) as f64 / 1e3 / n.load(Ordering::Relaxed).max(1) as f64;
+        let first = self.first_requests.lock().expect("first requests lock");
+        let quantile_ms = |q: f64| first.as_ref().map_or(0.0, |h| h.value_at_quantile(q) as f64 / 1e3);
         ParkingStats {
+            first_requests_after_park: first.as_ref().map_or(0, |h| h.len()),
+            first_request_after_park_p50_ms: quantile_ms(0.5),
+            first_request_after_park_p99_ms: quantile_ms(0.99),
+            first_request_after_park_max_ms: first.as_ref().map_or(0.0, |h| h.max() as f64 / 1e3),
             parks: self.parks.load(Ordering::Relaxed),
             park_failures: self.park_failures.load(Ordering::Relaxed),
             park_ms_mean: mean_ms(&self.park_us, &self.parks),
