@@ -45,7 +45,7 @@ impl Drop for Running<'_> {
 }
 
 /// How a request is to get its sandbox next ([`Instances::obtain`]).
-pub(super) enum Step {
+enum Step {
     Warm(Idle<Kept>),
     Create,
     Wait(oneshot::Receiver<Grant<Kept>>),
@@ -365,7 +365,7 @@ impl Instances {
     /// Follow a request's steps to a sandbox: an idle one resumed, a new one made, or one (or
     /// room for one) handed over within `wait`. A loop, not recursion: under a full memory
     /// budget a request may go from making a sandbox to waiting for one and back.
-    pub(super) async fn obtain(&self, lambda: &Arc<Lambda>, mut step: Step, wait: Duration) -> Result<Lease, Failure> {
+    async fn obtain(&self, lambda: &Arc<Lambda>, mut step: Step, wait: Duration) -> Result<Lease, Failure> {
         let deadline = Instant::now() + wait;
         loop {
             step = match step {
@@ -500,7 +500,7 @@ impl Instances {
         self.release_to(lease, reusable, prewarm);
     }
 
-    pub(super) fn release_to(&self, lease: Lease, reusable: bool, prewarm: Option<Duration>) {
+    fn release_to(&self, lease: Lease, reusable: bool, prewarm: Option<Duration>) {
         let lambda = lease.kept.lambda.clone();
         if self.memory_group.is_some() {
             self.memory.estimates.lock().unwrap().observe(&lambda.name, lease.kept.sandbox.memory_bytes());
@@ -593,18 +593,22 @@ impl Instances {
             {
                 return;
             }
-            if !me.pools.lock().unwrap().acquire_room(&lambda.name) {
-                me.prewarms.skipped.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            match me.obtain(&lambda, Step::Create, me.cfg.timeout).await {
-                Ok(lease) => {
-                    me.prewarms.made.fetch_add(1, Ordering::Relaxed);
-                    me.release_to(lease, true, None);
-                }
-                Err(e) => tracing::warn!(lambda = %lambda.name, "pre-warming a sandbox: {e}"),
+            match me.start_ahead(&lambda).await {
+                None => _ = me.prewarms.skipped.fetch_add(1, Ordering::Relaxed),
+                Some(Ok(())) => _ = me.prewarms.made.fetch_add(1, Ordering::Relaxed),
+                Some(Err(e)) => tracing::warn!(lambda = %lambda.name, "pre-warming a sandbox: {e}"),
             }
         });
+    }
+
+    /// Make `lambda` a sandbox ahead of its requests and leave it idle, only with room to
+    /// spare: the lambda has none and the worker has room without evicting or queueing (a
+    /// pre-warm, a start on deploy). None: no room, nothing made.
+    pub(super) async fn start_ahead(&self, lambda: &Arc<Lambda>) -> Option<Result<(), Failure>> {
+        if !self.pools.lock().unwrap().acquire_room(&lambda.name) {
+            return None;
+        }
+        Some(self.obtain(lambda, Step::Create, self.cfg.timeout).await.map(|lease| self.release_to(lease, true, None)))
     }
 
     /// Destroy a sandbox in the background.

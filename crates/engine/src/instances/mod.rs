@@ -24,7 +24,8 @@
 //!
 //! The parts: [`manager`] carries a request to a sandbox and back; [`pools`] decides; the
 //! memory budget's [`admission`]; sandboxes [`held`] for user leases; what a new sandbox is
-//! made with ([`prepare`]); sandboxes started as lambdas arrive ([`on_deploy`]); what is counted ([`figures`], [`stats`]).
+//! made with ([`prepare`]); sandboxes started as lambdas arrive ([`on_deploy`]); what is
+//! counted ([`figures`], [`stats`]).
 
 mod admission;
 mod cpu;

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::deploy_starts::Pending;
-use super::manager::{Instances, Step};
+use super::manager::Instances;
 use crate::registry::Lambda;
 
 impl Instances {
@@ -25,16 +25,14 @@ impl Instances {
             let starts = &me.on_deploy;
             let _pending = Pending(&starts.pending);
             let Ok(_turn) = starts.one_at_a_time.acquire().await else { return };
-            if me.closed.load(Ordering::Acquire) || !lambda.is_current() || !me.pools.lock().unwrap().acquire_room(&lambda.name) {
+            if me.closed.load(Ordering::Acquire) || !lambda.is_current() {
                 starts.skipped.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            match me.obtain(&lambda, Step::Create, me.cfg.timeout).await {
-                Ok(lease) => {
-                    starts.made.fetch_add(1, Ordering::Relaxed);
-                    me.release_to(lease, true, None);
-                }
-                Err(e) => {
+            match me.start_ahead(&lambda).await {
+                None => _ = starts.skipped.fetch_add(1, Ordering::Relaxed),
+                Some(Ok(())) => _ = starts.made.fetch_add(1, Ordering::Relaxed),
+                Some(Err(e)) => {
                     starts.failed.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(lambda = %lambda.name, "starting a sandbox on deploy: {e}");
                 }
