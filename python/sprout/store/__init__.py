@@ -20,6 +20,7 @@ over PostgreSQL (``backends``), from the same source.
 
 import contextlib
 import itertools
+import random
 import time
 from urllib.parse import parse_qsl, urlsplit
 
@@ -73,9 +74,11 @@ class Database:
         """``with db.transaction():`` groups writes: all of them are committed, or none."""
         return self.backend.transaction()
 
-    def atomic(self, fn, retries=10):
+    def atomic(self, fn, retries=20):
         """Run ``fn()`` in a transaction, again (up to ``retries`` times) if a concurrent one
-        made it conflict; returns what ``fn`` returned."""
+        made it conflict; returns what ``fn`` returned. Between tries it sleeps a random
+        time under a bound that doubles from 1 ms to 128 ms (jitter keeps writers that
+        conflicted together from retrying in step and conflicting again)."""
         for attempt in range(retries + 1):
             try:
                 with self.transaction():
@@ -83,7 +86,7 @@ class Database:
             except ConflictError:
                 if attempt == retries:
                     raise
-                time.sleep(0.001 * (2 ** min(attempt, 6)))
+                time.sleep(random.uniform(0, 0.001 * (2 ** min(attempt, 7))))
 
     def drop(self, cls):
         """Drop the table of dataclass ``cls`` with its rows and link tables (the tables of
