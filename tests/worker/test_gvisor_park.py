@@ -284,6 +284,41 @@ def test_a_worker_stopped_while_parking_finishes_the_park_and_leaves_nothing(par
     assert parker.leftovers() == [], parker.leftovers()
 
 
+SPIN = ("import time\n"
+        "def f(e):\n"
+        "    end = time.time() + e['seconds']\n"
+        "    while time.time() < end:\n"
+        "        pass\n"
+        "    return 'spun'\n")
+
+
+def test_a_request_that_finds_its_pod_being_parked_hurries_the_park(make_worker):
+    """A park in the background runs on CPU time no other pod wants (its pod's CPU group
+    idled): with every pod on one CPU and a neighbour's handler spinning there, it barely
+    moves. A request for the pod being parked gives the park its weight back, so it waits
+    for the park's work rather than for the neighbour; the restored handler kept its state."""
+    w = make_worker(sandbox={"backend": "gvisor", "start_timeout_ms": 60000, "cpuset": "1"},
+                    gvisor={"park_after_ms": 300, "pod_idle_ms": 500},
+                    handler_cache={"pause_after_ms": 50}, limits={"timeout_ms": 90000})
+    w.deploy_source("counter", COUNTER, **{"tag.txt": "a"})
+    w.deploy_source("spin", SPIN)
+    assert w.client.run("spin", {"seconds": 0}) == "spun"
+    spinner = threading.Thread(target=w.client.run, args=("spin", {"seconds": 25}))
+    spinner.start()
+    try:
+        assert w.client.run("counter")["n"] == 1
+        assert wait_for(lambda: parking(w).get("parking_now", 0) >= 1, 30), (parking(w), w.log()[-3000:])
+        time.sleep(1)
+        assert parking(w)["parking_now"] >= 1, ("the park ended beside the spinning neighbour", parking(w))
+        assert parking(w)["parks_hurried"] == 0
+        assert w.client.run("counter")["n"] == 2
+        stats = parking(w)
+        assert stats["parks_hurried"] == 1 and stats["restores"] == 1, stats
+        assert "sprout_gvisor_parks_hurried_total 1" in w.client.metrics()
+    finally:
+        spinner.join()
+
+
 def test_the_resident_budget_parks_the_least_recently_used_pod_early(make_worker):
     """With room for about two running pods, a third lambda's start parks the pod idle
     longest (park_after is a minute here); that one's next request restores it, its state

@@ -134,6 +134,7 @@ impl Collector for BackendCollector {
                 ("sprout_gvisor_restore_failures", "Parked gVisor pods that failed to be restored", parking.restore_failures),
                 ("sprout_gvisor_parked_evicted", "Parked gVisor pods' images removed for the disk budget", parking.evicted),
                 ("sprout_gvisor_over_resident_budget", "gVisor pods started or restored over the resident budget", parking.over_budget),
+                ("sprout_gvisor_parks_hurried", "gVisor parks a request hurried", parking.parks_hurried),
             ]);
             gauges.extend([
                 ("sprout_gvisor_parked", "gVisor pods parked now", parking.parked as i64),

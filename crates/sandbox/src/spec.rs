@@ -194,6 +194,9 @@ pub struct ParkingStats {
     pub over_budget: u64,
     /// Pods being parked now (their checkpoints under way).
     pub parking_now: u64,
+    /// Background parks a request came to wait for, given their CPU weight back so that the
+    /// request waits no longer than the park needs.
+    pub parks_hurried: u64,
     /// Pods parked now, and their images' bytes on disk.
     pub parked: u64,
     pub parked_bytes: u64,

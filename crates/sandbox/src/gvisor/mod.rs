@@ -88,6 +88,10 @@ struct Inner {
     /// Parked pods' images against the disk budget.
     ledger: Mutex<DiskLedger<SlotRef>>,
     parking: ParkingCounters,
+    /// Parks in the background take turns, one at a time: each ends in its own checkpoint's
+    /// time (a hundred idled at once all ended a minute or two later, memory held and
+    /// requests waiting meanwhile), and a request waits only for its own pod's.
+    park_turn: tokio::sync::Semaphore,
     /// Work off the requests' paths, which the shutdown waits for.
     background: background::Background,
 }
@@ -142,6 +146,7 @@ impl GvisorBackend {
             ahead: Mutex::new(HashMap::new()),
             ledger,
             parking: ParkingCounters::default(),
+            park_turn: tokio::sync::Semaphore::new(1),
             background: background::Background::default(),
         };
         GvisorBackend { inner: Arc::new(inner) }

@@ -32,7 +32,13 @@ impl Inner {
 
     /// The running pod of `slot`: started for `spec` if it has none, restored if parked.
     pub(super) async fn pod_for(self: &Arc<Self>, slot: &Arc<PodSlot>, spec: Option<&SandboxSpec>) -> Result<Arc<Pod>, CreateError> {
-        let mut state = slot.state.lock().await;
+        let mut state = match slot.state.try_lock() {
+            Ok(state) => state,
+            Err(_) => {
+                self.hurry_park(slot);
+                slot.state.lock().await
+            }
+        };
         let was_running = matches!(*state, PodState::Running(_));
         if !was_running {
             // Its own image, if parked, leaves the ledger first: parking others for room must
@@ -80,6 +86,20 @@ impl Inner {
         Ok(pod)
     }
 
+    /// A request waits for `slot`'s state: if that is a background park, idled so that it
+    /// takes only CPU time nobody wants, give its pod's CPU group its weight back (on a busy
+    /// host an idled park can take a minute; the request waits only for the park's work).
+    fn hurry_park(&self, slot: &PodSlot) {
+        let Some(cpu) = slot.idled_for_park.lock().expect("idled lock").take() else { return };
+        match cpu.set_idle_or_least_weight(false) {
+            Ok(()) => {
+                self.parking.hurried.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(lambda = %slot.key.lines().next().unwrap_or(""), "a request waits for its pod's park: the park hurried");
+            }
+            Err(e) => tracing::debug!("giving a parking pod's CPU group its weight back: {e}"),
+        }
+    }
+
     /// Mark `slot` lost: its sandboxes die at their next request, and the next cold start of
     /// its lambda makes a new slot.
     fn lose(&self, slot: &Arc<PodSlot>) {
@@ -103,6 +123,10 @@ impl Inner {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         runtime.spawn(async move {
             tokio::time::sleep(after).await;
+            if slot.epoch.load(Ordering::SeqCst) != epoch {
+                return;
+            }
+            let Ok(_turn) = inner.park_turn.acquire().await else { return };
             let Some(_busy) = inner.background.start() else { return };
             inner.park(&slot, epoch).await;
         });
@@ -118,11 +142,11 @@ impl Inner {
         self.park_locked(slot, state, true).await;
     }
 
-    /// Park `slot`'s pod, if it runs, under its state's lock `state`; then evict older
-    /// images over the disk budget.
-    /// Park `slot`'s running pod (its state lock held). In the `background` (no request waits
-    /// for it) the pod's cgroup first idles, so that writing its image takes only CPU time
-    /// that requests, restores and other pods' calls do not want.
+    /// Park `slot`'s running pod (its state lock held), then evict older images over the disk
+    /// budget. In the `background` (no request waits for it; the caller holds a
+    /// [`Inner::park_turn`]) the pod's cgroup first idles, so that writing its image takes
+    /// only CPU time that requests, restores and other pods' calls do not want, until a
+    /// request comes to wait for it ([`Self::hurry_park`]).
     pub(super) async fn park_locked(
         self: &Arc<Self>,
         slot: &Arc<PodSlot>,
@@ -133,8 +157,9 @@ impl Inner {
             let PodState::Running(pod) = &*state else { return };
             let pod = pod.clone();
             if let Some(cpu) = self.layout.as_ref().and_then(|l| l.cpu_control_of(&pod.cgroup)).filter(|_| background) {
-                if let Err(e) = cpu.set_idle_or_least_weight(true) {
-                    tracing::debug!(pod = pod.id, "idling a pod's CPU group before its park: {e}");
+                match cpu.set_idle_or_least_weight(true) {
+                    Ok(()) => *slot.idled_for_park.lock().expect("idled lock") = Some(cpu),
+                    Err(e) => tracing::debug!(pod = pod.id, "idling a pod's CPU group before its park: {e}"),
                 }
             }
             slot.set_running(None);
@@ -143,6 +168,7 @@ impl Inner {
             self.parking.parking_now.fetch_add(1, Ordering::Relaxed);
             let parked = pod.park(&self.runsc, handlers, &image).await;
             self.parking.parking_now.fetch_sub(1, Ordering::Relaxed);
+            slot.idled_for_park.lock().expect("idled lock").take();
             match parked {
                 Ok(parked) => {
                     self.parking.parks.fetch_add(1, Ordering::Relaxed);

@@ -62,6 +62,16 @@ impl Inner {
         }
         for i in chosen {
             let slot = &idle[i].2;
+            // Ahead of need, parks take turns with the others in the background; for a
+            // request, at once.
+            let _turn = match this {
+                None => match self.park_turn.acquire().await {
+                    Ok(_) if self.background.is_closed() => return,
+                    Ok(turn) => Some(turn),
+                    Err(_) => return,
+                },
+                Some(_) => None,
+            };
             let Ok(state) = slot.state.try_lock() else { continue };
             if !matches!(*state, PodState::Running(_)) || !slot.all_paused() {
                 continue;

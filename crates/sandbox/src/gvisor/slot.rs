@@ -11,6 +11,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 
 use super::pod::{Parked, Pod};
+use crate::cgroup::CpuControl;
 use crate::spec::{ParkingStats, SandboxSpec};
 
 /// Where a lambda's pod is.
@@ -42,6 +43,9 @@ pub(super) struct PodSlot {
     pub handlers: Mutex<HashMap<i32, RawFd>>,
     /// What the pod was made for, to make or restore it again.
     pub spec: Mutex<Option<SandboxSpec>>,
+    /// The CPU group of its pod while a background park idles it: a request that comes to
+    /// wait for the park takes it and gives the group its weight back.
+    pub idled_for_park: Mutex<Option<CpuControl>>,
 }
 
 /// A slot as the disk ledger names it.
@@ -66,6 +70,7 @@ impl PodSlot {
             last_used: AtomicU64::new(now_ms()),
             handlers: Mutex::new(HashMap::new()),
             spec: Mutex::new(None),
+            idled_for_park: Mutex::new(None),
         }
     }
 
@@ -107,6 +112,8 @@ pub(super) struct ParkingCounters {
     pub over_budget: AtomicU64,
     /// Parks under way.
     pub parking_now: AtomicU64,
+    /// Background parks a request waited for, their CPU group given its weight back.
+    pub hurried: AtomicU64,
     /// A parked handler's first request in the worker, µs: its pod's restore (when this
     /// request waited for it), its binding and the request itself.
     pub first_requests: Mutex<Option<Histogram<u64>>>,
@@ -140,6 +147,7 @@ impl ParkingCounters {
             evicted: self.evicted.load(Ordering::Relaxed),
             over_budget: self.over_budget.load(Ordering::Relaxed),
             parking_now: self.parking_now.load(Ordering::Relaxed),
+            parks_hurried: self.hurried.load(Ordering::Relaxed),
             parked: parked as u64,
             parked_bytes,
         }
