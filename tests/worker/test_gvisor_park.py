@@ -343,6 +343,23 @@ def test_the_resident_budget_parks_the_least_recently_used_pod_early(make_worker
     assert parking(w)["restores"] == 1
 
 
+def test_a_start_that_finds_no_room_waits_for_a_park_and_it_is_counted(make_worker):
+    """With room for no pod, the second lambda's start parks the first one's idle pod and
+    waits for it (room made ahead, after the first start, found nothing idle yet)."""
+    w = make_worker(sandbox={"backend": "gvisor", "start_timeout_ms": 60000},
+                    gvisor={"park_after_ms": 60000, "resident_mb": 1, "templates": False},
+                    handler_cache={"pause_after_ms": 50}, limits={"timeout_ms": 5000})
+    for name in ("a", "b"):
+        w.deploy_source(name, COUNTER, **{"tag.txt": name})
+    assert w.client.run("a")["n"] == 1
+    time.sleep(0.5)
+    assert parking(w).get("parks", 0) == 0, parking(w)
+    assert w.client.run("b")["n"] == 1
+    stats = parking(w)
+    assert stats["parks_waited_for"] == 1 and stats["parks"] == 1 and len(parked_images(w)) == 1, stats
+    assert w.client.run("a")["n"] == 2
+
+
 SHARED_CODE = {
     "app.py": "import os\nIMPORT_PID = os.getpid()\nPREPARED = []\ndef prepare():\n    PREPARED.append(os.getpid())\n",
     "f.py": ("import os, app\n"

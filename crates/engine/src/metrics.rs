@@ -135,6 +135,7 @@ impl Collector for BackendCollector {
                 ("sprout_gvisor_parked_evicted", "Parked gVisor pods' images removed for the disk budget", parking.evicted),
                 ("sprout_gvisor_over_resident_budget", "gVisor pods started or restored over the resident budget", parking.over_budget),
                 ("sprout_gvisor_parks_hurried", "gVisor parks a request hurried", parking.parks_hurried),
+                ("sprout_gvisor_parks_waited_for", "gVisor parks a pod's start or restore waited for", parking.parks_waited_for),
             ]);
             gauges.extend([
                 ("sprout_gvisor_parked", "gVisor pods parked now", parking.parked as i64),

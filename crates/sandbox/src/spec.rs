@@ -197,6 +197,9 @@ pub struct ParkingStats {
     /// Background parks a request came to wait for, given their CPU weight back so that the
     /// request waits no longer than the park needs.
     pub parks_hurried: u64,
+    /// Parks a pod's start or restore waited for, to fit the resident budget (room made
+    /// ahead, in the background, had not been enough).
+    pub parks_waited_for: u64,
     /// Pods parked now, and their images' bytes on disk.
     pub parked: u64,
     pub parked_bytes: u64,

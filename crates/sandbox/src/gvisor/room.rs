@@ -76,6 +76,9 @@ impl Inner {
             if !matches!(*state, PodState::Running(_)) || !slot.all_paused() {
                 continue;
             }
+            if this.is_some() {
+                self.parking.waited_for.fetch_add(1, Ordering::Relaxed);
+            }
             self.park_locked(slot, state, this.is_none()).await;
         }
     }

@@ -114,6 +114,8 @@ pub(super) struct ParkingCounters {
     pub parking_now: AtomicU64,
     /// Background parks a request waited for, their CPU group given its weight back.
     pub hurried: AtomicU64,
+    /// Parks a start or restore waited for (`make_room` for a pod).
+    pub waited_for: AtomicU64,
     /// A parked handler's first request in the worker, µs: its pod's restore (when this
     /// request waited for it), its binding and the request itself.
     pub first_requests: Mutex<Option<Histogram<u64>>>,
@@ -148,6 +150,7 @@ impl ParkingCounters {
             over_budget: self.over_budget.load(Ordering::Relaxed),
             parking_now: self.parking_now.load(Ordering::Relaxed),
             parks_hurried: self.hurried.load(Ordering::Relaxed),
+            parks_waited_for: self.waited_for.load(Ordering::Relaxed),
             parked: parked as u64,
             parked_bytes,
         }
