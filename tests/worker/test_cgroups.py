@@ -20,9 +20,11 @@ def test_cgroups_are_reused_from_the_pool(make_worker):
         assert w.client.run("echo", i) == i
     counters = w.client.stats()["backend_counters"]
     # Most sandboxes get a group back from the pool; a few are made while others drain (more
-    # of them on a loaded machine: 9 and 11 of 20 seen with the whole suite beside it).
+    # of them on a loaded machine: 9 and 11 of 20 seen with the whole suite beside it), and
+    # the pool's refill makes one 30 ms after a take when none has come back yet (4 made
+    # ahead plus 9 such refills seen once: 13).
     assert counters["cgroups_reused"] >= 12
-    assert counters["cgroups_created"] <= 12
+    assert counters["cgroups_created"] <= 16
 
 
 def test_limits_are_written_to_the_v1_groups(make_worker):
