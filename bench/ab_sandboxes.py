@@ -38,6 +38,9 @@ FIGURES = [
     ("warm_p50_ms", ("warm_p50_ms",), "lower"),
     ("warm_p99_ms", ("warm_p99_ms",), "lower"),
     ("cpu_ms_per_cold_start", ("cpu_ms_per_cold_start",), "lower"),
+    # gVisor's parking (its back-end only): a park, and a parked pod's next request.
+    ("park_ms", ("park", "park_ms"), "lower"),
+    ("restore_parked_p50_ms", ("park", "restore_parked_p50_ms"), "lower"),
 ]
 
 
