@@ -155,6 +155,9 @@ def main():
                 started = time.time()
                 _, binary, cwd, settings = sides[which]
                 figures = run_once(binary, cwd, args.backend, args.concurrency, args.seconds, scratch, settings)
+                if not figures:
+                    sys.exit(f"ab_sandboxes: side {which.upper()} ({binary}) measured nothing in round {i + 1}: "
+                             "its `sprout bench sandboxes` skipped the back-end (its message is above)")
                 rounds[which].append(figures)
                 print(f"round {i + 1}/{args.rounds} {which.upper()} ({time.time() - started:.0f} s): "
                       + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()), file=sys.stderr)
