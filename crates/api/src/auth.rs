@@ -15,6 +15,7 @@
 //! `POST /console/logout` are open; a browser asking for the console page without a session
 //! is sent (303) to the login form instead of the JSON 401.
 
+pub mod tenants;
 pub mod token;
 
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use axum::response::Response;
 use sprout_engine::ErrorCode;
 
 use crate::http::{fail, ApiError};
+pub use tenants::{Grant, Tenants};
 pub use token::{Discovery, Token};
 
 /// The console's session cookie.
@@ -97,10 +99,40 @@ pub fn same_token(presented: &[u8], expected: &[u8]) -> bool {
     std::hint::black_box(difference) == 0
 }
 
+/// Who a request speaks for, put in its extensions by the middleware for the routes to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// The worker's token, the console's session, an open path, or `worker.auth = false`.
+    Operator,
+    /// A tenant's key ([`tenants`]).
+    Tenant(Grant),
+}
+
+impl Principal {
+    /// Whether this principal may see `lambda`, which `owner` owns (None: the operator).
+    pub fn sees(&self, lambda: &str, owner: Option<&str>) -> bool {
+        match self {
+            Principal::Operator => true,
+            Principal::Tenant(grant) => grant.sees(lambda, owner),
+        }
+    }
+}
+
+/// The paths a tenant's key may use: its lambdas in the registry and their logs. Every other
+/// admin path takes the operator's token.
+fn tenant_path(path: &str) -> bool {
+    path == "/registry"
+        || path == "/logs"
+        || matches!(path.strip_prefix("/registry/").or_else(|| path.strip_prefix("/logs/")), Some(name) if !name.is_empty() && !name.contains('/'))
+}
+
 /// The answer to one request.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
+    /// The operator (or an open path).
     Allow,
+    /// A tenant's key, on a path open to tenants; the routes check what it owns.
+    Tenant(Grant),
     /// 401: no credentials.
     Unauthorized,
     /// 403: credentials that are not this worker's, and why.
@@ -118,13 +150,15 @@ pub struct Guard {
     /// The console's session secret, made at start (None: the kernel gave no random bytes,
     /// and the console cannot log in).
     session: Option<Token>,
+    /// The tenants and their keys.
+    pub tenants: Arc<Tenants>,
 }
 
 impl Guard {
-    pub fn new(token: Token, required: bool, listen: impl Into<String>) -> Guard {
+    pub fn new(token: Token, required: bool, listen: impl Into<String>, tenants: Arc<Tenants>) -> Guard {
         let session =
             Token::generate().inspect_err(|e| tracing::warn!("no session secret for the console, which cannot log in: {e:#}")).ok();
-        Guard { token, required, listen: listen.into(), session }
+        Guard { token, required, listen: listen.into(), session, tenants }
     }
 
     /// Whether `presented` is the worker's token (constant time).
@@ -146,7 +180,10 @@ impl Guard {
         if !self.required || is_open(method, path) {
             return Verdict::Allow;
         }
-        let verdict = self.decide_credentials(method, headers);
+        let verdict = match self.decide_credentials(method, headers) {
+            Verdict::Tenant(grant) => tenant_verdict(grant, method, path),
+            other => other,
+        };
         if verdict != Verdict::Allow && is_console_page(method, path) && credential(headers) == Credential::Missing {
             return Verdict::LogIn;
         }
@@ -176,6 +213,12 @@ impl Guard {
                 Verdict::Forbidden("the Authorization header is malformed: send exactly one `Authorization: Bearer <token>`")
             }
             Credential::Bearer(presented) if same_token(presented.as_bytes(), self.token.as_str().as_bytes()) => Verdict::Allow,
+            Credential::Bearer(presented) if tenants::looks_like_key(presented) => match self.tenants.authenticate(presented, unix_now()) {
+                Ok(grant) => Verdict::Tenant(grant),
+                Err(tenants::Refusal::Revoked) => Verdict::Forbidden("this tenant key was revoked"),
+                Err(tenants::Refusal::Expired) => Verdict::Forbidden("this tenant key has expired"),
+                Err(tenants::Refusal::Unknown) => Verdict::Forbidden("the bearer token is no key of this worker's"),
+            },
             Credential::Bearer(_) => Verdict::Forbidden("the bearer token is not this worker's (DIR/api-token)"),
         }
     }
@@ -192,7 +235,7 @@ impl Guard {
             return cookies(&one, SESSION_COOKIE).fold(false, |found, v| self.is_session(v) | found);
         }
         name.eq_ignore_ascii_case(header::AUTHORIZATION.as_str())
-            && bearer_token(value).is_some_and(|t| same_token(t.as_bytes(), self.token.as_str().as_bytes()))
+            && bearer_token(value).is_some_and(|t| same_token(t.as_bytes(), self.token.as_str().as_bytes()) || tenants::looks_like_key(t))
     }
 
     /// A request's headers as its lambda sees them: without the worker's token, and with the
@@ -242,10 +285,34 @@ impl Guard {
     }
 }
 
-/// The middleware in front of every route of `worker.listen`.
-pub(crate) async fn require_token(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
+/// Seconds since the epoch, for keys' expiry.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A tenant key's verdict on a path: only the tenant paths, and only reading for a read-only key.
+fn tenant_verdict(grant: Grant, method: &Method, path: &str) -> Verdict {
+    if !tenant_path(path) {
+        return Verdict::Forbidden("a tenant's key reaches /registry and /logs only; this endpoint takes the operator's token");
+    }
+    if grant.scope.read_only && !is_read(method) {
+        return Verdict::Forbidden("this tenant key is read-only: GET and HEAD only");
+    }
+    Verdict::Tenant(grant)
+}
+
+/// The middleware in front of every route of `worker.listen`: it decides, and puts the
+/// [`Principal`] in the request's extensions.
+pub(crate) async fn require_token(State(guard): State<Arc<Guard>>, mut request: Request, next: Next) -> Response {
     match guard.decide(request.method(), request.uri().path(), request.headers()) {
-        Verdict::Allow => next.run(request).await,
+        Verdict::Allow => {
+            request.extensions_mut().insert(Principal::Operator);
+            next.run(request).await
+        }
+        Verdict::Tenant(grant) => {
+            request.extensions_mut().insert(Principal::Tenant(grant));
+            next.run(request).await
+        }
         Verdict::Unauthorized => {
             let mut response = fail(ApiError::new(ErrorCode::Unauthorized, guard.unauthorized_message()));
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"sprout\""));
@@ -276,7 +343,7 @@ mod tests {
     fn guard(required: bool) -> (Guard, String) {
         let token = Token::generate().unwrap();
         let text = token.as_str().to_string();
-        (Guard::new(token, required, "127.0.0.1:5000"), text)
+        (Guard::new(token, required, "127.0.0.1:5000", Arc::new(Tenants::in_memory())), text)
     }
 
     #[test]
@@ -520,6 +587,45 @@ mod tests {
         let mut only = HeaderMap::new();
         only.insert(header::COOKIE, value(&format!("{SESSION_COOKIE}={session}")));
         assert!(guard.lambda_headers(&only).is_empty());
+    }
+
+    #[test]
+    fn a_tenant_key_reaches_its_registry_and_logs_paths_only() {
+        let (guard, _) = guard(true);
+        guard.tenants.add("acme", 1).unwrap();
+        let key = guard.tenants.issue("acme", tenants::Scope::default(), 1).unwrap().key;
+        let read_only = guard.tenants.issue("acme", tenants::Scope { read_only: true, ..Default::default() }, 1).unwrap().key;
+        let bearer = |k: &str| headers(&[&format!("Bearer {k}")]);
+        for (method, path) in [
+            (Method::GET, "/registry"),
+            (Method::GET, "/registry/echo"),
+            (Method::POST, "/registry/echo"),
+            (Method::DELETE, "/registry/echo"),
+            (Method::GET, "/logs/echo"),
+            (Method::GET, "/logs"),
+        ] {
+            assert!(matches!(guard.decide(&method, path, &bearer(&key)), Verdict::Tenant(g) if g.tenant == "acme"), "{method} {path}");
+        }
+        for (method, path) in [
+            (Method::GET, "/stats"),
+            (Method::GET, "/tenants"),
+            (Method::POST, "/tenants/acme/keys"),
+            (Method::GET, "/registry/"),
+            (Method::GET, "/registry/a/b"),
+            (Method::GET, "/logs/"),
+            (Method::GET, "/leases"),
+            (Method::GET, "/console"),
+            (Method::GET, "/registryx"),
+        ] {
+            assert!(matches!(guard.decide(&method, path, &bearer(&key)), Verdict::Forbidden(_)), "{method} {path}");
+        }
+        assert!(matches!(guard.decide(&Method::GET, "/registry/echo", &bearer(&read_only)), Verdict::Tenant(_)));
+        assert!(
+            matches!(guard.decide(&Method::DELETE, "/registry/echo", &bearer(&read_only)), Verdict::Forbidden(m) if m.contains("read-only"))
+        );
+        // Open paths stay open, whatever key comes; no lambda sees a tenant's key.
+        assert_eq!(guard.decide(&Method::POST, "/run/echo", &bearer(&key)), Verdict::Allow);
+        assert!(guard.is_worker_credential("authorization", &HeaderValue::from_str(&format!("Bearer {key}")).unwrap()));
     }
 
     #[test]

@@ -5,10 +5,10 @@
 //!
 //! * [`routes`] — every route of the API, each to its handler module: [`run`] (`/run`),
 //!   [`registry_routes`], [`stats_routes`], [`map_routes`], [`lease_routes`],
-//!   [`blob_routes`] (with [`files`]), [`log_routes`], [`site_routes`], and the web
-//!   [`console`];
-//! * [`auth`] — who may use which endpoint: the worker's token ([`auth::token`]) and the
-//!   console's session;
+//!   [`blob_routes`] (with [`files`]), [`log_routes`], [`site_routes`], [`tenant_routes`],
+//!   and the web [`console`];
+//! * [`auth`] — who may use which endpoint: the worker's token ([`auth::token`]), tenants'
+//!   keys ([`auth::tenants`]) and the console's session;
 //! * [`app_port`] — the app port (`[app]`, [`app_config`]): sites by host name, their
 //!   [`static_files`] before their lambda;
 //! * [`http`] — what every route shares: errors as responses, bodies within limits, request
@@ -31,13 +31,14 @@ mod site_routes;
 mod state;
 pub mod static_files;
 mod stats_routes;
+mod tenant_routes;
 
 use std::future::Future;
 use std::net::SocketAddr;
 
 pub use app_config::AppSection;
 pub use app_port::AppPort;
-pub use auth::{Discovery, Guard, Token};
+pub use auth::{Discovery, Guard, Tenants, Token};
 pub use state::{Api, ApiParts, AppSites};
 
 /// Serve the API on `listener` until `shutdown` completes, then finish the requests under way.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -17,18 +17,30 @@ use sprout_engine::valid_name;
 use sprout_engine::ErrorCode;
 use sprout_engine::{LogEntry as Entry, LogQuery as Query};
 
+use crate::auth::Principal;
 use crate::http::{fail, ApiError};
 use crate::state::Api;
 
 /// How often a follow stream sends an empty line, so both ends see a dead connection.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
-pub async fn lambda_logs(State(api): State<Api>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
+/// Whether `principal` may read `lambda`'s logs (a tenant: its own lambdas' only; a lambda
+/// deleted since is no tenant's any more, and its logs are the operator's).
+fn reads(api: &Api, principal: &Principal, lambda: &str) -> bool {
+    matches!(principal, Principal::Operator) || principal.sees(lambda, api.auth.tenants.owner(lambda).as_deref())
+}
+
+pub async fn lambda_logs(
+    State(api): State<Api>,
+    Extension(principal): Extension<Principal>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
     let query = match Query::parse(query.as_deref().unwrap_or(""), SystemTime::now()) {
         Ok(q) => q,
         Err(message) => return fail(ApiError::new(ErrorCode::InvalidRequest, message)),
     };
-    if !valid_name(&name) || (api.engine.registry.get(&name).is_none() && !api.engine.logs.has(&name)) {
+    if !valid_name(&name) || (api.engine.registry.get(&name).is_none() && !api.engine.logs.has(&name)) || !reads(&api, &principal, &name) {
         return fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}, and no logs of one")));
     }
     // Subscribed before the backlog is read, so nothing falls between the two.
@@ -73,7 +85,7 @@ pub async fn lambda_logs(State(api): State<Api>, Path(name): Path<String>, RawQu
     response
 }
 
-pub async fn find_request(State(api): State<Api>, RawQuery(query): RawQuery) -> Response {
+pub async fn find_request(State(api): State<Api>, Extension(principal): Extension<Principal>, RawQuery(query): RawQuery) -> Response {
     let query = match Query::parse(query.as_deref().unwrap_or(""), SystemTime::now()) {
         Ok(q) => q,
         Err(message) => return fail(ApiError::new(ErrorCode::InvalidRequest, message)),
@@ -86,7 +98,10 @@ pub async fn find_request(State(api): State<Api>, RawQuery(query): RawQuery) -> 
     };
     let logs = api.engine.logs.clone();
     match tokio::task::spawn_blocking(move || logs.find_request(&id)).await {
-        Ok(entries) => axum::Json(json!({"entries": entries})).into_response(),
+        Ok(mut entries) => {
+            entries.retain(|entry| reads(&api, &principal, &entry.lambda));
+            axum::Json(json!({"entries": entries})).into_response()
+        }
         Err(e) => fail(ApiError::new(ErrorCode::Internal, format!("reading the logs: {e}"))),
     }
 }

@@ -3,7 +3,7 @@
 //! fleet's shared registry when the worker belongs to one.
 
 use axum::body::Body;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
@@ -11,8 +11,34 @@ use sprout_engine::config::BackendKind;
 use sprout_engine::UploadError;
 use sprout_engine::{ErrorCode, Lambda, Origin};
 
+use crate::auth::Principal;
 use crate::http::{fail, read_body, ApiError};
 use crate::state::Api;
+use crate::tenant_routes::store_api_error;
+
+/// The answer for a lambda that does not exist or that the principal may not see: the same.
+fn not_found(name: &str) -> Response {
+    fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}")))
+}
+
+/// Whether `principal` may see the lambda `name`.
+fn sees(api: &Api, principal: &Principal, name: &str) -> bool {
+    matches!(principal, Principal::Operator) || principal.sees(name, api.auth.tenants.owner(name).as_deref())
+}
+
+/// Before a tenant's upload: its key may change `name`, and the name is its own (claimed now
+/// if nobody has it). Ok(true): claimed by this upload, to release if the upload fails.
+fn claim_for_upload(api: &Api, principal: &Principal, name: &str) -> Result<bool, ApiError> {
+    let Principal::Tenant(grant) = principal else { return Ok(false) };
+    if grant.scope.lambdas.as_ref().is_some_and(|set| !set.contains(name)) {
+        return Err(ApiError::new(ErrorCode::Forbidden, "this key may change only the lambdas it was issued for"));
+    }
+    if !sprout_engine::valid_name(name) {
+        return Ok(false); // the registry refuses it with its own message
+    }
+    let exists = api.engine.registry.get(name).is_some();
+    api.auth.tenants.claim(name, &grant.tenant, exists).map_err(store_api_error)
+}
 
 /// The operator's isolation class in an upload's query (`?isolation=gvisor`), if any; any
 /// other parameter, or a class this worker does not run, is refused.
@@ -31,7 +57,13 @@ fn upload_isolation(api: &Api, query: Option<&str>) -> Result<Option<BackendKind
     Ok(chosen)
 }
 
-pub(crate) async fn upload(State(api): State<Api>, Path(name): Path<String>, RawQuery(query): RawQuery, body: Body) -> Response {
+pub(crate) async fn upload(
+    State(api): State<Api>,
+    Extension(principal): Extension<Principal>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+    body: Body,
+) -> Response {
     let chosen = match upload_isolation(&api, query.as_deref()) {
         Ok(c) => c,
         Err(e) => return fail(e),
@@ -40,6 +72,20 @@ pub(crate) async fn upload(State(api): State<Api>, Path(name): Path<String>, Raw
         Ok(d) => d,
         Err(e) => return fail(e),
     };
+    let claimed_now = match claim_for_upload(&api, &principal, &name) {
+        Ok(claimed) => claimed,
+        Err(e) => return fail(e),
+    };
+    let response = store_upload(&api, name.clone(), data, chosen).await;
+    if claimed_now && !response.status().is_success() && api.engine.registry.get(&name).is_none() {
+        if let Err(e) = api.auth.tenants.release(&name) {
+            tracing::warn!(lambda = %name, "the failed upload's name stays claimed: {e}");
+        }
+    }
+    response
+}
+
+async fn store_upload(api: &Api, name: String, data: axum::body::Bytes, chosen: Option<BackendKind>) -> Response {
     let registry = api.engine.registry.clone();
     let archive = data.clone(); // Bytes: shared, not copied; for the shared registry
     let result = tokio::task::spawn_blocking(move || registry.upload(&name, &data, chosen)).await;
@@ -54,7 +100,7 @@ pub(crate) async fn upload(State(api): State<Api>, Path(name): Path<String>, Raw
                     return fail(ApiError::new(ErrorCode::SharedRegistryUnavailable, message).with("lambda", lambda.name.clone()));
                 }
             }
-            (StatusCode::CREATED, axum::Json(lambda_json(&api, &lambda))).into_response()
+            (StatusCode::CREATED, axum::Json(lambda_json(api, &lambda))).into_response()
         }
         Ok(Err(e)) => {
             let mut err = ApiError::new(e.code(), e.to_string());
@@ -77,21 +123,29 @@ fn lambda_json(api: &Api, lambda: &Lambda) -> Value {
     body
 }
 
-pub(crate) async fn list_lambdas(State(api): State<Api>) -> Response {
-    let names: Vec<String> = api.engine.registry.list().iter().map(|l| l.name.clone()).collect();
+pub(crate) async fn list_lambdas(State(api): State<Api>, Extension(principal): Extension<Principal>) -> Response {
+    let names: Vec<String> =
+        api.engine.registry.list().iter().map(|l| l.name.clone()).filter(|name| sees(&api, &principal, name)).collect();
     axum::Json(names).into_response()
 }
 
-pub(crate) async fn show_lambda(State(api): State<Api>, Path(name): Path<String>) -> Response {
-    match api.engine.registry.get(&name) {
+pub(crate) async fn show_lambda(State(api): State<Api>, Extension(principal): Extension<Principal>, Path(name): Path<String>) -> Response {
+    match api.engine.registry.get(&name).filter(|_| sees(&api, &principal, &name)) {
         Some(l) => axum::Json(lambda_json(&api, &l)).into_response(),
-        None => fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}"))),
+        None => not_found(&name),
     }
 }
 
-pub(crate) async fn delete_lambda(State(api): State<Api>, Path(name): Path<String>) -> Response {
-    if !api.engine.delete(&name, Origin::Api).await {
-        return fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}")));
+pub(crate) async fn delete_lambda(
+    State(api): State<Api>,
+    Extension(principal): Extension<Principal>,
+    Path(name): Path<String>,
+) -> Response {
+    if !sees(&api, &principal, &name) || !api.engine.delete(&name, Origin::Api).await {
+        return not_found(&name);
+    }
+    if let Err(e) = api.auth.tenants.release(&name) {
+        tracing::warn!(lambda = %name, "the deleted lambda's name stays claimed: {e}");
     }
     if let Some(shared) = &api.shared {
         if let Err(e) = shared.delete(&name).await {

@@ -18,21 +18,24 @@
 //! | `GET /status`, `/pid`          | `ready`, the worker's pid                                 |
 //! | `GET /stats`, `GET /metrics`   | JSON figures; Prometheus text                             |
 //! | `GET /packages`                | the install cache's packages                              |
+//! | `/tenants...`                  | tenants and their keys, the operator's ([`crate::tenant_routes`]) |
 //!
 //! Every route but `/run/...`, `/map/...` and `GET /status` needs the worker's token
-//! ([`crate::auth`]).
+//! ([`crate::auth`]); a tenant's key reaches `/registry` and `/logs`, for its own lambdas.
 //!
 //! Every failure answers with JSON `{"error": <code>, "message": ...}` and a status that says
 //! whose fault it was; the codes are [`ErrorCode`]'s and never change meaning. The app port
 //! ([`crate::app_port`]) sends requests to its lambda through the same [`crate::run::forward`]
 //! as `/run`.
 
-use axum::routing::{any, get, post, put};
+use axum::routing::{any, delete, get, post, put};
 use axum::Router;
 
 use crate::http::{count_errors, tag_request, ApiError};
 use crate::state::Api;
-use crate::{auth, blob_routes, console, lease_routes, log_routes, map_routes, registry_routes, run, site_routes, stats_routes};
+use crate::{
+    auth, blob_routes, console, lease_routes, log_routes, map_routes, registry_routes, run, site_routes, stats_routes, tenant_routes,
+};
 use sprout_engine::ErrorCode;
 
 /// Build the router: every route, and the fallbacks, behind the token check. Errors are
@@ -66,6 +69,10 @@ pub fn router(api: Api) -> Router {
         .route("/packages", get(stats_routes::list_packages))
         .route("/sites", get(site_routes::list))
         .route("/sites/{host}", put(site_routes::put).delete(site_routes::delete))
+        .route("/tenants", get(tenant_routes::list).post(tenant_routes::add))
+        .route("/tenants/{tenant}", delete(tenant_routes::remove))
+        .route("/tenants/{tenant}/keys", get(tenant_routes::keys).post(tenant_routes::issue))
+        .route("/tenants/{tenant}/keys/{id}", delete(tenant_routes::revoke))
         .merge(console::routes())
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
         .method_not_allowed_fallback(|| async { ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed here") })

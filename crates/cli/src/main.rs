@@ -103,6 +103,13 @@ enum Command {
     /// The app port's sites: which lambda (and static directories) serve each host name.
     #[command(subcommand)]
     Sites(SitesCommand),
+    /// Tenants: principals owning their lambdas, each reached with its own keys (the
+    /// operator's token).
+    #[command(subcommand)]
+    Tenants(TenantsCommand),
+    /// A tenant's keys: issued (shown once), listed, revoked (the operator's token).
+    #[command(subcommand)]
+    Keys(KeysCommand),
     /// The install cache of a worker.
     #[command(subcommand)]
     Packages(PackagesCommand),
@@ -156,6 +163,59 @@ enum SitesCommand {
     /// Remove the site of a host name.
     Rm {
         host: String,
+        #[command(flatten)]
+        endpoint: admin::Endpoint,
+    },
+}
+
+#[derive(Subcommand)]
+enum TenantsCommand {
+    /// List the tenants, with their lambdas and live keys counted.
+    Ls {
+        #[command(flatten)]
+        endpoint: admin::Endpoint,
+    },
+    /// Make a tenant.
+    Add {
+        name: String,
+        #[command(flatten)]
+        endpoint: admin::Endpoint,
+    },
+    /// Remove a tenant and its keys (refused while it owns a lambda).
+    Rm {
+        name: String,
+        #[command(flatten)]
+        endpoint: admin::Endpoint,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Issue a key for a tenant and print it (shown this once).
+    Add {
+        tenant: String,
+        /// GET and HEAD only.
+        #[arg(long)]
+        read_only: bool,
+        /// Only this lambda of the tenant's (repeatable; default: all of them).
+        #[arg(long = "lambda", value_name = "NAME")]
+        lambdas: Vec<String>,
+        /// Refused after this many seconds.
+        #[arg(long, value_name = "SECONDS")]
+        expires_in: Option<u64>,
+        #[command(flatten)]
+        endpoint: admin::Endpoint,
+    },
+    /// List a tenant's keys: id and scope, never the secret.
+    Ls {
+        tenant: String,
+        #[command(flatten)]
+        endpoint: admin::Endpoint,
+    },
+    /// Revoke a key: refused from the next request on.
+    Revoke {
+        tenant: String,
+        id: String,
         #[command(flatten)]
         endpoint: admin::Endpoint,
     },
@@ -360,6 +420,15 @@ fn run(cli: Cli) -> Result<()> {
         Command::Sites(SitesCommand::Ls { endpoint }) => admin::sites_ls(&endpoint)?,
         Command::Sites(SitesCommand::Put { host, lambda, statics, endpoint }) => admin::sites_put(&endpoint, &host, &lambda, &statics)?,
         Command::Sites(SitesCommand::Rm { host, endpoint }) => admin::sites_rm(&endpoint, &host)?,
+        Command::Tenants(TenantsCommand::Ls { endpoint }) => admin::tenants::tenants_ls(&endpoint)?,
+        Command::Tenants(TenantsCommand::Add { name, endpoint }) => admin::tenants::tenants_add(&endpoint, &name)?,
+        Command::Tenants(TenantsCommand::Rm { name, endpoint }) => admin::tenants::tenants_rm(&endpoint, &name)?,
+        Command::Keys(KeysCommand::Add { tenant, read_only, lambdas, expires_in, endpoint }) => {
+            let new = admin::tenants::NewKey { read_only, lambdas: &lambdas, expires_in_s: expires_in };
+            admin::tenants::keys_add(&endpoint, &tenant, &new)?
+        }
+        Command::Keys(KeysCommand::Ls { tenant, endpoint }) => admin::tenants::keys_ls(&endpoint, &tenant)?,
+        Command::Keys(KeysCommand::Revoke { tenant, id, endpoint }) => admin::tenants::keys_revoke(&endpoint, &tenant, &id)?,
         Command::Packages(PackagesCommand::Preinstall { file, dir }) => {
             log_init("warn,sprout_engine::packages=info");
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

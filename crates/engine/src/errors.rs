@@ -55,6 +55,12 @@ error_codes! {
     LeaseNotFound = "lease_not_found", 404;
     Unauthorized = "unauthorized", 401;
     Forbidden = "forbidden", 403;
+    // Tenants and their keys (the operator's routes), and a lambda name another principal has.
+    TenantNotFound = "tenant_not_found", 404;
+    KeyNotFound = "key_not_found", 404;
+    TenantExists = "tenant_exists", 409;
+    TenantNotEmpty = "tenant_not_empty", 409;
+    NameTaken = "name_taken", 409;
     // An upload (4xx).
     InvalidArchive = "invalid_archive", 400;
     UnsafePath = "unsafe_path", 400;
@@ -199,7 +205,7 @@ mod tests {
             let status = code.status();
             assert!((400..600).contains(&status), "{code}: {status}");
         }
-        assert_eq!(ErrorCode::ALL.len(), 36);
+        assert_eq!(ErrorCode::ALL.len(), 41);
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The operator's verbs (`sprout ls`, `show`, `rm`, `logs`, `stats`, `sites`): the worker's admin API, rendered for people.
+//! The operator's verbs (`sprout ls`, `show`, `rm`, `logs`, `stats`, `sites`, and [`tenants`]'
+//! `tenants` and `keys`): the worker's admin API, rendered for people.
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -10,6 +11,7 @@ use serde_json::Value;
 use crate::client;
 
 mod render;
+pub mod tenants;
 
 use render::*;
 

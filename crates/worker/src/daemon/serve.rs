@@ -16,7 +16,7 @@ use sprout_sandbox::{base, cleanup, network};
 use tokio::net::TcpListener;
 
 use sprout_api::auth::token;
-use sprout_api::{Api, ApiParts, AppPort, Discovery, Guard};
+use sprout_api::{Api, ApiParts, AppPort, Discovery, Guard, Tenants};
 use sprout_engine::{Engine, Extensions, Host, LambdaWatcher};
 use sprout_fleet::member::{shared_registry, FleetRoutes, SharedRegistry};
 use sprout_offload::{Blobs, LeaseBook, LeaseFiles, MapCalls};
@@ -83,6 +83,8 @@ pub async fn serve(dir: &Path) -> Result<()> {
 struct Claimed {
     config: Config,
     token: token::Token,
+    /// The tenants and their keys (`DIR/tenants.json`).
+    tenants: Arc<Tenants>,
     /// The directory and what the worker owns: its cgroups, its network's names.
     host: Host,
     /// Held until the worker is gone: "is a worker running here?" never trusts a stale pid.
@@ -126,6 +128,7 @@ impl Claimed {
             bail!("no base image at {}; run `sprout worker init {}`", config.base.path.display(), dir.display());
         }
         let (token, _) = token::ensure_token(&dir)?;
+        let tenants = Arc::new(Tenants::open(&dir)?);
         let layout = Arc::new(detect_layout(&config)?);
         let parents = config.cgroup_parents(&dir);
         let (tag, seed) = config.network_tag(&dir);
@@ -142,6 +145,7 @@ impl Claimed {
         Ok(Claimed {
             config,
             token,
+            tenants,
             host: Host { dir, name, layout, parents, tag, seed, docker: Some(Arc::new(super::docker::Docker)) },
             _lock: lock,
         })
@@ -248,7 +252,7 @@ fn assemble(claimed: &Claimed, engine: Arc<Engine>, features: Features, listener
     let worker_name = claimed.host.name.as_str();
     Api::new(ApiParts {
         engine,
-        auth: Arc::new(Guard::new(claimed.token.clone(), config.worker.auth, listeners.listening.to_string())),
+        auth: Arc::new(Guard::new(claimed.token.clone(), config.worker.auth, listeners.listening.to_string(), claimed.tenants.clone())),
         leases: features.leases,
         blobs: features.blobs,
         max_upload: (config.limits.max_upload_mb << 20) as usize,

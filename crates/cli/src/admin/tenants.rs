@@ -1,0 +1,121 @@
+//! `sprout tenants ls|add|rm` and `sprout keys add|ls|revoke`: the operator's verbs over the
+//! worker's `/tenants` routes.
+
+use anyhow::Result;
+use serde_json::{json, Value};
+
+use super::{emit, now, parse, pretty, segment, Endpoint, Worker, TIMEOUT};
+
+/// `sprout tenants ls`.
+pub fn tenants_ls(endpoint: &Endpoint) -> Result<()> {
+    let raw = Worker::new(endpoint, TIMEOUT).get("/tenants")?;
+    if endpoint.json {
+        return emit(&format!("{}\n", pretty(&raw)));
+    }
+    let tenants = parse(&raw)?;
+    let mut out = format!("{:<24} {:>8} {:>6}\n", "TENANT", "LAMBDAS", "KEYS");
+    for t in tenants.as_array().into_iter().flatten() {
+        out += &format!("{:<24} {:>8} {:>6}\n", t["name"].as_str().unwrap_or("?"), t["lambdas"], t["keys"]);
+    }
+    emit(&out)
+}
+
+/// `sprout tenants add NAME`.
+pub fn tenants_add(endpoint: &Endpoint, name: &str) -> Result<()> {
+    let (_, raw) = Worker::new(endpoint, TIMEOUT).call("POST", "/tenants", Some(&json!({"name": name})))?;
+    if endpoint.json {
+        return emit(&format!("{}\n", pretty(&raw)));
+    }
+    emit(&format!("added tenant {name}; issue it a key: sprout keys add {name}\n"))
+}
+
+/// `sprout tenants rm NAME`.
+pub fn tenants_rm(endpoint: &Endpoint, name: &str) -> Result<()> {
+    let (_, raw) = Worker::new(endpoint, TIMEOUT).call("DELETE", &format!("/tenants/{}", segment(name)), None)?;
+    if endpoint.json {
+        return emit(&format!("{}\n", pretty(&raw)));
+    }
+    emit(&format!("removed tenant {name} and its keys\n"))
+}
+
+/// What `sprout keys add` asks for.
+pub struct NewKey<'a> {
+    pub read_only: bool,
+    pub lambdas: &'a [String],
+    pub expires_in_s: Option<u64>,
+}
+
+/// `sprout keys add TENANT [--read-only] [--lambda NAME ...] [--expires-in SECONDS]`: prints
+/// the key, which is shown this once.
+pub fn keys_add(endpoint: &Endpoint, tenant: &str, new: &NewKey) -> Result<()> {
+    let mut body = json!({"read_only": new.read_only});
+    if !new.lambdas.is_empty() {
+        body["lambdas"] = json!(new.lambdas);
+    }
+    if let Some(s) = new.expires_in_s {
+        body["expires_in_s"] = json!(s);
+    }
+    let (_, raw) = Worker::new(endpoint, TIMEOUT).call("POST", &format!("/tenants/{}/keys", segment(tenant)), Some(&body))?;
+    if endpoint.json {
+        return emit(&format!("{}\n", pretty(&raw)));
+    }
+    let reply = parse(&raw)?;
+    emit(&format!(
+        "{}\nkey {} of tenant {tenant} ({}): keep it now, it is not shown again\n",
+        reply["key"].as_str().unwrap_or("?"),
+        reply["id"].as_str().unwrap_or("?"),
+        describe(&reply, now())
+    ))
+}
+
+/// `sprout keys ls TENANT`.
+pub fn keys_ls(endpoint: &Endpoint, tenant: &str) -> Result<()> {
+    let raw = Worker::new(endpoint, TIMEOUT).get(&format!("/tenants/{}/keys", segment(tenant)))?;
+    if endpoint.json {
+        return emit(&format!("{}\n", pretty(&raw)));
+    }
+    let mut out = format!("{:<18} {}\n", "KEY", "SCOPE");
+    for key in parse(&raw)?.as_array().into_iter().flatten() {
+        out += &format!("{:<18} {}\n", key["id"].as_str().unwrap_or("?"), describe(key, now()));
+    }
+    emit(&out)
+}
+
+/// `sprout keys revoke TENANT ID`.
+pub fn keys_revoke(endpoint: &Endpoint, tenant: &str, id: &str) -> Result<()> {
+    let path = format!("/tenants/{}/keys/{}", segment(tenant), segment(id));
+    let (_, raw) = Worker::new(endpoint, TIMEOUT).call("DELETE", &path, None)?;
+    if endpoint.json {
+        return emit(&format!("{}\n", pretty(&raw)));
+    }
+    emit(&format!("revoked key {id} of tenant {tenant}\n"))
+}
+
+/// A key's scope and state in words.
+fn describe(key: &Value, now: u64) -> String {
+    let mut words = vec![if key["read_only"].as_bool() == Some(true) { "read-only" } else { "read-write" }.to_string()];
+    match key["lambdas"].as_array() {
+        Some(names) => words.push(format!("lambdas {}", names.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(","))),
+        None => words.push("all its lambdas".to_string()),
+    }
+    if let Some(expires) = key["expires"].as_u64() {
+        words.push(if expires <= now { "expired".to_string() } else { format!("expires in {} s", expires - now) });
+    }
+    if key["revoked"].as_u64().is_some() {
+        words.push("revoked".to_string());
+    }
+    words.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_described_by_its_scope_and_state() {
+        assert_eq!(describe(&json!({"id": "k", "read_only": false}), 10), "read-write, all its lambdas");
+        let narrow = json!({"read_only": true, "lambdas": ["a", "b"], "expires": 70, "revoked": 5});
+        assert_eq!(describe(&narrow, 10), "read-only, lambdas a,b, expires in 60 s, revoked");
+        assert_eq!(describe(&json!({"expires": 10}), 10), "read-write, all its lambdas, expired");
+    }
+}

@@ -1,0 +1,252 @@
+"""Tenants as principals (issue 52): the operator makes tenants and issues them keys; a
+tenant's key reaches only its own lambdas and their logs, another tenant's lambda answers as
+one that does not exist, and revoked or expired keys are refused at once. The operator's token
+still reaches everything; /run stays open."""
+
+import json
+import os
+import stat
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import SPROUT, targz
+
+FUNCTION = "def f(event):\n    print('secret-of', event)\n    return 'ok'\n"
+SHOW_AUTHORIZATION = '''
+def app(environ, start_response):
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [environ.get("HTTP_AUTHORIZATION", "(none)").encode()]
+'''
+
+
+def call(worker, method, path, key=None, body=None, json_body=None):
+    """(status, parsed JSON or text, headers) with exactly this key (None: the operator's token)."""
+    headers = {"Authorization": f"Bearer {key or worker.client.token().strip()}"}
+    if json_body is not None:
+        body = json.dumps(json_body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(worker.url + path, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            status, raw = reply.status, reply.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def upload(worker, name, key=None, source=FUNCTION):
+    return call(worker, "POST", f"/registry/{name}", key, body=targz({"f.py": source}))
+
+
+def issue(worker, tenant, **scope):
+    status, body = call(worker, "POST", f"/tenants/{tenant}/keys", json_body=scope)
+    assert status == 201, body
+    return body
+
+
+@pytest.fixture(scope="module")
+def two_tenants(worker):
+    """Tenants a and b, each with a key and a lambda that has run once; the operator's own."""
+    for name in ("a", "b"):
+        status, body = call(worker, "POST", "/tenants", json_body={"name": name})
+        assert status == 201, body
+    keys = {name: issue(worker, name)["key"] for name in ("a", "b")}
+    for tenant in ("a", "b"):
+        status, body = upload(worker, f"{tenant}-fn", keys[tenant])
+        assert status == 201, body
+        assert worker.client.run(f"{tenant}-fn", tenant) == "ok"
+    assert upload(worker, "ops")[0] == 201
+    return keys
+
+
+def test_a_tenant_lists_and_shows_only_its_own_lambdas(worker, two_tenants):
+    a = two_tenants["a"]
+    assert call(worker, "GET", "/registry", a) == (200, ["a-fn"])
+    status, body = call(worker, "GET", "/registry/a-fn", a)
+    assert status == 200 and body["name"] == "a-fn"
+    status, everything = call(worker, "GET", "/registry")
+    assert status == 200 and {"a-fn", "b-fn", "ops", "echo"} <= set(everything)
+
+
+@pytest.mark.parametrize("victim", ["b-fn", "ops"])
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/registry/{}"),
+    ("DELETE", "/registry/{}"),
+    ("GET", "/logs/{}"),
+    ("GET", "/logs/{}?follow=1"),
+])
+def test_another_principals_lambda_answers_as_one_that_does_not_exist(worker, two_tenants, victim, method, path):
+    a = two_tenants["a"]
+    status, body = call(worker, method, path.format(victim), a)
+    missing_status, missing = call(worker, method, path.format("no-such-fn"), a)
+    assert status == missing_status == 404, body
+    assert body["error"] == missing["error"]
+    assert body["message"].replace(victim, "X") == missing["message"].replace("no-such-fn", "X")
+    # ...and it is still there for its owner and the operator.
+    assert call(worker, "GET", f"/registry/{victim}")[0] == 200
+
+
+def test_a_tenant_cannot_take_another_principals_name(worker, two_tenants):
+    for victim in ("b-fn", "ops"):
+        status, body = upload(worker, victim, two_tenants["a"], source="def f(e):\n    return 'taken over'\n")
+        assert status == 409 and body["error"] == "name_taken", body
+        assert worker.client.run(victim, "x") == "ok"
+
+
+def test_a_request_of_another_tenants_lambda_shows_no_log_entries(worker, two_tenants):
+    reply = urllib.request.urlopen(urllib.request.Request(worker.url + "/run/b-fn", data=b'"b"', method="POST"), timeout=60)
+    request_id = reply.headers["X-Sprout-Request-Id"]
+    reply.read()
+    deadline = time.time() + 10
+    while True:
+        status, body = call(worker, "GET", f"/logs?request={request_id}")
+        if status == 200 and body["entries"] or time.time() > deadline:
+            break
+        time.sleep(0.1)
+    assert any("secret-of" in json.dumps(e) for e in body["entries"]), body
+    assert call(worker, "GET", f"/logs?request={request_id}", two_tenants["b"])[1]["entries"]
+    status, body = call(worker, "GET", f"/logs?request={request_id}", two_tenants["a"])
+    assert (status, body) == (200, {"entries": []})
+    status, own = call(worker, "GET", "/logs/a-fn", two_tenants["a"])
+    assert status == 200 and own["lambda"] == "a-fn"
+
+
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/stats"), ("GET", "/metrics"), ("GET", "/stats/history"), ("GET", "/packages"),
+    ("GET", "/pid"), ("GET", "/leases"), ("POST", "/leases/b-fn"), ("GET", "/blobs/x"),
+    ("PUT", "/blobs/x"), ("GET", "/sites"), ("PUT", "/sites/example.com"), ("GET", "/tenants"),
+    ("POST", "/tenants"), ("GET", "/tenants/a/keys"), ("POST", "/tenants/a/keys"),
+    ("DELETE", "/tenants/b"), ("GET", "/console"), ("GET", "/nowhere"), ("GET", "/registry/a-fn/x"),
+])
+def test_a_tenant_key_is_refused_where_only_the_operator_may_go(worker, two_tenants, method, path):
+    status, body = call(worker, method, path, two_tenants["a"], body=b"{}" if method in ("POST", "PUT") else None)
+    assert status == 403 and body["error"] == "forbidden", (method, path, body)
+    assert "operator" in body["message"]
+
+
+def test_a_read_only_key_reads_and_changes_nothing(worker, two_tenants):
+    read_only = issue(worker, "a", read_only=True)["key"]
+    assert call(worker, "GET", "/registry/a-fn", read_only)[0] == 200
+    for method, path in [("DELETE", "/registry/a-fn"), ("POST", "/registry/a-new"), ("PUT", "/registry/a-fn")]:
+        status, body = call(worker, method, path, read_only, body=targz({"f.py": FUNCTION}) if method != "DELETE" else None)
+        assert status == 403 and "read-only" in body["message"], body
+    assert call(worker, "GET", "/registry/a-fn")[0] == 200 and call(worker, "GET", "/registry/a-new")[0] == 404
+
+
+def test_a_key_narrowed_to_some_lambdas_sees_and_changes_only_them(worker, two_tenants):
+    assert upload(worker, "a-other", two_tenants["a"])[0] == 201
+    narrow = issue(worker, "a", lambdas=["a-fn"])["key"]
+    assert call(worker, "GET", "/registry", narrow) == (200, ["a-fn"])
+    assert call(worker, "GET", "/registry/a-other", narrow)[0] == 404
+    status, body = upload(worker, "a-third", narrow)
+    assert status == 403 and "issued for" in body["message"], body
+    assert upload(worker, "a-fn", narrow)[0] == 201  # a new version of its own lambda
+
+
+def test_revoked_and_expired_keys_are_refused_at_once(worker, two_tenants):
+    issued = issue(worker, "a")
+    assert call(worker, "GET", "/registry", issued["key"])[0] == 200
+    status, record = call(worker, "DELETE", f"/tenants/a/keys/{issued['id']}")
+    assert status == 200 and record["revoked"] and "digest" not in record
+    status, body = call(worker, "GET", "/registry", issued["key"])
+    assert status == 403 and "revoked" in body["message"]
+    short = issue(worker, "a", expires_in_s=1)
+    assert call(worker, "GET", "/registry", short["key"])[0] == 200
+    time.sleep(2.1)
+    status, body = call(worker, "GET", "/registry", short["key"])
+    assert status == 403 and "expired" in body["message"]
+    # A key shaped like one but unknown, and a known id with a wrong secret.
+    for forged in ["spk_" + "0" * 16 + "_" + "0" * 64, issued["key"][:-1] + ("0" if issued["key"][-1] != "0" else "1")]:
+        status, body = call(worker, "GET", "/registry", forged)
+        assert status == 403, body
+
+
+def test_keys_are_listed_without_secrets_and_stored_hashed(worker, two_tenants):
+    issued = issue(worker, "b", read_only=True)
+    status, keys = call(worker, "GET", "/tenants/b/keys")
+    assert status == 200 and issued["id"] in [k["id"] for k in keys]
+    secret = issued["key"].rsplit("_", 1)[1]
+    assert secret not in json.dumps(keys) and all("digest" not in k and "key" not in k for k in keys)
+    stored = worker.dir / "tenants.json"
+    assert stat.S_IMODE(os.stat(stored).st_mode) == 0o600
+    assert secret not in stored.read_text() and issued["key"] not in stored.read_text()
+
+
+def test_run_stays_open_and_no_lambda_sees_a_tenant_key(worker, two_tenants):
+    a = two_tenants["a"]
+    status, body = upload(worker, "a-show", a, source=SHOW_AUTHORIZATION)
+    assert status == 201, body
+    request = urllib.request.Request(worker.url + "/run/a-show", headers={"Authorization": f"Bearer {a}"})
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        assert reply.read() == b"(none)"
+    assert worker.client.run("b-fn", "from anyone") == "ok"
+
+
+@pytest.mark.parametrize("body,code", [
+    (b"not json", "invalid_request"),
+    (b'{"name": "x", "extra": 1}', "invalid_request"),
+    (b'{"name": "bad/name"}', "invalid_name"),
+    (b'{"name": ""}', "invalid_name"),
+    (b'{"name": "a"}', "tenant_exists"),
+])
+def test_malformed_tenant_requests_get_clear_errors(worker, two_tenants, body, code):
+    status, reply = call(worker, "POST", "/tenants", body=body)
+    assert reply["error"] == code and status in (400, 409), reply
+    assert call(worker, "GET", "/registry", two_tenants["a"])[0] == 200
+
+
+def test_malformed_key_requests_get_clear_errors(worker, two_tenants):
+    assert call(worker, "POST", "/tenants/nobody/keys", json_body={})[1]["error"] == "tenant_not_found"
+    assert call(worker, "POST", "/tenants/a/keys", json_body={"expires_in_s": 0})[1]["error"] == "invalid_request"
+    assert call(worker, "POST", "/tenants/a/keys", json_body={"lambdas": ["../x"]})[1]["error"] == "invalid_name"
+    assert call(worker, "POST", "/tenants/a/keys", json_body={"scope": "all"})[1]["error"] == "invalid_request"
+    assert call(worker, "DELETE", "/tenants/a/keys/0000")[1]["error"] == "key_not_found"
+
+
+def test_a_tenant_owning_lambdas_is_not_removed_and_its_keys_die_with_it(make_worker):
+    worker = make_worker()
+    assert call(worker, "POST", "/tenants", json_body={"name": "t"})[0] == 201
+    key = issue(worker, "t")["key"]
+    assert upload(worker, "t-fn", key)[0] == 201
+    status, body = call(worker, "DELETE", "/tenants/t")
+    assert status == 409 and body["error"] == "tenant_not_empty", body
+    assert call(worker, "GET", "/registry/t-fn", key)[0] == 200
+    # Kept across a restart: the tenant, its key and what it owns.
+    worker.stop()
+    worker.start()
+    assert call(worker, "GET", "/registry", key) == (200, ["t-fn"])
+    assert call(worker, "DELETE", "/registry/t-fn", key)[0] == 200
+    assert call(worker, "GET", "/tenants")[1] == [{"name": "t", "lambdas": 0, "keys": 1}]
+    assert call(worker, "DELETE", "/tenants/t") == (200, {"deleted": "t"})
+    assert call(worker, "GET", "/registry", key)[0] == 403
+    # The name is free again, for anyone.
+    assert upload(worker, "t-fn")[0] == 201
+
+
+def test_the_cli_makes_tenants_and_issues_and_revokes_keys(worker):
+    env = {**os.environ, "SPROUT_URL": worker.url, "SPROUT_TOKEN": worker.client.token().strip()}
+
+    def cli(*args):
+        return __import__("subprocess").run([str(SPROUT), *args], capture_output=True, text=True, env=env, timeout=60)
+
+    added = cli("tenants", "add", "cli-t")
+    assert added.returncode == 0 and "added tenant cli-t" in added.stdout, added.stderr
+    issued = cli("keys", "add", "cli-t", "--read-only", "--lambda", "x", "--expires-in", "3600")
+    assert issued.returncode == 0, issued.stderr
+    key, line = issued.stdout.splitlines()[:2]
+    assert key.startswith("spk_") and "read-only, lambdas x, expires in" in line
+    key_id = key.split("_")[1]
+    listed = cli("keys", "ls", "cli-t")
+    assert key_id in listed.stdout and key not in listed.stdout
+    assert cli("tenants", "ls").stdout.split("\n")[0].split() == ["TENANT", "LAMBDAS", "KEYS"]
+    assert cli("keys", "revoke", "cli-t", key_id).returncode == 0
+    assert "revoked" in cli("keys", "ls", "cli-t").stdout
+    missing = cli("keys", "add", "nobody")
+    assert missing.returncode != 0 and "tenant_not_found" in missing.stderr + missing.stdout
+    assert cli("tenants", "rm", "cli-t").returncode == 0
