@@ -250,3 +250,45 @@ def test_the_cli_makes_tenants_and_issues_and_revokes_keys(worker):
     missing = cli("keys", "add", "nobody")
     assert missing.returncode != 0 and "tenant_not_found" in missing.stderr + missing.stdout
     assert cli("tenants", "rm", "cli-t").returncode == 0
+
+
+def test_every_change_is_audited_with_its_key_and_each_tenant_reads_its_own(make_worker):
+    worker = make_worker()
+    for name in ("a", "b"):
+        assert call(worker, "POST", "/tenants", json_body={"name": name})[0] == 201
+    a, b = issue(worker, "a"), issue(worker, "b")
+    assert upload(worker, "a-fn", a["key"])[0] == 201
+    assert upload(worker, "b-fn", b["key"])[0] == 201
+    assert upload(worker, "b-fn", a["key"])[0] == 409  # a tries b's name
+    assert call(worker, "DELETE", "/registry/b-fn", a["key"])[0] == 404
+    assert call(worker, "DELETE", f"/tenants/a/keys/{a['id']}")[0] == 200
+    assert upload(worker, "a-fn", a["key"])[0] == 403  # revoked
+    worker.client.run("a-fn", "not audited")
+
+    status, body = call(worker, "GET", "/audit")
+    assert status == 200
+    seen = [(e["actor"], e.get("tenant"), e.get("key"), e["method"], e["path"], e["status"]) for e in body["entries"]]
+    assert seen == [
+        ("operator", None, None, "POST", "/tenants", 201),
+        ("operator", None, None, "POST", "/tenants", 201),
+        ("operator", None, None, "POST", "/tenants/a/keys", 201),
+        ("operator", None, None, "POST", "/tenants/b/keys", 201),
+        ("tenant", "a", a["id"], "POST", "/registry/a-fn", 201),
+        ("tenant", "b", b["id"], "POST", "/registry/b-fn", 201),
+        ("tenant", "a", a["id"], "POST", "/registry/b-fn", 409),
+        ("tenant", "a", a["id"], "DELETE", "/registry/b-fn", 404),
+        ("operator", None, None, "DELETE", f"/tenants/a/keys/{a['id']}", 200),
+        ("refused", None, a["id"], "POST", "/registry/a-fn", 403),
+    ]
+    assert all(e["request_id"] and e["time"].endswith("Z") for e in body["entries"])
+    # b sees what it did and what the operator did to it: not a's attempts on its name.
+    status, mine = call(worker, "GET", "/audit", b["key"])
+    assert status == 200
+    assert [(e["method"], e["path"]) for e in mine["entries"]] == [("POST", "/tenants/b/keys"), ("POST", "/registry/b-fn")]
+    assert "a" not in {e.get("tenant") for e in mine["entries"]}
+    assert call(worker, "GET", "/audit?limit=1")[1]["entries"][0]["status"] == 403
+    for bad in ("limit=0", "limit=x", "since=1"):
+        assert call(worker, "GET", f"/audit?{bad}")[1]["error"] == "invalid_request"
+    stored = worker.dir / "audit.log"
+    assert stat.S_IMODE(os.stat(stored).st_mode) == 0o600
+    assert a["key"] not in stored.read_text() and b["key"] not in stored.read_text()

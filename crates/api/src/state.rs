@@ -40,6 +40,8 @@ pub struct ApiParts {
     pub engine: Arc<Engine>,
     /// Who may use the API, and the token lambdas must never see.
     pub auth: Arc<Guard>,
+    /// Where the control plane's changes are recorded.
+    pub audit: Arc<crate::audit::AuditLog>,
     /// The user leases: sandboxes held for clients' objects.
     pub leases: Arc<LeaseBook>,
     /// Large items and results of maps, shared with the sandboxes.

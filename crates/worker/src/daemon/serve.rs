@@ -253,6 +253,7 @@ fn assemble(claimed: &Claimed, engine: Arc<Engine>, features: Features, listener
     Api::new(ApiParts {
         engine,
         auth: Arc::new(Guard::new(claimed.token.clone(), config.worker.auth, listeners.listening.to_string(), claimed.tenants.clone())),
+        audit: Arc::new(sprout_api::audit::AuditLog::open(&claimed.host.dir)),
         leases: features.leases,
         blobs: features.blobs,
         max_upload: (config.limits.max_upload_mb << 20) as usize,
