@@ -292,3 +292,72 @@ def test_every_change_is_audited_with_its_key_and_each_tenant_reads_its_own(make
     stored = worker.dir / "audit.log"
     assert stat.S_IMODE(os.stat(stored).st_mode) == 0o600
     assert a["key"] not in stored.read_text() and b["key"] not in stored.read_text()
+
+
+CALLER = '''
+import sprout
+def f(event):
+    try:
+        return {"got": sprout.invoke(event, "hi")}
+    except sprout.InvokeError as e:
+        return {"error": e.code, "message": e.message}
+'''
+
+
+def test_a_tenants_lambda_invokes_only_its_own_tenants_lambdas(worker, two_tenants):
+    a = two_tenants["a"]
+    assert upload(worker, "a-caller", a, source=CALLER)[0] == 201
+    assert worker.client.run("a-caller", "a-fn") == {"got": "ok"}
+    for other in ("b-fn", "ops", "no-such-fn"):
+        missing = {"error": "lambda_not_found", "message": f'no lambda named "{other}"'}
+        assert worker.client.run("a-caller", other) == missing
+    # The operator's lambdas call anyone's.
+    assert upload(worker, "ops-caller", source=CALLER)[0] == 201
+    assert worker.client.run("ops-caller", "b-fn") == {"got": "ok"}
+
+
+KEYED = "auth: key\n"
+
+
+def run_with(worker, name, key=None, path=""):
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(f"{worker.url}/run/{name}{path}", data=b'"x"', method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, json.loads(reply.read()), reply.headers
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read()), err.headers
+
+
+def test_a_lambda_that_wants_a_key_takes_its_tenants_keys_and_the_operators_token(worker, two_tenants):
+    a, b = two_tenants["a"], two_tenants["b"]
+    archive = targz({"f.py": FUNCTION, "ol.yaml": KEYED})
+    assert call(worker, "POST", "/registry/a-keyed", a, body=archive)[0] == 201
+    status, body, headers = run_with(worker, "a-keyed")
+    assert status == 401 and body["error"] == "unauthorized" and "auth: key" in body["message"]
+    assert headers["WWW-Authenticate"] == 'Bearer realm="sprout"'
+    assert run_with(worker, "a-keyed", a)[:2] == (200, "ok")
+    assert run_with(worker, "a-keyed", worker.client.token().strip())[:2] == (200, "ok")
+    narrow = issue(worker, "a", lambdas=["a-fn"])["key"]
+    for refused in (b, narrow, "not-a-key", "spk_" + "1" * 16 + "_" + "2" * 64):
+        status, body, _ = run_with(worker, "a-keyed", refused)
+        assert status == 403 and body["error"] == "forbidden", (refused, body)
+    # /map takes the same check.
+    request = urllib.request.Request(f"{worker.url}/map/a-keyed", data=b'["x", "y"]', method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 401
+    request.add_header("Authorization", f"Bearer {a}")
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        assert json.loads(reply.read()) == [{"result": "ok"}, {"result": "ok"}]
+    # A revoked key is refused at once; a wrong ol.yaml value is refused at upload.
+    revoked = issue(worker, "a")
+    assert run_with(worker, "a-keyed", revoked["key"])[0] == 200
+    call(worker, "DELETE", f"/tenants/a/keys/{revoked['id']}")
+    assert run_with(worker, "a-keyed", revoked["key"])[0] == 403
+    status, body = call(worker, "POST", "/registry/a-bad", a, body=targz({"f.py": FUNCTION, "ol.yaml": "auth: maybe\n"}))
+    assert status == 400 and body["error"] == "invalid_lambda_config" and "none or key" in body["message"]
+    assert call(worker, "GET", "/registry/a-bad", a)[0] == 404  # the failed upload claimed nothing
+    assert call(worker, "GET", "/registry/a-keyed", a)[1]["config"]["auth"] == "key"

@@ -1,9 +1,10 @@
-//! The audit log: every change asked of the control plane (deploys and deletes, tenants, keys,
+//! The audit log's store: every change asked of the control plane (deploys and deletes, tenants, keys,
 //! sites, leases made and released, console logins), who asked (the operator, a tenant's key
 //! by its id, or a refused credential), and how it was answered, one JSON line each in
-//! `DIR/audit.log` (mode 0600), written and synced before the reply leaves. `GET /audit` reads
-//! it: the operator everything, a tenant what its keys did and what the operator did to its
-//! lambdas and keys. At 16 MiB the file is renamed `audit.log.1` (the one before is dropped).
+//! `DIR/audit.log` (mode 0600), written and synced before the reply leaves
+//! ([`crate::audit_routes`] records and serves it). The operator reads everything, a tenant what
+//! its keys did and what the operator did to its lambdas and keys. At 16 MiB the file is
+//! renamed `audit.log.1` (the one before is dropped).
 //!
 //! Invocations (`/run`, `/map`, a lease's parts), blobs and lease files are data, not changes
 //! of the control plane, and are not recorded.
@@ -13,25 +14,15 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::SystemTime;
 
-use axum::extract::{Extension, RawQuery, Request, State};
 use axum::http::Method;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
-use sprout_engine::ErrorCode;
 
-use crate::auth::{tenants, Principal, Verdict};
-use crate::http::{fail, ApiError, RequestId};
-use crate::state::Api;
+use crate::auth::Principal;
 
 /// The log's file in a worker directory.
 pub const AUDIT_FILE: &str = "audit.log";
 const ROTATE_AT: u64 = 16 << 20;
-const DEFAULT_LIMIT: usize = 100;
-const MAX_LIMIT: usize = 10_000;
 
 /// One recorded change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,78 +126,6 @@ pub fn is_audited(method: &Method, path: &str) -> bool {
         .strip_prefix("/leases/")
         .is_some_and(|rest| !rest.is_empty() && !rest.contains('/') && (method == Method::POST || method == Method::DELETE));
     under("/registry") || under("/tenants") || under("/sites") || lease_change || path == "/console/login"
-}
-
-/// The tenant a change is about, read before it is made (a delete forgets its owner).
-fn owner_of(api: &Api, path: &str) -> Option<String> {
-    let mut parts = path.trim_start_matches('/').split('/');
-    match (parts.next(), parts.next()) {
-        (Some("registry"), Some(name)) => api.auth.tenants.owner(name),
-        (Some("tenants"), Some(tenant)) if api.auth.tenants.exists(tenant) => Some(tenant.to_string()),
-        _ => None,
-    }
-}
-
-/// The key id in a presented bearer credential that looks like a tenant key.
-fn presented_key_id(request: &Request) -> Option<String> {
-    let value = request.headers().get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
-    let token = value.trim().split_once(' ')?.1.trim();
-    tenants::looks_like_key(token).then(|| token.split('_').nth(1).unwrap_or_default().to_string())
-}
-
-/// The middleware recording each audited request after it is answered. It sits outside the
-/// token check, so refused attempts are recorded too.
-pub(crate) async fn record(State(api): State<Api>, request: Request, next: Next) -> Response {
-    let (method, path) = (request.method().clone(), request.uri().path().to_string());
-    if !is_audited(&method, &path) {
-        return next.run(request).await;
-    }
-    let verdict = api.auth.decide(&method, &path, request.headers());
-    let (actor, tenant, key) = match verdict {
-        // An open path (the console's login): whoever it was, the status says how it went.
-        Verdict::Allow if crate::auth::is_open(&method, &path) => ("anonymous", None, None),
-        Verdict::Allow => ("operator", None, None),
-        Verdict::Tenant(grant) => ("tenant", Some(grant.tenant), Some(grant.key_id)),
-        _ => ("refused", None, presented_key_id(&request)),
-    };
-    let owner = owner_of(&api, &path);
-    let request_id = request.extensions().get::<RequestId>().map(|id| id.0.to_string());
-    let response = next.run(request).await;
-    let entry = AuditEntry {
-        time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-        actor: actor.to_string(),
-        tenant,
-        key,
-        method: method.to_string(),
-        path,
-        status: response.status().as_u16(),
-        owner,
-        request_id,
-    };
-    let log = api.audit.clone();
-    // Synced before the reply leaves, off the async threads.
-    let _ = tokio::task::spawn_blocking(move || log.append(&entry)).await;
-    response
-}
-
-/// `GET /audit[?limit=N]`: the newest N entries the caller may see (default 100, at most 10,000).
-pub(crate) async fn read(State(api): State<Api>, Extension(principal): Extension<Principal>, RawQuery(query): RawQuery) -> Response {
-    let mut limit = DEFAULT_LIMIT;
-    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("limit", n)) => match n.parse::<usize>() {
-                Ok(n) if (1..=MAX_LIMIT).contains(&n) => limit = n,
-                _ => return fail(ApiError::new(ErrorCode::InvalidRequest, format!("limit must be 1-{MAX_LIMIT}, not {n:?}"))),
-            },
-            _ => return fail(ApiError::new(ErrorCode::InvalidRequest, format!("unknown parameter {pair:?} (known: limit)"))),
-        }
-    }
-    let log = api.audit.clone();
-    match tokio::task::spawn_blocking(move || log.read(&principal, limit)).await {
-        Ok(Ok(entries)) => axum::Json(json!({"entries": entries})).into_response(),
-        Ok(Err(e)) => fail(ApiError::new(ErrorCode::Internal, format!("reading the audit log: {e}"))),
-        Err(e) => fail(ApiError::new(ErrorCode::Internal, format!("reading the audit log: {e}"))),
-    }
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ use sprout_engine::ErrorCode;
 
 use crate::http::{fail, ApiError};
 pub use tenants::{Grant, Tenants};
-pub use token::{Discovery, Token};
+pub use token::{same_token, Discovery, Token};
 
 /// The console's session cookie.
 pub const SESSION_COOKIE: &str = "sprout_console";
@@ -87,16 +87,6 @@ fn bearer_token(value: &HeaderValue) -> Option<&str> {
     let (scheme, token) = value.to_str().ok()?.trim().split_once(' ')?;
     let token = token.trim_start();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && !token.contains(char::is_whitespace)).then_some(token)
-}
-
-/// Whether two tokens are equal, in time that depends only on their lengths (a token's
-/// length is no secret: every one has 64 digits).
-pub fn same_token(presented: &[u8], expected: &[u8]) -> bool {
-    if presented.len() != expected.len() {
-        return false;
-    }
-    let difference = presented.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b));
-    std::hint::black_box(difference) == 0
 }
 
 /// Who a request speaks for, put in its extensions by the middleware for the routes to read.
@@ -225,6 +215,28 @@ impl Guard {
         }
     }
 
+    /// Whether a request may invoke `lambda` (owned by `owner`; None: the operator's), which
+    /// wants a key (ol.yaml `auth: key`): the operator's token, or a live key of its tenant
+    /// that may see it. Err: the verdict to answer with (401 without credentials, else 403).
+    pub fn may_invoke(&self, headers: &HeaderMap, lambda: &str, owner: Option<&str>) -> Result<(), Verdict> {
+        if !self.required {
+            return Ok(());
+        }
+        match credential(headers) {
+            Credential::Missing => Err(Verdict::Unauthorized),
+            Credential::Malformed => {
+                Err(Verdict::Forbidden("the Authorization header is malformed: send exactly one `Authorization: Bearer <key>`"))
+            }
+            Credential::Bearer(presented) if same_token(presented.as_bytes(), self.token.as_str().as_bytes()) => Ok(()),
+            Credential::Bearer(presented) => match self.tenants.authenticate(presented, unix_now()) {
+                Ok(grant) if grant.sees(lambda, owner) => Ok(()),
+                Ok(_) | Err(tenants::Refusal::Unknown) => Err(Verdict::Forbidden("this key may not invoke this lambda")),
+                Err(tenants::Refusal::Revoked) => Err(Verdict::Forbidden("this tenant key was revoked")),
+                Err(tenants::Refusal::Expired) => Err(Verdict::Forbidden("this tenant key has expired")),
+            },
+        }
+    }
+
     /// Whether a request header carries this worker's own token or the console's session,
     /// which no lambda may see: `/run` passes the other headers, `Authorization` and `Cookie`
     /// included, to the handler ([`Guard::lambda_headers`] takes these out; a browser logged in
@@ -275,6 +287,21 @@ impl Guard {
             return None;
         }
         HeaderValue::from_str(&kept.join("; ")).ok()
+    }
+
+    /// The answer to a refused invocation of a lambda that wants a key.
+    pub fn refuse_invocation(&self, verdict: Verdict) -> Response {
+        match verdict {
+            Verdict::Unauthorized => {
+                let message = "this lambda wants a key (its ol.yaml says `auth: key`): send `Authorization: Bearer <key>` \
+                               with a key of its tenant";
+                let mut response = fail(ApiError::new(ErrorCode::Unauthorized, message));
+                response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"sprout\""));
+                response
+            }
+            Verdict::Forbidden(why) => fail(ApiError::new(ErrorCode::Forbidden, why)),
+            _ => fail(ApiError::new(ErrorCode::Forbidden, "refused")),
+        }
     }
 
     fn unauthorized_message(&self) -> String {

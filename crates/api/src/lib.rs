@@ -11,13 +11,15 @@
 //!   keys ([`auth::tenants`]) and the console's session;
 //! * [`app_port`] — the app port (`[app]`, [`app_config`]): sites by host name, their
 //!   [`static_files`] before their lambda;
-//! * [`audit`] — the audit log of the control plane's changes, and `GET /audit`;
+//! * [`audit`] — the audit log of the control plane's changes ([`audit_routes`]: recording
+//!   them, `GET /audit`);
 //! * [`http`] — what every route shares: errors as responses, bodies within limits, request
 //!   ids.
 
 pub mod app_config;
 pub mod app_port;
 pub mod audit;
+mod audit_routes;
 pub mod auth;
 mod blob_routes;
 mod console;

@@ -28,8 +28,15 @@ pub async fn map(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(name): Path<String>,
     RawQuery(query): RawQuery,
+    headers: axum::http::HeaderMap,
     body: Body,
 ) -> Response {
+    let wants_key = api.engine.registry.get(&name).is_some_and(|l| !l.config.auth.is_open());
+    if wants_key {
+        if let Err(verdict) = api.auth.may_invoke(&headers, &name, api.auth.tenants.owner(&name).as_deref()) {
+            return api.auth.refuse_invocation(verdict);
+        }
+    }
     let mapped = async {
         let sizing = sizing(query.as_deref())?;
         let lambda = api.engine.invoker.lambda(&name)?;

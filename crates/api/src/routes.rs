@@ -19,7 +19,7 @@
 //! | `GET /stats`, `GET /metrics`   | JSON figures; Prometheus text                             |
 //! | `GET /packages`                | the install cache's packages                              |
 //! | `/tenants...`                  | tenants and their keys, the operator's ([`crate::tenant_routes`]) |
-//! | `GET /audit[?limit=N]`         | the control plane's changes the caller may see ([`crate::audit`]) |
+//! | `GET /audit[?limit=N]`         | the control plane's changes the caller may see ([`crate::audit_routes`]) |
 //!
 //! Every route but `/run/...`, `/map/...` and `GET /status` needs the worker's token
 //! ([`crate::auth`]); a tenant's key reaches `/registry`, `/logs` and `/audit`, for its own lambdas.
@@ -35,7 +35,8 @@ use axum::Router;
 use crate::http::{count_errors, tag_request, ApiError};
 use crate::state::Api;
 use crate::{
-    audit, auth, blob_routes, console, lease_routes, log_routes, map_routes, registry_routes, run, site_routes, stats_routes, tenant_routes,
+    audit_routes, auth, blob_routes, console, lease_routes, log_routes, map_routes, registry_routes, run, site_routes, stats_routes,
+    tenant_routes,
 };
 use sprout_engine::ErrorCode;
 
@@ -70,7 +71,7 @@ pub fn router(api: Api) -> Router {
         .route("/packages", get(stats_routes::list_packages))
         .route("/sites", get(site_routes::list))
         .route("/sites/{host}", put(site_routes::put).delete(site_routes::delete))
-        .route("/audit", get(audit::read))
+        .route("/audit", get(audit_routes::read))
         .route("/tenants", get(tenant_routes::list).post(tenant_routes::add))
         .route("/tenants/{tenant}", delete(tenant_routes::remove))
         .route("/tenants/{tenant}/keys", get(tenant_routes::keys).post(tenant_routes::issue))
@@ -79,7 +80,7 @@ pub fn router(api: Api) -> Router {
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
         .method_not_allowed_fallback(|| async { ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed here") })
         .layer(axum::middleware::from_fn_with_state(api.auth.clone(), auth::require_token))
-        .layer(axum::middleware::from_fn_with_state(api.clone(), audit::record))
+        .layer(axum::middleware::from_fn_with_state(api.clone(), audit_routes::record))
         .layer(axum::middleware::map_response_with_state(api.engine.metrics.clone(), count_errors))
         .layer(axum::middleware::from_fn_with_state(api.engine.invoker.clone(), tag_request))
         .with_state(api)

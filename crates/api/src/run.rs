@@ -92,6 +92,11 @@ pub(crate) async fn forward(
     let Some(lambda) = api.engine.registry.get(&name) else {
         return Err(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {shown:?}")));
     };
+    if !lambda.config.auth.is_open() {
+        if let Err(verdict) = api.auth.may_invoke(&headers, &name, api.auth.tenants.owner(&name).as_deref()) {
+            return Ok(api.auth.refuse_invocation(verdict));
+        }
+    }
     if !lambda.config.allows(method.as_str()) {
         return Ok(method_not_allowed(&lambda.config, &method));
     }

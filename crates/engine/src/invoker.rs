@@ -71,7 +71,15 @@ pub struct Invoker {
     ids: RequestIds,
     /// Runs handlers' batch calls; None: they are refused.
     batches: Option<Arc<dyn BatchCalls>>,
+    /// Which lambdas a handler may call (`sprout.invoke`, maps); unset: any.
+    call_policy: std::sync::OnceLock<Arc<dyn CallPolicy>>,
     me: Weak<Invoker>,
+}
+
+/// Which lambdas a lambda's handler may call: the API's tenants decide (a tenant's lambdas
+/// reach only their own tenant's).
+pub trait CallPolicy: Send + Sync {
+    fn may_call(&self, caller: &str, callee: &str) -> bool;
 }
 
 impl Invoker {
@@ -83,7 +91,27 @@ impl Invoker {
         limits: InvokeLimits,
         batches: Option<Arc<dyn BatchCalls>>,
     ) -> Arc<Invoker> {
-        Arc::new_cyclic(|me| Invoker { registry, instances, metrics, logs, limits, ids: RequestIds::new(), batches, me: me.clone() })
+        Arc::new_cyclic(|me| Invoker {
+            registry,
+            instances,
+            metrics,
+            logs,
+            limits,
+            ids: RequestIds::new(),
+            batches,
+            call_policy: std::sync::OnceLock::new(),
+            me: me.clone(),
+        })
+    }
+
+    /// Set which lambdas handlers may call (once; later calls are ignored).
+    pub fn set_call_policy(&self, policy: Arc<dyn CallPolicy>) {
+        let _ = self.call_policy.set(policy);
+    }
+
+    /// Whether `caller`'s handler may call `callee`.
+    pub fn may_call(&self, caller: &str, callee: &str) -> bool {
+        self.call_policy.get().is_none_or(|p| p.may_call(caller, callee))
     }
 
     /// The registry lambdas are looked up in.
@@ -155,7 +183,7 @@ impl Invoker {
         request.depth = depth;
         request.request_id = request_id.to_string();
         let started = Instant::now();
-        let calls = LambdaCalls { invoker: self.me.clone(), depth, caller: request_id.clone() };
+        let calls = LambdaCalls { invoker: self.me.clone(), depth, caller: request_id.clone(), caller_lambda: name.clone() };
         let tag = RequestTag { id: request_id.clone(), trigger };
         let outcome = match held {
             None => self.instances.invoke(&lambda, &request, body, limit, &calls, &tag).await,
@@ -216,6 +244,8 @@ pub struct LambdaCalls {
     invoker: Weak<Invoker>,
     depth: u32,
     caller: Arc<str>,
+    /// The calling lambda, for the call policy.
+    caller_lambda: String,
 }
 
 #[async_trait]
@@ -225,6 +255,11 @@ impl Calls for LambdaCalls {
             return (Error::new(ErrorCode::ShuttingDown, "the worker is shutting down").into_call_reply(), Bytes::new());
         };
         let (name, depth, caller) = (lambda.to_string(), self.depth + 1, self.caller.clone());
+        if !invoker.may_call(&self.caller_lambda, &name) {
+            // As a lambda that does not exist: another tenant's names are not disclosed.
+            let e = Error::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}"));
+            return (e.with("request_id", &*invoker.new_id()).into_call_reply(), Bytes::new());
+        }
         // A task of its own: the callee's sandbox is returned (or destroyed) properly even if
         // the caller's request is cut off meanwhile; it ends within `time_left` anyway.
         let call = async move {

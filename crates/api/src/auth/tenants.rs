@@ -24,8 +24,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::same_token;
-use super::token::Token;
+use super::token::{same_token, Token};
 
 /// The store's file in a worker directory.
 pub const TENANTS_FILE: &str = "tenants.json";
@@ -82,6 +81,16 @@ struct State {
     /// Lambda name to its owning tenant.
     #[serde(default)]
     owners: BTreeMap<String, String>,
+    /// Key id to its tenant, made again at every change (not stored).
+    #[serde(skip)]
+    key_index: std::collections::HashMap<String, String>,
+}
+
+impl State {
+    fn index_keys(mut self) -> State {
+        self.key_index = self.tenants.iter().flat_map(|(name, t)| t.keys.iter().map(move |k| (k.id.clone(), name.clone()))).collect();
+        self
+    }
 }
 
 /// Who a tenant's key speaks for, and what it may do.
@@ -175,7 +184,7 @@ impl Tenants {
     pub fn open(dir: &Path) -> Result<Tenants> {
         let path = dir.join(TENANTS_FILE);
         let state = match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).with_context(|| format!("reading {}", path.display()))?,
+            Ok(bytes) => serde_json::from_slice::<State>(&bytes).with_context(|| format!("reading {}", path.display()))?.index_keys(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         };
@@ -196,6 +205,7 @@ impl Tenants {
         let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
         let mut next = state.clone();
         let out = change(&mut next)?;
+        let next = next.index_keys();
         if let Some(path) = &self.path {
             write_atomically(path, &next).map_err(|e| StoreError::Io(format!("{e:#}")))?;
         }
@@ -284,20 +294,18 @@ impl Tenants {
         let (id, secret) = split_key(presented).ok_or(Refusal::Unknown)?;
         let wanted = digest(secret);
         let state = self.read();
-        for (name, tenant) in &state.tenants {
-            let Some(key) = tenant.keys.iter().find(|k| k.id == id) else { continue };
-            if !same_token(wanted.as_bytes(), key.digest.as_bytes()) {
-                return Err(Refusal::Unknown);
-            }
-            if key.revoked.is_some() {
-                return Err(Refusal::Revoked);
-            }
-            if key.scope.expires.is_some_and(|e| e <= now) {
-                return Err(Refusal::Expired);
-            }
-            return Ok(Grant { tenant: name.clone(), key_id: key.id.clone(), scope: key.scope.clone() });
+        let name = state.key_index.get(id).ok_or(Refusal::Unknown)?;
+        let key = state.tenants.get(name).and_then(|t| t.keys.iter().find(|k| k.id == id)).ok_or(Refusal::Unknown)?;
+        if !same_token(wanted.as_bytes(), key.digest.as_bytes()) {
+            return Err(Refusal::Unknown);
         }
-        Err(Refusal::Unknown)
+        if key.revoked.is_some() {
+            return Err(Refusal::Revoked);
+        }
+        if key.scope.expires.is_some_and(|e| e <= now) {
+            return Err(Refusal::Expired);
+        }
+        Ok(Grant { tenant: name.clone(), key_id: key.id.clone(), scope: key.scope.clone() })
     }
 
     /// The tenant owning `lambda` (None: the operator, or no such lambda).
@@ -332,6 +340,18 @@ impl Tenants {
             s.owners.remove(lambda);
             Ok(())
         })
+    }
+}
+
+/// A tenant's lambdas call only their own tenant's (any other answers as missing); the
+/// operator's lambdas call any.
+impl sprout_engine::CallPolicy for Tenants {
+    fn may_call(&self, caller: &str, callee: &str) -> bool {
+        let state = self.read();
+        match state.owners.get(caller) {
+            None => true,
+            Some(tenant) => state.owners.get(callee) == Some(tenant),
+        }
     }
 }
 
@@ -452,6 +472,21 @@ mod tests {
         assert!(matches!(again.add("other", 4), Err(StoreError::Io(_))));
         assert!(!again.exists("other"));
         assert!(!Tenants::open(dir.path()).unwrap().exists("other"));
+    }
+
+    #[test]
+    fn a_tenants_lambdas_call_only_their_own_tenants() {
+        use sprout_engine::CallPolicy;
+        let store = Tenants::in_memory();
+        store.add("a", 1).unwrap();
+        store.add("b", 1).unwrap();
+        store.claim("a1", "a", false).unwrap();
+        store.claim("a2", "a", false).unwrap();
+        store.claim("b1", "b", false).unwrap();
+        assert!(store.may_call("a1", "a2"));
+        assert!(!store.may_call("a1", "b1") && !store.may_call("b1", "a1"));
+        assert!(!store.may_call("a1", "ops"), "the operator's lambda is not the tenant's");
+        assert!(store.may_call("ops", "a1") && store.may_call("ops", "other-ops"));
     }
 
     #[test]

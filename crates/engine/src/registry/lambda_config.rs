@@ -19,6 +19,8 @@
 //!   OL_WSGI_ENTRY: application  # the WSGI callable, if not `app` (OL_ASGI_ENTRY: ASGI)
 //! reuse-sandbox: false        # a fresh sandbox per request, destroyed after it
 //! isolation: gvisor           # Sprout's: a stronger isolation class than the operator gave
+//! auth: key                   # Sprout's: /run and the app port want a key of the lambda's
+//!                             # tenant (or the operator's token); default none: open
 //! preload:                    # Sprout's: load this once for every lambda sharing this code
 //!   modules: [app.web]        # imported in a code Zygote the lambda's sandboxes fork from
 //!   call: app.web:prepare     # then called there (optional)
@@ -65,6 +67,26 @@ pub struct LambdaConfig {
     /// What a code Zygote shared with lambdas of the same code loads ahead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preload: Option<Preload>,
+    /// Whether invoking the lambda from outside needs a key.
+    #[serde(default, skip_serializing_if = "InvokeAuth::is_open")]
+    pub auth: InvokeAuth,
+}
+
+/// ol.yaml's `auth`: who may invoke the lambda through `/run` and the app port.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InvokeAuth {
+    /// Anyone (OpenLambda's behaviour).
+    #[default]
+    None,
+    /// A key of the lambda's tenant that may see it, or the operator's token.
+    Key,
+}
+
+impl InvokeAuth {
+    pub fn is_open(&self) -> bool {
+        *self == InvokeAuth::None
+    }
 }
 
 /// ol.yaml's `preload` (see the module's documentation).
@@ -127,6 +149,7 @@ impl Default for LambdaConfig {
             kafka: Vec::new(),
             isolation: None,
             preload: None,
+            auth: InvokeAuth::None,
         }
     }
 }
@@ -194,6 +217,8 @@ struct File {
     isolation: Option<String>,
     #[serde(default)]
     preload: Option<Preload>,
+    #[serde(default)]
+    auth: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -265,6 +290,11 @@ pub fn parse(text: &str) -> Result<LambdaConfig, ConfigError> {
         config.isolation =
             Some(kind.ok_or_else(|| ConfigError::at(line_of("isolation"), format!("isolation: {class:?} is not one of {names}")))?);
     }
+    config.auth = match file.auth.as_deref() {
+        None | Some("none") => InvokeAuth::None,
+        Some("key") => InvokeAuth::Key,
+        Some(other) => return Err(ConfigError::at(line_of("auth"), format!("auth: {other:?} is not none or key"))),
+    };
     if let Some(preload) = file.preload {
         preload.check().map_err(|reason| ConfigError::at(line_of("preload"), reason))?;
         config.preload = Some(preload);
@@ -448,6 +478,19 @@ mod tests {
         assert!(config.allows("PATCH"));
         assert_eq!(config.entry_file(), "f.py");
         assert!(config.reuse_sandbox);
+    }
+
+    #[test]
+    fn auth_is_none_or_key_and_nothing_else() {
+        assert_eq!(parse("").unwrap().auth, InvokeAuth::None);
+        assert_eq!(parse("auth: none\n").unwrap().auth, InvokeAuth::None);
+        assert_eq!(parse("auth: key\n").unwrap().auth, InvokeAuth::Key);
+        let err = parse("reuse-sandbox: true\nauth: token\n").unwrap_err();
+        assert_eq!((err.line, err.reason.as_str()), (Some(2), "auth: \"token\" is not none or key"));
+        // Kept with the version as the worker stores it; an open lambda's JSON is as before.
+        let kept: LambdaConfig = serde_json::from_value(serde_json::to_value(parse("auth: key\n").unwrap()).unwrap()).unwrap();
+        assert_eq!(kept.auth, InvokeAuth::Key);
+        assert!(serde_json::to_value(LambdaConfig::default()).unwrap().get("auth").is_none());
     }
 
     #[test]

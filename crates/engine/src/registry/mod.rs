@@ -31,7 +31,7 @@ mod syntax;
 
 pub use crate::names::valid_name;
 pub use archive::Caps;
-pub use lambda_config::{KafkaTrigger, LambdaConfig};
+pub use lambda_config::{InvokeAuth, KafkaTrigger, LambdaConfig};
 pub use syntax::{Checker, SyntaxError};
 
 use crate::config::BackendKind;

@@ -250,6 +250,7 @@ impl Features {
 fn assemble(claimed: &Claimed, engine: Arc<Engine>, features: Features, listeners: &Listeners) -> Api {
     let config = &claimed.config;
     let worker_name = claimed.host.name.as_str();
+    engine.invoker.set_call_policy(claimed.tenants.clone());
     Api::new(ApiParts {
         engine,
         auth: Arc::new(Guard::new(claimed.token.clone(), config.worker.auth, listeners.listening.to_string(), claimed.tenants.clone())),
