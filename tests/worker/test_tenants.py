@@ -361,3 +361,74 @@ def test_a_lambda_that_wants_a_key_takes_its_tenants_keys_and_the_operators_toke
     assert status == 400 and body["error"] == "invalid_lambda_config" and "none or key" in body["message"]
     assert call(worker, "GET", "/registry/a-bad", a)[0] == 404  # the failed upload claimed nothing
     assert call(worker, "GET", "/registry/a-keyed", a)[1]["config"]["auth"] == "key"
+
+
+SLEEPER = "import time\ndef f(event):\n    time.sleep(event or 0)\n    return 'slept'\n"
+
+
+def run_status(worker, name, event=None):
+    request = urllib.request.Request(f"{worker.url}/run/{name}", data=json.dumps(event).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_quotas_on_lambdas_code_rate_and_concurrency_refuse_with_the_limit_named(make_worker):
+    from concurrent.futures import ThreadPoolExecutor
+
+    worker = make_worker()
+    for name in ("q", "other"):
+        assert call(worker, "POST", "/tenants", json_body={"name": name})[0] == 201
+    key, other = issue(worker, "q")["key"], issue(worker, "other")["key"]
+    status, body = call(worker, "PUT", "/tenants/q/quotas", json_body={"lambdas": 2, "code_mb": 1})
+    assert status == 200 and body["quotas"] == {"lambdas": 2, "code_mb": 1}
+    assert upload(worker, "q-one", key)[0] == 201
+    assert upload(worker, "q-two", key, source=SLEEPER)[0] == 201
+    status, body = upload(worker, "q-three", key)
+    assert status == 429 and body["error"] == "quota_exceeded", body
+    assert (body["quota"], body["limit"], body["tenant"]) == ("lambdas", 2, "q") and "2 lambdas" in body["message"]
+    assert upload(worker, "q-one", key)[0] == 201  # a new version of its own: not one more lambda
+    big = targz({"f.py": FUNCTION, "blob.txt": os.urandom(1536 << 10).hex()})  # about 1.7 MB gzipped
+    status, body = call(worker, "POST", "/registry/q-one", key, body=big)
+    assert status == 413 and body["error"] == "code_quota_exceeded" and body["quota"] == "code_mb", body
+    assert worker.client.run("q-one", "x") == "ok"  # the version before is kept
+
+    # Rate: a burst of one second's worth, then refused at once; another tenant untouched.
+    assert call(worker, "PUT", "/tenants/q/quotas", json_body={"invocations_per_s": 5})[0] == 200
+    assert upload(worker, "other-fn", other)[0] == 201
+    with ThreadPoolExecutor(8) as pool:
+        mine = list(pool.map(lambda _: run_status(worker, "q-one", "x")[0], range(30)))
+        theirs = list(pool.map(lambda _: run_status(worker, "other-fn", "x")[0], range(30)))
+    # 5 at once, then 5 a second while the 30 are sent (however slowly the host runs them).
+    assert mine.count(200) >= 5 and mine.count(429) >= 10 and mine.count(200) + mine.count(429) == 30, mine
+    assert theirs == [200] * 30
+    status, body = run_status(worker, "q-one", "x")
+    assert status == 429 and body["quota"] == "invocations_per_s" and body["limit"] == 5
+    time.sleep(1.1)
+    assert run_status(worker, "q-one", "x")[0] == 200
+
+    # Concurrency: one in flight; the second is refused while the first sleeps.
+    assert call(worker, "PUT", "/tenants/q/quotas", json_body={"concurrent": 1})[0] == 200
+    with ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(run_status, worker, "q-two", 1.5)
+        time.sleep(0.5)
+        status, body = run_status(worker, "q-one", "x")
+        assert status == 429 and body["quota"] == "concurrent", body
+        assert slow.result() == (200, "slept")
+    assert run_status(worker, "q-one", "x")[0] == 200
+
+    status, shown = call(worker, "GET", "/tenants/q")
+    assert status == 200 and shown["quotas"] == {"concurrent": 1} and shown["lambdas"] == ["q-one", "q-two"]
+    assert shown["usage"]["in_flight"] == 0 and shown["usage"]["refused"]["invocations_per_s"] >= 11
+    metrics = call(worker, "GET", "/metrics")[1]
+    for quota in ("lambdas", "code_mb", "invocations_per_s", "concurrent"):
+        assert f'sprout_tenant_quota_refusals_total{{tenant="q",quota="{quota}"}}' in metrics, quota
+    # Bad limits and unknown tenants are refused, the quotas kept.
+    for bad in ({"invocations_per_s": 0}, {"concurrent": 0}, {"lambdaz": 1}, {"lambdas": -1}):
+        status, body = call(worker, "PUT", "/tenants/q/quotas", json_body=bad)
+        assert status == 400 and body["error"] == "invalid_request", (bad, body)
+    assert call(worker, "PUT", "/tenants/nobody/quotas", json_body={})[1]["error"] == "tenant_not_found"
+    assert call(worker, "GET", "/tenants/q")[1]["quotas"] == {"concurrent": 1}
+    assert call(worker, "GET", "/tenants/q", key)[0] == 403

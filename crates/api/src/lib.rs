@@ -9,6 +9,7 @@
 //!   and the web [`console`];
 //! * [`auth`] — who may use which endpoint: the worker's token ([`auth::token`]), tenants'
 //!   keys ([`auth::tenants`]) and the console's session;
+//! * [`quotas`] — tenants' quotas and what they use against them;
 //! * [`app_port`] — the app port (`[app]`, [`app_config`]): sites by host name, their
 //!   [`static_files`] before their lambda;
 //! * [`audit`] — the audit log of the control plane's changes ([`audit_routes`]: recording
@@ -28,6 +29,7 @@ pub mod http;
 mod lease_routes;
 mod log_routes;
 mod map_routes;
+pub mod quotas;
 mod registry_routes;
 pub mod routes;
 mod run;

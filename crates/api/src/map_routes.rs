@@ -38,6 +38,7 @@ pub async fn map(
         }
     }
     let mapped = async {
+        let _in_flight = crate::run::admit(&api, &name)?;
         let sizing = sizing(query.as_deref())?;
         let lambda = api.engine.invoker.lambda(&name)?;
         check_function(&lambda)?;

@@ -13,6 +13,7 @@ use sprout_engine::{ErrorCode, Lambda, Origin};
 
 use crate::auth::Principal;
 use crate::http::{fail, read_body, ApiError};
+use crate::quotas::Refused;
 use crate::state::Api;
 use crate::tenant_routes::store_api_error;
 
@@ -26,9 +27,10 @@ fn sees(api: &Api, principal: &Principal, name: &str) -> bool {
     matches!(principal, Principal::Operator) || principal.sees(name, api.auth.tenants.owner(name).as_deref())
 }
 
-/// Before a tenant's upload: its key may change `name`, and the name is its own (claimed now
-/// if nobody has it). Ok(true): claimed by this upload, to release if the upload fails.
-fn claim_for_upload(api: &Api, principal: &Principal, name: &str) -> Result<bool, ApiError> {
+/// Before a tenant's upload of `archive_len` bytes: its key may change `name`, its quotas hold
+/// it, and the name is its own (claimed now if nobody has it). Ok(true): claimed by this
+/// upload, to release if the upload fails.
+fn claim_for_upload(api: &Api, principal: &Principal, name: &str, archive_len: usize) -> Result<bool, ApiError> {
     let Principal::Tenant(grant) = principal else { return Ok(false) };
     if grant.scope.lambdas.as_ref().is_some_and(|set| !set.contains(name)) {
         return Err(ApiError::new(ErrorCode::Forbidden, "this key may change only the lambdas it was issued for"));
@@ -36,8 +38,32 @@ fn claim_for_upload(api: &Api, principal: &Principal, name: &str) -> Result<bool
     if !sprout_engine::valid_name(name) {
         return Ok(false); // the registry refuses it with its own message
     }
+    check_upload_quotas(api, &grant.tenant, name, archive_len)?;
     let exists = api.engine.registry.get(name).is_some();
     api.auth.tenants.claim(name, &grant.tenant, exists).map_err(store_api_error)
+}
+
+/// A tenant's `lambdas` and `code_mb` quotas against an upload of `name` (the version it
+/// replaces not counted).
+fn check_upload_quotas(api: &Api, tenant: &str, name: &str, archive_len: usize) -> Result<(), ApiError> {
+    let quotas = api.auth.tenants.quotas(tenant).map_err(store_api_error)?;
+    let others: Vec<String> = api.auth.tenants.owned(tenant).into_iter().filter(|n| n != name).collect();
+    let refused = if quotas.lambdas.is_some_and(|limit| others.len() as u64 >= limit) {
+        Some((ErrorCode::QuotaExceeded, Refused { quota: "lambdas", limit: quotas.lambdas.unwrap_or(0) as f64 }))
+    } else if let Some(limit) = quotas.code_mb {
+        let used: u64 = others.iter().filter_map(|n| api.engine.registry.get(n)).map(|l| l.archive_bytes).sum();
+        (used + archive_len as u64 > limit << 20)
+            .then_some((ErrorCode::CodeQuotaExceeded, Refused { quota: "code_mb", limit: limit as f64 }))
+    } else {
+        None
+    };
+    let Some((code, refused)) = refused else { return Ok(()) };
+    api.usage.count_refusal(tenant, refused.quota);
+    let mut error = ApiError::new(code, refused.message(tenant));
+    for (key, value) in refused.fields(tenant).as_object().into_iter().flatten() {
+        error = error.with(key, value.clone());
+    }
+    Err(error)
 }
 
 /// The operator's isolation class in an upload's query (`?isolation=gvisor`), if any; any
@@ -72,7 +98,7 @@ pub(crate) async fn upload(
         Ok(d) => d,
         Err(e) => return fail(e),
     };
-    let claimed_now = match claim_for_upload(&api, &principal, &name) {
+    let claimed_now = match claim_for_upload(&api, &principal, &name, data.len()) {
         Ok(claimed) => claimed,
         Err(e) => return fail(e),
     };

@@ -100,6 +100,7 @@ pub(crate) async fn forward(
     if !lambda.config.allows(method.as_str()) {
         return Ok(method_not_allowed(&lambda.config, &method));
     }
+    let _in_flight = admit(api, &name)?;
     let body = read_body(body, api.engine.invoker.limits().max_body).await?;
     let is_head = method == Method::HEAD;
     let request = SandboxRequest {
@@ -117,6 +118,22 @@ pub(crate) async fn forward(
     let call = Call { lambda, request, body: &body, request_id, trigger, limit: api.engine.invoker.timeout(), depth: 0 };
     let invocation = api.engine.invoker.invoke(call).await?;
     reply_of(api, invocation, &name, is_head)
+}
+
+/// Admit an invocation of lambda `name` from outside under its tenant's quotas: counted in
+/// flight until the guard is dropped (None: the operator's lambda), or the 429 to answer.
+pub(crate) fn admit<'a>(api: &'a Api, name: &str) -> Result<Option<crate::quotas::InFlight<'a>>, ApiError> {
+    let Some((tenant, quotas)) = api.auth.tenants.owner_quotas(name) else { return Ok(None) };
+    match api.usage.admit(&tenant, &quotas) {
+        Ok(in_flight) => Ok(Some(in_flight)),
+        Err(refused) => {
+            let mut error = ApiError::new(ErrorCode::QuotaExceeded, refused.message(&tenant));
+            for (key, value) in refused.fields(&tenant).as_object().into_iter().flatten() {
+                error = error.with(key, value.clone());
+            }
+            Err(error)
+        }
+    }
 }
 
 /// The response to an invocation of lambda `name`: the handler's reply (its status, headers

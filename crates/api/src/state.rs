@@ -42,6 +42,8 @@ pub struct ApiParts {
     pub auth: Arc<Guard>,
     /// Where the control plane's changes are recorded.
     pub audit: Arc<crate::audit::AuditLog>,
+    /// What each tenant uses now against its quotas.
+    pub usage: Arc<crate::quotas::Usage>,
     /// The user leases: sandboxes held for clients' objects.
     pub leases: Arc<LeaseBook>,
     /// Large items and results of maps, shared with the sandboxes.

@@ -6,6 +6,8 @@
 //! |--------------------------------------|-------------------------------------------------------|
 //! | `GET /tenants`                       | the tenants, each with its lambdas and live keys counted |
 //! | `POST /tenants` `{"name": "acme"}`   | makes a tenant (201; 409 `tenant_exists`)             |
+//! | `GET /tenants/<t>`                   | the tenant: its lambdas, live keys, quotas and what it uses now |
+//! | `PUT /tenants/<t>/quotas` `{"lambdas", "code_mb", "invocations_per_s", "concurrent"}` | replaces its quotas (each optional: no limit) ([`crate::quotas`]) |
 //! | `DELETE /tenants/<t>`                | removes it and its keys (409 `tenant_not_empty` while it owns a lambda) |
 //! | `POST /tenants/<t>/keys` `{"read_only", "lambdas", "expires_in_s"}` (all optional) | issues a key, shown this once (201) |
 //! | `GET /tenants/<t>/keys`              | its keys, revoked and expired ones too (never a secret) |
@@ -24,6 +26,7 @@ use sprout_engine::ErrorCode;
 use crate::auth::tenants::{Scope, StoreError};
 use crate::auth::unix_now;
 use crate::http::{fail, read_body, ApiError};
+use crate::quotas::Quotas;
 use crate::state::Api;
 
 /// The largest body of these routes.
@@ -83,6 +86,40 @@ pub(crate) async fn add(State(api): State<Api>, body: Body) -> Response {
         Ok(()) => {
             tracing::info!(tenant = %new.name, "tenant added");
             (StatusCode::CREATED, axum::Json(json!({"name": new.name}))).into_response()
+        }
+        Err(e) => store_error(e),
+    }
+}
+
+pub(crate) async fn show(State(api): State<Api>, Path(tenant): Path<String>) -> Response {
+    let quotas = match api.auth.tenants.quotas(&tenant) {
+        Ok(q) => q,
+        Err(e) => return store_error(e),
+    };
+    let now = unix_now();
+    let keys = api.auth.tenants.list(now).into_iter().find(|(name, ..)| *name == tenant).map_or(0, |(_, _, keys)| keys);
+    let body = json!({
+        "name": tenant,
+        "lambdas": api.auth.tenants.owned(&tenant),
+        "keys": keys,
+        "quotas": quotas,
+        "usage": api.usage.of(&tenant),
+    });
+    axum::Json(body).into_response()
+}
+
+pub(crate) async fn set_quotas(State(api): State<Api>, Path(tenant): Path<String>, body: Body) -> Response {
+    let quotas: Quotas = match json_body(body).await {
+        Ok(q) => q,
+        Err(e) => return fail(e),
+    };
+    if let Err(why) = quotas.check() {
+        return fail(ApiError::new(ErrorCode::InvalidRequest, why));
+    }
+    match api.auth.tenants.set_quotas(&tenant, quotas.clone()) {
+        Ok(()) => {
+            tracing::info!(%tenant, ?quotas, "quotas set");
+            axum::Json(json!({"name": tenant, "quotas": quotas})).into_response()
         }
         Err(e) => store_error(e),
     }

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::token::{same_token, Token};
+use crate::quotas::Quotas;
 
 /// The store's file in a worker directory.
 pub const TENANTS_FILE: &str = "tenants.json";
@@ -72,6 +73,12 @@ struct Tenant {
     created: u64,
     #[serde(default)]
     keys: Vec<KeyRecord>,
+    #[serde(default, skip_serializing_if = "is_unlimited")]
+    quotas: Quotas,
+}
+
+fn is_unlimited(quotas: &Quotas) -> bool {
+    *quotas == Quotas::default()
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -239,7 +246,7 @@ impl Tenants {
             if s.tenants.contains_key(tenant) {
                 return Err(StoreError::TenantExists(tenant.to_string()));
             }
-            s.tenants.insert(tenant.to_string(), Tenant { created: now, keys: Vec::new() });
+            s.tenants.insert(tenant.to_string(), Tenant { created: now, ..Tenant::default() });
             Ok(())
         })
     }
@@ -306,6 +313,33 @@ impl Tenants {
             return Err(Refusal::Expired);
         }
         Ok(Grant { tenant: name.clone(), key_id: key.id.clone(), scope: key.scope.clone() })
+    }
+
+    /// A tenant's quotas.
+    pub fn quotas(&self, tenant: &str) -> Result<Quotas, StoreError> {
+        self.read().tenants.get(tenant).map(|t| t.quotas.clone()).ok_or_else(|| StoreError::TenantNotFound(tenant.to_string()))
+    }
+
+    /// Replace a tenant's quotas (they take effect at the next request).
+    pub fn set_quotas(&self, tenant: &str, quotas: Quotas) -> Result<(), StoreError> {
+        self.change(|s| {
+            let t = s.tenants.get_mut(tenant).ok_or_else(|| StoreError::TenantNotFound(tenant.to_string()))?;
+            t.quotas = quotas;
+            Ok(())
+        })
+    }
+
+    /// The tenant owning `lambda` and its quotas, when a tenant owns it (one lookup, for
+    /// every invocation).
+    pub fn owner_quotas(&self, lambda: &str) -> Option<(String, Quotas)> {
+        let state = self.read();
+        let owner = state.owners.get(lambda)?;
+        Some((owner.clone(), state.tenants.get(owner).map(|t| t.quotas.clone()).unwrap_or_default()))
+    }
+
+    /// The lambdas `tenant` owns.
+    pub fn owned(&self, tenant: &str) -> Vec<String> {
+        self.read().owners.iter().filter(|(_, o)| *o == tenant).map(|(name, _)| name.clone()).collect()
     }
 
     /// The tenant owning `lambda` (None: the operator, or no such lambda).

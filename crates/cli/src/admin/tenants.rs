@@ -38,6 +38,46 @@ pub fn tenants_rm(endpoint: &Endpoint, name: &str) -> Result<()> {
     emit(&format!("removed tenant {name} and its keys\n"))
 }
 
+/// `sprout tenants show NAME`.
+pub fn tenants_show(endpoint: &Endpoint, name: &str) -> Result<()> {
+    let raw = Worker::new(endpoint, TIMEOUT).get(&format!("/tenants/{}", segment(name)))?;
+    if endpoint.json {
+        return emit(&format!("{}\n", pretty(&raw)));
+    }
+    let t = parse(&raw)?;
+    let lambdas: Vec<&str> = t["lambdas"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    emit(&format!(
+        "tenant {name}\nlambdas   {}\nkeys      {} live\nquotas    {}\nin flight {}\nrefused   {}\n",
+        if lambdas.is_empty() { "(none)".to_string() } else { lambdas.join(", ") },
+        t["keys"],
+        describe_quotas(&t["quotas"]),
+        t["usage"]["in_flight"],
+        t["usage"]["refused"],
+    ))
+}
+
+/// `sprout tenants quota NAME [--lambdas N] [--code-mb N] [--invocations-per-s R] [--concurrent N]`.
+pub fn tenants_quota(endpoint: &Endpoint, name: &str, quotas: &Value) -> Result<()> {
+    let set: serde_json::Map<String, Value> =
+        quotas.as_object().into_iter().flatten().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let path = format!("/tenants/{}/quotas", segment(name));
+    let (_, raw) = Worker::new(endpoint, TIMEOUT).call("PUT", &path, Some(&Value::Object(set)))?;
+    if endpoint.json {
+        return emit(&format!("{}\n", pretty(&raw)));
+    }
+    emit(&format!("tenant {name}: {}\n", describe_quotas(&parse(&raw)?["quotas"])))
+}
+
+/// A tenant's quotas in words.
+fn describe_quotas(quotas: &Value) -> String {
+    let set: Vec<String> = quotas.as_object().into_iter().flatten().map(|(k, v)| format!("{k} {v}")).collect();
+    if set.is_empty() {
+        "no limits".to_string()
+    } else {
+        set.join(", ")
+    }
+}
+
 /// What `sprout keys add` asks for.
 pub struct NewKey<'a> {
     pub read_only: bool,
@@ -110,6 +150,12 @@ fn describe(key: &Value, now: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quotas_are_described_or_said_to_be_none() {
+        assert_eq!(describe_quotas(&json!({})), "no limits");
+        assert_eq!(describe_quotas(&json!({"concurrent": 2, "lambdas": 3})), "concurrent 2, lambdas 3");
+    }
 
     #[test]
     fn a_key_is_described_by_its_scope_and_state() {

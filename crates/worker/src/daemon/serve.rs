@@ -255,6 +255,7 @@ fn assemble(claimed: &Claimed, engine: Arc<Engine>, features: Features, listener
         engine,
         auth: Arc::new(Guard::new(claimed.token.clone(), config.worker.auth, listeners.listening.to_string(), claimed.tenants.clone())),
         audit: Arc::new(sprout_api::audit::AuditLog::open(&claimed.host.dir)),
+        usage: Arc::default(),
         leases: features.leases,
         blobs: features.blobs,
         max_upload: (config.limits.max_upload_mb << 20) as usize,
