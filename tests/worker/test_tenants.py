@@ -120,9 +120,9 @@ def test_a_request_of_another_tenants_lambda_shows_no_log_entries(worker, two_te
 @pytest.mark.parametrize("method,path", [
     ("GET", "/stats"), ("GET", "/metrics"), ("GET", "/stats/history"), ("GET", "/packages"),
     ("GET", "/pid"), ("GET", "/leases"), ("POST", "/leases/b-fn"), ("GET", "/blobs/x"),
-    ("PUT", "/blobs/x"), ("GET", "/sites"), ("PUT", "/sites/example.com"), ("GET", "/tenants"),
+    ("PUT", "/blobs/x"), ("GET", "/tenants"),
     ("POST", "/tenants"), ("GET", "/tenants/a/keys"), ("POST", "/tenants/a/keys"),
-    ("DELETE", "/tenants/b"), ("GET", "/console"), ("GET", "/nowhere"), ("GET", "/registry/a-fn/x"),
+    ("DELETE", "/tenants/b"), ("GET", "/console"), ("GET", "/nowhere"), ("GET", "/registry/a-fn/x"), ("GET", "/sites/a/b"),
 ])
 def test_a_tenant_key_is_refused_where_only_the_operator_may_go(worker, two_tenants, method, path):
     status, body = call(worker, method, path, two_tenants["a"], body=b"{}" if method in ("POST", "PUT") else None)
@@ -432,3 +432,66 @@ def test_quotas_on_lambdas_code_rate_and_concurrency_refuse_with_the_limit_named
     assert call(worker, "PUT", "/tenants/nobody/quotas", json_body={})[1]["error"] == "tenant_not_found"
     assert call(worker, "GET", "/tenants/q")[1]["quotas"] == {"concurrent": 1}
     assert call(worker, "GET", "/tenants/q", key)[0] == 403
+
+
+def test_a_tenant_serves_its_own_lambdas_on_its_own_hosts_only(make_worker):
+    from conftest import free_port
+
+    app_port = free_port()
+    worker = make_worker(app={"listen": f"127.0.0.1:{app_port}", "sites": {"conf.example": {"lambda": "ops"}}})
+    for name in ("a", "b"):
+        assert call(worker, "POST", "/tenants", json_body={"name": name})[0] == 201
+    a, b = issue(worker, "a")["key"], issue(worker, "b")["key"]
+    assert upload(worker, "a-web", a, source=SHOW_AUTHORIZATION)[0] == 201
+    assert upload(worker, "b-fn", b)[0] == 201
+    assert upload(worker, "ops")[0] == 201
+    assert call(worker, "PUT", "/sites/ops.example", json_body={"lambda": "ops"})[0] == 201
+
+    status, body = call(worker, "PUT", "/sites/A.Example:8080", a, json_body={"lambda": "a-web"})
+    assert status == 201, body
+    request = urllib.request.Request(f"http://127.0.0.1:{app_port}/", headers={"Host": "a.example"})
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        assert reply.read() == b"(none)"
+    refusals = [
+        ("PUT", "/sites/b.example", {"lambda": "b-fn"}, 404, "lambda_not_found"),  # b's lambda
+        ("PUT", "/sites/a2.example", {"lambda": "ops"}, 404, "lambda_not_found"),  # the operator's
+        ("PUT", "/sites/ops.example", {"lambda": "a-web"}, 409, "name_taken"),  # the operator's host
+        ("PUT", "/sites/conf.example", {"lambda": "a-web"}, 409, "name_taken"),  # config.toml's
+        ("PUT", "/sites/a3.example", {"lambda": "a-web", "static": {"/s/": "/etc"}}, 403, "forbidden"),
+        ("DELETE", "/sites/ops.example", None, 404, "site_not_found"),
+    ]
+    for method, path, body, status, code in refusals:
+        got, reply = call(worker, method, path, a, json_body=body)
+        assert (got, reply["error"]) == (status, code), (method, path, reply)
+    status, body = call(worker, "PUT", "/sites/a.example", b, json_body={"lambda": "b-fn"})
+    assert (status, body["error"]) == (409, "name_taken")
+    assert call(worker, "DELETE", "/sites/a.example", b)[1]["error"] == "site_not_found"
+    assert set(call(worker, "GET", "/sites", a)[1]) == {"a.example"}
+    assert call(worker, "GET", "/sites", b) == (200, {})
+    assert {"a.example", "ops.example", "conf.example"} <= set(call(worker, "GET", "/sites")[1])
+    # Its host keeps it from being removed; deleting the site frees the host.
+    assert call(worker, "DELETE", "/registry/a-web", a)[0] == 200
+    assert call(worker, "DELETE", "/tenants/a")[1]["error"] == "tenant_not_empty"
+    assert call(worker, "DELETE", "/sites/a.example", a) == (200, {"deleted": "a.example"})
+    assert call(worker, "DELETE", "/tenants/a")[0] == 200
+    assert call(worker, "PUT", "/sites/a.example", b, json_body={"lambda": "b-fn"})[0] == 201
+
+
+def test_a_refused_client_keeps_its_connection(make_worker):
+    import http.client
+
+    worker = make_worker()
+    assert call(worker, "POST", "/tenants", json_body={"name": "r"})[0] == 201
+    key = issue(worker, "r")["key"]
+    assert upload(worker, "r-fn", key)[0] == 201
+    assert call(worker, "PUT", "/tenants/r/quotas", json_body={"invocations_per_s": 1})[0] == 200
+    conn = http.client.HTTPConnection("127.0.0.1", worker.port, timeout=30)
+    statuses = []
+    for _ in range(4):
+        conn.request("POST", "/run/r-fn", body=b'"x"', headers={"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        reply.read()
+        statuses.append(reply.status)
+        assert not reply.will_close
+    assert statuses[0] == 200 and statuses[1:] == [429, 429, 429], statuses
+    conn.close()

@@ -108,14 +108,15 @@ impl Principal {
     }
 }
 
-/// The paths a tenant's key may use: its lambdas in the registry, their logs, and the audit
-/// log (each route shows it only its own). Every other
+/// The paths a tenant's key may use: its lambdas in the registry, their logs, its sites, and
+/// the audit log (each route shows it only its own). Every other
 /// admin path takes the operator's token.
 fn tenant_path(path: &str) -> bool {
-    path == "/registry"
-        || path == "/logs"
-        || path == "/audit"
-        || matches!(path.strip_prefix("/registry/").or_else(|| path.strip_prefix("/logs/")), Some(name) if !name.is_empty() && !name.contains('/'))
+    let one_segment_under = |prefix: &str| matches!(path.strip_prefix(prefix), Some(name) if !name.is_empty() && !name.contains('/'));
+    matches!(path, "/registry" | "/logs" | "/audit" | "/sites")
+        || one_segment_under("/registry/")
+        || one_segment_under("/logs/")
+        || one_segment_under("/sites/")
 }
 
 /// The answer to one request.
@@ -322,7 +323,9 @@ pub fn unix_now() -> u64 {
 /// A tenant key's verdict on a path: only the tenant paths, and only reading for a read-only key.
 fn tenant_verdict(grant: Grant, method: &Method, path: &str) -> Verdict {
     if !tenant_path(path) {
-        return Verdict::Forbidden("a tenant's key reaches /registry, /logs and /audit only; this endpoint takes the operator's token");
+        return Verdict::Forbidden(
+            "a tenant's key reaches /registry, /logs, /sites and /audit only; this endpoint takes the operator's token",
+        );
     }
     if grant.scope.read_only && !is_read(method) {
         return Verdict::Forbidden("this tenant key is read-only: GET and HEAD only");
@@ -643,6 +646,7 @@ mod tests {
             (Method::GET, "/registry/a/b"),
             (Method::GET, "/logs/"),
             (Method::GET, "/leases"),
+            (Method::GET, "/sites/a/b"),
             (Method::GET, "/console"),
             (Method::GET, "/registryx"),
         ] {

@@ -38,11 +38,11 @@ pub async fn map(
         }
     }
     let mapped = async {
-        let _in_flight = crate::run::admit(&api, &name)?;
         let sizing = sizing(query.as_deref())?;
         let lambda = api.engine.invoker.lambda(&name)?;
         check_function(&lambda)?;
         let body = read_body(body, api.engine.invoker.limits().max_body).await?;
+        let _in_flight = crate::run::admit(&api, &name)?;
         let items = parse_items(&body)?;
         let job = MapJob {
             lambda,

@@ -100,8 +100,9 @@ pub(crate) async fn forward(
     if !lambda.config.allows(method.as_str()) {
         return Ok(method_not_allowed(&lambda.config, &method));
     }
-    let _in_flight = admit(api, &name)?;
     let body = read_body(body, api.engine.invoker.limits().max_body).await?;
+    // After the body is read, so a refused client's connection stays open for its next request.
+    let _in_flight = admit(api, &name)?;
     let is_head = method == Method::HEAD;
     let request = SandboxRequest {
         method: method.to_string(),

@@ -88,6 +88,9 @@ struct State {
     /// Lambda name to its owning tenant.
     #[serde(default)]
     owners: BTreeMap<String, String>,
+    /// The app port's host names (normalized) to their owning tenant.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    hosts: BTreeMap<String, String>,
     /// Key id to its tenant, made again at every change (not stored).
     #[serde(skip)]
     key_index: std::collections::HashMap<String, String>,
@@ -146,10 +149,10 @@ impl std::fmt::Display for StoreError {
             StoreError::TenantExists(n) => write!(f, "tenant {n:?} exists"),
             StoreError::TenantNotFound(n) => write!(f, "no tenant named {n:?}"),
             StoreError::TenantNotEmpty(n, count) => {
-                write!(f, "tenant {n:?} still owns {count} lambda(s): delete them first (nothing was removed)")
+                write!(f, "tenant {n:?} still owns {count} lambda(s) or site(s): delete them first (nothing was removed)")
             }
             StoreError::KeyNotFound(id) => write!(f, "no key {id:?} of this tenant"),
-            StoreError::NameTaken(n) => write!(f, "the lambda name {n:?} is taken: lambda names are global; choose another"),
+            StoreError::NameTaken(n) => write!(f, "the name {n:?} is taken: lambda and host names are global; choose another"),
             StoreError::Io(e) => write!(f, "the tenant store could not be written, nothing changed: {e}"),
         }
     }
@@ -257,7 +260,7 @@ impl Tenants {
             if !s.tenants.contains_key(tenant) {
                 return Err(StoreError::TenantNotFound(tenant.to_string()));
             }
-            let owned = s.owners.values().filter(|o| *o == tenant).count();
+            let owned = s.owners.values().chain(s.hosts.values()).filter(|o| *o == tenant).count();
             if owned > 0 {
                 return Err(StoreError::TenantNotEmpty(tenant.to_string(), owned));
             }
@@ -362,6 +365,39 @@ impl Tenants {
                 s.owners.insert(lambda.to_string(), tenant.to_string());
                 Ok(true)
             }
+        })
+    }
+
+    /// The tenant owning the app port's host `host` (normalized; None: the operator's, or none).
+    pub fn host_owner(&self, host: &str) -> Option<String> {
+        self.read().hosts.get(host).cloned()
+    }
+
+    /// Record `tenant` as the owner of `host` before its site is put (as [`Tenants::claim`]
+    /// for lambdas: `exists` says whether a site has the host now).
+    pub fn claim_host(&self, host: &str, tenant: &str, exists: bool) -> Result<bool, StoreError> {
+        self.change(|s| match s.hosts.get(host) {
+            Some(owner) if owner == tenant => Ok(false),
+            Some(_) => Err(StoreError::NameTaken(host.to_string())),
+            None if exists => Err(StoreError::NameTaken(host.to_string())),
+            None => {
+                if !s.tenants.contains_key(tenant) {
+                    return Err(StoreError::TenantNotFound(tenant.to_string()));
+                }
+                s.hosts.insert(host.to_string(), tenant.to_string());
+                Ok(true)
+            }
+        })
+    }
+
+    /// Forget `host`'s owner (its site removed, or its first put failed).
+    pub fn release_host(&self, host: &str) -> Result<(), StoreError> {
+        if !self.read().hosts.contains_key(host) {
+            return Ok(());
+        }
+        self.change(|s| {
+            s.hosts.remove(host);
+            Ok(())
         })
     }
 
@@ -521,6 +557,20 @@ mod tests {
         assert!(!store.may_call("a1", "b1") && !store.may_call("b1", "a1"));
         assert!(!store.may_call("a1", "ops"), "the operator's lambda is not the tenant's");
         assert!(store.may_call("ops", "a1") && store.may_call("ops", "other-ops"));
+    }
+
+    #[test]
+    fn host_names_are_owned_as_lambda_names_are() {
+        let store = Tenants::in_memory();
+        store.add("a", 1).unwrap();
+        store.add("b", 1).unwrap();
+        assert_eq!(store.claim_host("a.example", "a", false), Ok(true));
+        assert_eq!(store.claim_host("a.example", "b", true), Err(StoreError::NameTaken("a.example".into())));
+        assert_eq!(store.claim_host("ops.example", "b", true), Err(StoreError::NameTaken("ops.example".into())));
+        assert_eq!(store.host_owner("a.example").as_deref(), Some("a"));
+        assert_eq!(store.remove("a"), Err(StoreError::TenantNotEmpty("a".into(), 1)));
+        store.release_host("a.example").unwrap();
+        store.remove("a").unwrap();
     }
 
     #[test]
