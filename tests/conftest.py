@@ -192,6 +192,22 @@ class Worker:
         return self.client.deploy(str(LAMBDAS / name), name=name)
 
 
+def root_zygote_pid(w):
+    """The root Zygote's pid: the process of its cgroup whose parent is not in it (a spare it
+    has just forked is there too until it moves to its sandbox's group)."""
+    pids = open(f"/sys/fs/cgroup/pids/{w.cgroup_names[0]}/zygote-0/cgroup.procs").read().split()
+    roots = []
+    for pid in pids:
+        try:
+            parent = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+        except FileNotFoundError:
+            continue
+        if parent not in pids:
+            roots.append(pid)
+    assert len(roots) == 1, (pids, roots)
+    return roots[0]
+
+
 # The test modules that take longest, slowest first (measured 2026-12-02, one process): run in
 # parallel, each module in one process, the suite ends when the last module started does, so
 # these go first and the short ones fill in around them.

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from conftest import deploy_with, offline, probe
+from conftest import deploy_with, offline, probe, root_zygote_pid
 from wheels import make_wheel
 
 EVIL = r'''
@@ -93,21 +93,6 @@ def evil_wheels(tmp_path, wheel_dir):
 def digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
-
-def root_zygote_pid(w):
-    """The root Zygote's pid: the process of its cgroup whose parent is not in it (a spare it
-    has just forked is there too until it moves to its sandbox's group)."""
-    pids = open(f"/sys/fs/cgroup/pids/{w.cgroup_names[0]}/zygote-0/cgroup.procs").read().split()
-    roots = []
-    for pid in pids:
-        try:
-            parent = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
-        except FileNotFoundError:
-            continue
-        if parent not in pids:
-            roots.append(pid)
-    assert len(roots) == 1, (pids, roots)
-    return roots[0]
 
 
 def test_a_malicious_package_cannot_reach_lambdas_that_did_not_import_it(make_worker, evil_wheels):
