@@ -495,3 +495,29 @@ def test_a_refused_client_keeps_its_connection(make_worker):
         assert not reply.will_close
     assert statuses[0] == 200 and statuses[1:] == [429, 429, 429], statuses
     conn.close()
+
+
+KERNEL = "import platform\ndef f(e):\n    return platform.release()\n"
+
+
+def test_the_operator_puts_a_tenant_in_an_isolation_class(make_worker):
+    worker = make_worker(sandbox={"backend": "sock", "start_timeout_ms": 60000}, isolation={"classes": ["gvisor"]},
+                         gvisor={"pod_idle_ms": 500}, limits={"timeout_ms": 30000})
+    assert call(worker, "POST", "/tenants", json_body={"name": "sealed"})[0] == 201
+    key = issue(worker, "sealed")["key"]
+    assert call(worker, "PUT", "/tenants/sealed/isolation", json_body={"class": "gvisor"}) == (
+        200, {"name": "sealed", "isolation": "gvisor"})
+    status, body = upload(worker, "sealed-fn", key, source=KERNEL)
+    assert status == 201 and body["backend"] == "gvisor", body
+    assert "gvisor" in worker.client.run("sealed-fn")
+    assert upload(worker, "ops-fn", source=KERNEL)[1]["backend"] == "sock"  # the operator's: the worker's policy
+    # ?isolation= is the operator's, not a tenant's.
+    status, body = call(worker, "POST", "/registry/sealed-fn?isolation=sock", key, body=targz({"f.py": KERNEL}))
+    assert status == 403 and "operator" in body["message"], body
+    for bad in ({"class": "runc"}, {"class": "firecracker"}, {"klass": "gvisor"}):
+        status, body = call(worker, "PUT", "/tenants/sealed/isolation", json_body=bad)
+        assert status == 400 and body["error"] == "invalid_request", (bad, body)
+    assert call(worker, "GET", "/tenants/sealed")[1]["isolation"] == "gvisor"
+    assert call(worker, "PUT", "/tenants/sealed/isolation", json_body={"class": None})[1]["isolation"] is None
+    assert upload(worker, "sealed-two", key, source=KERNEL)[1]["backend"] == "sock"
+    assert call(worker, "PUT", "/tenants/nobody/isolation", json_body={"class": "gvisor"})[1]["error"] == "tenant_not_found"

@@ -90,7 +90,7 @@ pub(crate) async fn upload(
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
-    let chosen = match upload_isolation(&api, query.as_deref()) {
+    let chosen = match upload_isolation(&api, query.as_deref()).and_then(|c| tenant_isolation(&api, &principal, c)) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
@@ -138,6 +138,21 @@ async fn store_upload(api: &Api, name: String, data: axum::body::Bytes, chosen: 
             fail(err)
         }
         Err(e) => fail(ApiError::new(ErrorCode::Internal, e.to_string())),
+    }
+}
+
+/// The isolation class of a tenant's upload: its tenant's (the operator's choice), never one
+/// the upload names (`?isolation=` is the operator's).
+fn tenant_isolation(api: &Api, principal: &Principal, chosen: Option<BackendKind>) -> Result<Option<BackendKind>, ApiError> {
+    let Principal::Tenant(grant) = principal else { return Ok(chosen) };
+    if chosen.is_some() {
+        return Err(ApiError::new(ErrorCode::Forbidden, "?isolation= is the operator's: a tenant's lambdas run in its tenant's class"));
+    }
+    match api.auth.tenants.isolation(&grant.tenant).map_err(store_api_error)? {
+        None => Ok(None),
+        Some(class) => api.engine.registry.isolation().parse(&class).map(Some).map_err(|e| {
+            ApiError::new(ErrorCode::InvalidRequest, format!("the tenant's isolation class is not one this worker runs now: {e}"))
+        }),
     }
 }
 

@@ -75,6 +75,7 @@ pub fn router(api: Api) -> Router {
         .route("/tenants", get(tenant_routes::list).post(tenant_routes::add))
         .route("/tenants/{tenant}", get(tenant_routes::show).delete(tenant_routes::remove))
         .route("/tenants/{tenant}/quotas", put(tenant_routes::set_quotas))
+        .route("/tenants/{tenant}/isolation", put(tenant_routes::set_isolation))
         .route("/tenants/{tenant}/keys", get(tenant_routes::keys).post(tenant_routes::issue))
         .route("/tenants/{tenant}/keys/{id}", delete(tenant_routes::revoke))
         .merge(console::routes())

@@ -8,6 +8,7 @@
 //! | `POST /tenants` `{"name": "acme"}`   | makes a tenant (201; 409 `tenant_exists`)             |
 //! | `GET /tenants/<t>`                   | the tenant: its lambdas, live keys, quotas and what it uses now |
 //! | `PUT /tenants/<t>/quotas` `{"lambdas", "code_mb", "invocations_per_s", "concurrent"}` | replaces its quotas (each optional: no limit) ([`crate::quotas`]) |
+//! | `PUT /tenants/<t>/isolation` `{"class": "gvisor"}` | the isolation class its uploads get from then on (`null`: the worker's policy) |
 //! | `DELETE /tenants/<t>`                | removes it and its keys (409 `tenant_not_empty` while it owns a lambda) |
 //! | `POST /tenants/<t>/keys` `{"read_only", "lambdas", "expires_in_s"}` (all optional) | issues a key, shown this once (201) |
 //! | `GET /tenants/<t>/keys`              | its keys, revoked and expired ones too (never a secret) |
@@ -103,6 +104,7 @@ pub(crate) async fn show(State(api): State<Api>, Path(tenant): Path<String>) -> 
         "lambdas": api.auth.tenants.owned(&tenant),
         "keys": keys,
         "quotas": quotas,
+        "isolation": api.auth.tenants.isolation(&tenant).ok().flatten(),
         "usage": api.usage.of(&tenant),
     });
     axum::Json(body).into_response()
@@ -120,6 +122,31 @@ pub(crate) async fn set_quotas(State(api): State<Api>, Path(tenant): Path<String
         Ok(()) => {
             tracing::info!(%tenant, ?quotas, "quotas set");
             axum::Json(json!({"name": tenant, "quotas": quotas})).into_response()
+        }
+        Err(e) => store_error(e),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Isolation {
+    class: Option<String>,
+}
+
+pub(crate) async fn set_isolation(State(api): State<Api>, Path(tenant): Path<String>, body: Body) -> Response {
+    let wanted: Isolation = match json_body(body).await {
+        Ok(w) => w,
+        Err(e) => return fail(e),
+    };
+    let class = match wanted.class.as_deref().map(|c| api.engine.registry.isolation().parse(c)) {
+        Some(Err(e)) => return fail(ApiError::new(ErrorCode::InvalidRequest, e.to_string())),
+        Some(Ok(kind)) => Some(kind.name().to_string()),
+        None => None,
+    };
+    match api.auth.tenants.set_isolation(&tenant, class.clone()) {
+        Ok(()) => {
+            tracing::info!(%tenant, ?class, "isolation class set");
+            axum::Json(json!({"name": tenant, "isolation": class})).into_response()
         }
         Err(e) => store_error(e),
     }

@@ -75,6 +75,9 @@ struct Tenant {
     keys: Vec<KeyRecord>,
     #[serde(default, skip_serializing_if = "is_unlimited")]
     quotas: Quotas,
+    /// The isolation class (a back-end's name) its lambdas are uploaded in; None: the worker's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    isolation: Option<String>,
 }
 
 fn is_unlimited(quotas: &Quotas) -> bool {
@@ -328,6 +331,20 @@ impl Tenants {
         self.change(|s| {
             let t = s.tenants.get_mut(tenant).ok_or_else(|| StoreError::TenantNotFound(tenant.to_string()))?;
             t.quotas = quotas;
+            Ok(())
+        })
+    }
+
+    /// A tenant's isolation class (None: the worker's policy).
+    pub fn isolation(&self, tenant: &str) -> Result<Option<String>, StoreError> {
+        self.read().tenants.get(tenant).map(|t| t.isolation.clone()).ok_or_else(|| StoreError::TenantNotFound(tenant.to_string()))
+    }
+
+    /// Set a tenant's isolation class (checked by the caller against the classes the worker runs).
+    pub fn set_isolation(&self, tenant: &str, class: Option<String>) -> Result<(), StoreError> {
+        self.change(|s| {
+            let t = s.tenants.get_mut(tenant).ok_or_else(|| StoreError::TenantNotFound(tenant.to_string()))?;
+            t.isolation = class;
             Ok(())
         })
     }
