@@ -371,3 +371,58 @@ def test_an_api_error_shows_in_the_banner(make_worker, tmp_path):
             assert c.find("#error-banner").get_attribute("hidden") is not None, c.text("#error-banner")
     finally:
         c.driver.quit()
+
+
+# ---------------------------------------------------------------- a tenant's console
+
+
+def test_a_tenants_key_logs_in_to_a_console_of_its_own_lambdas_only(console_worker, tmp_path):
+    w = console_worker
+    token = {"Authorization": f"Bearer {token_of(w)}"}
+    assert requests.post(f"{w.url}/tenants", json={"name": "acme"}, headers=token, timeout=30).status_code == 201
+    issued = requests.post(f"{w.url}/tenants/acme/keys", json={}, headers=token, timeout=30).json()
+    key = {"Authorization": f"Bearer {issued['key']}"}
+    upload = requests.post(f"{w.url}/registry/acme-fn", data=targz({"f.py": "def f(e):\n    print('acme ran')\n    return e\n"}),
+                           headers=key, timeout=60)
+    assert upload.status_code == 201, upload.text
+    assert requests.post(f"{w.url}/run/acme-fn", json=1, timeout=60).status_code == 200
+    c = browser(w, tmp_path)
+    try:
+        with c.step("log in with the tenant's key"):
+            c.open("/console")
+            c.wait_for_path(r"/console/login")
+            c.fill({"token": issued["key"]})
+            c.submit("#login-form")
+            c.wait_for_path(r"/console(#.*)?")
+            wait_for_refresh(c)
+            assert c.text("#principal") == "· tenant acme"
+        with c.step("only its lambda, its history and logs; no worker figures, no errors"):
+            c.wait_for('tr[data-lambda="acme-fn"]')
+            assert [row.get_attribute("data-lambda") for row in c.find_all("tr[data-lambda]")] == ["acme-fn"]
+            assert c.find("#worker").get_attribute("hidden") is not None
+            c.wait(lambda d: any("acme ran" in text for _, text in log_lines(c)), "its lines are not shown")
+            assert c.find("#error-banner").get_attribute("hidden") is not None, c.text("#error-banner")
+        with c.step("the session reads only: its cookie is the key, refused for changes and for others' lambdas"):
+            cookie = {COOKIE: {ck["name"]: ck for ck in c.driver.get_cookies()}[COOKIE]["value"]}
+            assert requests.get(f"{w.url}/console/session", cookies=cookie, timeout=30).json() == {
+                "principal": "tenant", "tenant": "acme", "key": issued["id"]}
+            assert requests.get(f"{w.url}/registry", cookies=cookie, timeout=30).json() == ["acme-fn"]
+            assert requests.get(f"{w.url}/stats", cookies=cookie, timeout=30).status_code == 403
+            assert requests.get(f"{w.url}/logs/talker", cookies=cookie, timeout=30).status_code == 404
+            assert set(requests.get(f"{w.url}/stats/history", cookies=cookie, timeout=30).json()["lambdas"]) <= {"acme-fn"}
+            assert requests.delete(f"{w.url}/registry/acme-fn", cookies=cookie, timeout=30).status_code == 403
+        with c.step("a revoked key ends the session"):
+            requests.delete(f"{w.url}/tenants/acme/keys/{issued['id']}", headers=token, timeout=30)
+            c.open("/console")
+            c.wait_for_path(r"/console/login")
+    finally:
+        c.driver.quit()
+        requests.delete(f"{w.url}/registry/acme-fn", headers=token, timeout=30)
+        requests.delete(f"{w.url}/tenants/acme", headers=token, timeout=30)
+
+
+def test_a_wrong_tenant_key_does_not_log_in(console_worker):
+    forged = "spk_" + "0" * 16 + "_" + "1" * 64
+    reply = requests.post(f"{console_worker.url}/console/login", data={"token": forged}, allow_redirects=False, timeout=30)
+    assert reply.status_code == 403 and "revoked, expired or not this worker" in reply.text
+    assert COOKIE not in reply.cookies

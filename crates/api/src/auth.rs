@@ -113,7 +113,8 @@ impl Principal {
 /// admin path takes the operator's token.
 fn tenant_path(path: &str) -> bool {
     let one_segment_under = |prefix: &str| matches!(path.strip_prefix(prefix), Some(name) if !name.is_empty() && !name.contains('/'));
-    matches!(path, "/registry" | "/logs" | "/audit" | "/sites")
+    matches!(path, "/registry" | "/logs" | "/audit" | "/sites" | "/stats/history" | "/console" | "/console/" | "/console/session")
+        || one_segment_under("/console/assets/")
         || one_segment_under("/registry/")
         || one_segment_under("/logs/")
         || one_segment_under("/sites/")
@@ -177,7 +178,10 @@ impl Guard {
             Verdict::Tenant(grant) => tenant_verdict(grant, method, path),
             other => other,
         };
-        if verdict != Verdict::Allow && is_console_page(method, path) && credential(headers) == Credential::Missing {
+        if matches!(verdict, Verdict::Unauthorized | Verdict::Forbidden(_))
+            && is_console_page(method, path)
+            && credential(headers) == Credential::Missing
+        {
             return Verdict::LogIn;
         }
         verdict
@@ -189,6 +193,19 @@ impl Guard {
                 let mut presented = cookies(headers, SESSION_COOKIE).peekable();
                 if presented.peek().is_none() {
                     return Verdict::Unauthorized;
+                }
+                // A tenant's console session: its key, for reading only.
+                if let Some(key) = cookies(headers, SESSION_COOKIE).find(|v| tenants::looks_like_key(v)) {
+                    return match (self.tenants.authenticate(key, unix_now()), is_read(method)) {
+                        (Ok(mut grant), true) => {
+                            grant.scope.read_only = true;
+                            Verdict::Tenant(grant)
+                        }
+                        (Ok(_), false) => {
+                            Verdict::Forbidden("the console's session authorizes GET and HEAD only: send `Authorization: Bearer <key>`")
+                        }
+                        (Err(_), _) => Verdict::Forbidden("the console session's key is revoked, expired or unknown: log in again"),
+                    };
                 }
                 // Every value is compared: `any` would stop at the first match.
                 let valid = presented.fold(false, |valid, value| self.is_session(value) | valid);
@@ -247,7 +264,7 @@ impl Guard {
         if name.eq_ignore_ascii_case(header::COOKIE.as_str()) {
             let mut one = HeaderMap::new();
             one.insert(header::COOKIE, value.clone());
-            return cookies(&one, SESSION_COOKIE).fold(false, |found, v| self.is_session(v) | found);
+            return cookies(&one, SESSION_COOKIE).fold(false, |found, v| (self.is_session(v) || tenants::looks_like_key(v)) | found);
         }
         name.eq_ignore_ascii_case(header::AUTHORIZATION.as_str())
             && bearer_token(value).is_some_and(|t| same_token(t.as_bytes(), self.token.as_str().as_bytes()) || tenants::looks_like_key(t))
@@ -647,7 +664,7 @@ mod tests {
             (Method::GET, "/logs/"),
             (Method::GET, "/leases"),
             (Method::GET, "/sites/a/b"),
-            (Method::GET, "/console"),
+            (Method::GET, "/console/assets"),
             (Method::GET, "/registryx"),
         ] {
             assert!(matches!(guard.decide(&method, path, &bearer(&key)), Verdict::Forbidden(_)), "{method} {path}");
@@ -659,6 +676,22 @@ mod tests {
         // Open paths stay open, whatever key comes; no lambda sees a tenant's key.
         assert_eq!(guard.decide(&Method::POST, "/run/echo", &bearer(&key)), Verdict::Allow);
         assert!(guard.is_worker_credential("authorization", &HeaderValue::from_str(&format!("Bearer {key}")).unwrap()));
+    }
+
+    #[test]
+    fn a_tenant_key_in_the_console_cookie_reads_its_own_and_changes_nothing() {
+        let (guard, _) = guard(true);
+        guard.tenants.add("acme", 1).unwrap();
+        let issued = guard.tenants.issue("acme", tenants::Scope::default(), 1).unwrap();
+        let cookie = with_cookies(&[&format!("{SESSION_COOKIE}={}", issued.key)]);
+        for path in ["/console", "/console/assets/console.js", "/console/session", "/registry", "/stats/history", "/logs/echo"] {
+            assert!(matches!(guard.decide(&Method::GET, path, &cookie), Verdict::Tenant(g) if g.scope.read_only), "{path}");
+        }
+        assert!(matches!(guard.decide(&Method::GET, "/stats", &cookie), Verdict::Forbidden(_)));
+        assert!(matches!(guard.decide(&Method::DELETE, "/registry/echo", &cookie), Verdict::Forbidden(_)));
+        assert!(guard.is_worker_credential("cookie", &HeaderValue::from_str(&format!("a=1; {SESSION_COOKIE}={}", issued.key)).unwrap()));
+        guard.tenants.revoke("acme", &issued.record.id, 2).unwrap();
+        assert!(matches!(guard.decide(&Method::GET, "/registry", &cookie), Verdict::Forbidden(m) if m.contains("log in again")));
     }
 
     #[test]

@@ -5,17 +5,21 @@
 //! | `GET /console`                 | the console page (a browser without a session: 303 to login) |
 //! | `GET /console/assets/<file>`   | its script and style, embedded in the binary                  |
 //! | `GET /console/login`           | the login form (open)                                         |
-//! | `POST /console/login`          | `token=...`: the worker's token sets the session cookie (open) |
+//! | `POST /console/login`          | `token=...`: the worker's token, or a tenant's key, sets the session cookie (open) |
+//! | `GET /console/session`         | who the session is: `{"principal": "operator"}` or `{"principal": "tenant", "tenant", "key"}` |
 //! | `POST /console/logout`         | clears the cookie (open)                                      |
 //!
 //! Who may see what is [`crate::auth`]'s: the cookie `sprout_console` holds the worker run's
 //! session secret ([`Guard::session`]) and authorizes GET and HEAD only, so the page reads
-//! `/stats`, `/stats/history`, `/registry` and `/logs` with it and can change nothing.
+//! `/stats`, `/stats/history`, `/registry` and `/logs` with it and can change nothing. A
+//! tenant logs in with one of its keys, which the cookie then holds (revoking the key ends the
+//! session); its console shows only its own lambdas, their logs and history, without the
+//! worker's figures.
 
 use std::collections::HashMap;
 
 use axum::extract::rejection::FormRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -23,7 +27,7 @@ use axum::{Form, Router};
 
 use sprout_engine::ErrorCode;
 
-use crate::auth::{Guard, LOGIN_PATH, SESSION_COOKIE};
+use crate::auth::{tenants, unix_now, Guard, Principal, LOGIN_PATH, SESSION_COOKIE};
 use crate::http::ApiError;
 use crate::state::Api;
 
@@ -48,6 +52,7 @@ pub fn routes() -> Router<Api> {
         .route("/console", get(page))
         .route("/console/", get(page))
         .route("/console/assets/{file}", get(asset))
+        .route("/console/session", get(session))
         .route(LOGIN_PATH, get(login_form).post(log_in))
         .route("/console/logout", axum::routing::post(log_out))
 }
@@ -96,13 +101,30 @@ async fn login_form() -> Response {
     login_page(StatusCode::OK, "")
 }
 
+async fn session(Extension(principal): Extension<Principal>) -> Response {
+    let body = match principal {
+        Principal::Operator => serde_json::json!({"principal": "operator"}),
+        Principal::Tenant(grant) => serde_json::json!({"principal": "tenant", "tenant": grant.tenant, "key": grant.key_id}),
+    };
+    axum::Json(body).into_response()
+}
+
 async fn log_in(State(api): State<Api>, form: Result<Form<HashMap<String, String>>, FormRejection>) -> Response {
     let presented = form.ok().and_then(|Form(mut fields)| fields.remove("token")).unwrap_or_default();
     let guard: &Guard = &api.auth;
+    let presented = presented.trim();
+    if tenants::looks_like_key(presented) {
+        if let Err(refusal) = guard.tenants.authenticate(presented, unix_now()) {
+            tracing::info!(?refusal, "console login refused: a tenant key that is not valid");
+            return login_page(StatusCode::FORBIDDEN, "That key is revoked, expired or not this worker's.");
+        }
+        let cookie = format!("{SESSION_COOKIE}={presented}; HttpOnly; SameSite=Strict; Path=/");
+        return redirect("/console", &cookie);
+    }
     // Always compared, whatever came (constant time in the token's length).
-    if !guard.is_token(&presented) {
+    if !guard.is_token(presented) {
         tracing::info!("console login refused: not the worker's token");
-        return login_page(StatusCode::FORBIDDEN, "That is not this worker's token (DIR/api-token).");
+        return login_page(StatusCode::FORBIDDEN, "That is not this worker's token (DIR/api-token) nor a tenant's key.");
     }
     let Some(session) = guard.session() else {
         return login_page(

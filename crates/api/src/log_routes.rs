@@ -106,8 +106,12 @@ pub async fn find_request(State(api): State<Api>, Extension(principal): Extensio
     }
 }
 
-pub async fn history(State(api): State<Api>) -> Response {
-    axum::Json(api.engine.metrics.history()).into_response()
+pub async fn history(State(api): State<Api>, Extension(principal): Extension<Principal>) -> Response {
+    let mut history = api.engine.metrics.history();
+    if let Some(lambdas) = history.get_mut("lambdas").and_then(|l| l.as_object_mut()) {
+        lambdas.retain(|name, _| reads(&api, &principal, name));
+    }
+    axum::Json(history).into_response()
 }
 
 fn ndjson(entry: &Arc<Entry>) -> Bytes {

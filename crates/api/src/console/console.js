@@ -21,6 +21,7 @@
     errors: new Map(),    // what failed in the last refresh, by source
     refreshes: 0,
     busy: false,
+    session: null,        // GET /console/session: a tenant's console shows no worker-wide figures
   };
 
   const $ = (id) => document.getElementById(id);
@@ -130,7 +131,15 @@
   // ------------------------------------------------------------------ refresh
 
   async function refreshStats() {
-    state.stats = await api("/stats");
+    if (!state.session) {
+      state.session = await api("/console/session");
+      if (state.session.principal === "tenant") {
+        $("principal").textContent = `· tenant ${state.session.tenant}`;
+        $("worker").hidden = true;
+      }
+    }
+    // A tenant's key reads its own lambdas only: the worker's figures are the operator's.
+    if (state.session.principal !== "tenant") state.stats = await api("/stats");
   }
 
   async function refreshRegistry() {
