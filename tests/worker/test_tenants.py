@@ -118,11 +118,11 @@ def test_a_request_of_another_tenants_lambda_shows_no_log_entries(worker, two_te
 
 
 @pytest.mark.parametrize("method,path", [
-    ("GET", "/stats"), ("GET", "/metrics"), ("GET", "/stats/history"), ("GET", "/packages"),
+    ("GET", "/stats"), ("GET", "/metrics"), ("GET", "/packages"),
     ("GET", "/pid"), ("GET", "/leases"), ("POST", "/leases/b-fn"), ("GET", "/blobs/x"),
     ("PUT", "/blobs/x"), ("GET", "/tenants"),
     ("POST", "/tenants"), ("GET", "/tenants/a/keys"), ("POST", "/tenants/a/keys"),
-    ("DELETE", "/tenants/b"), ("GET", "/console"), ("GET", "/nowhere"), ("GET", "/registry/a-fn/x"), ("GET", "/sites/a/b"),
+    ("DELETE", "/tenants/b"), ("GET", "/console/assets"), ("GET", "/nowhere"), ("GET", "/registry/a-fn/x"), ("GET", "/sites/a/b"),
 ])
 def test_a_tenant_key_is_refused_where_only_the_operator_may_go(worker, two_tenants, method, path):
     status, body = call(worker, method, path, two_tenants["a"], body=b"{}" if method in ("POST", "PUT") else None)
