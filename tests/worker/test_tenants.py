@@ -119,7 +119,7 @@ def test_a_request_of_another_tenants_lambda_shows_no_log_entries(worker, two_te
 
 @pytest.mark.parametrize("method,path", [
     ("GET", "/stats"), ("GET", "/metrics"), ("GET", "/packages"),
-    ("GET", "/pid"), ("GET", "/leases"), ("POST", "/leases/b-fn"), ("GET", "/blobs/x"),
+    ("GET", "/pid"), ("GET", "/blobs/x"),
     ("PUT", "/blobs/x"), ("GET", "/tenants"),
     ("POST", "/tenants"), ("GET", "/tenants/a/keys"), ("POST", "/tenants/a/keys"),
     ("DELETE", "/tenants/b"), ("GET", "/console/assets"), ("GET", "/nowhere"), ("GET", "/registry/a-fn/x"), ("GET", "/sites/a/b"),
@@ -521,3 +521,26 @@ def test_the_operator_puts_a_tenant_in_an_isolation_class(make_worker):
     assert call(worker, "PUT", "/tenants/sealed/isolation", json_body={"class": None})[1]["isolation"] is None
     assert upload(worker, "sealed-two", key, source=KERNEL)[1]["backend"] == "sock"
     assert call(worker, "PUT", "/tenants/nobody/isolation", json_body={"class": "gvisor"})[1]["error"] == "tenant_not_found"
+
+
+def test_a_tenant_leases_its_own_lambdas_and_sees_only_its_leases(worker, two_tenants):
+    a, b = two_tenants["a"], two_tenants["b"]
+    status, lease = call(worker, "POST", "/leases/a-fn", a, json_body={"parts": 1, "idle_timeout_s": 60})
+    assert status == 201, lease
+    lid = lease["lease"]
+    try:
+        assert call(worker, "POST", "/leases/b-fn", a, json_body={"parts": 1})[1]["error"] == "lambda_not_found"
+        assert call(worker, "POST", "/leases/ops", a, json_body={"parts": 1})[1]["error"] == "lambda_not_found"
+        for method, path, body in [("POST", f"/leases/{lid}/0", b'"x"'), ("POST", f"/leases/{lid}/keepalive", b""),
+                                   ("PUT", f"/leases/{lid}/files/f.txt", b"data"), ("GET", f"/leases/{lid}/files/f.txt", None),
+                                   ("DELETE", f"/leases/{lid}", None)]:
+            status, reply = call(worker, method, path, b, body=body)
+            missing_status, missing = call(worker, method, path.replace(lid, "l-nope"), b, body=body)
+            assert (status, reply["error"]) == (404, "lease_not_found") == (missing_status, missing["error"]), (method, path, reply)
+        assert call(worker, "GET", "/leases", b) == (200, [])
+        assert [x["lease"] for x in call(worker, "GET", "/leases", a)[1]] == [lid]
+        assert lid in [x["lease"] for x in call(worker, "GET", "/leases")[1]]
+        assert call(worker, "POST", f"/leases/{lid}/0", a, body=b'"x"') == (200, "ok")
+        assert call(worker, "PUT", f"/leases/{lid}/files/f.txt", a, body=b"data")[0] == 200
+    finally:
+        assert call(worker, "DELETE", f"/leases/{lid}", a)[0] == 200

@@ -113,7 +113,10 @@ impl Principal {
 /// admin path takes the operator's token.
 fn tenant_path(path: &str) -> bool {
     let one_segment_under = |prefix: &str| matches!(path.strip_prefix(prefix), Some(name) if !name.is_empty() && !name.contains('/'));
-    matches!(path, "/registry" | "/logs" | "/audit" | "/sites" | "/stats/history" | "/console" | "/console/" | "/console/session")
+    matches!(
+        path,
+        "/registry" | "/logs" | "/audit" | "/sites" | "/leases" | "/stats/history" | "/console" | "/console/" | "/console/session"
+    ) || path.strip_prefix("/leases/").is_some_and(|rest| !rest.is_empty())
         || one_segment_under("/console/assets/")
         || one_segment_under("/registry/")
         || one_segment_under("/logs/")
@@ -341,7 +344,7 @@ pub fn unix_now() -> u64 {
 fn tenant_verdict(grant: Grant, method: &Method, path: &str) -> Verdict {
     if !tenant_path(path) {
         return Verdict::Forbidden(
-            "a tenant's key reaches /registry, /logs, /sites and /audit only; this endpoint takes the operator's token",
+            "a tenant's key reaches /registry, /logs, /sites, /leases and /audit only; this endpoint takes the operator's token",
         );
     }
     if grant.scope.read_only && !is_read(method) {

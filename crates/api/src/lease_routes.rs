@@ -13,6 +13,9 @@
 //!
 //! A client reads and writes a lease's files without a sandbox in the way (bodies up to
 //! `limits.max_upload_mb`, streamed to disk).
+//!
+//! A tenant's key leases only its own lambdas and sees only their leases: another's answers
+//! as one that does not exist (404 `lambda_not_found`, `lease_not_found`).
 
 use std::net::SocketAddr;
 
@@ -24,13 +27,40 @@ use axum::Extension;
 use serde_json::json;
 use sprout_offload::{Caller, LeaseBook, MAX_LEASE_SPEC};
 
+use sprout_engine::ErrorCode;
+
+use crate::auth::Principal;
 use crate::files;
 use crate::http::{fail, read_body, ApiError, RequestId};
 use crate::run::reply_of;
 use crate::state::Api;
 
+/// Whether `principal` may see lambda `name` (and so its leases).
+fn sees_lambda(api: &Api, principal: &Principal, name: &str) -> bool {
+    matches!(principal, Principal::Operator) || principal.sees(name, api.auth.tenants.owner(name).as_deref())
+}
+
+/// The lambda of lease `id`, if there is such a lease.
+fn lambda_of(api: &Api, id: &str) -> Option<String> {
+    let leases = api.leases.list();
+    let lease = leases.as_array()?.iter().find(|l| l["lease"].as_str() == Some(id))?;
+    lease["lambda"].as_str().map(String::from)
+}
+
+/// Lease `id` as `principal` may use it: another's answers as a missing lease.
+fn check_lease(api: &Api, principal: &Principal, id: &str) -> Result<(), ApiError> {
+    if matches!(principal, Principal::Operator) || lambda_of(api, id).is_some_and(|l| sees_lambda(api, principal, &l)) {
+        return Ok(());
+    }
+    let message = format!("no lease {id:?} (released, expired, or its lambda deleted or replaced)");
+    Err(ApiError::new(ErrorCode::LeaseNotFound, message))
+}
+
 /// `POST /leases/<name>`: hold N sandboxes of lambda `name`.
-pub async fn create(State(api): State<Api>, Path(name): Path<String>, body: Body) -> Response {
+pub async fn create(State(api): State<Api>, Extension(principal): Extension<Principal>, Path(name): Path<String>, body: Body) -> Response {
+    if !sees_lambda(&api, &principal, &name) {
+        return fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}")));
+    }
     let made = async {
         let lambda = api.leases.leasable(&api.engine, &name)?;
         let body = read_body(body, MAX_LEASE_SPEC).await?;
@@ -46,11 +76,15 @@ pub async fn create(State(api): State<Api>, Path(name): Path<String>, body: Body
 pub async fn call(
     State(api): State<Api>,
     Extension(RequestId(request_id)): Extension<RequestId>,
+    Extension(principal): Extension<Principal>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path((id, part)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    if let Err(e) = check_lease(&api, &principal, &id) {
+        return fail(e);
+    }
     if part == "keepalive" {
         return api.leases.keepalive(&id).map(axum::Json).map(IntoResponse::into_response).unwrap_or_else(fail);
     }
@@ -68,7 +102,15 @@ pub async fn call(
 
 /// `PUT /leases/<id>/files/<file>`: the body becomes the file (replacing one there),
 /// streamed to disk as it arrives; a body past `limits.max_upload_mb` leaves nothing.
-pub async fn put_file(State(api): State<Api>, Path((id, file)): Path<(String, String)>, body: Body) -> Response {
+pub async fn put_file(
+    State(api): State<Api>,
+    Extension(principal): Extension<Principal>,
+    Path((id, file)): Path<(String, String)>,
+    body: Body,
+) -> Response {
+    if let Err(e) = check_lease(&api, &principal, &id) {
+        return fail(e);
+    }
     let written = match api.leases.dir(&id) {
         Ok(dir) => files::receive(&dir.files, &file, body, api.max_upload).await,
         Err(e) => Err(e.into()),
@@ -80,17 +122,31 @@ pub async fn put_file(State(api): State<Api>, Path((id, file)): Path<(String, St
 }
 
 /// `GET /leases/<id>/files/<file>`: the file's bytes, streamed.
-pub async fn get_file(State(api): State<Api>, Path((id, file)): Path<(String, String)>) -> Response {
+pub async fn get_file(
+    State(api): State<Api>,
+    Extension(principal): Extension<Principal>,
+    Path((id, file)): Path<(String, String)>,
+) -> Response {
+    if let Err(e) = check_lease(&api, &principal, &id) {
+        return fail(e);
+    }
     let sent = api.leases.dir(&id).map_err(ApiError::from).and_then(|dir| files::send(&dir.files, &file));
     sent.unwrap_or_else(|e| fail(e.with("lease", id.as_str())))
 }
 
 /// `DELETE /leases/<id>`: release a lease; its sandboxes are destroyed.
-pub async fn release(State(api): State<Api>, Path(id): Path<String>) -> Response {
+pub async fn release(State(api): State<Api>, Extension(principal): Extension<Principal>, Path(id): Path<String>) -> Response {
+    if let Err(e) = check_lease(&api, &principal, &id) {
+        return fail(e);
+    }
     api.leases.release(&id).map(|released| axum::Json(released).into_response()).unwrap_or_else(fail)
 }
 
 /// `GET /leases`: every lease, by id.
-pub async fn list(State(api): State<Api>) -> Response {
-    axum::Json(api.leases.list()).into_response()
+pub async fn list(State(api): State<Api>, Extension(principal): Extension<Principal>) -> Response {
+    let mut leases = api.leases.list();
+    if let Some(all) = leases.as_array_mut() {
+        all.retain(|l| l["lambda"].as_str().is_some_and(|name| sees_lambda(&api, &principal, name)));
+    }
+    axum::Json(leases).into_response()
 }

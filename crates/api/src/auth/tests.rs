@@ -282,7 +282,6 @@ fn a_tenant_key_reaches_its_registry_and_logs_paths_only() {
         (Method::GET, "/registry/"),
         (Method::GET, "/registry/a/b"),
         (Method::GET, "/logs/"),
-        (Method::GET, "/leases"),
         (Method::GET, "/sites/a/b"),
         (Method::GET, "/console/assets"),
         (Method::GET, "/registryx"),
