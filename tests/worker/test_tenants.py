@@ -544,3 +544,19 @@ def test_a_tenant_leases_its_own_lambdas_and_sees_only_its_leases(worker, two_te
         assert call(worker, "PUT", f"/leases/{lid}/files/f.txt", a, body=b"data")[0] == 200
     finally:
         assert call(worker, "DELETE", f"/leases/{lid}", a)[0] == 200
+
+
+def test_a_tenant_uses_the_cli_with_its_key(worker, two_tenants):
+    env = {**os.environ, "SPROUT_URL": worker.url, "SPROUT_TOKEN": two_tenants["a"]}
+
+    def cli(*args):
+        return __import__("subprocess").run([str(SPROUT), *args], capture_output=True, text=True, env=env, timeout=60)
+
+    listed = cli("ls")
+    assert listed.returncode == 0, listed.stderr
+    names = [line.split()[0] for line in listed.stdout.splitlines()[1:] if line.strip()]
+    assert "a-fn" in names and "b-fn" not in names and "ops" not in names, listed.stdout
+    assert cli("show", "a-fn").returncode == 0
+    refused = cli("show", "b-fn")
+    assert refused.returncode != 0 and "lambda_not_found" in refused.stderr + refused.stdout
+    assert cli("stats").returncode != 0  # the worker's figures are the operator's
