@@ -106,6 +106,15 @@ impl Principal {
             Principal::Tenant(grant) => grant.sees(lambda, owner),
         }
     }
+
+    /// Whether this principal may see `lambda`, its owner looked up in `tenants` (only for a
+    /// tenant: the operator sees every lambda).
+    pub fn sees_lambda(&self, tenants: &Tenants, lambda: &str) -> bool {
+        match self {
+            Principal::Operator => true,
+            Principal::Tenant(grant) => grant.sees(lambda, tenants.owner(lambda).as_deref()),
+        }
+    }
 }
 
 /// The paths a tenant's key may use: its lambdas in the registry, their logs, its sites, and

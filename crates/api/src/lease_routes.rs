@@ -35,11 +35,6 @@ use crate::http::{fail, read_body, ApiError, RequestId};
 use crate::run::reply_of;
 use crate::state::Api;
 
-/// Whether `principal` may see lambda `name` (and so its leases).
-fn sees_lambda(api: &Api, principal: &Principal, name: &str) -> bool {
-    matches!(principal, Principal::Operator) || principal.sees(name, api.auth.tenants.owner(name).as_deref())
-}
-
 /// The lambda of lease `id`, if there is such a lease.
 fn lambda_of(api: &Api, id: &str) -> Option<String> {
     let leases = api.leases.list();
@@ -49,7 +44,7 @@ fn lambda_of(api: &Api, id: &str) -> Option<String> {
 
 /// Lease `id` as `principal` may use it: another's answers as a missing lease.
 fn check_lease(api: &Api, principal: &Principal, id: &str) -> Result<(), ApiError> {
-    if matches!(principal, Principal::Operator) || lambda_of(api, id).is_some_and(|l| sees_lambda(api, principal, &l)) {
+    if matches!(principal, Principal::Operator) || lambda_of(api, id).is_some_and(|l| principal.sees_lambda(&api.auth.tenants, &l)) {
         return Ok(());
     }
     let message = format!("no lease {id:?} (released, expired, or its lambda deleted or replaced)");
@@ -58,7 +53,7 @@ fn check_lease(api: &Api, principal: &Principal, id: &str) -> Result<(), ApiErro
 
 /// `POST /leases/<name>`: hold N sandboxes of lambda `name`.
 pub async fn create(State(api): State<Api>, Extension(principal): Extension<Principal>, Path(name): Path<String>, body: Body) -> Response {
-    if !sees_lambda(&api, &principal, &name) {
+    if !principal.sees_lambda(&api.auth.tenants, &name) {
         return fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}")));
     }
     let made = async {
@@ -146,7 +141,7 @@ pub async fn release(State(api): State<Api>, Extension(principal): Extension<Pri
 pub async fn list(State(api): State<Api>, Extension(principal): Extension<Principal>) -> Response {
     let mut leases = api.leases.list();
     if let Some(all) = leases.as_array_mut() {
-        all.retain(|l| l["lambda"].as_str().is_some_and(|name| sees_lambda(&api, &principal, name)));
+        all.retain(|l| l["lambda"].as_str().is_some_and(|name| principal.sees_lambda(&api.auth.tenants, name)));
     }
     axum::Json(leases).into_response()
 }

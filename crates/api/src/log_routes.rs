@@ -24,12 +24,6 @@ use crate::state::Api;
 /// How often a follow stream sends an empty line, so both ends see a dead connection.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
-/// Whether `principal` may read `lambda`'s logs (a tenant: its own lambdas' only; a lambda
-/// deleted since is no tenant's any more, and its logs are the operator's).
-fn reads(api: &Api, principal: &Principal, lambda: &str) -> bool {
-    matches!(principal, Principal::Operator) || principal.sees(lambda, api.auth.tenants.owner(lambda).as_deref())
-}
-
 pub async fn lambda_logs(
     State(api): State<Api>,
     Extension(principal): Extension<Principal>,
@@ -40,7 +34,12 @@ pub async fn lambda_logs(
         Ok(q) => q,
         Err(message) => return fail(ApiError::new(ErrorCode::InvalidRequest, message)),
     };
-    if !valid_name(&name) || (api.engine.registry.get(&name).is_none() && !api.engine.logs.has(&name)) || !reads(&api, &principal, &name) {
+    // A tenant reads its own lambdas' logs only; a lambda deleted since is no tenant's any more,
+    // and its logs are the operator's.
+    if !valid_name(&name)
+        || (api.engine.registry.get(&name).is_none() && !api.engine.logs.has(&name))
+        || !principal.sees_lambda(&api.auth.tenants, &name)
+    {
         return fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}, and no logs of one")));
     }
     // Subscribed before the backlog is read, so nothing falls between the two.
@@ -99,7 +98,7 @@ pub async fn find_request(State(api): State<Api>, Extension(principal): Extensio
     let logs = api.engine.logs.clone();
     match tokio::task::spawn_blocking(move || logs.find_request(&id)).await {
         Ok(mut entries) => {
-            entries.retain(|entry| reads(&api, &principal, &entry.lambda));
+            entries.retain(|entry| principal.sees_lambda(&api.auth.tenants, &entry.lambda));
             axum::Json(json!({"entries": entries})).into_response()
         }
         Err(e) => fail(ApiError::new(ErrorCode::Internal, format!("reading the logs: {e}"))),
@@ -109,7 +108,7 @@ pub async fn find_request(State(api): State<Api>, Extension(principal): Extensio
 pub async fn history(State(api): State<Api>, Extension(principal): Extension<Principal>) -> Response {
     let mut history = api.engine.metrics.history();
     if let Some(lambdas) = history.get_mut("lambdas").and_then(|l| l.as_object_mut()) {
-        lambdas.retain(|name, _| reads(&api, &principal, name));
+        lambdas.retain(|name, _| principal.sees_lambda(&api.auth.tenants, name));
     }
     axum::Json(history).into_response()
 }

@@ -22,11 +22,6 @@ fn not_found(name: &str) -> Response {
     fail(ApiError::new(ErrorCode::LambdaNotFound, format!("no lambda named {name:?}")))
 }
 
-/// Whether `principal` may see the lambda `name`.
-fn sees(api: &Api, principal: &Principal, name: &str) -> bool {
-    matches!(principal, Principal::Operator) || principal.sees(name, api.auth.tenants.owner(name).as_deref())
-}
-
 /// Before a tenant's upload of `archive_len` bytes: its key may change `name`, its quotas hold
 /// it, and the name is its own (claimed now if nobody has it). Ok(true): claimed by this
 /// upload, to release if the upload fails.
@@ -166,12 +161,12 @@ fn lambda_json(api: &Api, lambda: &Lambda) -> Value {
 
 pub(crate) async fn list_lambdas(State(api): State<Api>, Extension(principal): Extension<Principal>) -> Response {
     let names: Vec<String> =
-        api.engine.registry.list().iter().map(|l| l.name.clone()).filter(|name| sees(&api, &principal, name)).collect();
+        api.engine.registry.list().iter().map(|l| l.name.clone()).filter(|name| principal.sees_lambda(&api.auth.tenants, name)).collect();
     axum::Json(names).into_response()
 }
 
 pub(crate) async fn show_lambda(State(api): State<Api>, Extension(principal): Extension<Principal>, Path(name): Path<String>) -> Response {
-    match api.engine.registry.get(&name).filter(|_| sees(&api, &principal, &name)) {
+    match api.engine.registry.get(&name).filter(|_| principal.sees_lambda(&api.auth.tenants, &name)) {
         Some(l) => axum::Json(lambda_json(&api, &l)).into_response(),
         None => not_found(&name),
     }
@@ -182,7 +177,7 @@ pub(crate) async fn delete_lambda(
     Extension(principal): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Response {
-    if !sees(&api, &principal, &name) || !api.engine.delete(&name, Origin::Api).await {
+    if !principal.sees_lambda(&api.auth.tenants, &name) || !api.engine.delete(&name, Origin::Api).await {
         return not_found(&name);
     }
     if let Err(e) = api.auth.tenants.release(&name) {
