@@ -26,24 +26,14 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "python"))
-from cpus_awake import cpus_awake  # noqa: E402
-from profile_sandbox_life import machine, write_results  # noqa: E402
+from bench_worker import REPO, admin, running_worker, upload
+from cpus_awake import cpus_awake
+from profile_sandbox_life import machine, write_results
 
-import sprout  # noqa: E402
-
-CONFIG = """[worker]
-listen = "127.0.0.1:{port}"
-name = "key-check-{port}"
-log = "warn"
-
-[sandbox]
+SECTIONS = """[sandbox]
 cpuset = "{cpu}"
 
 [instances]
@@ -52,27 +42,6 @@ max_per_lambda = 1
 """
 NOOP = "def f(event):\n    return None\n"
 VARIANTS = ("open", "open, key sent", "keyed")
-
-
-def admin(port, token, method, path, body=None, content_type="application/json"):
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method,
-                                     headers={"Authorization": f"Bearer {token}", "Content-Type": content_type})
-    with urllib.request.urlopen(request, timeout=60) as reply:
-        return json.loads(reply.read())
-
-
-def upload(port, key, name, files):
-    import io
-    import tarfile
-
-    data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w:gz") as tar:
-        for path, text in files.items():
-            raw = text.encode()
-            info = tarfile.TarInfo(path)
-            info.size = len(raw)
-            tar.addfile(info, io.BytesIO(raw))
-    admin(port, key, "POST", f"/registry/{name}", data.getvalue(), "application/gzip")
 
 
 def measure(port, lambda_name, key, seconds):
@@ -145,24 +114,8 @@ def main():
     args = parser.parse_args()
     os.sched_setaffinity(0, {args.client_cpu})
     port = 5790
-    work = tempfile.mkdtemp(prefix="sprout-key-check-")
-    Path(work, "config.toml").write_text(CONFIG.format(port=port, cpu=args.worker_cpu))
-    subprocess.run([args.binary, "worker", "init", work], check=True, capture_output=True, cwd=REPO)
-    log = open(os.path.join(work, "worker.log"), "w")
-    worker = subprocess.Popen(["taskset", "-c", args.worker_cpu, args.binary, "worker", "up", work], stdout=log, stderr=log,
-                              cwd=REPO)
     samples = {v: [] for v in VARIANTS}
-    try:
-        client = sprout.Client(f"http://127.0.0.1:{port}", timeout=60)
-        deadline = time.time() + 120
-        while True:
-            try:
-                client.status()
-                break
-            except Exception:
-                if time.time() > deadline or worker.poll() is not None:
-                    sys.exit(f"the worker did not start (see {work}/worker.log)")
-                time.sleep(0.2)
+    with running_worker(args.binary, port, args.worker_cpu, SECTIONS.format(cpu=args.worker_cpu), "key-check") as work:
         token = Path(work, "api-token").read_text().strip()
         admin(port, token, "POST", "/tenants", json.dumps({"name": "bench"}).encode())
         key = admin(port, token, "POST", "/tenants/bench/keys", b"{}")["key"]
@@ -176,10 +129,6 @@ def main():
                     samples[v].append(measure(port, *runs[v], args.seconds))
                 print(f"round {i + 1}/{args.rounds}: " + ", ".join(
                     f"{v} p50 {statistics.median(samples[v][-1]) * 1e3:.4f} ms" for v in VARIANTS), file=sys.stderr)
-    finally:
-        worker.terminate()
-        worker.wait()
-        subprocess.run([args.binary, "worker", "down", work], capture_output=True)
     figures = {}
     for v in VARIANTS:
         p50s = [statistics.median(r) * 1e3 for r in samples[v]]

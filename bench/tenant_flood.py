@@ -17,27 +17,16 @@ import json
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "python"))
-from cpus_awake import cpus_awake  # noqa: E402
-from key_check import admin, upload  # noqa: E402
-from profile_sandbox_life import machine, write_results  # noqa: E402
+from bench_worker import REPO, admin, running_worker, upload
+from cpus_awake import cpus_awake
+from profile_sandbox_life import machine, write_results
 
-import sprout  # noqa: E402
-
-CONFIG = """[worker]
-listen = "127.0.0.1:{port}"
-name = "tenant-flood-{port}"
-log = "warn"
-
-[sandbox]
+SECTIONS = """[sandbox]
 cpuset = "{cpu}"
 
 [instances]
@@ -163,25 +152,9 @@ def main():
     args = parser.parse_args()
     os.sched_setaffinity(0, {args.client_cpu})
     port = 5791
-    work = tempfile.mkdtemp(prefix="sprout-tenant-flood-")
-    Path(work, "config.toml").write_text(CONFIG.format(port=port, cpu=args.worker_cpu))
-    subprocess.run([args.binary, "worker", "init", work], check=True, capture_output=True, cwd=REPO)
-    log = open(os.path.join(work, "worker.log"), "w")
-    worker = subprocess.Popen(["taskset", "-c", args.worker_cpu, args.binary, "worker", "up", work], stdout=log, stderr=log,
-                              cwd=REPO)
     phases = {"alone": [], "beside the flood": []}
     floods, other = [], 0
-    try:
-        client = sprout.Client(f"http://127.0.0.1:{port}", timeout=60)
-        deadline = time.time() + 120
-        while True:
-            try:
-                client.status()
-                break
-            except Exception:
-                if time.time() > deadline or worker.poll() is not None:
-                    sys.exit(f"the worker did not start (see {work}/worker.log)")
-                time.sleep(0.2)
+    with running_worker(args.binary, port, args.worker_cpu, SECTIONS.format(cpu=args.worker_cpu), "tenant-flood") as work:
         token = Path(work, "api-token").read_text().strip()
         keys = {}
         for name in ("quiet", "flood"):
@@ -211,10 +184,6 @@ def main():
                 print(f"round {i + 1}/{args.rounds}: " + ", ".join(
                     f"{p} p99 {quantile(phases[p][-1], 0.99) * 1e3:.3f} ms" for p in phases) + f"; flood {floods[-1]}",
                     file=sys.stderr)
-    finally:
-        worker.terminate()
-        worker.wait()
-        subprocess.run([args.binary, "worker", "down", work], capture_output=True)
     figures = {}
     for phase, rounds in phases.items():
         p50s = [quantile(r, 0.5) * 1e3 for r in rounds]

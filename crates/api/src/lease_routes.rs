@@ -35,16 +35,9 @@ use crate::http::{fail, read_body, ApiError, RequestId};
 use crate::run::reply_of;
 use crate::state::Api;
 
-/// The lambda of lease `id`, if there is such a lease.
-fn lambda_of(api: &Api, id: &str) -> Option<String> {
-    let leases = api.leases.list();
-    let lease = leases.as_array()?.iter().find(|l| l["lease"].as_str() == Some(id))?;
-    lease["lambda"].as_str().map(String::from)
-}
-
 /// Lease `id` as `principal` may use it: another's answers as a missing lease.
 fn check_lease(api: &Api, principal: &Principal, id: &str) -> Result<(), ApiError> {
-    if matches!(principal, Principal::Operator) || lambda_of(api, id).is_some_and(|l| principal.sees_lambda(&api.auth.tenants, &l)) {
+    if matches!(principal, Principal::Operator) || api.leases.lambda_of(id).is_some_and(|l| principal.sees_lambda(&api.auth.tenants, &l)) {
         return Ok(());
     }
     let message = format!("no lease {id:?} (released, expired, or its lambda deleted or replaced)");

@@ -18,6 +18,9 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use sprout_engine::ErrorCode;
+
+use crate::http::ApiError;
 
 /// A tenant's limits; None: no limit.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -66,9 +69,10 @@ impl Refused {
         }
     }
 
-    /// The error body's extra fields.
-    pub fn fields(&self, tenant: &str) -> Value {
-        json!({"quota": self.quota, "limit": self.limit, "tenant": tenant})
+    /// The error to answer (`code`: 429 `quota_exceeded`, or 413 for code bytes), its body
+    /// naming the quota, its limit and the tenant.
+    pub fn error(&self, code: ErrorCode, tenant: &str) -> ApiError {
+        ApiError::new(code, self.message(tenant)).with("quota", self.quota).with("limit", self.limit).with("tenant", tenant)
     }
 }
 

@@ -54,11 +54,7 @@ fn check_upload_quotas(api: &Api, tenant: &str, name: &str, archive_len: usize) 
     };
     let Some((code, refused)) = refused else { return Ok(()) };
     api.usage.count_refusal(tenant, refused.quota);
-    let mut error = ApiError::new(code, refused.message(tenant));
-    for (key, value) in refused.fields(tenant).as_object().into_iter().flatten() {
-        error = error.with(key, value.clone());
-    }
-    Err(error)
+    Err(refused.error(code, tenant))
 }
 
 /// The operator's isolation class in an upload's query (`?isolation=gvisor`), if any; any

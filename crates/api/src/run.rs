@@ -127,13 +127,7 @@ pub(crate) fn admit<'a>(api: &'a Api, name: &str) -> Result<Option<crate::quotas
     let Some((tenant, quotas)) = api.auth.tenants.owner_quotas(name) else { return Ok(None) };
     match api.usage.admit(&tenant, &quotas) {
         Ok(in_flight) => Ok(Some(in_flight)),
-        Err(refused) => {
-            let mut error = ApiError::new(ErrorCode::QuotaExceeded, refused.message(&tenant));
-            for (key, value) in refused.fields(&tenant).as_object().into_iter().flatten() {
-                error = error.with(key, value.clone());
-            }
-            Err(error)
-        }
+        Err(refused) => Err(refused.error(ErrorCode::QuotaExceeded, &tenant)),
     }
 }
 

@@ -270,6 +270,11 @@ impl LeaseBook {
         }
     }
 
+    /// The lambda lease `id` holds sandboxes of, if there is such a lease.
+    pub fn lambda_of(&self, id: &str) -> Option<String> {
+        self.table.lock().unwrap().lambda_of(id).map(String::from)
+    }
+
     /// Lease `id`'s directory (a use of the lease: its idle clock starts again).
     pub fn dir(&self, id: &str) -> Result<Arc<LeaseDir>, Error> {
         let part = self.table.lock().unwrap().touch(id, Instant::now());

@@ -129,6 +129,11 @@ impl<P: Clone> Leases<P> {
         lease.parts.first().cloned()
     }
 
+    /// The lambda of lease `id`, if there is such a lease (no use of it: its clock is not reset).
+    pub fn lambda_of(&self, id: &str) -> Option<&str> {
+        self.leases.get(id).map(|lease| lease.lambda.as_str())
+    }
+
     pub fn remove(&mut self, id: &str) -> Option<Lease<P>> {
         self.leases.remove(id)
     }
@@ -199,6 +204,16 @@ mod tests {
         assert!(Leases::<()>::check(5, 60, 4).is_err());
         assert!(Leases::<()>::check(1, 0, 4).unwrap_err().contains("idle_timeout_s"));
         assert!(Leases::<()>::check(1, 3601, 4).is_err());
+    }
+
+    #[test]
+    fn a_leases_lambda_is_found_without_using_the_lease() {
+        let t0 = Instant::now();
+        let mut leases = table(t0);
+        assert_eq!((leases.lambda_of("a"), leases.lambda_of("b"), leases.lambda_of("c")), (Some("f"), Some("g"), None));
+        // Looking does not reset the idle clock: "a" still expires after its 10 s.
+        let expired: Vec<String> = leases.expired(t0 + s(11)).into_iter().map(|l| l.id).collect();
+        assert_eq!(expired, ["a"]);
     }
 
     #[test]

@@ -99,6 +99,29 @@ struct State {
     key_index: std::collections::HashMap<String, String>,
 }
 
+/// The owned names of one kind.
+#[derive(Clone, Copy)]
+enum Names {
+    Lambdas,
+    Hosts,
+}
+
+impl Names {
+    fn of(self, s: &State) -> &BTreeMap<String, String> {
+        match self {
+            Names::Lambdas => &s.owners,
+            Names::Hosts => &s.hosts,
+        }
+    }
+
+    fn of_mut(self, s: &mut State) -> &mut BTreeMap<String, String> {
+        match self {
+            Names::Lambdas => &mut s.owners,
+            Names::Hosts => &mut s.hosts,
+        }
+    }
+}
+
 impl State {
     fn index_keys(mut self) -> State {
         self.key_index = self.tenants.iter().flat_map(|(name, t)| t.keys.iter().map(move |k| (k.id.clone(), name.clone()))).collect();
@@ -371,18 +394,7 @@ impl Tenants {
     /// that name is in the registry now. Ok(true): claimed now (release it if the upload
     /// fails); Ok(false): the tenant owned it already.
     pub fn claim(&self, lambda: &str, tenant: &str, exists: bool) -> Result<bool, StoreError> {
-        self.change(|s| match s.owners.get(lambda) {
-            Some(owner) if owner == tenant => Ok(false),
-            Some(_) => Err(StoreError::NameTaken(lambda.to_string())),
-            None if exists => Err(StoreError::NameTaken(lambda.to_string())),
-            None => {
-                if !s.tenants.contains_key(tenant) {
-                    return Err(StoreError::TenantNotFound(tenant.to_string()));
-                }
-                s.owners.insert(lambda.to_string(), tenant.to_string());
-                Ok(true)
-            }
-        })
+        self.change(|s| claim_name(&mut s.owners, &s.tenants, lambda, tenant, exists))
     }
 
     /// The tenant owning the app port's host `host` (normalized; None: the operator's, or none).
@@ -393,40 +405,50 @@ impl Tenants {
     /// Record `tenant` as the owner of `host` before its site is put (as [`Tenants::claim`]
     /// for lambdas: `exists` says whether a site has the host now).
     pub fn claim_host(&self, host: &str, tenant: &str, exists: bool) -> Result<bool, StoreError> {
-        self.change(|s| match s.hosts.get(host) {
-            Some(owner) if owner == tenant => Ok(false),
-            Some(_) => Err(StoreError::NameTaken(host.to_string())),
-            None if exists => Err(StoreError::NameTaken(host.to_string())),
-            None => {
-                if !s.tenants.contains_key(tenant) {
-                    return Err(StoreError::TenantNotFound(tenant.to_string()));
-                }
-                s.hosts.insert(host.to_string(), tenant.to_string());
-                Ok(true)
-            }
-        })
+        self.change(|s| claim_name(&mut s.hosts, &s.tenants, host, tenant, exists))
     }
 
     /// Forget `host`'s owner (its site removed, or its first put failed).
     pub fn release_host(&self, host: &str) -> Result<(), StoreError> {
-        if !self.read().hosts.contains_key(host) {
-            return Ok(());
-        }
-        self.change(|s| {
-            s.hosts.remove(host);
-            Ok(())
-        })
+        self.forget(host, Names::Hosts)
     }
 
     /// Forget `lambda`'s owner (deleted, or its first upload failed).
     pub fn release(&self, lambda: &str) -> Result<(), StoreError> {
-        if !self.read().owners.contains_key(lambda) {
+        self.forget(lambda, Names::Lambdas)
+    }
+
+    /// Forget `name`'s owner among `names`, writing the file only when it had one.
+    fn forget(&self, name: &str, names: Names) -> Result<(), StoreError> {
+        if !names.of(&self.read()).contains_key(name) {
             return Ok(());
         }
         self.change(|s| {
-            s.owners.remove(lambda);
+            names.of_mut(s).remove(name);
             Ok(())
         })
+    }
+}
+
+/// Record `tenant` as the owner of `name` in `owners` (lambda or host names): Ok(true) when
+/// claimed now, Ok(false) when it was the tenant's already; another principal's name (or one
+/// in use, `exists`, that no tenant owns: the operator's) is taken.
+fn claim_name(
+    owners: &mut BTreeMap<String, String>,
+    tenants: &BTreeMap<String, Tenant>,
+    name: &str,
+    tenant: &str,
+    exists: bool,
+) -> Result<bool, StoreError> {
+    match owners.get(name) {
+        Some(owner) if owner == tenant => Ok(false),
+        Some(_) => Err(StoreError::NameTaken(name.to_string())),
+        None if exists => Err(StoreError::NameTaken(name.to_string())),
+        None if !tenants.contains_key(tenant) => Err(StoreError::TenantNotFound(tenant.to_string())),
+        None => {
+            owners.insert(name.to_string(), tenant.to_string());
+            Ok(true)
+        }
     }
 }
 
