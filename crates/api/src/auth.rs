@@ -99,6 +99,14 @@ pub enum Principal {
 }
 
 impl Principal {
+    /// The tenant, for a tenant's key (None: the operator).
+    pub fn tenant(&self) -> Option<&str> {
+        match self {
+            Principal::Operator => None,
+            Principal::Tenant(grant) => Some(&grant.tenant),
+        }
+    }
+
     /// Whether this principal may see `lambda`, which `owner` owns (None: the operator).
     pub fn sees(&self, lambda: &str, owner: Option<&str>) -> bool {
         match self {
@@ -117,8 +125,8 @@ impl Principal {
     }
 }
 
-/// The paths a tenant's key may use: its lambdas in the registry, their logs, its sites, and
-/// the audit log (each route shows it only its own). Every other
+/// The paths a tenant's key may use: its lambdas in the registry, their logs, its sites,
+/// leases and blobs, and the audit log (each route shows it only its own). Every other
 /// admin path takes the operator's token.
 fn tenant_path(path: &str) -> bool {
     let one_segment_under = |prefix: &str| matches!(path.strip_prefix(prefix), Some(name) if !name.is_empty() && !name.contains('/'));
@@ -130,6 +138,7 @@ fn tenant_path(path: &str) -> bool {
         || one_segment_under("/registry/")
         || one_segment_under("/logs/")
         || one_segment_under("/sites/")
+        || one_segment_under("/blobs/")
 }
 
 /// The answer to one request.
@@ -353,7 +362,7 @@ pub fn unix_now() -> u64 {
 fn tenant_verdict(grant: Grant, method: &Method, path: &str) -> Verdict {
     if !tenant_path(path) {
         return Verdict::Forbidden(
-            "a tenant's key reaches /registry, /logs, /sites, /leases and /audit only; this endpoint takes the operator's token",
+            "a tenant's key reaches /registry, /logs, /sites, /leases, /blobs and /audit only; this endpoint takes the operator's token",
         );
     }
     if grant.scope.read_only && !is_read(method) {

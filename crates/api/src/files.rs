@@ -10,10 +10,11 @@ use sprout_engine::ErrorCode;
 use sprout_offload::{file_error, SharedDir};
 
 use crate::http::ApiError;
+use crate::stored_files::UploadLimit;
 
-/// Stream a request's `body` into file `name` of `dir`, at most `limit` bytes (past it:
-/// 413, and nothing is left); the bytes written.
-pub async fn receive(dir: &SharedDir, name: &str, body: Body, limit: usize) -> Result<usize, ApiError> {
+/// Stream a request's `body` into file `name` of `dir`, at most `limit.bytes` (past it: 413
+/// naming the limit, and nothing is left); the bytes written.
+pub async fn receive(dir: &SharedDir, name: &str, body: Body, limit: &UploadLimit) -> Result<usize, ApiError> {
     use futures_util::StreamExt;
     use tokio::io::AsyncWriteExt;
     let mut upload = dir.upload(name).map_err(file_error)?;
@@ -23,9 +24,8 @@ pub async fn receive(dir: &SharedDir, name: &str, body: Body, limit: usize) -> R
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("reading the body: {e}")))?;
         size += chunk.len();
-        if size > limit {
-            let message = format!("the request body exceeds the limit of {limit} bytes (limits.max_upload_mb)");
-            return Err(ApiError::new(ErrorCode::PayloadTooLarge, message));
+        if size > limit.bytes {
+            return Err(limit.exceeded());
         }
         file.write_all(&chunk).await.map_err(file_error)?;
     }

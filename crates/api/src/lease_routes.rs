@@ -15,7 +15,8 @@
 //! `limits.max_upload_mb`, streamed to disk).
 //!
 //! A tenant's key leases only its own lambdas and sees only their leases: another's answers
-//! as one that does not exist (404 `lambda_not_found`, `lease_not_found`).
+//! as one that does not exist (404 `lambda_not_found`, `lease_not_found`). A lease's files
+//! count against its lambda's tenant's `files_mb` ([`crate::stored_files`]).
 
 use std::net::SocketAddr;
 
@@ -34,6 +35,7 @@ use crate::files;
 use crate::http::{fail, read_body, ApiError, RequestId};
 use crate::run::reply_of;
 use crate::state::Api;
+use crate::stored_files::upload_limit;
 
 /// Lease `id` as `principal` may use it: another's answers as a missing lease.
 fn check_lease(api: &Api, principal: &Principal, id: &str) -> Result<(), ApiError> {
@@ -99,10 +101,13 @@ pub async fn put_file(
     if let Err(e) = check_lease(&api, &principal, &id) {
         return fail(e);
     }
-    let written = match api.leases.dir(&id) {
-        Ok(dir) => files::receive(&dir.files, &file, body, api.max_upload).await,
-        Err(e) => Err(e.into()),
+    let written = async {
+        let dir = api.leases.dir(&id)?;
+        let tenant = api.leases.lambda_of(&id).and_then(|lambda| api.auth.tenants.owner(&lambda));
+        let limit = upload_limit(&api, tenant.as_deref(), dir.files.path().join(&file)).await?;
+        files::receive(&dir.files, &file, body, &limit).await.inspect_err(|e| limit.count(&api, e))
     };
+    let written = written.await;
     match written {
         Ok(size) => axum::Json(json!({"lease": id, "file": file, "bytes": size})).into_response(),
         Err(e) => fail(e.with("lease", id.as_str())),

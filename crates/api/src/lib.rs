@@ -37,6 +37,7 @@ mod site_routes;
 mod state;
 pub mod static_files;
 mod stats_routes;
+pub mod stored_files;
 mod tenant_routes;
 
 use std::future::Future;

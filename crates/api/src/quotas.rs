@@ -11,15 +11,29 @@
 //!   with a burst of one second's worth; more is 429 `quota_exceeded` at once (never queued,
 //!   so a flooding tenant holds no sandbox and no queue place of another's).
 //! - `concurrent`: its invocations in flight at once; one more is 429 `quota_exceeded`.
+//! - `memory_mb`: its share of the memory budget — its invocations in flight, each counted at
+//!   a sandbox's memory limit (`[limits] memory_mb`: what the kernel lets it hold); one more
+//!   is 429 `quota_exceeded`. Idle sandboxes are not counted: the budget evicts them for any
+//!   tenant's cold start.
+//! - `log_kb_s`: its lambdas' output together, KB a second (a second's worth at once); past
+//!   it lines are dropped, counted (`sprout_tenant_log_dropped_bytes_total`) and noted in the
+//!   log, as past a lambda's own `[logs] rate_kb_s`.
+//! - `files_mb`: its blobs and its leases' files together; an upload past it is 413
+//!   `files_quota_exceeded` ([`crate::stored_files`]).
+//!
+//! A tenant refused an invocation within the last second is at its quota: its requests
+//! meanwhile run idle on the CPU ([`QuotaYield`]), so a flood within its rate takes no CPU
+//! another tenant's requests want.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use sprout_engine::ErrorCode;
+use sprout_engine::{CpuYield, ErrorCode, LogGroups};
 
+use crate::auth::Tenants;
 use crate::http::ApiError;
 
 /// A tenant's limits; None: no limit.
@@ -34,6 +48,12 @@ pub struct Quotas {
     pub invocations_per_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrent: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_kb_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_mb: Option<u64>,
 }
 
 impl Quotas {
@@ -42,6 +62,8 @@ impl Quotas {
         match self.invocations_per_s {
             Some(rate) if !(rate.is_finite() && rate > 0.0) => Err(format!("invocations_per_s must be above 0, not {rate}")),
             _ if self.concurrent == Some(0) => Err("concurrent must be at least 1 (leave it out: no limit)".into()),
+            _ if self.memory_mb == Some(0) => Err("memory_mb must be at least 1 (leave it out: no limit)".into()),
+            _ if self.log_kb_s == Some(0) => Err("log_kb_s must be at least 1 (leave it out: no limit)".into()),
             _ => Ok(()),
         }
     }
@@ -65,6 +87,15 @@ impl Refused {
             "invocations_per_s" => {
                 format!("tenant {tenant:?} is past its quota of {} invocations a second: try again in a moment", self.limit)
             }
+            "memory_mb" => format!(
+                "tenant {tenant:?}'s invocations in flight hold its quota of {} MB (each counted at a sandbox's memory limit): \
+                 try again when one ends",
+                self.limit
+            ),
+            "files_mb" => format!(
+                "this upload would take tenant {tenant:?} past its quota of {} MB of stored files (its blobs and leases' files together)",
+                self.limit
+            ),
             _ => format!("tenant {tenant:?} has its quota of {} invocations in flight: try again when one ends", self.limit),
         }
     }
@@ -73,6 +104,33 @@ impl Refused {
     /// naming the quota, its limit and the tenant.
     pub fn error(&self, code: ErrorCode, tenant: &str) -> ApiError {
         ApiError::new(code, self.message(tenant)).with("quota", self.quota).with("limit", self.limit).with("tenant", tenant)
+    }
+}
+
+/// How long a tenant counts as at its invocation quota after a refusal, in seconds: its
+/// requests meanwhile yield the CPU to every other tenant's ([`QuotaYield`]).
+pub const AT_QUOTA: f64 = 1.0;
+
+/// The engine's [`CpuYield`] policy: a lambda whose tenant is at its invocation quota
+/// (flooding it) runs its requests idle on the CPU, so they take only what no other tenant's
+/// want; the rate quota alone bounds how many run, not the CPU they take from neighbours.
+pub struct QuotaYield {
+    pub tenants: Arc<Tenants>,
+    pub usage: Arc<Usage>,
+}
+
+impl CpuYield for QuotaYield {
+    fn yields(&self, lambda: &str) -> bool {
+        self.tenants.owner(lambda).is_some_and(|tenant| self.usage.at_quota_at(&tenant, self.usage.now()))
+    }
+}
+
+/// A tenant's lambdas write their output against one bucket of `log_kb_s` between them
+/// (beyond each lambda's `[logs] rate_kb_s`); past it, their lines are dropped and counted.
+impl LogGroups for Tenants {
+    fn group(&self, lambda: &str) -> Option<(String, u64)> {
+        let (tenant, quotas) = self.owner_quotas(lambda)?;
+        Some((tenant, quotas.log_kb_s? << 10))
     }
 }
 
@@ -111,19 +169,25 @@ struct TenantUse {
     /// The bucket and the rate it was made for (made again when the quota changes).
     bucket: Option<(f64, TokenBucket)>,
     in_flight: u64,
+    /// Its invocations in flight's memory, counted at the sandboxes' limit, MB.
+    memory_in_flight: u64,
     refused: HashMap<&'static str, u64>,
+    /// When (on the usage's clock) an invocation was last refused.
+    last_refused: Option<f64>,
 }
 
 /// What each tenant uses now, against its quotas.
 #[derive(Debug)]
 pub struct Usage {
     started: Instant,
+    /// What an invocation in flight counts against `memory_mb`: a sandbox's memory limit.
+    sandbox_mb: u64,
     tenants: Mutex<HashMap<String, TenantUse>>,
 }
 
 impl Default for Usage {
     fn default() -> Usage {
-        Usage { started: Instant::now(), tenants: Mutex::new(HashMap::new()) }
+        Usage::new(128)
     }
 }
 
@@ -138,11 +202,17 @@ impl Drop for InFlight<'_> {
         let mut tenants = self.usage.lock();
         if let Some(u) = tenants.get_mut(&self.tenant) {
             u.in_flight = u.in_flight.saturating_sub(1);
+            u.memory_in_flight = u.memory_in_flight.saturating_sub(self.usage.sandbox_mb);
         }
     }
 }
 
 impl Usage {
+    /// Usage counting each invocation in flight at `sandbox_mb` (`[limits] memory_mb`).
+    pub fn new(sandbox_mb: u64) -> Usage {
+        Usage { started: Instant::now(), sandbox_mb, tenants: Mutex::new(HashMap::new()) }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, TenantUse>> {
         self.tenants.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -154,6 +224,9 @@ impl Usage {
         let u = tenants.entry(tenant.to_string()).or_default();
         let refused = match (quotas.concurrent, quotas.invocations_per_s) {
             (Some(limit), _) if u.in_flight >= limit => Some(Refused { quota: "concurrent", limit: limit as f64 }),
+            _ if quotas.memory_mb.is_some_and(|limit| u.memory_in_flight + self.sandbox_mb > limit) => {
+                Some(Refused { quota: "memory_mb", limit: quotas.memory_mb.unwrap_or_default() as f64 })
+            }
             (_, Some(rate)) => {
                 if u.bucket.as_ref().is_none_or(|(r, _)| *r != rate) {
                     u.bucket = Some((rate, TokenBucket::new(rate, now)));
@@ -165,15 +238,32 @@ impl Usage {
         };
         if let Some(r) = refused {
             *u.refused.entry(r.quota).or_default() += 1;
+            u.last_refused = Some(now);
             return Err(r);
         }
         u.in_flight += 1;
+        u.memory_in_flight += self.sandbox_mb;
         Ok(InFlight { usage: self, tenant: tenant.to_string() })
+    }
+
+    /// What an invocation in flight counts against `memory_mb`, MB.
+    pub fn sandbox_mb(&self) -> u64 {
+        self.sandbox_mb
+    }
+
+    /// Seconds on this usage's clock.
+    pub fn now(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
     }
 
     /// [`Usage::admit_at`] now.
     pub fn admit(&self, tenant: &str, quotas: &Quotas) -> Result<InFlight<'_>, Refused> {
-        self.admit_at(tenant, quotas, self.started.elapsed().as_secs_f64())
+        self.admit_at(tenant, quotas, self.now())
+    }
+
+    /// Whether `tenant` had an invocation refused within [`AT_QUOTA`] before `now`.
+    pub fn at_quota_at(&self, tenant: &str, now: f64) -> bool {
+        self.lock().get(tenant).and_then(|u| u.last_refused).is_some_and(|t| now - t < AT_QUOTA)
     }
 
     /// Count a refusal made elsewhere (an upload past `lambdas` or `code_mb`).
@@ -188,8 +278,9 @@ impl Usage {
         json!({"in_flight": u.in_flight, "refused": u.refused})
     }
 
-    /// Prometheus lines: refusals by tenant and quota, invocations in flight by tenant.
-    pub fn prometheus(&self) -> String {
+    /// Prometheus lines: refusals by tenant and quota, invocations in flight by tenant, and
+    /// `log_drops` (each tenant's output dropped past its `log_kb_s`, in bytes).
+    pub fn prometheus(&self, log_drops: &[(String, u64)]) -> String {
         let tenants = self.lock();
         let mut names: Vec<&String> = tenants.keys().collect();
         names.sort();
@@ -207,6 +298,11 @@ impl Usage {
         out += "# HELP sprout_tenant_in_flight A tenant's invocations in flight.\n# TYPE sprout_tenant_in_flight gauge\n";
         for name in &names {
             out += &format!("sprout_tenant_in_flight{{tenant=\"{name}\"}} {}\n", tenants[*name].in_flight);
+        }
+        out += "# HELP sprout_tenant_log_dropped_bytes_total A tenant's lambdas' output dropped past its log_kb_s quota.\n\
+                # TYPE sprout_tenant_log_dropped_bytes_total counter\n";
+        for (tenant, bytes) in log_drops {
+            out += &format!("sprout_tenant_log_dropped_bytes_total{{tenant=\"{tenant}\"}} {bytes}\n");
         }
         out
     }
@@ -242,7 +338,9 @@ mod tests {
         assert!(usage.admit_at("b", &quotas, 0.0).is_ok());
         assert!((0..100).all(|_| usage.admit_at("c", &Quotas::default(), 0.0).is_ok()));
         assert_eq!(usage.of("a")["refused"]["invocations_per_s"], 3);
-        assert!(usage.prometheus().contains("sprout_tenant_quota_refusals_total{tenant=\"a\",quota=\"invocations_per_s\"} 3\n"));
+        // Refused, `a` is at its quota for a second after; `b` never was.
+        assert!(usage.at_quota_at("a", 0.9) && !usage.at_quota_at("a", 1.5) && !usage.at_quota_at("b", 0.0));
+        assert!(usage.prometheus(&[]).contains("sprout_tenant_quota_refusals_total{tenant=\"a\",quota=\"invocations_per_s\"} 3\n"));
     }
 
     #[test]
@@ -257,7 +355,20 @@ mod tests {
         assert_eq!(usage.of("a")["in_flight"], 2);
         drop(first);
         assert!(usage.admit_at("a", &quotas, 0.0).is_ok());
-        assert!(usage.prometheus().contains("sprout_tenant_in_flight{tenant=\"a\"} 1\n"));
+        assert!(usage.prometheus(&[]).contains("sprout_tenant_in_flight{tenant=\"a\"} 1\n"));
+    }
+
+    #[test]
+    fn invocations_in_flight_hold_memory_at_the_sandboxes_limit() {
+        let usage = Usage::new(128);
+        let quotas = Quotas { memory_mb: Some(300), ..Quotas::default() };
+        let first = usage.admit_at("a", &quotas, 0.0).unwrap();
+        let _second = usage.admit_at("a", &quotas, 0.0).unwrap();
+        let refused = usage.admit_at("a", &quotas, 0.0).err().unwrap();
+        assert_eq!(refused, Refused { quota: "memory_mb", limit: 300.0 });
+        assert!(refused.message("a").contains("quota of 300 MB"));
+        drop(first);
+        assert!(usage.admit_at("a", &quotas, 0.0).is_ok());
     }
 
     #[test]
@@ -275,6 +386,8 @@ mod tests {
         assert!(Quotas { invocations_per_s: Some(0.0), ..Quotas::default() }.check().is_err());
         assert!(Quotas { invocations_per_s: Some(f64::NAN), ..Quotas::default() }.check().is_err());
         assert!(Quotas { concurrent: Some(0), ..Quotas::default() }.check().is_err());
+        assert!(Quotas { memory_mb: Some(0), ..Quotas::default() }.check().is_err());
+        assert!(Quotas { log_kb_s: Some(0), ..Quotas::default() }.check().is_err());
         assert!(Quotas { lambdas: Some(0), code_mb: Some(0), ..Quotas::default() }.check().is_ok());
         assert!(serde_json::from_str::<Quotas>(r#"{"lambdaz": 1}"#).is_err());
     }

@@ -48,6 +48,8 @@ pub struct ApiParts {
     pub leases: Arc<LeaseBook>,
     /// Large items and results of maps, shared with the sandboxes.
     pub blobs: Arc<Blobs>,
+    /// Who uploaded each client's blob.
+    pub blob_owners: crate::stored_files::BlobOwners,
     /// The largest upload: an archive, a lease's file, a blob.
     pub max_upload: usize,
     /// The lambdas' Kafka consumers.

@@ -37,6 +37,6 @@ pub(crate) async fn list_packages(State(api): State<Api>) -> Response {
 }
 
 pub(crate) async fn metrics(State(api): State<Api>) -> Response {
-    let text = api.engine.metrics.prometheus() + &api.usage.prometheus();
+    let text = api.engine.metrics.prometheus() + &api.usage.prometheus(&api.engine.logs.group_dropped());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }

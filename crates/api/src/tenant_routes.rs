@@ -98,6 +98,9 @@ pub(crate) async fn show(State(api): State<Api>, Path(tenant): Path<String>) -> 
         Err(e) => return store_error(e),
     };
     let now = unix_now();
+    let mut usage = api.usage.of(&tenant);
+    usage["files_bytes"] = crate::stored_files::stored_bytes(&api, &tenant).await.into();
+    usage["log_dropped_bytes"] = api.engine.logs.group_dropped().into_iter().find(|(g, _)| *g == tenant).map_or(0, |(_, b)| b).into();
     let keys = api.auth.tenants.list(now).into_iter().find(|(name, ..)| *name == tenant).map_or(0, |(_, _, keys)| keys);
     let body = json!({
         "name": tenant,
@@ -105,7 +108,7 @@ pub(crate) async fn show(State(api): State<Api>, Path(tenant): Path<String>) -> 
         "keys": keys,
         "quotas": quotas,
         "isolation": api.auth.tenants.isolation(&tenant).ok().flatten(),
-        "usage": api.usage.of(&tenant),
+        "usage": usage,
     });
     axum::Json(body).into_response()
 }
@@ -116,6 +119,10 @@ pub(crate) async fn set_quotas(State(api): State<Api>, Path(tenant): Path<String
         Err(e) => return fail(e),
     };
     if let Err(why) = quotas.check() {
+        return fail(ApiError::new(ErrorCode::InvalidRequest, why));
+    }
+    if let Some(mb) = quotas.memory_mb.filter(|mb| *mb < api.usage.sandbox_mb()) {
+        let why = format!("memory_mb {mb} is less than one sandbox's memory limit ({} MB, limits.memory_mb)", api.usage.sandbox_mb());
         return fail(ApiError::new(ErrorCode::InvalidRequest, why));
     }
     match api.auth.tenants.set_quotas(&tenant, quotas.clone()) {

@@ -87,6 +87,12 @@ impl<H: Clone> CpuShares<H> {
     }
 }
 
+/// Lambdas whose requests yield the CPU from their start whatever their length: the API's
+/// tenants decide (a tenant at its invocation quota yields to every other tenant).
+pub trait CpuYield: Send + Sync {
+    fn yields(&self, lambda: &str) -> bool;
+}
+
 /// Each lambda's typical request duration (an exponentially weighted mean), to tell a
 /// lambda whose requests run long (a batch job, a CPU-bound handler) from one whose requests
 /// are short: the long ones' requests idle on the CPU from their start, not only once they

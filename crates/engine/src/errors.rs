@@ -61,9 +61,11 @@ error_codes! {
     TenantExists = "tenant_exists", 409;
     TenantNotEmpty = "tenant_not_empty", 409;
     NameTaken = "name_taken", 409;
-    // A tenant's quota (the body names it and its limit): counts and rates, and code bytes.
+    // A tenant's quota (the body names it and its limit): counts and rates, code bytes, and
+    // stored files' bytes.
     QuotaExceeded = "quota_exceeded", 429;
     CodeQuotaExceeded = "code_quota_exceeded", 413;
+    FilesQuotaExceeded = "files_quota_exceeded", 413;
     // An upload (4xx).
     InvalidArchive = "invalid_archive", 400;
     UnsafePath = "unsafe_path", 400;
@@ -208,7 +210,7 @@ mod tests {
             let status = code.status();
             assert!((400..600).contains(&status), "{code}: {status}");
         }
-        assert_eq!(ErrorCode::ALL.len(), 43);
+        assert_eq!(ErrorCode::ALL.len(), 44);
     }
 
     #[test]

@@ -51,12 +51,13 @@ mod ticker;
 mod timeline;
 
 // What the layers above name; every module but the configuration's stays private.
+pub use cpu_shares::CpuYield;
 pub use engine::{Engine, Extensions, LambdaWatcher, Origin};
 pub use errors::{handler_error, Error, ErrorCode};
 pub use instances::{Held, Invocation};
 pub use invoker::{handler_failure, BatchCalls, Call, CallPolicy, Invoker};
 pub use keepalive::{Policy as KeepAlivePolicy, Tracker as KeepAliveTracker};
-pub use logs::{Entry as LogEntry, Query as LogQuery, Trigger};
+pub use logs::{Entry as LogEntry, LogGroups, Query as LogQuery, Trigger};
 pub use metrics::Metrics;
 pub use names::valid_name;
 pub use packages::install_cache::{InstallCache, InstalledPackage};

@@ -281,6 +281,12 @@ impl LeaseBook {
         part.map(|p| p.dir.clone()).ok_or_else(|| not_found(id))
     }
 
+    /// The directories of the leases whose lambda `keep` accepts (not a use: no idle clock
+    /// starts again).
+    pub fn dirs(&self, keep: impl Fn(&str) -> bool) -> Vec<Arc<LeaseDir>> {
+        self.table.lock().unwrap().first_parts(keep).into_iter().map(|p| p.dir.clone()).collect()
+    }
+
     /// Release lease `id`: its sandboxes are destroyed.
     pub fn release(&self, id: &str) -> Result<Value, Error> {
         let Some(lease) = self.table.lock().unwrap().remove(id) else {

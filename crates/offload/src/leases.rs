@@ -129,6 +129,14 @@ impl<P: Clone> Leases<P> {
         lease.parts.first().cloned()
     }
 
+    /// The first part of every lease whose lambda `keep` accepts (no use of them).
+    pub fn first_parts(&self, keep: impl Fn(&str) -> bool) -> Vec<P>
+    where
+        P: Clone,
+    {
+        self.leases.values().filter(|l| keep(&l.lambda)).filter_map(|l| l.parts.first().cloned()).collect()
+    }
+
     /// The lambda of lease `id`, if there is such a lease (no use of it: its clock is not reset).
     pub fn lambda_of(&self, id: &str) -> Option<&str> {
         self.leases.get(id).map(|lease| lease.lambda.as_str())

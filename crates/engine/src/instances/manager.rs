@@ -21,7 +21,7 @@ use super::outcome::{Failure, Invocation};
 use super::pools::{Acquired, Bounds, Grant, Idle, Pools, Released};
 use super::prepare::Prepare;
 use super::settings::InstanceConfig;
-use crate::cpu_shares::{CpuShares, LongRequests};
+use crate::cpu_shares::{CpuShares, CpuYield, LongRequests};
 use crate::errors::ErrorCode;
 use crate::handler_cache::{self, Eviction};
 use crate::keepalive::Tracker;
@@ -80,6 +80,8 @@ pub struct Instances {
     pub(super) long_requests: Mutex<LongRequests>,
     /// Requests that yielded the CPU as long ones.
     pub(super) long_requests_idled: AtomicU64,
+    /// Lambdas whose requests yield from their start anyway (unset: none).
+    pub(super) cpu_yield: std::sync::OnceLock<Arc<dyn CpuYield>>,
     /// Preemption ticks while long requests run.
     pub(super) ticker: Option<crate::ticker::Ticker>,
 }
@@ -111,6 +113,7 @@ impl Instances {
             prewarms: Prewarms::default(),
             on_deploy: Default::default(),
             long_requests_idled: AtomicU64::new(0),
+            cpu_yield: std::sync::OnceLock::new(),
             me: me.clone(),
             backend,
             prepare,
@@ -161,6 +164,11 @@ impl Instances {
             Some(tracker) => tracker.lock().unwrap().keep_for(name),
             None => self.cfg.idle_timeout,
         }
+    }
+
+    /// Set which lambdas' requests yield the CPU from their start (once; later calls are ignored).
+    pub fn set_cpu_yield(&self, policy: Arc<dyn CpuYield>) {
+        let _ = self.cpu_yield.set(policy);
     }
 
     /// The memory budget's gate, for a cold start.
@@ -289,8 +297,11 @@ impl Instances {
         let result = match &cpu {
             None => invoke.await,
             Some((after, cpu)) => {
-                // A lambda whose requests run long yields from the start; any other once it has.
-                let after = if self.long_requests.lock().unwrap().expected_long(&lease.kept.lambda.name) { Duration::ZERO } else { *after };
+                // A lambda whose requests run long yields from the start, as does one the
+                // policy names (its tenant at its quota); any other once it has run long.
+                let name = &lease.kept.lambda.name;
+                let yields = self.long_requests.lock().unwrap().expected_long(name) || self.cpu_yield.get().is_some_and(|p| p.yields(name));
+                let after = if yields { Duration::ZERO } else { *after };
                 let (done, idled, used) = yield_when_long(invoke, after, cpu, self.ticker.as_ref()).await;
                 computed = used;
                 if idled {

@@ -95,6 +95,20 @@ pub struct RequestTag {
     pub trigger: Trigger,
 }
 
+/// Bounds on output beyond each lambda's own: the group a lambda's log belongs to (the API's
+/// tenants: its tenant) and the bytes a second that group's lambdas may write together (a
+/// second's worth at once). None: no group bound.
+pub trait LogGroups: Send + Sync {
+    fn group(&self, lambda: &str) -> Option<(String, u64)>;
+}
+
+/// A group's bucket (made again when its rate changes) and its output dropped, in bytes.
+struct GroupBound {
+    rate: u64,
+    bucket: Bucket,
+    dropped_bytes: u64,
+}
+
 /// Every lambda's logs.
 pub struct Logs {
     cfg: LogConfig,
@@ -104,6 +118,9 @@ pub struct Logs {
     recent: Mutex<RecentRequests>,
     /// Set when the worker stops: follow streams end, and no new one starts.
     closed: std::sync::atomic::AtomicBool,
+    /// Which group each lambda's output also counts against (unset: none).
+    groups: std::sync::OnceLock<Arc<dyn LogGroups>>,
+    group_bounds: Mutex<HashMap<String, GroupBound>>,
 }
 
 /// One lambda's log.
@@ -120,6 +137,8 @@ struct LogState {
     bucket: Bucket,
     /// Output dropped since the last `dropped` entry: (lines, bytes).
     pending_drop: (u64, u64),
+    /// The group whose rate dropped it, when that (not the lambda's own) did: (group, bytes/s).
+    dropped_by_group: Option<(String, u64)>,
     followers: Option<broadcast::Sender<Arc<Entry>>>,
 }
 
@@ -131,7 +150,8 @@ impl Logs {
             None => None,
         };
         let recent = Mutex::new(RecentRequests::new(100_000));
-        Ok(Arc::new(Logs { cfg, files, lambdas: Mutex::default(), recent, closed: Default::default() }))
+        let (groups, group_bounds) = (std::sync::OnceLock::new(), Mutex::default());
+        Ok(Arc::new(Logs { cfg, files, lambdas: Mutex::default(), recent, closed: Default::default(), groups, group_bounds }))
     }
 
     /// Logs kept in memory only (tests).
@@ -154,6 +174,7 @@ impl Logs {
                 ring: Ring::new(self.cfg.memory_bytes),
                 bucket: Bucket::new(self.cfg.rate_bytes, self.cfg.burst_bytes, Instant::now()),
                 pending_drop: (0, 0),
+                dropped_by_group: None,
                 followers: None,
             }),
             dropped_lines: AtomicU64::new(0),
@@ -282,6 +303,35 @@ impl Logs {
             .values()
             .map(|l| (l.name.to_string(), l.dropped_lines.load(Ordering::Relaxed), l.dropped_bytes.load(Ordering::Relaxed)))
             .collect();
+        out.sort();
+        out
+    }
+
+    /// Set the groups lambdas' output also counts against (once; later calls are ignored).
+    pub fn set_groups(&self, groups: Arc<dyn LogGroups>) {
+        let _ = self.groups.set(groups);
+    }
+
+    /// Take `bytes` of `lambda`'s output from its group's bucket at `now`: Ok when it has no
+    /// group or the bucket holds them; else Err with the group and its rate (bytes a second).
+    fn take_group(&self, lambda: &str, bytes: usize, now: Instant) -> Result<(), (String, u64)> {
+        let Some((group, rate)) = self.groups.get().and_then(|g| g.group(lambda)) else { return Ok(()) };
+        let mut bounds = self.group_bounds.lock().unwrap();
+        let bound =
+            bounds.entry(group.clone()).or_insert_with(|| GroupBound { rate, bucket: Bucket::new(rate, rate, now), dropped_bytes: 0 });
+        if bound.rate != rate {
+            (bound.rate, bound.bucket) = (rate, Bucket::new(rate, rate, now));
+        }
+        if bound.bucket.take(bytes, now) {
+            return Ok(());
+        }
+        bound.dropped_bytes += bytes as u64;
+        Err((group, rate))
+    }
+
+    /// Each group's output dropped past its rate since the worker started, in bytes.
+    pub fn group_dropped(&self) -> Vec<(String, u64)> {
+        let mut out: Vec<_> = self.group_bounds.lock().unwrap().iter().map(|(g, b)| (g.clone(), b.dropped_bytes)).collect();
         out.sort();
         out
     }
@@ -417,9 +467,13 @@ impl SandboxOutput {
         if lines == 0 {
             return;
         }
-        let rate_kb = self.logs.cfg.rate_bytes >> 10;
-        let message =
-            format!("[sprout] {lines} lines ({bytes} bytes) of output dropped: past the lambda's rate of {rate_kb} KB/s (logs.rate_kb_s)");
+        let past = match state.dropped_by_group.take() {
+            Some((group, rate)) => {
+                format!("past the rate of {} KB/s of tenant {group:?}'s lambdas together (its log_kb_s quota)", rate >> 10)
+            }
+            None => format!("past the lambda's rate of {} KB/s (logs.rate_kb_s)", self.logs.cfg.rate_bytes >> 10),
+        };
+        let message = format!("[sprout] {lines} lines ({bytes} bytes) of output dropped: {past}");
         let details = Details { lines: Some(lines), bytes: Some(bytes), ..Details::default() };
         self.logs.keep(&self.log, state, self.entry(Kind::Dropped, message, request, sandbox).details(details));
     }
@@ -434,7 +488,18 @@ impl OutputSink for SandboxOutput {
     fn write(&self, sandbox: u64, lines: &[u8]) {
         let mut current = self.current.lock().unwrap();
         let mut state = self.log.state.lock().unwrap();
-        if !state.bucket.take(lines.len(), Instant::now()) {
+        let now = Instant::now();
+        // The lambda's own rate, then its group's (what the lambda's bucket gave for output
+        // its group then drops is spent: the group is past its rate anyway).
+        let kept = state.bucket.take(lines.len(), now)
+            && match self.logs.take_group(&self.log.name, lines.len(), now) {
+                Ok(()) => true,
+                Err(group) => {
+                    state.dropped_by_group = Some(group);
+                    false
+                }
+            };
+        if !kept {
             let n = memchr::memchr_iter(b'\n', lines).count() as u64;
             state.pending_drop.0 += n;
             state.pending_drop.1 += lines.len() as u64;

@@ -91,6 +91,39 @@ fn a_flood_is_dropped_past_the_rate_and_counted_without_touching_another_lambda(
     assert_eq!(logs.dropped().len(), 2);
 }
 
+/// Lambdas `a1` and `a2` in group `a` (5,000 bytes a second together); `b` in none.
+struct TwoGroups;
+
+impl LogGroups for TwoGroups {
+    fn group(&self, lambda: &str) -> Option<(String, u64)> {
+        lambda.starts_with('a').then(|| ("a".to_string(), 5_000))
+    }
+}
+
+#[test]
+fn a_groups_lambdas_share_its_rate_and_the_drop_names_it() {
+    let logs = Logs::in_memory();
+    logs.set_groups(Arc::new(TwoGroups));
+    let chunk: Vec<u8> = [b'x'; 99].iter().chain(b"\n").copied().collect::<Vec<u8>>().repeat(10); // 1,000 bytes
+    let (a1, a2, b) = (logs.sandbox_output("a1", 1, "fake"), logs.sandbox_output("a2", 1, "fake"), logs.sandbox_output("b", 1, "fake"));
+    for _ in 0..4 {
+        a1.write(1, &chunk);
+        a2.write(2, &chunk);
+        b.write(3, &chunk);
+    }
+    // Group a's second's worth (5,000 bytes) went to its two lambdas together; b kept all.
+    let kept = |name: &str| logs.query(name, &Query { limit: query::MAX_LIMIT, ..Query::default() }).len();
+    assert_eq!(kept("a1") + kept("a2"), 50);
+    assert_eq!(kept("b"), 40);
+    assert_eq!(logs.group_dropped(), [("a".to_string(), 3_000)]);
+    // Once output is kept again, the drop is logged naming the group's quota.
+    std::thread::sleep(Duration::from_millis(300));
+    a2.write(2, b"again\n");
+    let all = logs.query("a2", &Query { limit: query::MAX_LIMIT, ..Query::default() });
+    let dropped = all.iter().find(|e| e.kind == Kind::Dropped).expect("a dropped entry");
+    assert!(dropped.message.contains("tenant \"a\"'s lambdas together (its log_kb_s quota)"), "{}", dropped.message);
+}
+
 #[test]
 fn queries_take_the_newest_matching_oldest_first() {
     let logs = Logs::in_memory();

@@ -251,13 +251,17 @@ fn assemble(claimed: &Claimed, engine: Arc<Engine>, features: Features, listener
     let config = &claimed.config;
     let worker_name = claimed.host.name.as_str();
     engine.invoker.set_call_policy(claimed.tenants.clone());
+    engine.logs.set_groups(claimed.tenants.clone());
+    let usage = Arc::new(sprout_api::quotas::Usage::new(config.limits.memory_mb));
+    engine.instances.set_cpu_yield(Arc::new(sprout_api::quotas::QuotaYield { tenants: claimed.tenants.clone(), usage: usage.clone() }));
     Api::new(ApiParts {
         engine,
         auth: Arc::new(Guard::new(claimed.token.clone(), config.worker.auth, listeners.listening.to_string(), claimed.tenants.clone())),
         audit: Arc::new(sprout_api::audit::AuditLog::open(&claimed.host.dir)),
-        usage: Arc::default(),
+        usage,
         leases: features.leases,
         blobs: features.blobs,
+        blob_owners: Default::default(),
         max_upload: (config.limits.max_upload_mb << 20) as usize,
         kafka: features.kafka,
         sites: listeners.app.as_ref().map(AppPort::sites),
