@@ -9,7 +9,10 @@
 //!   and the web [`console`];
 //! * [`auth`] — who may use which endpoint: the worker's token ([`auth::token`]), tenants'
 //!   keys ([`auth::tenants`]) and the console's session;
-//! * [`quotas`] — tenants' quotas and what they use against them;
+//! * [`quotas`] — tenants' quotas and what they use against them; [`stored_files`] — their
+//!   blobs' and leases' files' bytes against `files_mb`; [`blob_owners`] — who uploaded
+//!   each blob; [`tenant_policies`] — what the engine asks of the tenants (CPU yield, log
+//!   groups);
 //! * [`app_port`] — the app port (`[app]`, [`app_config`]): sites by host name, their
 //!   [`static_files`] before their lambda;
 //! * [`audit`] — the audit log of the control plane's changes ([`audit_routes`]: recording
@@ -22,6 +25,7 @@ pub mod app_port;
 pub mod audit;
 mod audit_routes;
 pub mod auth;
+pub mod blob_owners;
 mod blob_routes;
 mod console;
 mod files;
@@ -38,6 +42,7 @@ mod state;
 pub mod static_files;
 mod stats_routes;
 pub mod stored_files;
+pub mod tenant_policies;
 mod tenant_routes;
 
 use std::future::Future;

@@ -22,18 +22,17 @@
 //!   `files_quota_exceeded` ([`crate::stored_files`]).
 //!
 //! A tenant refused an invocation within the last second is at its quota: its requests
-//! meanwhile run idle on the CPU ([`QuotaYield`]), so a flood within its rate takes no CPU
+//! meanwhile run idle on the CPU ([`crate::tenant_policies::QuotaYield`]), so a flood within its rate takes no CPU
 //! another tenant's requests want.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use sprout_engine::{CpuYield, ErrorCode, LogGroups};
+use sprout_engine::ErrorCode;
 
-use crate::auth::Tenants;
 use crate::http::ApiError;
 
 /// A tenant's limits; None: no limit.
@@ -108,31 +107,9 @@ impl Refused {
 }
 
 /// How long a tenant counts as at its invocation quota after a refusal, in seconds: its
-/// requests meanwhile yield the CPU to every other tenant's ([`QuotaYield`]).
+/// requests meanwhile yield the CPU to every other tenant's
+/// ([`crate::tenant_policies::QuotaYield`]).
 pub const AT_QUOTA: f64 = 1.0;
-
-/// The engine's [`CpuYield`] policy: a lambda whose tenant is at its invocation quota
-/// (flooding it) runs its requests idle on the CPU, so they take only what no other tenant's
-/// want; the rate quota alone bounds how many run, not the CPU they take from neighbours.
-pub struct QuotaYield {
-    pub tenants: Arc<Tenants>,
-    pub usage: Arc<Usage>,
-}
-
-impl CpuYield for QuotaYield {
-    fn yields(&self, lambda: &str) -> bool {
-        self.tenants.owner(lambda).is_some_and(|tenant| self.usage.at_quota_at(&tenant, self.usage.now()))
-    }
-}
-
-/// A tenant's lambdas write their output against one bucket of `log_kb_s` between them
-/// (beyond each lambda's `[logs] rate_kb_s`); past it, their lines are dropped and counted.
-impl LogGroups for Tenants {
-    fn group(&self, lambda: &str) -> Option<(String, u64)> {
-        let (tenant, quotas) = self.owner_quotas(lambda)?;
-        Some((tenant, quotas.log_kb_s? << 10))
-    }
-}
 
 /// A token bucket: `rate` tokens a second, holding at most `burst`.
 #[derive(Debug, Clone)]

@@ -49,7 +49,7 @@ pub struct ApiParts {
     /// Large items and results of maps, shared with the sandboxes.
     pub blobs: Arc<Blobs>,
     /// Who uploaded each client's blob.
-    pub blob_owners: crate::stored_files::BlobOwners,
+    pub blob_owners: crate::blob_owners::BlobOwners,
     /// The largest upload: an archive, a lease's file, a blob.
     pub max_upload: usize,
     /// The lambdas' Kafka consumers.

@@ -1,70 +1,18 @@
-//! What tenants' clients store: who owns each blob a client uploaded, and the bytes a
-//! tenant's blobs and leases' files hold against its `files_mb` quota.
+//! What a tenant's blobs and leases' files hold against its `files_mb` quota, and the limit
+//! of its next upload.
 //!
-//! A blob's name is its capability (the SDK names them with 128 random bits). A blob uploaded
-//! with a tenant's key is that tenant's, one uploaded with the operator's token the
-//! operator's: another tenant's key reading, replacing or deleting it is answered as a
-//! missing blob (404), so names are not disclosed. A blob a sandbox wrote (a map's result) has
-//! no owner here: whoever holds its name reads it, as before tenants. Owners live in memory:
-//! the blobs themselves go when the worker stops or starts.
-//!
-//! A tenant's stored bytes are measured when it uploads (its blobs', and every file in the
-//! directories of the leases of its lambdas, which their sandboxes may also write), not
-//! counted along the way, so nothing drifts; two uploads at once may each pass the check,
-//! overshooting by at most one upload (`limits.max_upload_mb`).
+//! A tenant's stored bytes are measured when it uploads (its blobs' ([`crate::blob_owners`]),
+//! and every file in the directories of the leases of its lambdas, which their sandboxes may
+//! also write), not counted along the way, so nothing drifts; two uploads at once may each
+//! pass the check, overshooting by at most one upload (`limits.max_upload_mb`).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use sprout_engine::ErrorCode;
 
-use crate::auth::Principal;
 use crate::http::ApiError;
 use crate::quotas::Refused;
 use crate::state::Api;
-
-/// Past this many owners, those of blobs gone (expired or removed) are forgotten.
-const PRUNE_PAST: usize = 4096;
-
-/// Each client-uploaded blob's owner: Some(tenant), or None for the operator.
-#[derive(Default)]
-pub struct BlobOwners(Mutex<HashMap<String, Option<String>>>);
-
-impl BlobOwners {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<String>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Whether `principal` may use blob `name`: the operator any, a tenant its own and those
-    /// no client uploaded (a sandbox's, or none yet).
-    pub fn may_use(&self, principal: &Principal, name: &str) -> bool {
-        match principal {
-            Principal::Operator => true,
-            Principal::Tenant(grant) => self.lock().get(name).is_none_or(|owner| owner.as_deref() == Some(grant.tenant.as_str())),
-        }
-    }
-
-    /// Blob `name` was uploaded by `owner` (None: the operator); `dir` is the blob store, to
-    /// forget owners of blobs gone once there are many.
-    pub fn uploaded(&self, name: &str, owner: Option<&str>, dir: &Path) {
-        let mut owners = self.lock();
-        owners.insert(name.to_string(), owner.map(String::from));
-        if owners.len() > PRUNE_PAST {
-            owners.retain(|name, _| dir.join(name).exists());
-        }
-    }
-
-    /// Blob `name` was deleted.
-    pub fn deleted(&self, name: &str) {
-        self.lock().remove(name);
-    }
-
-    /// The blobs `tenant` uploaded.
-    fn of(&self, tenant: &str) -> Vec<String> {
-        self.lock().iter().filter(|(_, owner)| owner.as_deref() == Some(tenant)).map(|(name, _)| name.clone()).collect()
-    }
-}
 
 /// How much an upload may write, and the error past it.
 pub struct UploadLimit {
@@ -154,28 +102,6 @@ fn bytes_under(paths: &[PathBuf]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::tenants::Scope;
-    use crate::auth::Grant;
-
-    fn tenant(name: &str) -> Principal {
-        Principal::Tenant(Grant { tenant: name.into(), key_id: "k".into(), scope: Scope::default() })
-    }
-
-    #[test]
-    fn a_tenant_uses_its_own_blobs_and_sandboxes_but_no_other_principals() {
-        let dir = tempfile::tempdir().unwrap();
-        let owners = BlobOwners::default();
-        owners.uploaded("mine", Some("a"), dir.path());
-        owners.uploaded("theirs", Some("b"), dir.path());
-        owners.uploaded("operators", None, dir.path());
-        let a = tenant("a");
-        assert!(owners.may_use(&a, "mine") && owners.may_use(&a, "from-a-sandbox"));
-        assert!(!owners.may_use(&a, "theirs") && !owners.may_use(&a, "operators"));
-        assert!(["mine", "theirs", "operators"].iter().all(|n| owners.may_use(&Principal::Operator, n)));
-        assert_eq!(owners.of("a"), ["mine"]);
-        owners.deleted("theirs");
-        assert!(owners.may_use(&a, "theirs"), "gone, it is nobody's: a new upload makes it the uploader's");
-    }
 
     #[test]
     fn bytes_under_counts_files_in_nested_directories_and_not_links() {

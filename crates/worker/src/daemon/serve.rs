@@ -253,7 +253,9 @@ fn assemble(claimed: &Claimed, engine: Arc<Engine>, features: Features, listener
     engine.invoker.set_call_policy(claimed.tenants.clone());
     engine.logs.set_groups(claimed.tenants.clone());
     let usage = Arc::new(sprout_api::quotas::Usage::new(config.limits.memory_mb));
-    engine.instances.set_cpu_yield(Arc::new(sprout_api::quotas::QuotaYield { tenants: claimed.tenants.clone(), usage: usage.clone() }));
+    engine
+        .instances
+        .set_cpu_yield(Arc::new(sprout_api::tenant_policies::QuotaYield { tenants: claimed.tenants.clone(), usage: usage.clone() }));
     Api::new(ApiParts {
         engine,
         auth: Arc::new(Guard::new(claimed.token.clone(), config.worker.auth, listeners.listening.to_string(), claimed.tenants.clone())),
