@@ -156,3 +156,18 @@ def test_an_archive_of_a_tenant_counts_nothing_against_files_mb(make_worker):
     assert call(worker, "PUT", "/tenants/c/quotas", json_body={"files_mb": 0})[0] == 200
     assert call(worker, "PUT", "/blobs/any", key, body=b"x")[1]["error"] == "files_quota_exceeded"
     assert call(worker, "POST", "/registry/c-fn", key, body=targz({"f.py": FUNCTION}))[0] == 201
+
+
+def test_the_cli_sets_every_quota(make_worker):
+    import subprocess
+
+    from conftest import SPROUT
+
+    worker = make_worker()
+    tenants(worker, "cli")
+    env = {**os.environ, "SPROUT_URL": worker.url, "SPROUT_TOKEN": worker.client.token().strip()}
+    done = subprocess.run([str(SPROUT), "tenants", "quota", "cli", "--memory-mb", "256", "--log-kb-s", "8", "--files-mb", "3",
+                           "--concurrent", "2"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "files_mb 3" in done.stdout and "log_kb_s 8" in done.stdout, done.stdout
+    assert call(worker, "GET", "/tenants/cli")[1]["quotas"] == {"memory_mb": 256, "log_kb_s": 8, "files_mb": 3, "concurrent": 2}

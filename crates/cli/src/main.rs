@@ -196,18 +196,8 @@ enum TenantsCommand {
     /// Set a tenant's quotas, replacing them all (a quota left out: no limit).
     Quota {
         name: String,
-        /// Lambdas it may own.
-        #[arg(long)]
-        lambdas: Option<u64>,
-        /// Its lambdas' archives together, in MB.
-        #[arg(long)]
-        code_mb: Option<u64>,
-        /// Invocations from outside a second (a burst of one second's worth).
-        #[arg(long)]
-        invocations_per_s: Option<f64>,
-        /// Its invocations in flight at once.
-        #[arg(long)]
-        concurrent: Option<u64>,
+        #[command(flatten)]
+        quotas: admin::tenants::QuotaArgs,
         #[command(flatten)]
         endpoint: admin::Endpoint,
     },
@@ -448,9 +438,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Tenants(TenantsCommand::Add { name, endpoint }) => admin::tenants::tenants_add(&endpoint, &name)?,
         Command::Tenants(TenantsCommand::Rm { name, endpoint }) => admin::tenants::tenants_rm(&endpoint, &name)?,
         Command::Tenants(TenantsCommand::Show { name, endpoint }) => admin::tenants::tenants_show(&endpoint, &name)?,
-        Command::Tenants(TenantsCommand::Quota { name, lambdas, code_mb, invocations_per_s, concurrent, endpoint }) => {
-            let quotas = serde_json::json!({"lambdas": lambdas, "code_mb": code_mb, "invocations_per_s": invocations_per_s, "concurrent": concurrent});
-            admin::tenants::tenants_quota(&endpoint, &name, &quotas)?
+        Command::Tenants(TenantsCommand::Quota { name, quotas, endpoint }) => {
+            admin::tenants::tenants_quota(&endpoint, &name, &serde_json::to_value(&quotas)?)?
         }
         Command::Keys(KeysCommand::Add { tenant, read_only, lambdas, expires_in, endpoint }) => {
             let new = admin::tenants::NewKey { read_only, lambdas: &lambdas, expires_in_s: expires_in };

@@ -56,7 +56,34 @@ pub fn tenants_show(endpoint: &Endpoint, name: &str) -> Result<()> {
     ))
 }
 
-/// `sprout tenants quota NAME [--lambdas N] [--code-mb N] [--invocations-per-s R] [--concurrent N]`.
+/// A tenant's quotas as flags (each left out: no limit), sent as `PUT /tenants/<t>/quotas`'s body.
+#[derive(clap::Args, serde::Serialize, Debug)]
+pub struct QuotaArgs {
+    /// Lambdas it may own.
+    #[arg(long)]
+    lambdas: Option<u64>,
+    /// Its lambdas' archives together, in MB.
+    #[arg(long)]
+    code_mb: Option<u64>,
+    /// Invocations from outside a second (a burst of one second's worth).
+    #[arg(long)]
+    invocations_per_s: Option<f64>,
+    /// Its invocations in flight at once.
+    #[arg(long)]
+    concurrent: Option<u64>,
+    /// Its invocations in flight's memory, each counted at a sandbox's limit, in MB.
+    #[arg(long)]
+    memory_mb: Option<u64>,
+    /// Its lambdas' output together, KB a second (past it: dropped and counted).
+    #[arg(long)]
+    log_kb_s: Option<u64>,
+    /// Its blobs and leases' files together, in MB.
+    #[arg(long)]
+    files_mb: Option<u64>,
+}
+
+/// `sprout tenants quota NAME [--lambdas N] [--code-mb N] [--invocations-per-s R] [--concurrent N]
+/// [--memory-mb N] [--log-kb-s N] [--files-mb N]`.
 pub fn tenants_quota(endpoint: &Endpoint, name: &str, quotas: &Value) -> Result<()> {
     let set: serde_json::Map<String, Value> =
         quotas.as_object().into_iter().flatten().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
