@@ -9,8 +9,9 @@ paced threads floods at `--times` (10) times its quota, by `--kind`:
 - `uploads`: a `files_mb` quota of `--files-mb` (4) MB; `PUT /blobs/<random name>` of
   `--blob-kb` (256) KB each with its key, at times x files_mb*1024/blob_kb uploads a second
   (times what the quota holds, every second), never deleted: past the first files_mb MB every
-  upload is refused (413 files_quota_exceeded; a connection the worker closes mid-upload counts
-  as an error).
+  upload is refused (413 files_quota_exceeded, `Connection: close`: the body is left unread).
+  An upload that finds its connection closed anyway is sent again on a new one (counted,
+  `resent_per_s`); one unanswered on a new connection counts as an error.
 - `logs`: a `log_kb_s` quota of `--log-kb-s` (64) KB/s (invocations unlimited); its lambda
   prints `--print-kb` (64) KB of 100-byte lines a call, called at times x log_kb_s/print_kb a
   second; the output dropped is read from /metrics
@@ -74,12 +75,20 @@ REFUSED = {"invocations": 429, "uploads": 413, "logs": 429}
 
 def flood(port, rate, seconds, out, method="POST", path="/run/busy", body=b"null", headers=None):
     """Send `rate` requests a second for `seconds` from THREADS paced threads (a `{}` in `path`:
-    a new random name each time); counts by status ("error": no answer, the connection closed)."""
-    counts, lock = {}, threading.Lock()
+    a new random name each time); counts by status ("error": no answer on a new connection) and
+    the requests sent again on a new connection after the worker had closed a used one (as it
+    may after refusing an upload without reading its body)."""
+    counts, lock, resent = {}, threading.Lock(), [0]
     headers = headers or {"Content-Type": "application/json"}
 
+    def send(conn):
+        conn.request(method, path.format(os.urandom(8).hex()), body=body, headers=headers)
+        reply = conn.getresponse()
+        reply.read()
+        return reply.status
+
     def sender(offset):
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn, used = http.client.HTTPConnection("127.0.0.1", port, timeout=60), False
         interval = THREADS / rate
         start = time.monotonic() + offset * interval / THREADS
         i = 0
@@ -90,15 +99,18 @@ def flood(port, rate, seconds, out, method="POST", path="/run/busy", body=b"null
             delay = due - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            try:
-                conn.request(method, path.format(os.urandom(8).hex()), body=body, headers=headers)
-                reply = conn.getresponse()
-                reply.read()
-                status = reply.status
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-                status = "error"
+            for attempt in (1, 2):
+                try:
+                    status, used = send(conn), True
+                    break
+                except (OSError, http.client.HTTPException):
+                    conn.close()
+                    conn, stale, used = http.client.HTTPConnection("127.0.0.1", port, timeout=60), used, False
+                    status = "error"
+                    if not stale or attempt == 2:
+                        break
+                    with lock:
+                        resent[0] += 1
             with lock:
                 counts[status] = counts.get(status, 0) + 1
             i += 1
@@ -108,7 +120,7 @@ def flood(port, rate, seconds, out, method="POST", path="/run/busy", body=b"null
         t.start()
     for t in threads:
         t.join()
-    out.put(counts)
+    out.put((counts, resent[0]))
 
 
 def victim(port, seconds):
@@ -177,8 +189,8 @@ def flood_sentence(result):
                 f"({fl['sent_per_s'] * result['blob_kb'] / 1024:.1f} MB/s) sent to new blob names, never deleted, at {times}x "
                 f"what a files_mb quota of {result['files_mb']} MB holds ({holds:.0f} uploads) a second; "
                 f"{fl['admitted']} admitted in all ({fl['admitted_per_s']:.2f}/s), {fl['refused_per_s']:.0f}/s refused "
-                f"(413 files_quota_exceeded), {fl['errors_per_s']:.1f}/s cut off unanswered (the connection closed), "
-                f"{fl['other'] - fl['errors']} other answers.")
+                f"(413 files_quota_exceeded), {fl['other'] - fl['errors']} other answers, {fl['errors']} unanswered; "
+                f"{fl['resent_per_s']:.1f}/s sent again after finding their connection closed.")
     return (f"The flood: {fl['sent_per_s']:.1f} calls/s of a lambda printing {result['print_kb']} KB of 100-byte lines a "
             f"call, {fl['output_kb_s']:.0f} KB/s of output at {times}x a log_kb_s quota of {result['log_kb_s']} KB/s; "
             f"{fl['admitted_per_s']:.1f} calls/s answered 200, {fl['other']} other answers; of their output "
@@ -240,7 +252,7 @@ def main():
     os.sched_setaffinity(0, {args.client_cpu})
     port = 5791
     phases = {"alone": [], "beside the flood": []}
-    floods, dropped, other = [], [], 0
+    floods, dropped, resent, other = [], [], [], 0
     with running_worker(args.binary, port, args.worker_cpu, SECTIONS.format(cpu=args.worker_cpu), "tenant-flood") as work:
         token = Path(work, "api-token").read_text().strip()
         keys = {}
@@ -264,7 +276,9 @@ def main():
                     other += not_warm
                     phases[phase].append(latencies)
                     if process:
-                        floods.append(queue.get(timeout=120))
+                        counts, again = queue.get(timeout=120)
+                        floods.append(counts)
+                        resent.append(again)
                         process.join()
                         dropped.append(log_dropped(port, token) - before if args.kind == "logs" else 0)
                 print(f"round {i + 1}/{args.rounds}: " + ", ".join(
@@ -304,7 +318,7 @@ def main():
                   "quiet_not_warm": other},
     }
     if args.kind == "uploads":
-        result["flood"].update(admitted=admitted, errors=errors, errors_per_s=errors / span)
+        result["flood"].update(admitted=admitted, errors=errors, resent_per_s=sum(resent) / span)
     if args.kind == "logs":
         output = admitted * args.lines * LINE_BYTES / 1024 / span
         result["flood"].update(output_kb_s=output, dropped_kb_s=sum(dropped) / 1024 / span,

@@ -2,6 +2,7 @@
 and the quotas on stored files, memory in flight and log output hold, each refusal naming its
 quota; a tenant flooding its invocation quota yields the CPU to the others."""
 
+import http.client
 import os
 import re
 import time
@@ -56,6 +57,12 @@ def test_stored_files_count_blobs_and_lease_files_against_files_mb(make_worker):
     assert status == 413 and body["error"] == "files_quota_exceeded", body
     assert (body["quota"], body["limit"], body["tenant"]) == ("files_mb", 1, "s") and "1 MB of stored files" in body["message"]
     assert call(worker, "GET", "/blobs/second", key)[0] == 404, "a refused upload leaves nothing"
+    # Its body unread, the connection closes after the refusal and says so.
+    conn = http.client.HTTPConnection(worker.url.split("//")[1], timeout=30)
+    conn.request("PUT", "/blobs/third", body=os.urandom(500 << 10), headers={"Authorization": f"Bearer {key}"})
+    reply = conn.getresponse()
+    assert (reply.status, reply.getheader("Connection")) == (413, "close")
+    conn.close()
     # Replacing a blob counts the new one, not both.
     assert call(worker, "PUT", "/blobs/first", key, body=os.urandom(900 << 10))[0] == 200
     # Its leases' files count too, and are refused the same way.
@@ -69,10 +76,10 @@ def test_stored_files_count_blobs_and_lease_files_against_files_mb(make_worker):
         assert call(worker, "DELETE", "/blobs/first", key)[0] == 200
         assert call(worker, "PUT", f"/leases/{lid}/files/big.bin", key, body=os.urandom(200 << 10))[0] == 200
         shown = call(worker, "GET", "/tenants/s")[1]
-        assert shown["usage"]["files_bytes"] == 200 << 10 and shown["usage"]["refused"]["files_mb"] == 2, shown
+        assert shown["usage"]["files_bytes"] == 200 << 10 and shown["usage"]["refused"]["files_mb"] == 3, shown
     finally:
         assert call(worker, "DELETE", f"/leases/{lid}", key)[0] == 200
-    assert 'sprout_tenant_quota_refusals_total{tenant="s",quota="files_mb"} 2' in call(worker, "GET", "/metrics")[1]
+    assert 'sprout_tenant_quota_refusals_total{tenant="s",quota="files_mb"} 3' in call(worker, "GET", "/metrics")[1]
     # The operator's uploads have no quota but limits.max_upload_mb.
     assert call(worker, "PUT", "/blobs/ops", body=os.urandom(2 << 20))[0] == 200
 
