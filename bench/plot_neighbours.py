@@ -21,6 +21,7 @@ LABELS = {
     "printer-paced": "printer\n100 MB/s",
     "spinner": "spinner\n1 s CPU/call",
     "churner": "churner\n100 MiB/call",
+    "tenant-flood": "tenant at 10x\nits quota",
     "alone-end": "alone\n(at the end)",
 }
 COLORS = {"p50": "#2a9d8f", "p99": "#e76f51"}

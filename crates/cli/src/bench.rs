@@ -75,7 +75,7 @@ pub enum BenchCommand {
         work_dir: PathBuf,
     },
     /// Noisy neighbours: a victim lambda's warm latency alone and beside lambdas flooding
-    /// stdout, spinning the CPU or churning memory, on one worker.
+    /// stdout, spinning the CPU or churning memory, or another tenant flooding its quota, on one worker.
     Neighbours {
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,

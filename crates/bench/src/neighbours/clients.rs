@@ -1,5 +1,5 @@
-//! The clients of one phase: the victim's and the neighbours' closed loops on their own
-//! keep-alive connections, what they saw ([`Tally`]), and the neighbour's log directory
+//! The clients of one phase: the victim's and the neighbours' closed loops (paced, for the
+//! tenant flooding its quota) on their own keep-alive connections, what they saw ([`Tally`]), and the neighbour's log directory
 //! sampled meanwhile.
 
 use std::path::{Path, PathBuf};
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
-use super::setup::CALLERS;
+use super::setup::{pace_of, CALLERS};
 use crate::http::Client;
 
 /// A request unanswered this long counts as an error (the worker's timeout is 120 s).
@@ -26,8 +26,10 @@ pub(super) struct Tally {
     ok: u64,
     /// Answers that were not warm starts (for the victim: not counted in `latency`).
     cold: u64,
-    /// Failed calls (an error status, a broken connection, no answer in time) in the window,
-    /// and during the warm-up.
+    /// Calls refused by a tenant's quota (429) in the window: a flood's, not failures.
+    refused: u64,
+    /// Failed calls (another error status, a broken connection, no answer in time) in the
+    /// window, and during the warm-up.
     errors: u64,
     warmup_errors: u64,
     first_error: Option<String>,
@@ -43,6 +45,7 @@ impl Tally {
             latency: Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram bounds"),
             ok: 0,
             cold: 0,
+            refused: 0,
             errors: 0,
             warmup_errors: 0,
             first_error: None,
@@ -64,6 +67,7 @@ impl Tally {
         let _ = self.latency.add(&other.latency);
         self.ok += other.ok;
         self.cold += other.cold;
+        self.refused += other.refused;
         self.errors += other.errors;
         self.warmup_errors += other.warmup_errors;
         self.bytes += other.bytes;
@@ -83,6 +87,8 @@ impl Tally {
             "calls": self.ok,
             "per_s": self.ok as f64 / seconds,
             "not_warm": self.cold,
+            "refused": self.refused,
+            "refused_per_s": self.refused as f64 / seconds,
             "errors": self.errors,
             "warmup_errors": self.warmup_errors,
             "first_error": self.first_error,
@@ -95,13 +101,28 @@ impl Tally {
     }
 }
 
-/// One client calling `path` back to back from now until `stop_at`, counting the calls sent
-/// from `measure_from` on; the call under way at `stop_at` is finished and counted. With
-/// `warm_only`, answers that were not warm starts are counted apart, not in the latency.
-async fn calls(port: u16, path: String, body: &'static [u8], measure_from: Instant, stop_at: Instant, warm_only: bool) -> Tally {
+/// One client calling `path` back to back (or, `paced`, one call every that often, as soon
+/// as the one before has answered when it is late) from now until `stop_at`, counting the
+/// calls sent from `measure_from` on; the call under way at `stop_at` is finished and
+/// counted. With `warm_only`, answers that were not warm starts are counted apart, not in the
+/// latency. A 429 (a tenant's quota) is counted as refused.
+async fn calls(
+    port: u16,
+    path: String,
+    body: &'static [u8],
+    window: (Instant, Instant),
+    warm_only: bool,
+    paced: Option<Duration>,
+) -> Tally {
+    let (measure_from, stop_at) = window;
     let mut tally = Tally::new();
     let mut client: Option<Client> = None;
+    let mut due = Instant::now();
     while Instant::now() < stop_at {
+        if let Some(interval) = paced {
+            tokio::time::sleep_until(due.into()).await;
+            due += interval;
+        }
         let counted = Instant::now() >= measure_from;
         let conn = match client.as_mut() {
             Some(c) => c,
@@ -132,6 +153,7 @@ async fn calls(port: u16, path: String, body: &'static [u8], measure_from: Insta
                 }
                 tally.last_done = Some(Instant::now());
             }
+            Ok(Ok(answer)) if answer.status == 429 => tally.refused += u64::from(counted),
             Ok(Ok(answer)) => {
                 let text = String::from_utf8_lossy(&answer.body[..answer.body.len().min(300)]).into_owned();
                 tally.error(counted, format!("{}: {}", answer.status, text.trim()));
@@ -173,9 +195,10 @@ pub(super) async fn phase(
     let started = Instant::now();
     let measure_from = started + Duration::from_secs_f64(warmup);
     let stop_at = measure_from + Duration::from_secs_f64(seconds);
-    let victim_task = tokio::spawn(calls(port, format!("/run/{victim}"), EVENT, measure_from, stop_at, true));
+    let window = (measure_from, stop_at);
+    let victim_task = tokio::spawn(calls(port, format!("/run/{victim}"), EVENT, window, true, None));
     let neighbour_tasks: Vec<_> = neighbour
-        .map(|n| (0..CALLERS).map(|_| tokio::spawn(calls(port, format!("/run/{n}"), b"null", measure_from, stop_at, false))).collect())
+        .map(|n| (0..CALLERS).map(|_| tokio::spawn(calls(port, format!("/run/{n}"), b"null", window, false, pace_of(n)))).collect())
         .unwrap_or_default();
     let done = Arc::new(AtomicBool::new(false));
     let max_seen = Arc::new(AtomicU64::new(0));

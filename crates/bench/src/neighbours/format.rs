@@ -39,6 +39,9 @@ pub(super) fn progress(p: &Value) -> String {
     let n = &p["neighbour_calls"];
     if !n.is_null() {
         line += &format!(" | neighbour: {} calls, p50 {} ms, {} errors", n["calls"], fmt_ms(&n["p50_ms"]), n["errors"]);
+        if n["refused"].as_u64().unwrap_or(0) > 0 {
+            line += &format!(", {} refused by its quota", n["refused"]);
+        }
     }
     let o = &p["output"];
     if !o.is_null() {

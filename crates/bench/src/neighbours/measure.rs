@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use super::clients::{dir_bytes, phase};
 use super::format::{f, fmt_ms, fmt_x, progress, ratio};
 use super::metrics::{counter, lambda_counter, metrics};
-use super::setup::{Plan, CALLERS, LAMBDAS, NEIGHBOURS};
+use super::setup::{deploy_tenant_flood, Plan, CALLERS, LAMBDAS, NEIGHBOURS};
 use crate::report;
 use crate::worker::BenchWorker;
 
@@ -18,6 +18,7 @@ pub(super) fn measure(worker: &BenchWorker, plan: &Plan, notes: &mut Vec<String>
     for (name, source) in LAMBDAS {
         worker.upload(name, &[("f.py", source.as_bytes())])?;
     }
+    deploy_tenant_flood(worker)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let logs_root = worker.dir.join("logs");
     let mut phases = Vec::new();

@@ -13,6 +13,9 @@
 //!   a time, sleeping to keep the pace);
 //! * `spinner`: a busy loop for 1 s of CPU per call;
 //! * `churner`: allocates a 100 MiB bytearray, touches every page and frees it, per call;
+//! * `tenant-flood`: another tenant's lambda spending 2 ms of CPU a call, its callers paced
+//!   at 10x the tenant's quota of 50 invocations a second (issue 52: the refusals' cost and
+//!   what the quota admits, run idle on the CPU while the tenant is at its quota);
 //!
 //! then alone again (the drift over the run), and last a victim that prints one line per call
 //! against the silent one in alternating rounds. Only warm answers of the victim count

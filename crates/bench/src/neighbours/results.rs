@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::format::{f, fmt_mib, fmt_ms, fmt_x, ratio};
-use super::setup::{Plan, CALLERS};
+use super::setup::{Plan, CALLERS, FLOOD_CALL_CPU_S, FLOOD_QUOTA, FLOOD_TIMES, TENANT_FLOOD};
 use crate::report;
 use crate::sandbox_worker::Options;
 
@@ -79,6 +79,7 @@ pub(super) fn summarize(
     let by_name = |name: &str| phases.iter().find(|p| p["name"] == name).cloned().unwrap_or(Value::Null);
     let paced = by_name("printer-paced");
     let printer = by_name("printer");
+    let flood = by_name(TENANT_FLOOD);
     let g1_ratio = f(&g1["p50_ratio"]);
     let g2_logs = f(&paced["output"]["log_bytes_max"]);
     let goal = |id: &str, target: String, measured: Option<f64>, limit: f64, figure: String| json!({"id": id, "target": target, "limit": limit, "measured": measured, "figure": figure, "met": measured.map(|m| m <= limit)});
@@ -146,6 +147,21 @@ pub(super) fn summarize(
             2.0,
             String::new(),
         ),
+        p99_goal(
+            "G4-tenant-flood",
+            format!(
+                "beside another tenant calling its lambda ({} ms of CPU a call) at {FLOOD_TIMES}× its quota of {FLOOD_QUOTA} invocations a \
+                 second: a victim's warm p99 ≤ 1.2× alone (issue 52)",
+                FLOOD_CALL_CPU_S * 1000.0
+            ),
+            TENANT_FLOOD,
+            1.2,
+            format!(
+                "; the flood: {:.0}/s admitted, {:.0}/s refused",
+                f(&flood["neighbour_calls"]["per_s"]).unwrap_or(f64::NAN),
+                f(&flood["neighbour_calls"]["refused_per_s"]).unwrap_or(f64::NAN)
+            ),
+        ),
     ];
     // Online CPUs of the machine, not this (pinned) process's affinity.
     // SAFETY: sysconf takes an integer name and touches no memory of ours.
@@ -160,12 +176,13 @@ pub(super) fn summarize(
         "method": format!(
             "one sprout worker (sock back-end, its defaults but [instances] max_per_lambda = {} and [limits] timeout_ms = 120000) pinned \
              to CPU {} with its sandboxes, every client on CPU {}, each on its own keep-alive HTTP/1.1 connection; the victim \
-             (`return event`) in a closed loop, alone and then beside {CALLERS} closed-loop callers of each neighbour; {} s measured \
+             (`return event`) in a closed loop, alone and then beside {CALLERS} closed-loop callers of each neighbour (paced for the tenant flood: {} calls a second together); {} s measured \
              per phase after {} s of warm-up; only the victim's warm answers counted; ratios against the first `alone` (and `alone-end`: a p99 goal is met \
              only against both)",
             CALLERS + 1,
             opts.worker_cpu,
             opts.client_cpu,
+            FLOOD_TIMES * FLOOD_QUOTA,
             plan.seconds,
             plan.warmup
         ),

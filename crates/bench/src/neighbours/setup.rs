@@ -1,10 +1,17 @@
-//! What `sprout bench neighbours` sets up: the neighbours and the victims it deploys, the
-//! worker's configuration, and how long each part runs.
+//! What `sprout bench neighbours` sets up: the neighbours and the victims it deploys (one as
+//! a tenant flooding its quota), the worker's configuration, and how long each part runs.
 
 use crate::sandbox_worker::Options;
 
 /// The neighbours, in the order their phases run.
-pub const NEIGHBOURS: [&str; 4] = ["printer", "printer-paced", "spinner", "churner"];
+pub const NEIGHBOURS: [&str; 5] = ["printer", "printer-paced", "spinner", "churner", TENANT_FLOOD];
+/// The neighbour that is a tenant of its own calling its lambda at [`FLOOD_TIMES`] its quota
+/// of [`FLOOD_QUOTA`] invocations a second (and [`CALLERS`] + 1 in flight).
+pub const TENANT_FLOOD: &str = "tenant-flood";
+pub const FLOOD_QUOTA: f64 = 50.0;
+pub const FLOOD_TIMES: f64 = 10.0;
+/// CPU each of the flooding tenant's calls spends, in seconds.
+pub const FLOOD_CALL_CPU_S: f64 = 0.002;
 /// Closed-loop clients calling the neighbour in its phase.
 pub const CALLERS: usize = 3;
 
@@ -82,6 +89,41 @@ def f(event):
     del b
     return {"allocated": SIZE, "seconds": time.monotonic() - t0}
 "#;
+
+/// 2 ms of CPU a call ([`FLOOD_CALL_CPU_S`]): the work a flooding tenant's quota admits.
+const FLOODER: &str = r#"import time
+
+
+def f(event):
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.002:
+        pass
+    return None
+"#;
+
+/// How often each of a neighbour's callers calls: every [`CALLERS`] / rate for the tenant
+/// flood (its callers together at [`FLOOD_TIMES`] x [`FLOOD_QUOTA`]); None, back to back.
+pub(super) fn pace_of(neighbour: &str) -> Option<std::time::Duration> {
+    (neighbour == TENANT_FLOOD).then(|| std::time::Duration::from_secs_f64(CALLERS as f64 / (FLOOD_TIMES * FLOOD_QUOTA)))
+}
+
+/// Make the flooding tenant (its key, its quota) and deploy its lambda with its key.
+pub(super) fn deploy_tenant_flood(worker: &crate::worker::BenchWorker) -> anyhow::Result<()> {
+    let token = std::fs::read_to_string(worker.dir.join("api-token"))?;
+    let admin = |method: &str, path: &str, body: serde_json::Value| -> anyhow::Result<serde_json::Value> {
+        let request = ureq::request(method, &format!("{}{path}", worker.url())).set("Authorization", &format!("Bearer {}", token.trim()));
+        match request.send_json(body) {
+            Ok(r) => Ok(r.into_json()?),
+            Err(ureq::Error::Status(code, r)) => anyhow::bail!("{method} {path}: {code} {}", r.into_string().unwrap_or_default()),
+            Err(e) => Err(e.into()),
+        }
+    };
+    admin("POST", "/tenants", serde_json::json!({"name": "flood"}))?;
+    let key = admin("POST", "/tenants/flood/keys", serde_json::json!({}))?["key"].as_str().unwrap_or_default().to_string();
+    admin("PUT", "/tenants/flood/quotas", serde_json::json!({"invocations_per_s": FLOOD_QUOTA, "concurrent": CALLERS + 1}))?;
+    let client = crate::worker::Client::new(&worker.url(), &key, std::time::Duration::from_secs(120));
+    client.upload(TENANT_FLOOD, &[("f.py", FLOODER.as_bytes())])
+}
 
 pub(super) const LAMBDAS: [(&str, &str); 6] = [
     ("victim", VICTIM),
