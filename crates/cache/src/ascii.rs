@@ -6,6 +6,7 @@ use bytes::{Buf, BytesMut};
 use crate::exec::{self, Read};
 use crate::meta;
 use crate::output::Output;
+use crate::prefix_stats::Op;
 use crate::request::{Env, Next, Reply, StatsRequest, StoreOp};
 use crate::stats::{CoreStats, Counters};
 use crate::store::{Deleted, DeltaError, Mode};
@@ -111,7 +112,9 @@ fn execute(command: Command<'_>, env: &Env, out: &mut Output) -> Next {
                 return Next::Continue;
             }
             for key in text::keys(keys) {
-                if let Some(item) = exec::read(env, key, how) {
+                let found = exec::read(env, key, how);
+                env.shared.prefixes.record(key, Op::Get { hit: found.is_some() });
+                if let Some(item) = found {
                     out.put(b"VALUE ");
                     out.put(key);
                     out.put(b" ");
@@ -130,6 +133,7 @@ fn execute(command: Command<'_>, env: &Env, out: &mut Output) -> Next {
             out.put(b"END\r\n");
         }
         Command::Delete { key, noreply } => {
+            env.shared.prefixes.record(key, Op::Delete);
             let deleted = exec::delete(env, key, 0) == Deleted::Deleted;
             if !noreply {
                 out.put(if deleted { b"DELETED\r\n" } else { b"NOT_FOUND\r\n" });
@@ -165,15 +169,28 @@ fn execute(command: Command<'_>, env: &Env, out: &mut Output) -> Next {
                 out.put(b"OK\r\n");
             }
         }
-        Command::Stats { args } => {
-            let group = args.first().map(|g| g.to_vec());
-            return Next::Stats(StatsRequest::Text { group });
-        }
+        Command::Stats { args } => match args.as_slice() {
+            [b"detail", sub] => match *sub {
+                b"on" | b"off" => {
+                    env.shared.prefixes.set_on(*sub == b"on");
+                    out.put(b"OK\r\n");
+                }
+                b"dump" => out.put(&env.shared.prefixes.dump()),
+                _ => out.put(b"CLIENT_ERROR usage: stats detail on|off|dump\r\n"),
+            },
+            [b"detail", ..] => out.put(b"CLIENT_ERROR usage: stats detail on|off|dump\r\n"),
+            [b"cachedump", class, limit] => cachedump(env, class, limit, out),
+            _ => {
+                let group = args.first().map(|g| g.to_vec());
+                return Next::Stats(StatsRequest::Text { group });
+            }
+        },
         Command::Version => {
             out.put(b"VERSION ");
             out.put(crate::shared::VERSION.as_bytes());
             out.put(b"\r\n");
         }
+        Command::Answer(line) => out.put(line),
         Command::Verbosity { noreply } => {
             if !noreply {
                 out.put(b"OK\r\n");
@@ -186,10 +203,30 @@ fn execute(command: Command<'_>, env: &Env, out: &mut Output) -> Next {
     Next::Continue
 }
 
+/// `stats cachedump <class> <limit>`: the class's items as memcached lists them (`ITEM <key>
+/// [<bytes> b; <expiry> s]`, the expiry a unix time or 0), up to `limit` (0: all).
+fn cachedump(env: &Env, class: &[u8], limit: &[u8], out: &mut Output) {
+    let (Some(class), Some(limit)) = (text::parse_u64(class), text::parse_u64(limit)) else {
+        return out.put(b"CLIENT_ERROR bad command line format\r\n");
+    };
+    if !(1..=crate::slab_classes::SIZES.len() as u64).contains(&class) {
+        return out.put(b"CLIENT_ERROR Illegal slab id\r\n");
+    }
+    let started = env.shared.clock.started_unix();
+    for (key, bytes, exptime) in env.shared.store.dump_class(class as u8, limit as usize) {
+        out.put(b"ITEM ");
+        out.put(&key);
+        let expiry = if exptime == 0 { 0 } else { started + exptime as i64 };
+        out.put(format!(" [{bytes} b; {expiry} s]\r\n").as_bytes());
+    }
+    out.put(b"END\r\n");
+}
+
 /// The reply to `stats [group]` once the cores' counters are gathered.
 pub fn stats_reply(group: Option<&[u8]>, counters: &Counters, env: &Env, out: &mut Output) {
     if group == Some(b"reset") {
         env.shared.store.reset_stats();
+        env.shared.prefixes.clear();
         out.put(b"RESET\r\n");
         return;
     }

@@ -271,7 +271,9 @@ fn execute(h: Header, opcode: u8, quiet: bool, ext: &[u8], key: &[u8], env: &Env
             let touch = matches!(opcode, op::TOUCH | op::GAT | op::GATK);
             let with_key = matches!(opcode, op::GETK | op::GATK);
             let how = if touch { Read::Touch(env.shared.clock.expiry(u32_at(0) as i64)) } else { Read::Get };
-            match exec::read(env, key, how) {
+            let found = exec::read(env, key, how);
+            env.shared.prefixes.record(key, crate::prefix_stats::Op::Get { hit: found.is_some() });
+            match found {
                 Some(item) => {
                     let keylen = if with_key { key.len() } else { 0 };
                     let vlen = if opcode == op::TOUCH { 0 } else { item.value.len() };
@@ -296,15 +298,18 @@ fn execute(h: Header, opcode: u8, quiet: bool, ext: &[u8], key: &[u8], env: &Env
                 }
             }
         }
-        op::DELETE => match exec::delete(env, key, h.cas) {
-            Deleted::Deleted => {
-                if !quiet {
-                    header(out, h.opcode, status::SUCCESS, 0, 0, 0, h.opaque, 0);
+        op::DELETE => {
+            env.shared.prefixes.record(key, crate::prefix_stats::Op::Delete);
+            match exec::delete(env, key, h.cas) {
+                Deleted::Deleted => {
+                    if !quiet {
+                        header(out, h.opcode, status::SUCCESS, 0, 0, 0, h.opaque, 0);
+                    }
                 }
+                Deleted::NotFound => error(out, h.opcode, status::KEY_ENOENT, h.opaque),
+                Deleted::Exists => error(out, h.opcode, status::KEY_EEXISTS, h.opaque),
             }
-            Deleted::NotFound => error(out, h.opcode, status::KEY_ENOENT, h.opaque),
-            Deleted::Exists => error(out, h.opcode, status::KEY_EEXISTS, h.opaque),
-        },
+        }
         op::INCREMENT | op::DECREMENT => {
             let incr = opcode == op::INCREMENT;
             let (delta, initial, exptime) = (u64_at(0), u64_at(8), u32_at(16));
@@ -374,8 +379,24 @@ pub fn store_reply(opcode: u8, opaque: u32, quiet: bool, result: Stored, out: &m
 pub fn stats_reply(group: Option<&[u8]>, opaque: u32, counters: &Counters, env: &Env, out: &mut Output) {
     if group == Some(b"reset") {
         env.shared.store.reset_stats();
+        env.shared.prefixes.clear();
         header(out, op::STAT, status::SUCCESS, 0, 0, 0, opaque, 0);
         return;
+    }
+    // `detail on|off` (an empty answer) and `detail dump` (one statistic, `detailed`, holding
+    // the text protocol's dump), as memcached's binary STAT.
+    if let Some(detail) = group.and_then(|g| g.strip_prefix(b"detail")) {
+        match detail {
+            b" on" | b" off" => env.shared.prefixes.set_on(detail == b" on"),
+            b" dump" => {
+                let dump = env.shared.prefixes.dump();
+                header(out, op::STAT, status::SUCCESS, 0, 8, (8 + dump.len()) as u32, opaque, 0);
+                out.put(b"detailed");
+                out.put(&dump);
+            }
+            _ => return error(out, op::STAT, status::KEY_ENOENT, opaque),
+        }
+        return header(out, op::STAT, status::SUCCESS, 0, 0, 0, opaque, 0);
     }
     match env.shared.report(group, counters) {
         Some(lines) => {

@@ -189,6 +189,9 @@ pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Out
     }
     block.truncate(op.len);
     let value: Bytes = block.freeze();
+    if !matches!(op.reply, Reply::Meta { .. }) {
+        env.shared.prefixes.record(&op.key, crate::prefix_stats::Op::Set);
+    }
     let result = exec::store(env, op.mode, &op.key, value, op.flags, op.exptime);
     match op.reply {
         Reply::Text { noreply } => {

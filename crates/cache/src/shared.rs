@@ -59,6 +59,8 @@ pub struct Shared {
     /// Open client connections, across cores (checked against `max_conns`).
     pub conns: AtomicUsize,
     pub verbosity: AtomicU32,
+    /// `stats detail`'s counts by key prefix.
+    pub prefixes: crate::prefix_stats::PrefixStats,
 }
 
 impl Shared {
@@ -70,6 +72,7 @@ impl Shared {
             stats,
             conns: AtomicUsize::new(0),
             verbosity: AtomicU32::new(0),
+            prefixes: Default::default(),
         }
     }
 
@@ -108,6 +111,7 @@ impl Shared {
                 put("maxbytes", s.limit_bytes.to_string());
                 put("maxconns", s.max_conns.to_string());
                 put("tcpport", s.port.to_string());
+                put("domain_socket", "NULL".into());
                 put("udpport", "0".into());
                 put("inter", s.listen.clone());
                 put("verbosity", self.verbosity.load(Ordering::Relaxed).to_string());
@@ -117,10 +121,21 @@ impl Shared {
                 put("evictions", "on".into());
                 put("binding_protocol", "auto-negotiate".into());
                 put("flush_enabled", "yes".into());
+                // The slab classes stats slabs reports (crate::slab_classes).
+                put("growth_factor", "1.25".into());
+                put("chunk_size", "48".into());
+                put("slab_chunk_max", crate::slab_classes::CHUNK_MAX.to_string());
+                put("slab_reassign", "yes".into());
+                put("detail_enabled", if self.prefixes.is_on() { "yes" } else { "no" }.into());
             }
-            Some(b"items") | Some(b"slabs") | Some(b"sizes") | Some(b"conns") => {
-                // memcached's per-slab-class detail: Sprout has no slab classes; these groups
-                // answer (empty) so tools that ask them keep working.
+            // memcached's per-slab-class figures, for the classes memcached would put the
+            // items in (crate::slab_classes).
+            Some(b"items") => lines.extend(self.store.classes().items_report()),
+            Some(b"slabs") => lines.extend(self.store.classes().slabs_report()),
+            Some(b"sizes") => lines.extend(crate::slab_classes::Classes::sizes_report()),
+            Some(b"conns") => {
+                // Per-connection detail is not kept: the group answers (empty) so tools that
+                // ask it keep working.
             }
             Some(_) => return None,
         }

@@ -19,6 +19,8 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 use slab::Slab;
 
+use crate::slab_classes::{class_of, Classes};
+
 /// Shards of the table (a power of two).
 pub const SHARDS: usize = 16;
 
@@ -124,11 +126,18 @@ struct Entry {
     prev: u32,
     next: u32,
     fetched: bool,
+    /// memcached's slab class for its size ([`crate::slab_classes`]).
+    class: u8,
 }
 
 impl Entry {
     fn charge(&self) -> usize {
         self.key.len() + self.value.len() + ITEM_OVERHEAD
+    }
+
+    /// Its size as memcached counts it.
+    fn size(&self) -> usize {
+        item_size(self.key.len(), self.value.len(), self.flags)
     }
 }
 
@@ -145,6 +154,8 @@ struct Shard {
     reclaimed: u64,
     expired_unfetched: u64,
     evicted_unfetched: u64,
+    /// Its items and operations by slab class.
+    classes: Classes,
 }
 
 pub struct Store {
@@ -219,12 +230,14 @@ impl Shard {
             slot.remove();
         }
         let entry = self.entries.remove(i as usize);
+        self.classes.released(entry.class, entry.size());
         let charge = entry.charge();
         (entry, charge)
     }
 
     fn insert(&mut self, entry: Entry) -> u32 {
         let hash = entry.hash;
+        self.classes.held(entry.class, entry.size());
         let i = self.entries.insert(entry) as u32;
         let entries = &self.entries;
         self.table.insert_unique(hash, i, |&j| entries[j as usize].hash);
@@ -296,8 +309,11 @@ impl Store {
         let i = shard.find(hash, key).ok_or(Lookup::Miss)?;
         if let Some(why) = self.death(&shard.entries[i as usize], now) {
             let (e, charge) = shard.remove(i);
+            let class = shard.classes.of(e.class);
+            class.reclaimed += 1;
             if !e.fetched {
                 shard.expired_unfetched += 1;
+                class.expired_unfetched += 1;
             }
             shard.reclaimed += 1;
             self.used.fetch_sub(charge, Ordering::Relaxed);
@@ -319,6 +335,12 @@ impl Store {
             Err(why) => return why,
         };
         shard.bump(i, self.next_tick());
+        let class = shard.entries[i as usize].class;
+        let counts = shard.classes.of(class);
+        match touch {
+            Some(_) => counts.touch_hits += 1,
+            None => counts.get_hits += 1,
+        }
         let e = &mut shard.entries[i as usize];
         if let Some(exptime) = touch {
             e.exptime = exptime;
@@ -369,7 +391,11 @@ impl Store {
             }
             (Mode::Replace | Mode::Append(_) | Mode::Prepend(_), None) => return Stored::NotStored,
             (Mode::Cas(_), None) => return Stored::NotFound,
-            (Mode::Cas(want), Some(i)) if shard.entries[i as usize].cas != want => return Stored::Exists,
+            (Mode::Cas(want), Some(i)) if shard.entries[i as usize].cas != want => {
+                let class = shard.entries[i as usize].class;
+                shard.classes.of(class).cas_badval += 1;
+                return Stored::Exists;
+            }
             (Mode::Append(want) | Mode::Prepend(want), Some(i)) if want != 0 && shard.entries[i as usize].cas != want => {
                 return Stored::Exists
             }
@@ -396,6 +422,7 @@ impl Store {
             }
             _ => (value, flags, exptime),
         };
+        let class = class_of(item_size(key.len(), value.len(), flags));
         let entry = Entry {
             key: key.into(),
             value,
@@ -408,6 +435,7 @@ impl Store {
             prev: NIL,
             next: NIL,
             fetched: false,
+            class,
         };
         let new_charge = entry.charge();
         if new_charge > self.limit {
@@ -416,6 +444,11 @@ impl Store {
         if let Some(i) = existing {
             let (_, old) = shard.remove(i);
             self.used.fetch_sub(old, Ordering::Relaxed);
+        }
+        let counts = shard.classes.of(entry.class);
+        counts.cmd_set += 1;
+        if matches!(mode, Mode::Cas(_)) {
+            counts.cas_hits += 1;
         }
         shard.insert(entry);
         self.used.fetch_add(new_charge, Ordering::Relaxed);
@@ -436,7 +469,8 @@ impl Store {
         if cas != 0 && shard.entries[i as usize].cas != cas {
             return Deleted::Exists;
         }
-        let (_, charge) = shard.remove(i);
+        let (e, charge) = shard.remove(i);
+        shard.classes.of(e.class).delete_hits += 1;
         self.used.fetch_sub(charge, Ordering::Relaxed);
         Deleted::Deleted
     }
@@ -481,11 +515,22 @@ impl Store {
             text.resize(e.value.len(), b' ');
         }
         let old_len = e.value.len();
+        let (old_class, old_size) = (e.class, e.size());
         let tick = self.next_tick();
         let e = &mut shard.entries[i as usize];
         e.value = Bytes::from(text);
         e.cas = new_cas;
+        e.class = class_of(e.size());
+        let (new_class, new_size) = (e.class, e.size());
         let grown = e.value.len() - old_len;
+        shard.classes.released(old_class, old_size);
+        shard.classes.held(new_class, new_size);
+        let counts = shard.classes.of(new_class);
+        if incr {
+            counts.incr_hits += 1;
+        } else {
+            counts.decr_hits += 1;
+        }
         shard.bump(i, tick);
         if grown > 0 {
             self.used.fetch_add(grown, Ordering::Relaxed);
@@ -503,6 +548,7 @@ impl Store {
                 for shard in self.shards.iter() {
                     let mut s = shard.lock();
                     let freed: usize = s.entries.iter().map(|(_, e)| e.charge()).sum();
+                    s.classes.emptied();
                     s.table.clear();
                     s.entries.clear();
                     s.head = NIL;
@@ -551,6 +597,14 @@ impl Store {
         }
         let now_dead = self.dead(&shard.entries[tail as usize], now);
         let (entry, charge) = shard.remove(tail);
+        let class = shard.classes.of(entry.class);
+        if now_dead {
+            class.reclaimed += 1;
+        } else {
+            class.evicted += 1;
+            class.evicted_nonzero += u64::from(entry.exptime != 0);
+            class.evicted_unfetched += u64::from(!entry.fetched);
+        }
         if now_dead {
             shard.reclaimed += 1;
         } else {
@@ -588,7 +642,28 @@ impl Store {
             s.reclaimed = 0;
             s.expired_unfetched = 0;
             s.evicted_unfetched = 0;
+            s.classes.reset();
         }
+    }
+
+    /// `stats cachedump`: up to `limit` (0: all) items of slab `class`: key, value length, expiry.
+    pub fn dump_class(&self, class: u8, limit: usize) -> Vec<(Vec<u8>, usize, u32)> {
+        let mut items = Vec::new();
+        for shard in self.shards.iter() {
+            let s = shard.lock();
+            let of_class = s.entries.iter().map(|(_, e)| e).filter(|e| e.class == class);
+            items.extend(of_class.map(|e| (e.key.to_vec(), e.value.len(), e.exptime)).take(limit.wrapping_sub(items.len())));
+        }
+        items
+    }
+
+    /// Every shard's counters by slab class, summed.
+    pub fn classes(&self) -> Classes {
+        let mut all = Classes::default();
+        for shard in self.shards.iter() {
+            all.add(&shard.lock().classes);
+        }
+        all
     }
 }
 

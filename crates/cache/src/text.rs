@@ -61,6 +61,9 @@ pub enum Command<'a> {
         noreply: bool,
     },
     Quit,
+    /// A command whose answer the line alone decides (`slabs reassign|automove`): the line
+    /// to send, `\r\n` included.
+    Answer(&'static [u8]),
     /// A meta command (mg, ms, md, ma, mn, me): its tokens after the name.
     Meta {
         name: u8,
@@ -267,6 +270,7 @@ pub fn parse(line: &[u8]) -> Result<Command<'_>, Reject> {
             parse_u32(tokens[1]).ok_or(Reject::Client { message: BAD_FORMAT, noreply: nr })?;
             Ok(Command::Verbosity { noreply: nr })
         }
+        b"slabs" => slabs(&tokens[1..]),
         [b'm', name] if matches!(name, b'g' | b's' | b'd' | b'a' | b'n' | b'e') => {
             Ok(Command::Meta { name: *name, tokens: tokens[1..].to_vec() })
         }
@@ -276,6 +280,43 @@ pub fn parse(line: &[u8]) -> Result<Command<'_>, Reject> {
             }
             Err(Reject::Error)
         }
+    }
+}
+
+/// `slabs reassign <src> <dst>` and `slabs automove <0|1|2>` (or `ratio|freeratio <r>`,
+/// `window <s>`), answered as memcached 1.6 answers them, for a store that reserves no memory
+/// by class: a valid reassignment is done at once (whatever memory is free, any class may
+/// use already; nothing moves, no item changes); automove settings are taken and have
+/// nothing to move.
+fn slabs<'a>(args: &[&'a [u8]]) -> Result<Command<'a>, Reject> {
+    const LARGEST: i64 = 39; // crate::slab_classes::SIZES.len()
+    let bad = Reject::Client { message: BAD_FORMAT, noreply: false };
+    match args {
+        [b"reassign", src, dst] => {
+            let (src, dst) = (parse_i32(src).ok_or(bad.clone())?, parse_i32(dst).ok_or(bad)?);
+            let valid = |class: i64| (1..=LARGEST).contains(&class);
+            Ok(Command::Answer(if src == dst {
+                b"SAME src and dst class are identical\r\n"
+            } else if !(valid(src) || src == -1) || !valid(dst) {
+                b"BADCLASS invalid src or dst class id\r\n"
+            } else {
+                b"OK\r\n"
+            }))
+        }
+        [b"automove", b"ratio" | b"freeratio", value, ..] => {
+            let ok = std::str::from_utf8(value).ok().and_then(|v| v.parse::<f64>().ok()).is_some();
+            Ok(Command::Answer(if ok { b"OK\r\n" } else { b"ERROR\r\n" }))
+        }
+        [b"automove", b"window", value, ..] => match parse_u32(value).ok_or(bad)? {
+            3..=1800 => Ok(Command::Answer(b"OK\r\n")),
+            _ => Err(Reject::Client { message: "automove window too low or too high", noreply: false }),
+        },
+        [b"automove", level, ..] => match parse_u32(level).ok_or(bad)? {
+            0..=2 => Ok(Command::Answer(b"OK\r\n")),
+            _ => Err(Reject::Error),
+        },
+        [b"automove"] => Err(bad),
+        _ => Err(Reject::Error),
     }
 }
 
@@ -295,6 +336,28 @@ pub fn keys(list: &[u8]) -> impl Iterator<Item = &[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slabs_commands_answer_as_memcached_for_a_store_without_pages() {
+        let answer = |line: &'static [u8]| match parse(line) {
+            Ok(Command::Answer(a)) => Ok(a),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e),
+        };
+        assert_eq!(answer(b"slabs automove 1"), Ok(&b"OK\r\n"[..]));
+        assert_eq!(answer(b"slabs automove 3"), Err(Reject::Error));
+        assert_eq!(answer(b"slabs automove invalid"), Err(Reject::Client { message: BAD_FORMAT, noreply: false }));
+        assert_eq!(
+            answer(b"slabs automove window 2").unwrap_err(),
+            Reject::Client { message: "automove window too low or too high", noreply: false }
+        );
+        assert_eq!(answer(b"slabs automove ratio 0.5"), Ok(&b"OK\r\n"[..]));
+        assert!(answer(b"slabs reassign 1 1").unwrap().starts_with(b"SAME"));
+        assert!(answer(b"slabs reassign 1 40").unwrap().starts_with(b"BADCLASS"));
+        assert_eq!(answer(b"slabs reassign -1 2"), Ok(&b"OK\r\n"[..]));
+        assert_eq!(answer(b"slabs reassign x 2"), Err(Reject::Client { message: BAD_FORMAT, noreply: false }));
+        assert_eq!(answer(b"slabs dance"), Err(Reject::Error));
+    }
 
     #[test]
     fn tokenizes_like_memcached() {
