@@ -108,7 +108,8 @@ def run_file(checkout, test, server, limit):
         env = {**os.environ, "T_MEMD_USE_DAEMON": f"127.0.0.1:{port}"}
         began = time.monotonic()
         try:
-            done = subprocess.run(["perl", f"t/{test}"], cwd=checkout, env=env, capture_output=True, text=True, errors="replace", timeout=limit)
+            done = subprocess.run(["perl", f"t/{test}"], cwd=checkout, env=env, capture_output=True, text=True, errors="replace",
+                                  timeout=limit)
             result = outcome(done.returncode, done.stdout, False)
             result["tail"] = (done.stdout + done.stderr)[-600:]
         except subprocess.TimeoutExpired as e:

@@ -44,7 +44,7 @@ pub async fn put(
     };
     match received.await {
         Ok(size) => axum::Json(json!({"blob": name, "bytes": size})).into_response(),
-        Err(e) => files::refused_upload(e.with("blob", name.as_str())),
+        Err(e) => fail(e.with("blob", name.as_str())),
     }
 }
 

@@ -38,19 +38,6 @@ pub async fn receive(dir: &SharedDir, name: &str, body: Body, limit: &UploadLimi
     Ok(size)
 }
 
-/// The response to an upload that failed with `e`: when it was refused for its size, its
-/// body was not read to its end, so the connection closes after it, and says so
-/// (`Connection: close`): a client then sends its next request on a new connection rather
-/// than finding this one gone.
-pub fn refused_upload(e: ApiError) -> Response {
-    let unread = matches!(e.0.code, ErrorCode::PayloadTooLarge | ErrorCode::FilesQuotaExceeded);
-    let mut response = crate::http::fail(e);
-    if unread {
-        response.headers_mut().insert(axum::http::header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    response
-}
-
 /// File `name` of `dir` as a response, streamed.
 pub fn send(dir: &SharedDir, name: &str) -> Result<Response, ApiError> {
     let (file, len) = dir.open(name).map_err(file_error)?;

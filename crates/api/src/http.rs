@@ -52,9 +52,10 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (code, counted) = (self.0.code, self.0.is_counted());
         let mut response = (status_of(code), [(header::CONTENT_TYPE, "application/json")], self.0.body().to_string()).into_response();
-        if code == ErrorCode::PayloadTooLarge {
+        if matches!(code, ErrorCode::PayloadTooLarge | ErrorCode::FilesQuotaExceeded) {
             // The rest of the body was not read, so the connection cannot carry another
-            // request: say so, or a client reusing it races the close (RFC 9112 9.6).
+            // request: say so, or a client reusing it races the close (RFC 9112 9.6). (An
+            // upload past `files_mb` is refused as it streams in, or before.)
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if !counted {

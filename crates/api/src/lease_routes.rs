@@ -110,7 +110,7 @@ pub async fn put_file(
     let written = written.await;
     match written {
         Ok(size) => axum::Json(json!({"lease": id, "file": file, "bytes": size})).into_response(),
-        Err(e) => files::refused_upload(e.with("lease", id.as_str())),
+        Err(e) => fail(e.with("lease", id.as_str())),
     }
 }
 
