@@ -21,6 +21,21 @@ sys.path.insert(0, str(REPO / "python"))
 import sprout  # noqa: E402
 
 
+def wait_started(port, worker, work, seconds, what="the worker"):
+    """A client of the worker on `port` once it answers; exit if process `worker` ends or
+    `seconds` pass first (its log is in `work`)."""
+    client = sprout.Client(f"http://127.0.0.1:{port}", timeout=60)
+    deadline = time.time() + seconds
+    while True:
+        try:
+            client.status()
+            return client
+        except Exception:
+            if time.time() > deadline or worker.poll() is not None:
+                sys.exit(f"{what} did not start (see {work}/worker.log)")
+            time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def running_worker(binary, port, cpu, sections, name):
     """A worker of `binary` on 127.0.0.1:`port`, pinned to `cpu`, configured with `[worker]`
@@ -32,16 +47,7 @@ def running_worker(binary, port, cpu, sections, name):
     log = open(os.path.join(work, "worker.log"), "w")
     worker = subprocess.Popen(["taskset", "-c", str(cpu), binary, "worker", "up", work], stdout=log, stderr=log, cwd=REPO)
     try:
-        client = sprout.Client(f"http://127.0.0.1:{port}", timeout=60)
-        deadline = time.time() + 120
-        while True:
-            try:
-                client.status()
-                break
-            except Exception:
-                if time.time() > deadline or worker.poll() is not None:
-                    sys.exit(f"the worker did not start (see {work}/worker.log)")
-                time.sleep(0.2)
+        wait_started(port, worker, work, 120)
         yield work
     finally:
         worker.terminate()

@@ -26,10 +26,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "python"))
+from bench_worker import wait_started  # noqa: E402
 from cpus_awake import NAME, cpus_awake  # noqa: E402
 from profile_sandbox_life import checkout_of, machine, write_results  # noqa: E402
-
-import sprout  # noqa: E402
 
 CONFIG = """[worker]
 listen = "127.0.0.1:{port}"
@@ -79,16 +78,7 @@ def profile_once(binary, args, port):
     worker = subprocess.Popen(["taskset", "-c", str(args.worker_cpu), str(binary), "worker", "up", work], stdout=log,
                               stderr=log, cwd=tree)
     try:
-        client = sprout.Client(f"http://127.0.0.1:{port}", timeout=60)
-        deadline = time.time() + 300
-        while True:
-            try:
-                client.status()
-                break
-            except Exception:
-                if time.time() > deadline or worker.poll() is not None:
-                    sys.exit(f"{binary}: the worker did not start (see {work}/worker.log)")
-                time.sleep(0.2)
+        client = wait_started(port, worker, work, 300, f"{binary}: the worker")
         lambda_dir = Path(work, "noop")
         lambda_dir.mkdir()
         (lambda_dir / "f.py").write_text("def f(event):\n    return None\n")

@@ -26,6 +26,7 @@
 //! another tenant's requests want.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -157,6 +158,9 @@ struct TenantUse {
 #[derive(Debug)]
 pub struct Usage {
     started: Instant,
+    /// The latest invocation refusal of any tenant (an f64's bits, seconds on this clock), so
+    /// most requests learn that nobody is at a quota without a lock.
+    last_refusal: AtomicU64,
     /// What an invocation in flight counts against `memory_mb`: a sandbox's memory limit.
     sandbox_mb: u64,
     tenants: Mutex<HashMap<String, TenantUse>>,
@@ -187,7 +191,8 @@ impl Drop for InFlight<'_> {
 impl Usage {
     /// Usage counting each invocation in flight at `sandbox_mb` (`[limits] memory_mb`).
     pub fn new(sandbox_mb: u64) -> Usage {
-        Usage { started: Instant::now(), sandbox_mb, tenants: Mutex::new(HashMap::new()) }
+        let last_refusal = AtomicU64::new(f64::NEG_INFINITY.to_bits());
+        Usage { started: Instant::now(), last_refusal, sandbox_mb, tenants: Mutex::new(HashMap::new()) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, TenantUse>> {
@@ -216,6 +221,7 @@ impl Usage {
         if let Some(r) = refused {
             *u.refused.entry(r.quota).or_default() += 1;
             u.last_refused = Some(now);
+            self.last_refusal.store(now.to_bits(), Ordering::Relaxed);
             return Err(r);
         }
         u.in_flight += 1;
@@ -238,9 +244,14 @@ impl Usage {
         self.admit_at(tenant, quotas, self.now())
     }
 
+    /// Whether any tenant had an invocation refused within [`AT_QUOTA`] before `now` (no lock).
+    pub fn anyone_at_quota(&self, now: f64) -> bool {
+        now - f64::from_bits(self.last_refusal.load(Ordering::Relaxed)) < AT_QUOTA
+    }
+
     /// Whether `tenant` had an invocation refused within [`AT_QUOTA`] before `now`.
     pub fn at_quota_at(&self, tenant: &str, now: f64) -> bool {
-        self.lock().get(tenant).and_then(|u| u.last_refused).is_some_and(|t| now - t < AT_QUOTA)
+        self.anyone_at_quota(now) && self.lock().get(tenant).and_then(|u| u.last_refused).is_some_and(|t| now - t < AT_QUOTA)
     }
 
     /// Count a refusal made elsewhere (an upload past `lambdas` or `code_mb`).
@@ -317,6 +328,7 @@ mod tests {
         assert_eq!(usage.of("a")["refused"]["invocations_per_s"], 3);
         // Refused, `a` is at its quota for a second after; `b` never was.
         assert!(usage.at_quota_at("a", 0.9) && !usage.at_quota_at("a", 1.5) && !usage.at_quota_at("b", 0.0));
+        assert!(usage.anyone_at_quota(0.9) && !usage.anyone_at_quota(1.5) && !Usage::default().anyone_at_quota(0.0));
         assert!(usage.prometheus(&[]).contains("sprout_tenant_quota_refusals_total{tenant=\"a\",quota=\"invocations_per_s\"} 3\n"));
     }
 
