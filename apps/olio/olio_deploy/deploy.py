@@ -134,7 +134,7 @@ def _record(options, state):
         "cache_mb": options.cache_mb, "max_body_mb": options.max_body_mb, "app_dir": str(app_dir),
         "package_cache": options.package_cache, "network": options.network,
         "gvisor_network": options.gvisor_network, "confinement": confine.group_name(state.dir),
-        "ports": {"postgres": procs.free_port(), "cache": procs.free_port(), "api": procs.free_port()},
+        "ports": procs.service_ports({options.port}),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 

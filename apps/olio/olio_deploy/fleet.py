@@ -168,7 +168,7 @@ def up(options, log=_log):
             "memory_mb": options.memory_mb, "plan": plan, "stack_options": stack_options, "files": str(state.files),
             "app_dir": str(app_dir),
             "package_cache": options.package_cache, "confinement": confine.group_name(state.dir),
-            "ports": {"postgres": procs.free_port(), "cache": procs.free_port(), "api": procs.free_port()},
+            "ports": procs.service_ports({options.port}),
             "fleet": {"path": str(Path(options.fleet).resolve()), "seed": fleet.seed,
                       "registered_users": fleet.registered_users},
             "sites": [{"name": s.name, "host": s.host, "peak_users": s.peak_users} for s in fleet.sites],

@@ -13,6 +13,18 @@ from pathlib import Path
 from sprout.net import free_port, port_is_free  # noqa: F401 (the deployment's ports)
 
 
+def service_ports(taken):
+    """Free ports for the deployment's PostgreSQL, cache and API, none of them in `taken` (the
+    site's own port: a parent that chose it from the same $SPROUT_PORTS range may be handed it
+    again here) nor the same twice."""
+    ports = []
+    while len(ports) < 3:
+        port = free_port()
+        if port not in ports and port not in taken:
+            ports.append(port)
+    return dict(zip(("postgres", "cache", "api"), ports))
+
+
 class DeployError(RuntimeError):
     """Something the operator must fix; the message says what (no traceback is shown)."""
 
