@@ -4,11 +4,14 @@ the Sprout cache (`sprout cache serve`) — each on a free port, and talk raw by
 Its fixtures reach every test module through conftest's ``pytest_plugins``; its helpers are
 imported (tests/ is on sys.path, as for conftest's ``wheels``). ``SPROUT_CACHE_IMPL=memcached`` makes the "sprout" servers stock
 memcached too: the suite then checks itself against memcached's real behaviour, and tests
-marked ``sprout_only`` (things only the Sprout cache promises) are skipped.
+marked ``sprout_only`` (things only the Sprout cache promises) are skipped. ``SPROUT_MEMCACHED`` names
+another memcached binary to compare with (say a build of memcached's current release) instead of
+Debian's.
 """
 
 import atexit
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,8 +25,11 @@ from conftest import SPROUT, free_port
 
 IMPL = os.environ.get("SPROUT_CACHE_IMPL", "sprout")
 assert IMPL in ("sprout", "memcached"), f"SPROUT_CACHE_IMPL={IMPL!r}: use sprout or memcached"
-MEMCACHED = shutil.which("memcached") or "/usr/bin/memcached"
+MEMCACHED = os.environ.get("SPROUT_MEMCACHED") or shutil.which("memcached") or "/usr/bin/memcached"
 DEFAULTS = {"-m": "64", "-t": "1"}
+
+# memcached's current release: the answers the Sprout cache follows where Debian's 1.6.18 differs.
+CURRENT = (1, 6, 45)
 
 RUNNING = set()  # started and not yet stopped: killed at exit if a run is cut short
 
@@ -77,9 +83,12 @@ class CacheServer:
         extra = ["-U", "0"]
         if os.geteuid() == 0:
             extra += ["-u", "nobody"]
-        # memcached 1.6 refuses an -I below its slab chunk size (512 KiB) unless told a smaller one
+        # memcached 1.6 refuses an -I below its slab chunk size (512 KiB) unless told a smaller
+        # one: 1.6.18 takes half of -I, 1.6.45 one no larger than -I, in KiB
         if "-I" in self.flags and size_bytes(self.flags["-I"]) < (512 << 10):
-            extra += ["-o", f"slab_chunk_max={size_bytes(self.flags['-I']) // 2}"]
+            limit = size_bytes(self.flags["-I"])
+            chunk = max(1, limit >> 10) if memcached_release() >= CURRENT else limit // 2
+            extra += ["-o", f"slab_chunk_max={chunk}"]
         return [MEMCACHED, "-l", self.host, "-p", str(self.port), *extra, *flags]
 
     def start(self, timeout=20):
@@ -199,6 +208,27 @@ def stats(address, args=b""):
     lines = out.decode().split("\r\n")
     assert lines[-2:] == ["END", ""], out[-200:]
     return {line.split(" ", 2)[1]: line.split(" ", 2)[2] for line in lines[:-2]}
+
+
+
+
+def memcached_release():
+    """The (major, minor, patch) of the memcached binary in use (`memcached -V`)."""
+    out = subprocess.run([MEMCACHED, "-V"], capture_output=True, text=True, timeout=10).stdout
+    return tuple(int(x) for x in re.search(r"(\d+)\.(\d+)\.(\d+)", out).groups())
+
+
+def version_of(address):
+    """A server's (major, minor, patch), from its `version` line."""
+    line = exchange(address, b"version\r\n", sentinel=False, quiet=5, until=b"\r\n")
+    return tuple(int(x) for x in re.match(rb"VERSION (\d+)\.(\d+)\.(\d+)", line).groups())
+
+
+def skip_unless_current(address):
+    """Skip a check of memcached's current release's answers when run against an older one
+    (SPROUT_CACHE_IMPL=memcached with Debian's)."""
+    if IMPL == "memcached" and version_of(address) < CURRENT:
+        pytest.skip(f"memcached {'.'.join(map(str, version_of(address)))} predates these answers (1.6.45)")
 
 
 def flush(address):

@@ -9,13 +9,14 @@ import socket
 import struct
 import time
 
-from cache_servers import exchange, flush, stats
+from cache_servers import exchange, flush, skip_unless_current, sprout_only, stats
 
 FMT = b"CLIENT_ERROR bad command line format\r\n"
 
 
 def test_items_are_counted_in_memcacheds_slab_classes(sprout_cache_server):
     address = sprout_cache_server
+    skip_unless_current(address)  # 1.6.18 still counts flushed items until its crawler comes
     flush(address)
     assert exchange(address, b"set issue29 0 0 0\r\n\r\n") == b"STORED\r\n"
     slabs = stats(address, b"slabs")
@@ -65,6 +66,7 @@ def test_stats_detail_counts_by_prefix_while_on(sprout_cache_server):
     assert exchange(address, b"stats detail sideways\r\n") == b"CLIENT_ERROR usage: stats detail on|off|dump\r\n"
 
 
+@sprout_only  # memcached 1.6 dumps only its cold LRU: new items are not listed at once
 def test_stats_cachedump_lists_a_class(sprout_cache_server):
     address = sprout_cache_server
     flush(address)
@@ -79,6 +81,7 @@ def test_stats_cachedump_lists_a_class(sprout_cache_server):
     assert exchange(address, b"stats cachedump x 1\r\n") == FMT
 
 
+@sprout_only  # memcached answers NOSPARE for a class without a free page; Sprout has no pages
 def test_slabs_commands_answer_as_memcacheds(sprout_cache_server):
     address = sprout_cache_server
     assert exchange(address, b"verbosity invalid\r\nslabs automove invalid\r\n") == FMT * 2

@@ -37,7 +37,9 @@ pub fn step(input: &mut BytesMut, scanned: &mut usize, env: &Env, out: &mut Outp
     };
     let end = if nl > 1 && input[nl - 1] == b'\r' { nl - 1 } else { nl };
     CoreStats::add(&env.stats.bytes_read, nl as u64 + 1);
-    let next = match text::parse(&input[..end]) {
+    // memcached 1.6.45: a line under 4 bytes with its terminator names no command.
+    let parsed = if nl + 1 < 4 { Err(Reject::Client { message: text::BAD_FORMAT, noreply: false }) } else { text::parse(&input[..end]) };
+    let next = match parsed {
         Ok(Command::Store { kind, key, flags, exptime, bytes, cas, noreply }) => {
             let op = StoreOp {
                 reply: Reply::Text { noreply },
@@ -62,13 +64,17 @@ pub fn step(input: &mut BytesMut, scanned: &mut usize, env: &Env, out: &mut Outp
         Ok(command) => execute(command, env, out),
         Err(reject) => {
             match reject {
-                Reject::Error => out.put(b"ERROR\r\n"),
-                Reject::Client { message, noreply } => {
+                Reject::Error { noreply } => {
                     if !noreply {
-                        out.put(b"CLIENT_ERROR ");
-                        out.put(message.as_bytes());
-                        out.put(b"\r\n");
+                        out.put(b"ERROR\r\n");
                     }
+                }
+                Reject::Client { message, noreply } => client_error(message, noreply, out),
+                Reject::Data { message, noreply, bytes } => {
+                    client_error(message, noreply, out);
+                    input.advance(nl + 1);
+                    CoreStats::add(&env.stats.bytes_read, (bytes + 2) as u64);
+                    return Next::Swallow(bytes + 2);
                 }
                 Reject::Server(message) => {
                     out.put(b"SERVER_ERROR ");
@@ -85,6 +91,14 @@ pub fn step(input: &mut BytesMut, scanned: &mut usize, env: &Env, out: &mut Outp
     };
     input.advance(nl + 1);
     next
+}
+
+fn client_error(message: &str, noreply: bool, out: &mut Output) {
+    if !noreply {
+        out.put(b"CLIENT_ERROR ");
+        out.put(message.as_bytes());
+        out.put(b"\r\n");
+    }
 }
 
 /// A store command's line is read: refuse a value that can never fit (discarding it as it

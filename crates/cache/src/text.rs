@@ -74,11 +74,14 @@ pub enum Command<'a> {
 /// What a line that is not a valid command gets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reject {
-    /// `ERROR`: no such command, or the wrong number of tokens.
-    Error,
+    /// `ERROR`: no such command (silent when its last token is `noreply`, as memcached 1.6.45).
+    Error { noreply: bool },
     /// `CLIENT_ERROR <message>`; `noreply` says whether the line asked for silence (memcached
     /// honours it even for errors).
     Client { message: &'static str, noreply: bool },
+    /// `CLIENT_ERROR <message>` for a storage line whose value length parsed: the value's
+    /// `bytes` and its `\r\n` that follow are discarded, not read as commands.
+    Data { message: &'static str, noreply: bool, bytes: usize },
     /// `SERVER_ERROR <message>`.
     Server(&'static str),
     /// Close the connection without a word (memcached does this for an HTTP request line).
@@ -164,36 +167,75 @@ pub fn parse_i32(t: &[u8]) -> Option<i64> {
     Some(v as i32 as i64)
 }
 
-fn noreply(tokens: &[&[u8]]) -> bool {
-    tokens.last().is_some_and(|t| *t == b"noreply")
+/// mcmc's strict token numbers (memcached 1.6.45's `mcmc_toktou32`/`u64`/`tokto32`): digits
+/// only (a leading `-` for the signed form), at most `max` bytes, no overflow.
+fn strict_digits(t: &[u8], max: usize) -> Option<u64> {
+    if t.len() > max || t.is_empty() || !t.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    t.iter().try_fold(0u64, |sum, d| sum.checked_mul(10)?.checked_add(u64::from(d - b'0')))
 }
 
-/// Parse one command line (without its `\n`, and without a `\r` before it).
+/// A token as mcmc's `tokto32`: a 32-bit signed decimal.
+pub fn strict_i32(t: &[u8]) -> Option<i64> {
+    let (negative, digits) = match t.strip_prefix(b"-") {
+        Some(rest) => (true, rest),
+        None => (false, t),
+    };
+    if t.len() > 11 {
+        return None;
+    }
+    let v = if digits.is_empty() { 0 } else { strict_digits(digits, 11)? as i64 };
+    let v = if negative { -v } else { v };
+    (i32::MIN as i64..=i32::MAX as i64).contains(&v).then_some(v)
+}
+
+/// A token as mcmc's `toktou32`.
+pub fn strict_u32(t: &[u8]) -> Option<u32> {
+    strict_digits(t, 11).and_then(|v| u32::try_from(v).ok())
+}
+
+/// A token as mcmc's `toktou64`.
+pub fn strict_u64(t: &[u8]) -> Option<u64> {
+    strict_digits(t, 22)
+}
+
+/// Whether the line's last token is `noreply` (memcached 1.6.45 reads it there for every
+/// command, known or not).
+fn noreply(line: &[u8]) -> bool {
+    line.rsplit(|&b| b == b' ').find(|t| !t.is_empty()) == Some(b"noreply")
+}
+
+/// Parse one command line (without its `\n`, and without a `\r` before it) as memcached
+/// 1.6.45's `process_request` and the handlers after it: the command is named by the bytes
+/// before the first space; too few tokens, or a value length that is no number, is `CLIENT_ERROR
+/// bad command line format` at once; a storage line whose length parsed but whose key, flags,
+/// exptime or cas did not is refused with its value discarded ([`Reject::Data`]); tokens past
+/// the ones a command reads are ignored. A line shorter than 4 bytes with its terminator is
+/// the caller's to refuse (it depends on the `\r`).
 pub fn parse(line: &[u8]) -> Result<Command<'_>, Reject> {
     let tokens = tokenize(line);
-    // memcached counts a final empty token: `n` below is its ntokens.
-    let n = tokens.len() + 1;
-    if tokens.is_empty() || tokens[0].len() < 2 {
-        return Err(Reject::Error);
-    }
-    let cmd = tokens[0];
-    let want = |ok: bool| if ok { Ok(()) } else { Err(Reject::Error) };
-    match cmd {
-        b"get" | b"gets" | b"gat" | b"gats" | b"bget" => {
-            want(n >= 3)?;
-            let cas = cmd == b"gets" || cmd == b"gats";
-            let touch = cmd.starts_with(b"gat");
-            // The keys: everything after the command (and the exptime of gat).
-            let after_cmd = rest_after(line, tokens[0]);
-            if touch {
-                let exptime = parse_i32(tokens[1]).ok_or(Reject::Client { message: "invalid exptime argument", noreply: false })?;
-                let keys = rest_after(line, tokens[1]);
-                return Ok(Command::Get { cas, touch: Some(exptime), keys });
+    let n = tokens.len();
+    let name = &line[..line.iter().position(|&b| b == b' ').unwrap_or(line.len())];
+    let nr = noreply(line);
+    let format = Err(Reject::Client { message: BAD_FORMAT, noreply: false });
+    let client = |message| Reject::Client { message, noreply: nr };
+    match name {
+        b"get" | b"gets" => {
+            if n < 2 {
+                return format;
             }
-            Ok(Command::Get { cas, touch: None, keys: after_cmd })
+            Ok(Command::Get { cas: name == b"gets", touch: None, keys: rest_after(line, tokens[0]) })
+        }
+        b"gat" | b"gats" => {
+            if n < 3 {
+                return format;
+            }
+            let exptime = strict_i32(tokens[1]).ok_or(client("invalid exptime argument"))?;
+            Ok(Command::Get { cas: name == b"gats", touch: Some(exptime), keys: rest_after(line, tokens[1]) })
         }
         b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
-            let kind = match cmd {
+            let kind = match name {
                 b"set" => StoreKind::Set,
                 b"add" => StoreKind::Add,
                 b"replace" => StoreKind::Replace,
@@ -201,85 +243,66 @@ pub fn parse(line: &[u8]) -> Result<Command<'_>, Reject> {
                 b"prepend" => StoreKind::Prepend,
                 _ => StoreKind::Cas,
             };
-            let base = if kind == StoreKind::Cas { 7 } else { 6 };
-            want(n == base || n == base + 1)?;
-            let nr = noreply(&tokens);
-            let bad = Reject::Client { message: BAD_FORMAT, noreply: nr };
+            if n < 5 {
+                return format;
+            }
+            let Some(bytes) = strict_i32(tokens[4]).filter(|b| (0..=(i32::MAX as i64 - 2)).contains(b)) else {
+                return format;
+            };
+            let bytes = bytes as usize;
+            let bad = Reject::Data { message: BAD_FORMAT, noreply: nr, bytes };
             let key = tokens[1];
             if key.len() > KEY_MAX {
                 return Err(bad);
             }
             let flags = parse_u32(tokens[2]).ok_or(bad.clone())?;
             let exptime = parse_i32(tokens[3]).ok_or(bad.clone())?;
-            let bytes = parse_i32(tokens[4]).ok_or(bad.clone())?;
-            let cas = if kind == StoreKind::Cas { parse_u64(tokens[5]).ok_or(bad.clone())? } else { 0 };
-            if !(0..=(i32::MAX as i64 - 2)).contains(&bytes) {
-                return Err(bad);
-            }
-            Ok(Command::Store { kind, key, flags, exptime, bytes: bytes as usize, cas, noreply: nr })
+            let cas = match kind {
+                StoreKind::Cas => tokens.get(5).and_then(|t| strict_u64(t)).ok_or(bad)?,
+                _ => 0,
+            };
+            Ok(Command::Store { kind, key, flags, exptime, bytes, cas, noreply: nr })
         }
-        b"delete" => {
-            want((3..=5).contains(&n))?;
-            let nr = noreply(&tokens);
-            if n > 3 {
-                let hold_is_zero = tokens[2] == b"0";
-                let valid = (n == 4 && (hold_is_zero || nr)) || (n == 5 && hold_is_zero && nr);
-                if !valid {
-                    return Err(Reject::Client { message: "bad command line format.  Usage: delete <key> [noreply]", noreply: nr });
+        b"delete" | b"incr" | b"decr" | b"touch" => {
+            if n < if name == b"delete" { 2 } else { 3 } {
+                return format;
+            }
+            let key = tokens[1];
+            if key.len() > KEY_MAX {
+                return Err(client(BAD_FORMAT));
+            }
+            match name {
+                b"delete" => Ok(Command::Delete { key, noreply: nr }),
+                b"touch" => {
+                    let exptime = strict_i32(tokens[2]).ok_or(client("invalid exptime argument"))?;
+                    Ok(Command::Touch { key, exptime, noreply: nr })
+                }
+                _ => {
+                    let delta = strict_u64(tokens[2]).ok_or(client("invalid numeric delta argument"))?;
+                    Ok(Command::Delta { incr: name == b"incr", key, delta, noreply: nr })
                 }
             }
-            if tokens[1].len() > KEY_MAX {
-                return Err(Reject::Client { message: BAD_FORMAT, noreply: nr });
-            }
-            Ok(Command::Delete { key: tokens[1], noreply: nr })
-        }
-        b"incr" | b"decr" => {
-            want(n == 4 || n == 5)?;
-            let nr = noreply(&tokens);
-            if tokens[1].len() > KEY_MAX {
-                return Err(Reject::Client { message: BAD_FORMAT, noreply: nr });
-            }
-            let delta = parse_u64(tokens[2]).ok_or(Reject::Client { message: "invalid numeric delta argument", noreply: nr })?;
-            Ok(Command::Delta { incr: cmd == b"incr", key: tokens[1], delta, noreply: nr })
-        }
-        b"touch" => {
-            want(n == 4 || n == 5)?;
-            let nr = noreply(&tokens);
-            if tokens[1].len() > KEY_MAX {
-                return Err(Reject::Client { message: BAD_FORMAT, noreply: nr });
-            }
-            let exptime = parse_i32(tokens[2]).ok_or(Reject::Client { message: "invalid exptime argument", noreply: nr })?;
-            Ok(Command::Touch { key: tokens[1], exptime, noreply: nr })
-        }
-        b"flush_all" => {
-            want((2..=4).contains(&n))?;
-            let nr = noreply(&tokens);
-            let delay = if n != if nr { 3 } else { 2 } {
-                parse_i32(tokens[1]).ok_or(Reject::Client { message: "invalid exptime argument", noreply: nr })?
-            } else {
-                0
-            };
-            Ok(Command::FlushAll { delay, noreply: nr })
         }
         b"stats" => Ok(Command::Stats { args: tokens[1..].to_vec() }),
         b"version" => Ok(Command::Version),
         b"quit" => Ok(Command::Quit),
-        b"verbosity" => {
-            want(n == 3 || n == 4)?;
-            let nr = noreply(&tokens);
-            parse_u32(tokens[1]).ok_or(Reject::Client { message: BAD_FORMAT, noreply: nr })?;
-            Ok(Command::Verbosity { noreply: nr })
+        [b'm', meta] if matches!(meta, b'g' | b's' | b'd' | b'a' | b'n' | b'e') => {
+            Ok(Command::Meta { name: *meta, tokens: tokens[1..].to_vec() })
         }
-        b"slabs" => slabs(&tokens[1..]),
-        [b'm', name] if matches!(name, b'g' | b's' | b'd' | b'a' | b'n' | b'e') => {
-            Ok(Command::Meta { name: *name, tokens: tokens[1..].to_vec() })
-        }
-        _ => {
-            if n >= 3 && tokens[tokens.len() - 1].starts_with(b"HTTP/") {
-                return Err(Reject::Close);
+        // The rest are found by their first token (memcached's text_cmd_entries).
+        _ => match tokens.first().copied() {
+            Some(b"flush_all") => {
+                let delay = if n != if nr { 2 } else { 1 } { strict_i32(tokens[1]).ok_or(client("invalid exptime argument"))? } else { 0 };
+                Ok(Command::FlushAll { delay, noreply: nr })
             }
-            Err(Reject::Error)
-        }
+            Some(b"verbosity") => {
+                tokens.get(1).and_then(|t| strict_u32(t)).ok_or(client(BAD_FORMAT))?;
+                Ok(Command::Verbosity { noreply: nr })
+            }
+            Some(b"slabs") => slabs(&tokens[1..]),
+            _ if n > 1 && tokens[n - 1].starts_with(b"HTTP/") => Err(Reject::Close),
+            _ => Err(Reject::Error { noreply: nr }),
+        },
     }
 }
 
@@ -313,10 +336,10 @@ fn slabs<'a>(args: &[&'a [u8]]) -> Result<Command<'a>, Reject> {
         },
         [b"automove", level, ..] => match parse_u32(level).ok_or(bad)? {
             0..=2 => Ok(Command::Answer(b"OK\r\n")),
-            _ => Err(Reject::Error),
+            _ => Err(Reject::Error { noreply: false }),
         },
         [b"automove"] => Err(bad),
-        _ => Err(Reject::Error),
+        _ => Err(Reject::Error { noreply: false }),
     }
 }
 
@@ -345,7 +368,7 @@ mod tests {
             Err(e) => Err(e),
         };
         assert_eq!(answer(b"slabs automove 1"), Ok(&b"OK\r\n"[..]));
-        assert_eq!(answer(b"slabs automove 3"), Err(Reject::Error));
+        assert_eq!(answer(b"slabs automove 3"), Err(Reject::Error { noreply: false }));
         assert_eq!(answer(b"slabs automove invalid"), Err(Reject::Client { message: BAD_FORMAT, noreply: false }));
         assert_eq!(
             answer(b"slabs automove window 2").unwrap_err(),
@@ -356,7 +379,7 @@ mod tests {
         assert!(answer(b"slabs reassign 1 40").unwrap().starts_with(b"BADCLASS"));
         assert_eq!(answer(b"slabs reassign -1 2"), Ok(&b"OK\r\n"[..]));
         assert_eq!(answer(b"slabs reassign x 2"), Err(Reject::Client { message: BAD_FORMAT, noreply: false }));
-        assert_eq!(answer(b"slabs dance"), Err(Reject::Error));
+        assert_eq!(answer(b"slabs dance"), Err(Reject::Error { noreply: false }));
     }
 
     #[test]
@@ -378,30 +401,55 @@ mod tests {
             parse(b"cas foo 0 0 3 77").unwrap(),
             Command::Store { kind: StoreKind::Cas, key: b"foo", flags: 0, exptime: 0, bytes: 3, cas: 77, noreply: false }
         );
-        assert_eq!(parse(b"set foo 0 0 -1"), Err(Reject::Client { message: BAD_FORMAT, noreply: false }));
-        assert_eq!(parse(b"set foo x 0 1"), Err(Reject::Client { message: BAD_FORMAT, noreply: false }));
-        assert_eq!(parse(b"set foo 0 0"), Err(Reject::Error));
-        assert_eq!(parse(b"set foo 0 0 1 noreply extra"), Err(Reject::Error));
+        let format = Err(Reject::Client { message: BAD_FORMAT, noreply: false });
+        // No value length to skip: refused at once, the value line is read as a command.
+        assert_eq!(parse(b"set foo 0 0 -1"), format);
+        assert_eq!(parse(b"set foo 0 0 +1"), format);
+        assert_eq!(parse(b"set foo 0 0"), format);
+        // A length that parsed: the value goes with the refusal.
+        assert_eq!(parse(b"set foo x 0 1"), Err(Reject::Data { message: BAD_FORMAT, noreply: false, bytes: 1 }));
+        assert_eq!(parse(b"cas foo 0 0 6"), Err(Reject::Data { message: BAD_FORMAT, noreply: false, bytes: 6 }));
+        assert_eq!(parse(b"cas foo 0 0 6 x noreply"), Err(Reject::Data { message: BAD_FORMAT, noreply: true, bytes: 6 }));
         let long_key = format!("set {} 0 0 1", "k".repeat(251));
-        assert!(matches!(parse(long_key.as_bytes()), Err(Reject::Client { .. })));
+        assert!(matches!(parse(long_key.as_bytes()), Err(Reject::Data { bytes: 1, .. })));
         let ok_key = format!("set {} 0 0 1", "k".repeat(250));
         assert!(parse(ok_key.as_bytes()).is_ok());
+        // Tokens past the ones read are ignored; noreply is the last one or none.
+        assert!(matches!(parse(b"set foo 0 0 1 noreply extra"), Ok(Command::Store { noreply: false, .. })));
     }
 
     #[test]
     fn parses_gets_and_others() {
+        let format = Err(Reject::Client { message: BAD_FORMAT, noreply: false });
         assert_eq!(parse(b"get a b  c").unwrap(), Command::Get { cas: false, touch: None, keys: b"a b  c" });
         assert_eq!(parse(b"gats 10 a").unwrap(), Command::Get { cas: true, touch: Some(10), keys: b"a" });
         assert_eq!(keys(b"a b  c").collect::<Vec<_>>(), vec![&b"a"[..], b"b", b"c"]);
-        assert_eq!(parse(b"get"), Err(Reject::Error));
-        assert_eq!(parse(b""), Err(Reject::Error));
-        assert_eq!(parse(b"x"), Err(Reject::Error));
+        assert_eq!(parse(b"get"), format);
+        assert_eq!(parse(b"gat 10"), format);
+        assert_eq!(parse(b" get a"), Err(Reject::Error { noreply: false }));
+        assert_eq!(parse(b"bogus noreply"), Err(Reject::Error { noreply: true }));
         assert_eq!(parse(b"incr k 1").unwrap(), Command::Delta { incr: true, key: b"k", delta: 1, noreply: false });
+        assert_eq!(parse(b"incr k"), format);
         assert!(matches!(parse(b"incr k -1"), Err(Reject::Client { message: "invalid numeric delta argument", .. })));
+        assert!(matches!(parse(b"incr k +1"), Err(Reject::Client { message: "invalid numeric delta argument", .. })));
         assert_eq!(parse(b"delete k 0 noreply").unwrap(), Command::Delete { key: b"k", noreply: true });
-        assert!(matches!(parse(b"delete k 5"), Err(Reject::Client { .. })));
+        assert_eq!(parse(b"delete k 5").unwrap(), Command::Delete { key: b"k", noreply: false });
         assert_eq!(parse(b"flush_all 10").unwrap(), Command::FlushAll { delay: 10, noreply: false });
         assert_eq!(parse(b"flush_all noreply").unwrap(), Command::FlushAll { delay: 0, noreply: true });
+        assert_eq!(parse(b"verbosity"), format);
+        assert_eq!(parse(b"verbosity 1 2 3").unwrap(), Command::Verbosity { noreply: false });
         assert_eq!(parse(b"GET / HTTP/1.1"), Err(Reject::Close));
+    }
+
+    #[test]
+    fn strict_numbers_are_mcmcs() {
+        assert_eq!(strict_i32(b"-5"), Some(-5));
+        assert_eq!(strict_i32(b"01"), Some(1));
+        assert_eq!(strict_i32(b"+1"), None);
+        assert_eq!(strict_i32(b"2147483648"), None);
+        assert_eq!(strict_i32(b"-2147483648"), Some(-2147483648));
+        assert_eq!(strict_u64(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(strict_u64(b"18446744073709551616"), None);
+        assert_eq!(strict_u32(b"4294967296"), None);
     }
 }
