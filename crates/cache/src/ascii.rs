@@ -210,7 +210,9 @@ fn execute(command: Command<'_>, env: &Env, out: &mut Output) -> Next {
                 out.put(b"OK\r\n");
             }
         }
-        Command::Quit => return Next::Close,
+        Command::Quit => return Next::Quit,
+        Command::Watch { kinds: Some(kinds) } => return Next::Watch(kinds),
+        Command::Watch { kinds: None } => out.put(b"ERROR\r\n"),
         Command::Meta { name, tokens } => return meta::execute(name, &tokens, env, out),
         Command::Store { .. } => unreachable!("store commands are handled by step"),
     }
@@ -244,7 +246,7 @@ pub fn stats_reply(group: Option<&[u8]>, counters: &Counters, env: &Env, out: &m
         out.put(b"RESET\r\n");
         return;
     }
-    match env.shared.report(group, counters) {
+    match env.shared.report(group, counters, env.fd) {
         Some(lines) => {
             for (name, value) in lines {
                 out.put(b"STAT ");

@@ -342,7 +342,7 @@ fn execute(h: Header, opcode: u8, quiet: bool, ext: &[u8], key: &[u8], env: &Env
             if !quiet {
                 header(out, h.opcode, status::SUCCESS, 0, 0, 0, h.opaque, 0);
             }
-            return Next::Close;
+            return Next::Quit;
         }
         op::STAT => {
             let group = (!key.is_empty()).then(|| key.to_vec());
@@ -398,7 +398,7 @@ pub fn stats_reply(group: Option<&[u8]>, opaque: u32, counters: &Counters, env: 
         }
         return header(out, op::STAT, status::SUCCESS, 0, 0, 0, opaque, 0);
     }
-    match env.shared.report(group, counters) {
+    match env.shared.report(group, counters, env.fd) {
         Some(lines) => {
             for (name, value) in lines {
                 header(out, op::STAT, status::SUCCESS, 0, name.len() as u16, (name.len() + value.len()) as u32, opaque, 0);

@@ -14,10 +14,12 @@ use bytes::BytesMut;
 use sprout_runtime::mio::net::TcpStream;
 use sprout_runtime::{Control, IoHandler, Ready, Token};
 
+use crate::conn_table::{tcp_addr, ConnEntry, ConnState};
 use crate::output::Output;
 use crate::session::{Env, Session, Step};
 use crate::shared::Shared;
 use crate::stats::{CoreStats, Counters};
+use crate::watch::{self, Watcher};
 
 /// Read buffer size; a read that fills it is followed by another.
 const READ_CHUNK: usize = 16 * 1024;
@@ -35,12 +37,24 @@ pub struct Conn {
     gathered: Rc<Cell<Option<Counters>>>,
     waiting_stats: bool,
     closing: bool,
+    /// Why it closes, for the connevents log: a protocol error, not the client.
+    error_close: bool,
+    fd: i32,
+    peer: Option<std::net::SocketAddr>,
+    entry: Arc<ConnEntry>,
+    /// Set once the client asked to `watch`: its log lines are written here.
+    watcher: Option<Arc<Watcher>>,
 }
 
 impl Conn {
     pub fn new(stream: TcpStream, shared: Arc<Shared>, stats: Rc<CoreStats>) -> Conn {
         CoreStats::bump(&stats.curr_connections);
         CoreStats::bump(&stats.total_connections);
+        let fd = stream.as_raw_fd();
+        let peer = stream.peer_addr().ok();
+        let local = stream.local_addr().map(tcp_addr).unwrap_or_default();
+        let entry = shared.conn_table.open(fd, peer.map(tcp_addr).unwrap_or_default(), Some(local), shared.clock.now());
+        log_conn_event(&shared, "conn_new", peer, None, fd);
         Conn {
             stream,
             input: BytesMut::with_capacity(READ_CHUNK),
@@ -51,6 +65,11 @@ impl Conn {
             gathered: Rc::new(Cell::new(None)),
             waiting_stats: false,
             closing: false,
+            error_close: false,
+            fd,
+            peer,
+            entry,
+            watcher: None,
         }
     }
 
@@ -92,11 +111,58 @@ impl Conn {
         if self.waiting_stats {
             return;
         }
-        let env = Env { shared: &self.shared, stats: &self.stats };
+        if self.watcher.is_none() {
+            self.entry.touched(self.shared.clock.now());
+        }
+        let env = Env { shared: &self.shared, stats: &self.stats, fd: self.fd };
         match self.session.process(&mut self.input, &env, &mut self.out) {
             Step::NeedMore => {}
-            Step::Close => self.closing = true,
+            Step::Close { error } => {
+                self.closing = true;
+                self.error_close = error;
+            }
             Step::Stats => self.start_gather(token),
+            Step::Watch(kinds) => self.start_watching(kinds, token),
+        }
+        if self.watcher.is_none() {
+            self.entry.set_state(if self.session.reading_value() { ConnState::Nread } else { ConnState::Waiting });
+        }
+    }
+
+    /// Become a watcher of `kinds`: woken on this core whenever its buffer gets lines.
+    fn start_watching(&mut self, kinds: u32, token: Token) {
+        let core = sprout_runtime::current_core();
+        let wake = Box::new(move || {
+            // (a connection closing as the runtime stops logs off any core: nobody to wake)
+            if sprout_runtime::on_core() {
+                sprout_runtime::spawn_on(core, move || sprout_runtime::notify(token));
+            }
+        });
+        match self.shared.watchers.add(kinds, wake) {
+            Some(watcher) => {
+                self.out.put(b"OK\r\n");
+                self.entry.set_state(ConnState::Watch);
+                self.watcher = Some(watcher);
+                self.shared.store.evicted.keep(self.shared.watchers.watching(watch::EVICTIONS));
+            }
+            None => {
+                // memcached's words; the connection stays an ordinary one.
+                self.out.put(b"WATCHER_TOO_MANY log watcher limit reached\r\n");
+                self.session = Session::new();
+            }
+        }
+    }
+
+    /// Move the watcher's lines to the output, unless the client is not taking them (then
+    /// they wait, and past the buffer are skipped and counted).
+    fn take_watched(&mut self) {
+        if let Some(watcher) = &self.watcher {
+            if self.out.pending() < OUTPUT_HIGH_WATER {
+                let text = watcher.take();
+                if !text.is_empty() {
+                    self.out.put(&text);
+                }
+            }
         }
     }
 
@@ -172,7 +238,7 @@ impl IoHandler for Conn {
     fn ready(&mut self, token: Token, ready: Ready) -> Control {
         if ready.notified {
             if let Some(counters) = self.gathered.take() {
-                let env = Env { shared: &self.shared, stats: &self.stats };
+                let env = Env { shared: &self.shared, stats: &self.stats, fd: self.fd };
                 self.session.finish_stats(&counters, &env, &mut self.out);
                 self.waiting_stats = false;
                 // Commands that arrived behind the stats request.
@@ -181,6 +247,7 @@ impl IoHandler for Conn {
         }
         loop {
             let reading = self.read_and_handle(token);
+            self.take_watched();
             if self.flush().is_err() {
                 return Control::Close;
             }
@@ -206,7 +273,27 @@ impl IoHandler for Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
+        if let Some(watcher) = &self.watcher {
+            self.shared.watchers.remove(watcher);
+            self.shared.store.evicted.keep(self.shared.watchers.watching(watch::EVICTIONS));
+        }
+        self.shared.conn_table.close(self.fd);
+        let reason = if self.error_close { "error" } else { "normal" };
+        log_conn_event(&self.shared, "conn_close", self.peer, Some(reason), self.fd);
         self.stats.curr_connections.set(self.stats.curr_connections.get().saturating_sub(1));
         self.shared.conns.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// memcached's connevents line: `conn_new` or `conn_close` (with its reason).
+fn log_conn_event(shared: &Shared, kind: &str, peer: Option<std::net::SocketAddr>, reason: Option<&str>, fd: i32) {
+    shared.watchers.log(watch::CONNEVENTS, |line| {
+        use std::fmt::Write;
+        let (ip, port) = peer.map_or((String::new(), 0), |p| (p.ip().to_string(), p.port()));
+        let _ = write!(line, "{kind} rip={ip} rport={port} transport=tcp");
+        if let Some(reason) = reason {
+            let _ = write!(line, " reason={reason}");
+        }
+        let _ = write!(line, " cfd={fd}");
+    });
 }

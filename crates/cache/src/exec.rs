@@ -3,11 +3,15 @@
 //! `meta` only parse a request into one of these calls and compose their reply from its
 //! result (Pelikan's split of protocol from processing).
 
+use std::fmt::Write;
+
 use bytes::Bytes;
 
 use crate::request::Env;
+use crate::slab_classes::class_of;
 use crate::stats::CoreStats;
 use crate::store::{item_size, Deleted, DeltaError, Item, Lookup, Mode, Stored};
+use crate::watch::{self, put_key};
 
 /// How a read treats the item it finds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +43,7 @@ pub fn read(env: &Env, key: &[u8], how: Read) -> Option<Item> {
         Lookup::Flushed => CoreStats::bump(&stats.get_flushed),
         Lookup::Hit(_) | Lookup::Miss => {}
     }
+    log_get(env, key, &found);
     let item = found.hit();
     let touched = match how {
         Read::Touch(_) => true,
@@ -75,7 +80,34 @@ pub fn refuse_too_large(env: &Env, key: &[u8], len: usize, flags: u32, drop_old:
 pub fn store(env: &Env, mode: Mode, key: &[u8], value: Bytes, flags: u32, exptime: u32) -> Stored {
     let stats = env.stats;
     CoreStats::bump(&stats.cmd_set);
-    let result = env.shared.store.store(mode, key, value, flags, exptime, stats.next_cas(), env.shared.clock.now());
+    let now = env.shared.clock.now();
+    if env.shared.watchers.watching(watch::FETCHERS) {
+        // memcached looks the key up before it stores, and logs that fetch.
+        log_get(env, key, &env.shared.store.peek(key, now).map_or(Lookup::Miss, Lookup::Hit));
+    }
+    let size = (value.len(), item_size(key.len(), value.len(), flags));
+    let result = env.shared.store.store(mode, key, value, flags, exptime, stats.next_cas(), now);
+    env.shared.watchers.log(watch::MUTATIONS, |line| {
+        let status = match result {
+            Stored::Stored(_) => "stored",
+            Stored::NotStored => "not_stored",
+            Stored::Exists => "exists",
+            Stored::NotFound => "not_found",
+            Stored::TooLarge => "no_memory",
+        };
+        let cmd = match mode {
+            Mode::Set => "set",
+            Mode::Add => "add",
+            Mode::Replace => "replace",
+            Mode::Append(_) => "append",
+            Mode::Prepend(_) => "prepend",
+            Mode::Cas(_) => "cas",
+        };
+        let ttl = if exptime == 0 { 0 } else { exptime.saturating_sub(now) };
+        line.push_str("item_store key=");
+        put_key(line, key);
+        let _ = write!(line, " status={status} cmd={cmd} ttl={ttl} clsid={} cfd={} size={}", class_of(size.1), env.fd, size.0);
+    });
     if let Mode::Cas(_) = mode {
         match result {
             Stored::Stored(_) => CoreStats::bump(&stats.cas_hits),
@@ -87,13 +119,36 @@ pub fn store(env: &Env, mode: Mode, key: &[u8], value: Bytes, flags: u32, exptim
     if result == Stored::TooLarge {
         CoreStats::bump(&stats.store_too_large);
     }
+    if env.shared.watchers.watching(watch::EVICTIONS) {
+        for gone in env.shared.store.evicted.take() {
+            env.shared.watchers.log(watch::EVICTIONS, |line| {
+                line.push_str("eviction key=");
+                put_key(line, &gone.key);
+                let ttl = if gone.exptime == 0 { -1 } else { i64::from(gone.exptime) - i64::from(now) };
+                let fetch = if gone.fetched { "yes" } else { "no" };
+                // la: seconds since it was stored (the store keeps no access time).
+                let (la, class) = (now.saturating_sub(gone.stored_at), gone.class);
+                let _ = write!(line, " fetch={fetch} ttl={ttl} la={la} clsid={class} size={}", gone.size);
+            });
+        }
+    }
     result
 }
 
 /// Delete `key`; a non-zero `cas` must match (delete_hits or delete_misses; a cas mismatch
 /// counts as neither).
 pub fn delete(env: &Env, key: &[u8], cas: u64) -> Deleted {
-    let result = env.shared.store.delete(key, cas, env.shared.clock.now());
+    let now = env.shared.clock.now();
+    let watched = env.shared.watchers.watching(watch::DELETIONS).then(|| env.shared.store.peek(key, now)).flatten();
+    let result = env.shared.store.delete(key, cas, now);
+    if let (Deleted::Deleted, Some(item)) = (result, watched) {
+        env.shared.watchers.log(watch::DELETIONS, |line| {
+            line.push_str("deleted key=");
+            put_key(line, key);
+            let size = item_size(key.len(), item.value.len(), item.flags);
+            let _ = write!(line, " cmd=delete clsid={} size={}", class_of(size), item.value.len());
+        });
+    }
     match result {
         Deleted::Deleted => CoreStats::bump(&env.stats.delete_hits),
         Deleted::NotFound => CoreStats::bump(&env.stats.delete_misses),
@@ -123,4 +178,20 @@ pub fn flush(env: &Env, delay: i64) {
     CoreStats::bump(&env.stats.cmd_flush);
     let at = (delay > 0).then(|| env.shared.clock.expiry(delay));
     env.shared.store.flush(at);
+}
+
+/// memcached's fetchers log line for a lookup of `key`.
+fn log_get(env: &Env, key: &[u8], found: &Lookup) {
+    env.shared.watchers.log(watch::FETCHERS, |line| {
+        let (status, item) = match found {
+            Lookup::Hit(item) => ("found", Some(item)),
+            Lookup::Miss => ("not_found", None),
+            Lookup::Flushed => ("flushed", None),
+            Lookup::Expired => ("expired", None),
+        };
+        let (class, size) = item.map_or((0, 0), |i| (class_of(item_size(key.len(), i.value.len(), i.flags)), i.value.len()));
+        line.push_str("item_get key=");
+        put_key(line, key);
+        let _ = write!(line, " status={status} clsid={class} cfd={} size={size}", env.fd);
+    });
 }

@@ -13,6 +13,8 @@ pub mod ascii;
 pub mod binary;
 pub mod clock;
 pub mod conn;
+pub mod conn_table;
+pub mod evicted_log;
 pub mod exec;
 pub mod meta;
 pub mod output;
@@ -25,6 +27,7 @@ pub mod slab_classes;
 pub mod stats;
 pub mod store;
 pub mod text;
+pub mod watch;
 
 pub use server::Server;
 pub use shared::Settings;

@@ -11,6 +11,8 @@ use crate::store::Mode;
 pub struct Env<'a> {
     pub shared: &'a Shared,
     pub stats: &'a CoreStats,
+    /// The connection's socket, memcached's `cfd` in log lines and `stats conns` (-1: none).
+    pub fd: i32,
 }
 
 /// What one protocol step decided.
@@ -24,6 +26,11 @@ pub enum Next {
     /// Discard this many bytes next.
     Swallow(usize),
     Stats(StatsRequest),
+    /// Watch these log kinds (`crate::watch`): the connection only listens from now on.
+    Watch(u32),
+    /// The client asked to close (quit).
+    Quit,
+    /// Close for a protocol error.
     Close,
 }
 

@@ -5,6 +5,7 @@
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener as StdListener};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -54,7 +55,9 @@ impl Server {
             let shared = shared.clone();
             let ready_tx = ready_tx.clone();
             runtime.spawn_on(core, move || {
-                let acceptor = Acceptor { listener: TcpListener::from_std(listener), shared };
+                let fd = listener.as_raw_fd();
+                shared.conn_table.open(fd, crate::conn_table::tcp_addr(addr), None, shared.clock.now());
+                let acceptor = Acceptor { listener: TcpListener::from_std(listener), shared, fd };
                 let _ = ready_tx.send(sprout_runtime::register(Box::new(acceptor)).map(|_| ()));
             });
         }
@@ -101,8 +104,15 @@ fn bind(addr: SocketAddr) -> std::io::Result<StdListener> {
 
 /// A core's listening socket.
 struct Acceptor {
+    fd: i32,
     listener: TcpListener,
     shared: Arc<Shared>,
+}
+
+impl Drop for Acceptor {
+    fn drop(&mut self) {
+        self.shared.conn_table.close(self.fd);
+    }
 }
 
 impl IoHandler for Acceptor {

@@ -23,8 +23,10 @@ pub enum Step {
     NeedMore,
     /// Gather the counters of every core, then call `finish_stats`.
     Stats,
-    /// Send what is queued, then close.
-    Close,
+    /// Send what is queued, then close; `error`: for a protocol error, not a quit.
+    Close { error: bool },
+    /// Register as a watcher of these log kinds (`crate::watch`), then only write.
+    Watch(u32),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +48,8 @@ enum State {
     /// Waiting for a stats gather.
     Stats,
     Closing,
+    /// A watcher: what the client sends is read and dropped, as memcached stops reading it.
+    Watching,
 }
 
 pub struct Session {
@@ -76,7 +80,11 @@ impl Session {
     pub fn process(&mut self, input: &mut BytesMut, env: &Env, out: &mut Output) -> Step {
         loop {
             match &mut self.state {
-                State::Closing => return Step::Close,
+                State::Closing => return Step::Close { error: false },
+                State::Watching => {
+                    input.clear();
+                    return Step::NeedMore;
+                }
                 State::Stats => return Step::Stats,
                 State::Swallow(left) => {
                     let n = (*left).min(input.len());
@@ -142,14 +150,23 @@ impl Session {
                             self.state = State::Stats;
                             return Step::Stats;
                         }
-                        Next::Close => {
+                        Next::Watch(kinds) => {
+                            self.state = State::Watching;
+                            return Step::Watch(kinds);
+                        }
+                        Next::Quit | Next::Close => {
                             self.state = State::Closing;
-                            return Step::Close;
+                            return Step::Close { error: matches!(next, Next::Close) };
                         }
                     }
                 }
             }
         }
+    }
+
+    /// Whether a store's value is being read (memcached's conn_nread), for `stats conns`.
+    pub fn reading_value(&self) -> bool {
+        matches!(self.state, State::Data { .. } | State::Swallow(_))
     }
 
     /// Where the connection may read the rest of a large value directly: the value's own

@@ -61,6 +61,10 @@ pub struct Shared {
     pub verbosity: AtomicU32,
     /// `stats detail`'s counts by key prefix.
     pub prefixes: crate::prefix_stats::PrefixStats,
+    /// `watch`ing connections and what they watch.
+    pub watchers: crate::watch::Watchers,
+    /// What `stats conns` lists.
+    pub conn_table: crate::conn_table::ConnTable,
 }
 
 impl Shared {
@@ -73,11 +77,14 @@ impl Shared {
             conns: AtomicUsize::new(0),
             verbosity: AtomicU32::new(0),
             prefixes: Default::default(),
+            watchers: Default::default(),
+            conn_table: Default::default(),
         }
     }
 
-    /// The lines of `stats [group]`, or None for a group memcached does not know.
-    pub fn report(&self, group: Option<&[u8]>, counters: &Counters) -> Option<Vec<(String, String)>> {
+    /// The lines of `stats [group]`, or None for a group memcached does not know; `asking`:
+    /// the asking connection's socket (`stats conns` shows it busy).
+    pub fn report(&self, group: Option<&[u8]>, counters: &Counters, asking: i32) -> Option<Vec<(String, String)>> {
         let mut lines: Vec<(String, String)> = Vec::new();
         let mut put = |name: &str, value: String| lines.push((name.to_string(), value));
         match group {
@@ -133,10 +140,7 @@ impl Shared {
             Some(b"items") => lines.extend(self.store.classes().items_report()),
             Some(b"slabs") => lines.extend(self.store.classes().slabs_report()),
             Some(b"sizes") => lines.extend(crate::slab_classes::Classes::sizes_report()),
-            Some(b"conns") => {
-                // Per-connection detail is not kept: the group answers (empty) so tools that
-                // ask it keep working.
-            }
+            Some(b"conns") => lines.extend(self.conn_table.report(asking, self.clock.now())),
             Some(_) => return None,
         }
         Some(lines)

@@ -19,7 +19,9 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 use slab::Slab;
 
+use crate::evicted_log::{Evicted, EvictedLog};
 use crate::slab_classes::{class_of, Classes};
+use crate::text::parse_counter;
 
 /// Shards of the table (a power of two).
 pub const SHARDS: usize = 16;
@@ -171,6 +173,8 @@ pub struct Store {
     flush_at: AtomicU32,
     /// Rotates where an eviction starts looking.
     cursor: AtomicUsize,
+    /// The evicted, kept while someone watches evictions.
+    pub evicted: EvictedLog,
 }
 
 impl Shard {
@@ -264,6 +268,7 @@ impl Store {
             tick: AtomicU64::new(1),
             flush_at: AtomicU32::new(0),
             cursor: AtomicUsize::new(0),
+            evicted: EvictedLog::default(),
         }
     }
 
@@ -614,6 +619,10 @@ impl Store {
             }
         }
         drop(shard);
+        if !now_dead && self.evicted.is_on() {
+            let (key, size, fetched, class) = (entry.key, entry.value.len(), entry.fetched, entry.class);
+            self.evicted.record(Evicted { key, size, fetched, exptime: entry.exptime, stored_at: entry.stored_at, class });
+        }
         self.used.fetch_sub(charge, Ordering::Relaxed);
         true
     }
@@ -665,26 +674,6 @@ impl Store {
         }
         all
     }
-}
-
-/// A counter value as memcached reads one (strtoull): leading white space, an optional '+',
-/// decimal digits fitting in 64 bits, then the end or white space (what follows is ignored).
-pub fn parse_counter(value: &[u8]) -> Option<u64> {
-    let is_space = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
-    let mut i = value.iter().take_while(|&&b| is_space(b)).count();
-    if value.get(i) == Some(&b'+') {
-        i += 1;
-    }
-    let digits = value[i..].iter().take_while(|b| b.is_ascii_digit()).count();
-    if digits == 0 {
-        return None;
-    }
-    if let Some(&next) = value.get(i + digits) {
-        if !is_space(next) {
-            return None;
-        }
-    }
-    std::str::from_utf8(&value[i..i + digits]).ok()?.parse::<u64>().ok()
 }
 
 /// An item's size as memcached counts it against `-I`: a 48-byte header, 8 bytes of cas, the

@@ -61,6 +61,10 @@ pub enum Command<'a> {
         noreply: bool,
     },
     Quit,
+    /// `watch [kinds]`: None when a kind is unknown.
+    Watch {
+        kinds: Option<u32>,
+    },
     /// A command whose answer the line alone decides (`slabs reassign|automove`): the line
     /// to send, `\r\n` included.
     Answer(&'static [u8]),
@@ -165,6 +169,26 @@ pub fn parse_i32(t: &[u8]) -> Option<i64> {
     let v: i64 = s.parse().ok()?;
     // strtol gives a long; memcached stores it in an int32_t.
     Some(v as i32 as i64)
+}
+
+/// A counter value as memcached reads one (strtoull): leading white space, an optional '+',
+/// decimal digits fitting in 64 bits, then the end or white space (what follows is ignored).
+pub fn parse_counter(value: &[u8]) -> Option<u64> {
+    let is_space = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
+    let mut i = value.iter().take_while(|&&b| is_space(b)).count();
+    if value.get(i) == Some(&b'+') {
+        i += 1;
+    }
+    let digits = value[i..].iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 {
+        return None;
+    }
+    if let Some(&next) = value.get(i + digits) {
+        if !is_space(next) {
+            return None;
+        }
+    }
+    std::str::from_utf8(&value[i..i + digits]).ok()?.parse::<u64>().ok()
 }
 
 /// mcmc's strict token numbers (memcached 1.6.45's `mcmc_toktou32`/`u64`/`tokto32`): digits
@@ -286,6 +310,7 @@ pub fn parse(line: &[u8]) -> Result<Command<'_>, Reject> {
         b"stats" => Ok(Command::Stats { args: tokens[1..].to_vec() }),
         b"version" => Ok(Command::Version),
         b"quit" => Ok(Command::Quit),
+        b"watch" => Ok(Command::Watch { kinds: crate::watch::parse_kinds(&tokens[1..]) }),
         [b'm', meta] if matches!(meta, b'g' | b's' | b'd' | b'a' | b'n' | b'e') => {
             Ok(Command::Meta { name: *meta, tokens: tokens[1..].to_vec() })
         }

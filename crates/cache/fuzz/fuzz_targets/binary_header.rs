@@ -84,7 +84,7 @@ fuzz_target!(|data: &[u8]| {
         stats_ebb(),
     );
     let stats = <CoreStats as Ebb>::create_rep(&Arc::new(StatsRoot { cores: 1 }), 0);
-    let env = Env { shared: &shared, stats: &stats };
+    let env = Env { shared: &shared, stats: &stats, fd: -1 };
     let mut out = Output::new();
     let mut input = BytesMut::from(data);
     input[0] = binary::REQUEST_MAGIC;

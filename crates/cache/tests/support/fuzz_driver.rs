@@ -261,7 +261,7 @@ fn excerpt(b: &[u8], at: usize) -> String {
 pub fn run_stream(ctrl: [u8; 2], stream: &[u8], keep_output: bool) -> Outcome {
     let shared = Shared::new(settings(), stats_ebb());
     let stats = <CoreStats as Ebb>::create_rep(&Arc::new(StatsRoot { cores: 1 }), 0);
-    let env = Env { shared: &shared, stats: &stats };
+    let env = Env { shared: &shared, stats: &stats, fd: -1 };
     let mut session = Session::new();
     let mut input = BytesMut::new();
     let mut out = Output::new();
@@ -337,8 +337,9 @@ fn pump(session: &mut Session, input: &mut BytesMut, env: &Env, out: &mut Output
     loop {
         outcome.process_calls += 1;
         match session.process(input, env, out) {
-            Step::NeedMore => return false,
-            Step::Close => return true,
+            // A watcher only listens from then on: the rest of the input is dropped.
+            Step::NeedMore | Step::Watch(_) => return false,
+            Step::Close { .. } => return true,
             Step::Stats => {
                 assert!(session.stats_request().is_some(), "Step::Stats without a request");
                 session.finish_stats(&Counters::default(), env, out);
