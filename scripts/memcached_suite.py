@@ -161,7 +161,8 @@ def main():
     parser.add_argument("--help-from", help="a memcached binary of the checkout's version, for its -h (default: the first --memcached)")
     parser.add_argument("--limit", type=float, default=60, help="seconds a file may take before it counts as hung")
     parser.add_argument("--jobs", type=int, default=4)
-    parser.add_argument("--out", default=str(REPO / "bench/results/memcached-suite"))
+    parser.add_argument("--out", help="path without suffix for the JSON and markdown (default: "
+                        "bench/results/memcached-suite for a whole run; a run with --only only prints)")
     args = parser.parse_args()
     servers = [("sprout", args.sprout)] + [tuple(m.split("=", 1)) for m in args.memcached]
     tests = sorted(p.name for p in (args.checkout / "t").glob("*.t") if not SKIPPED.search(p.name))
@@ -181,7 +182,10 @@ def main():
             test, name = futures[future]
             results[test][name] = future.result()
             print(f"[{i}/{len(jobs)}] {test} on {name}: {results[test][name]['status']}", file=sys.stderr, flush=True)
-    out = Path(args.out)
+    if args.out is None and args.only:
+        print(markdown(results, servers, tag))
+        return
+    out = Path(args.out or REPO / "bench/results/memcached-suite")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"tag": tag, "servers": [n for n, _ in servers], "files": results}, indent=1))
     out.with_suffix(".md").write_text(markdown(results, servers, tag))
