@@ -46,13 +46,17 @@ def main(src, dst):
     for budget, c in sorted(r["cores"].items()):
         for sweep, marker in (("connections", "o"), ("value_bytes", "s")):
             keys = sorted(c[sweep], key=int)
-            ratio.plot(range(len(keys)), [c[sweep][k]["sprout_over_memcached"] for k in keys], marker + DASH.get(budget, "-"),
-                       label=f"{budget} core(s), by {sweep.replace('_', ' ')}")
+            mid = [c[sweep][k]["sprout_over_memcached"] for k in keys]
+            # The rounds' spread, where the run recorded it (older results have none).
+            spread = [c[sweep][k].get("round_ratio_range") or [m, m] for k, m in zip(keys, mid)]
+            below, above = [m - lo for m, (lo, _) in zip(mid, spread)], [hi - m for m, (_, hi) in zip(mid, spread)]
+            ratio.errorbar(range(len(keys)), mid, yerr=[below, above],
+                           fmt=marker + DASH.get(budget, "-"), capsize=3, label=f"{budget} core(s), by {sweep.replace('_', ' ')}")
     ratio.axhline(1.0, color="grey", lw=0.8)
     ratio.axhline(1.3, color="#264653", lw=0.8, ls=":")
     ratio.set_xlabel("point (left to right: the sweep's order)")
     ratio.set_ylabel("sprout ops/s ÷ memcached ops/s")
-    ratio.set_title("throughput ratio (1.3× target dotted)")
+    ratio.set_title("throughput ratio, bars: the rounds' range (1.3× target dotted)")
     ratio.legend(fontsize=8)
     axes[1][2].axis("off")
     axes[1][2].text(0, 0.9, "\n".join([r["machine"], r["generator"], r["method"]["pinning"], r["memcached_version"]]),

@@ -3,13 +3,15 @@
 //! memaslap (Debian's `memcaslap`, the generator EbbRT used) with a 9:1 get:set mix:
 //! throughput and latency while connections grow, and while values grow at 64 connections.
 //!
-//! Both servers run at once, pinned to the same CPUs, started afresh at each point: a server
-//! that kept an earlier point's items would answer another workload (memcached, its memory
-//! assigned to small values' slab classes, refuses to store 16 KiB values and answers most
-//! gets with a miss, which costs it less than serving the value; Sprout evicts small items to
-//! store them). Each run reports its get hit ratio, so equal work can be checked. At each
-//! point memaslap drives one server, then the other, and the order alternates between
-//! repeats so drift in the machine's speed falls on both. The median of the repeats is reported. memaslap reports latency as a
+//! One server runs at a time, pinned to the same CPUs as the other will be, started afresh
+//! (empty) for each round: a server that kept an earlier point's items would answer another
+//! workload (memcached, its memory assigned to small values' slab classes, refuses to store
+//! 16 KiB values and answers most gets with a miss, which costs it less than serving the
+//! value; Sprout evicts small items to store them), and an idle second server beside it moved
+//! a point by up to 2x. Each run reports its get hit ratio, so equal work can be checked. At
+//! each point the rounds alternate which server goes first, so drift in the machine's speed
+//! falls on both; the median of the rounds is reported, with the spread of the per-round
+//! ratios (each Sprout round over the memcached round beside it). memaslap reports latency as a
 //! histogram of power-of-two buckets; p50 and p99 are interpolated within their bucket
 //! (accurate to the bucket, a factor of two: compare them, do not quote them alone).
 
@@ -231,19 +233,30 @@ fn exact_run(port: u16, conns: usize, value: usize, opts: &Options) -> Result<Ru
 /// which goes first.
 fn point(cpus: &[usize], conns: usize, value: usize, config: &Path, opts: &Options, label: &str) -> Result<Value> {
     let shared_cpu = cpus.contains(&opts.client_cpu);
-    let servers = [start("memcached", &opts.sprout, cpus, shared_cpu)?, start("sprout", &opts.sprout, cpus, shared_cpu)?];
     let mut runs: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
     let mut exact: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
     for r in 0..opts.repeats {
         let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
         for i in order {
-            runs[i].push(memaslap(servers[i].port, conns, config, opts.seconds, opts.client_cpu)?);
+            // Alone on the machine, and empty: the other server is stopped.
+            let server = start(SYSTEMS[i], &opts.sprout, cpus, shared_cpu)?;
+            runs[i].push(memaslap(server.port, conns, config, opts.seconds, opts.client_cpu)?);
             if opts.exact {
-                exact[i].push(exact_run(servers[i].port, conns, value, opts)?);
+                exact[i].push(exact_run(server.port, conns, value, opts)?);
             }
         }
     }
     let mut entry = Map::new();
+    let spread = |runs: &[Vec<Run>; 2]| {
+        let ratios: Vec<f64> = runs[1].iter().zip(&runs[0]).map(|(s, m)| s.ops_per_s / m.ops_per_s.max(1.0)).collect();
+        let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = ratios.iter().copied().fold(0.0, f64::max);
+        json!([(lo * 1000.0).round() / 1000.0, (hi * 1000.0).round() / 1000.0])
+    };
+    entry.insert("round_ratio_range".into(), spread(&runs));
+    if opts.exact {
+        entry.insert("exact_round_ratio_range".into(), spread(&exact));
+    }
     for (i, system) in SYSTEMS.iter().enumerate() {
         let mut summary = summarize(&runs[i]);
         if opts.exact {
@@ -313,8 +326,8 @@ pub fn run(opts: &Options) -> Result<Value> {
             "pinning": format!("servers confined to CPUs 0..cores (taskset); memaslap on CPU {}; sprout pins each core's thread to its CPU, except with 2 server cores, where the generator shares CPU 1 and both servers' threads float over CPUs 0-1 (sprout --no-pin, memcached's default); neither polls when idle (sprout's default --spin-us 0)", opts.client_cpu),
             "seconds_per_run": opts.seconds,
             "repeats": opts.repeats,
-            "statistic": "median of the repeats; the two servers alternate which runs first",
-            "servers": "both started afresh (empty) at each point; get_hit_ratio is the lowest of the repeats'",
+            "statistic": "median of the rounds; the two servers alternate which runs first; round_ratio_range: the lowest and highest of the per-round ratios (each sprout round over the memcached round of the same repeat)",
+            "servers": "one at a time, each started afresh (empty) for its round; get_hit_ratio is the lowest of the rounds'",
             "latency": "memaslap's power-of-two histogram, percentiles interpolated within the bucket",
             "small_value_bytes": opts.small_value,
             "value_sweep_connections": opts.value_connections,
@@ -345,7 +358,7 @@ fn markdown(r: &Value) -> String {
     for (budget, c) in cores {
         for (sweep, title) in [("connections", "connections"), ("value_bytes", "value bytes")] {
             md += &format!(
-                "\n## {budget} core(s), by {title}\n\n| {title} | memcached ops/s | sprout ops/s | ratio | get hits, memcached / sprout | p50 / p99 µs, memcached | p50 / p99 µs, sprout | exact ratio | exact p50 / p99 µs, memcached | exact p50 / p99 µs, sprout |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+                "\n## {budget} core(s), by {title}\n\n| {title} | memcached ops/s | sprout ops/s | ratio | rounds' ratios | get hits, memcached / sprout | p50 / p99 µs, memcached | p50 / p99 µs, sprout | exact ratio | exact p50 / p99 µs, memcached | exact p50 / p99 µs, sprout |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
             );
             let Some(points) = c[sweep].as_object() else {
                 continue;
@@ -356,12 +369,14 @@ fn markdown(r: &Value) -> String {
                 let p = &points[k];
                 let f = |s: &str, f: &str| p[s][f].as_f64().unwrap_or(0.0);
                 let e = |s: &str, f: &str| p[s]["exact"][f].as_f64().unwrap_or(0.0);
+                let range = |f: &str| p[f][0].as_f64().zip(p[f][1].as_f64()).map_or("-".to_string(), |(lo, hi)| format!("{lo:.2}-{hi:.2}"));
                 let hits = |s: &str| p[s]["get_hit_ratio"].as_f64().map_or("-".to_string(), |h| format!("{:.0}%", h * 100.0));
                 md += &format!(
-                    "| {k} | {:.0} | {:.0} | **{:.2}×** | {} / {} | {:.0} / {:.0} | {:.0} / {:.0} | **{:.2}×** | {:.0} / {:.0} | {:.0} / {:.0} |\n",
+                    "| {k} | {:.0} | {:.0} | **{:.2}×** | {} | {} / {} | {:.0} / {:.0} | {:.0} / {:.0} | **{:.2}×** | {:.0} / {:.0} | {:.0} / {:.0} |\n",
                     f("memcached", "ops_per_s"),
                     f("sprout", "ops_per_s"),
                     p["sprout_over_memcached"].as_f64().unwrap_or(0.0),
+                    range("round_ratio_range"),
                     hits("memcached"),
                     hits("sprout"),
                     f("memcached", "p50_us"),

@@ -57,6 +57,7 @@ impl Server {
             runtime.spawn_on(core, move || {
                 let fd = listener.as_raw_fd();
                 shared.conn_table.open(fd, crate::conn_table::tcp_addr(addr), None, shared.clock.now());
+                crawl_every_second(shared.clone(), core, shared.settings.cores);
                 let acceptor = Acceptor { listener: TcpListener::from_std(listener), shared, fd };
                 let _ = ready_tx.send(sprout_runtime::register(Box::new(acceptor)).map(|_| ()));
             });
@@ -103,6 +104,23 @@ fn bind(addr: SocketAddr) -> std::io::Result<StdListener> {
 }
 
 /// A core's listening socket.
+/// Entries each crawl step looks at, per shard: bounded, so a step holds a shard's lock for
+/// well under a millisecond however large the store.
+const CRAWL_BUDGET: usize = 4096;
+
+/// memcached's LRU crawler, on every core: each second a core looks over its share of the
+/// store's shards and frees the expired and flushed items it finds, so their memory returns
+/// (and `stats` shows it) without waiting for a request to meet them.
+fn crawl_every_second(shared: Arc<Shared>, core: usize, cores: usize) {
+    sprout_runtime::timer(std::time::Duration::from_secs(1), move || {
+        let now = shared.clock.now();
+        for shard in (core..crate::store::SHARDS).step_by(cores.max(1)) {
+            shared.store.crawl(shard, CRAWL_BUDGET, now);
+        }
+        crawl_every_second(shared, core, cores);
+    });
+}
+
 struct Acceptor {
     fd: i32,
     listener: TcpListener,

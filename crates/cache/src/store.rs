@@ -23,6 +23,9 @@ use crate::evicted_log::{Evicted, EvictedLog};
 use crate::slab_classes::{class_of, Classes};
 use crate::text::parse_counter;
 
+mod report;
+pub use report::StoreStats;
+
 /// Shards of the table (a power of two).
 pub const SHARDS: usize = 16;
 
@@ -100,19 +103,6 @@ pub enum Deleted {
     Exists,
 }
 
-/// Counters of the store, named as memcached's `stats`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StoreStats {
-    pub curr_items: u64,
-    pub total_items: u64,
-    pub bytes: u64,
-    pub evictions: u64,
-    pub reclaimed: u64,
-    pub expired_unfetched: u64,
-    pub evicted_unfetched: u64,
-    pub limit_maxbytes: u64,
-}
-
 struct Entry {
     key: Box<[u8]>,
     value: Bytes,
@@ -158,6 +148,8 @@ struct Shard {
     evicted_unfetched: u64,
     /// Its items and operations by slab class.
     classes: Classes,
+    /// Where the crawler looks next.
+    crawl_at: usize,
 }
 
 pub struct Store {
@@ -313,18 +305,42 @@ impl Store {
     fn find_live(&self, shard: &mut Shard, hash: u64, key: &[u8], now: u32) -> Result<u32, Lookup> {
         let i = shard.find(hash, key).ok_or(Lookup::Miss)?;
         if let Some(why) = self.death(&shard.entries[i as usize], now) {
-            let (e, charge) = shard.remove(i);
-            let class = shard.classes.of(e.class);
-            class.reclaimed += 1;
-            if !e.fetched {
-                shard.expired_unfetched += 1;
-                class.expired_unfetched += 1;
-            }
-            shard.reclaimed += 1;
-            self.used.fetch_sub(charge, Ordering::Relaxed);
+            self.reclaim(shard, i);
             return Err(why);
         }
         Ok(i)
+    }
+
+    /// Drop dead entry `i`, counted as reclaimed (and expired_unfetched if never read).
+    fn reclaim(&self, shard: &mut Shard, i: u32) {
+        let (e, charge) = shard.remove(i);
+        let class = shard.classes.of(e.class);
+        class.reclaimed += 1;
+        if !e.fetched {
+            shard.expired_unfetched += 1;
+            class.expired_unfetched += 1;
+        }
+        shard.reclaimed += 1;
+        self.used.fetch_sub(charge, Ordering::Relaxed);
+    }
+
+    /// A step of memcached's LRU crawler over shard `s` (of [`SHARDS`]): look at up to `budget`
+    /// entries from where its last step stopped and drop the dead ones, so an expired item's
+    /// memory returns without a lookup meeting it. Returns how many went.
+    pub fn crawl(&self, s: usize, budget: usize, now: u32) -> usize {
+        let mut shard = self.shards[s].lock();
+        let capacity = shard.entries.capacity();
+        let (mut i, mut gone) = (shard.crawl_at, 0);
+        for _ in 0..budget.min(capacity) {
+            i = if i >= capacity { 0 } else { i };
+            if shard.entries.get(i).is_some_and(|e| self.dead(e, now)) {
+                self.reclaim(&mut shard, i as u32);
+                gone += 1;
+            }
+            i += 1;
+        }
+        shard.crawl_at = i;
+        gone
     }
 
     fn live(&self, shard: &mut Shard, hash: u64, key: &[u8], now: u32) -> Option<u32> {
@@ -625,54 +641,6 @@ impl Store {
         }
         self.used.fetch_sub(charge, Ordering::Relaxed);
         true
-    }
-
-    pub fn stats(&self) -> StoreStats {
-        let mut st = StoreStats { limit_maxbytes: self.limit as u64, ..Default::default() };
-        for shard in self.shards.iter() {
-            let s = shard.lock();
-            st.curr_items += s.entries.len() as u64;
-            st.total_items += s.total_items;
-            st.evictions += s.evictions;
-            st.reclaimed += s.reclaimed;
-            st.expired_unfetched += s.expired_unfetched;
-            st.evicted_unfetched += s.evicted_unfetched;
-        }
-        st.bytes = self.used() as u64;
-        st
-    }
-
-    /// Zero the counters `stats reset` resets (not items or bytes).
-    pub fn reset_stats(&self) {
-        for shard in self.shards.iter() {
-            let mut s = shard.lock();
-            s.total_items = 0;
-            s.evictions = 0;
-            s.reclaimed = 0;
-            s.expired_unfetched = 0;
-            s.evicted_unfetched = 0;
-            s.classes.reset();
-        }
-    }
-
-    /// `stats cachedump`: up to `limit` (0: all) items of slab `class`: key, value length, expiry.
-    pub fn dump_class(&self, class: u8, limit: usize) -> Vec<(Vec<u8>, usize, u32)> {
-        let mut items = Vec::new();
-        for shard in self.shards.iter() {
-            let s = shard.lock();
-            let of_class = s.entries.iter().map(|(_, e)| e).filter(|e| e.class == class);
-            items.extend(of_class.map(|e| (e.key.to_vec(), e.value.len(), e.exptime)).take(limit.wrapping_sub(items.len())));
-        }
-        items
-    }
-
-    /// Every shard's counters by slab class, summed.
-    pub fn classes(&self) -> Classes {
-        let mut all = Classes::default();
-        for shard in self.shards.iter() {
-            all.add(&shard.lock().classes);
-        }
-        all
     }
 }
 

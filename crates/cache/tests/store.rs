@@ -2,7 +2,7 @@
 //! in LRU order across shards, expiry and flush, and consistency under concurrent cores.
 
 use bytes::Bytes;
-use sprout_cache::store::{Deleted, DeltaError, Mode, Store, Stored, ITEM_OVERHEAD};
+use sprout_cache::store::{Deleted, DeltaError, Mode, Store, Stored, ITEM_OVERHEAD, SHARDS};
 
 const NOW: u32 = 10;
 
@@ -175,4 +175,27 @@ fn peek_reads_without_changing_the_lru_order() {
     set(&s, "k003", &"v".repeat(1000), 4);
     assert!(value(&s, "k000").is_none(), "a peeked item stays least recently used");
     assert!(value(&s, "k001").is_some());
+}
+
+#[test]
+fn the_crawler_frees_expired_items_nobody_asks_for() {
+    let s = Store::new(1 << 20);
+    for k in 0..200 {
+        s.store(Mode::Set, format!("short{k}").as_bytes(), Bytes::from("x"), 0, NOW + 2, 1, NOW);
+        s.store(Mode::Set, format!("long{k}").as_bytes(), Bytes::from("y"), 0, 0, 1, NOW);
+    }
+    let used = s.used();
+    assert_eq!(s.stats().curr_items, 400);
+    // Before they expire, nothing goes.
+    let none: usize = (0..SHARDS).map(|shard| s.crawl(shard, 1000, NOW + 1)).sum();
+    assert_eq!(none, 0);
+    // A small budget takes several steps, each resuming where the last stopped.
+    let mut gone = 0;
+    for _ in 0..100 {
+        gone += (0..SHARDS).map(|shard| s.crawl(shard, 3, NOW + 2)).sum::<usize>();
+    }
+    assert_eq!(gone, 200);
+    let stats = s.stats();
+    assert_eq!((stats.curr_items, stats.reclaimed, stats.expired_unfetched), (200, 200, 200));
+    assert!(s.used() < used && value(&s, "long7").is_some() && value(&s, "short7").is_none());
 }
