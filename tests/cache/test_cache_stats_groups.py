@@ -120,3 +120,31 @@ def test_binary_stat_groups_answer(sprout_cache_server):
     assert dumped[0] == (0, "detailed", "PREFIX pre get 0 hit 0 set 1 del 0\r\nEND\r\n"), dumped
     assert binary_stats(address, "detail off") == [(0, "", "")]
     assert binary_stats(address, "nosuch")[0][0] == 1  # key not found
+
+
+def test_general_stats_carry_memcacheds_other_counters(sprout_cache_server):
+    """stats.t reads these from a fresh server: present, and zero where nothing happened."""
+    address = sprout_cache_server
+    general = stats(address)
+    for name in ("listen_disabled_num", "time_in_listen_disabled_us", "lrutail_reflocked", "store_no_memory", "store_too_large",
+                 "auth_cmds", "auth_errors", "conn_yields", "log_watcher_skipped"):
+        assert general[name] == "0", name
+    assert int(general["connection_structures"]) >= 2  # the listener and this connection
+    settings = stats(address, b"settings")
+    assert (settings["auth_enabled_sasl"], settings["shutdown_command"]) == ("no", "no")
+
+
+@sprout_only  # memcached's crawler runs when its maintainer schedules it, not each second
+def test_the_crawler_frees_an_expired_item_nobody_reads(sprout_cache_server):
+    address = sprout_cache_server
+    flush(address)
+    before = stats(address)
+    assert exchange(address, b"set soon 0 1 1\r\nx\r\nset stays 0 0 1\r\ny\r\n") == b"STORED\r\n" * 2
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        after = stats(address)
+        if int(after["crawler_reclaimed"]) > int(before["crawler_reclaimed"]):
+            break
+        time.sleep(0.25)
+    assert int(after["crawler_reclaimed"]) == int(before["crawler_reclaimed"]) + 1, after
+    assert after["curr_items"] == "1" and int(after["crawler_items_checked"]) > int(before["crawler_items_checked"])

@@ -74,6 +74,15 @@ impl ConnTable {
         entry
     }
 
+    /// Listeners and connections open.
+    pub fn len(&self) -> usize {
+        self.entries.lock().unwrap().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn close(&self, fd: i32) {
         self.entries.lock().unwrap().remove(&fd);
     }

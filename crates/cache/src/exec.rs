@@ -76,7 +76,7 @@ pub fn refuse_too_large(env: &Env, key: &[u8], len: usize, flags: u32, drop_old:
 }
 
 /// Store a value that has arrived (cmd_set; for cas, cas_hits, cas_badval or cas_misses;
-/// store_too_large when memory cannot be found for it).
+/// store_no_memory when memory cannot be found for it).
 pub fn store(env: &Env, mode: Mode, key: &[u8], value: Bytes, flags: u32, exptime: u32) -> Stored {
     let stats = env.stats;
     CoreStats::bump(&stats.cmd_set);
@@ -117,7 +117,8 @@ pub fn store(env: &Env, mode: Mode, key: &[u8], value: Bytes, flags: u32, exptim
         }
     }
     if result == Stored::TooLarge {
-        CoreStats::bump(&stats.store_too_large);
+        // No memory could be found for it (refuse_too_large refused what can never fit).
+        CoreStats::bump(&stats.store_no_memory);
     }
     if env.shared.watchers.watching(watch::EVICTIONS) {
         for gone in env.shared.store.evicted.take() {

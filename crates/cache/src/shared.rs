@@ -112,6 +112,19 @@ impl Shared {
                 put("evicted_unfetched", store.evicted_unfetched.to_string());
                 put("evictions", store.evictions.to_string());
                 put("reclaimed", store.reclaimed.to_string());
+                let crawler = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed).to_string();
+                put("crawler_reclaimed", crawler(&self.store.crawler_reclaimed));
+                put("crawler_items_checked", crawler(&self.store.crawler_checked));
+                put("connection_structures", self.conn_table.len().to_string());
+                let (watchers, sent, skipped) = self.watchers.counts();
+                put("log_watchers", watchers.to_string());
+                put("log_watcher_sent", sent.to_string());
+                put("log_watcher_skipped", skipped.to_string());
+                // True zeros: accepting never stops (a connection past -c is refused alone), no
+                // item is reference-locked, there is no SASL, and a connection never yields.
+                for name in ["listen_disabled_num", "time_in_listen_disabled_us", "lrutail_reflocked", "auth_cmds", "auth_errors", "conn_yields"] {
+                    put(name, "0".into());
+                }
             }
             Some(b"settings") => {
                 let s = &self.settings;
@@ -128,6 +141,9 @@ impl Shared {
                 put("evictions", "on".into());
                 put("binding_protocol", "auto-negotiate".into());
                 put("flush_enabled", "yes".into());
+                put("auth_enabled_sasl", "no".into());
+                put("shutdown_command", "no".into());
+                put("lru_crawler", "yes".into());
                 // The slab classes stats slabs reports (crate::slab_classes).
                 put("growth_factor", "1.25".into());
                 put("chunk_size", "48".into());

@@ -77,6 +77,7 @@ counters!(
     touch_hits,
     touch_misses,
     store_too_large,
+    store_no_memory,
     bytes_read,
     bytes_written,
 );

@@ -167,6 +167,9 @@ pub struct Store {
     cursor: AtomicUsize,
     /// The evicted, kept while someone watches evictions.
     pub evicted: EvictedLog,
+    /// The crawler's work: entries looked at, and dead ones it freed.
+    pub crawler_checked: AtomicU64,
+    pub crawler_reclaimed: AtomicU64,
 }
 
 impl Shard {
@@ -261,6 +264,8 @@ impl Store {
             flush_at: AtomicU32::new(0),
             cursor: AtomicUsize::new(0),
             evicted: EvictedLog::default(),
+            crawler_checked: AtomicU64::new(0),
+            crawler_reclaimed: AtomicU64::new(0),
         }
     }
 
@@ -340,6 +345,9 @@ impl Store {
             i += 1;
         }
         shard.crawl_at = i;
+        drop(shard);
+        self.crawler_checked.fetch_add(budget.min(capacity) as u64, Ordering::Relaxed);
+        self.crawler_reclaimed.fetch_add(gone as u64, Ordering::Relaxed);
         gone
     }
 

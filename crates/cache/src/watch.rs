@@ -68,21 +68,22 @@ impl Watcher {
         std::mem::take(&mut inner.text)
     }
 
-    fn offer(&self, line: &str) {
+    /// Buffer a line; false when it was skipped.
+    fn offer(&self, line: &str) -> bool {
         let wake = {
             let mut inner = self.inner.lock().unwrap();
             if inner.skipped > 0 {
                 let note = format!("skipped={}\n", inner.skipped);
                 if inner.text.len() + note.len() + line.len() > BUFFER {
                     inner.skipped += 1;
-                    return;
+                    return false;
                 }
                 inner.text.extend_from_slice(note.as_bytes());
                 inner.skipped = 0;
             }
             if inner.text.len() + line.len() > BUFFER {
                 inner.skipped += 1;
-                return;
+                return false;
             }
             inner.text.extend_from_slice(line.as_bytes());
             !std::mem::replace(&mut inner.woken, true)
@@ -90,6 +91,7 @@ impl Watcher {
         if wake {
             (self.wake)();
         }
+        true
     }
 }
 
@@ -101,6 +103,9 @@ pub struct Watchers {
     list: Mutex<Vec<Arc<Watcher>>>,
     /// memcached's gid: one sequence over all log lines.
     gid: AtomicU64,
+    /// Lines written to watchers' buffers, and lines dropped for a full one.
+    sent: AtomicU64,
+    skipped: AtomicU64,
 }
 
 impl Watchers {
@@ -140,8 +145,14 @@ impl Watchers {
         line.push('\n');
         let list = self.list.lock().unwrap().clone();
         for watcher in list.iter().filter(|w| w.kinds & kind != 0) {
-            watcher.offer(&line);
+            let counter = if watcher.offer(&line) { &self.sent } else { &self.skipped };
+            counter.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// (watchers, lines sent, lines skipped) for `stats`.
+    pub fn counts(&self) -> (usize, u64, u64) {
+        (self.list.lock().unwrap().len(), self.sent.load(Ordering::Relaxed), self.skipped.load(Ordering::Relaxed))
     }
 }
 
