@@ -122,7 +122,9 @@ impl Shared {
                 put("log_watcher_skipped", skipped.to_string());
                 // True zeros: accepting never stops (a connection past -c is refused alone), no
                 // item is reference-locked, there is no SASL, and a connection never yields.
-                for name in ["listen_disabled_num", "time_in_listen_disabled_us", "lrutail_reflocked", "auth_cmds", "auth_errors", "conn_yields"] {
+                for name in
+                    ["listen_disabled_num", "time_in_listen_disabled_us", "lrutail_reflocked", "auth_cmds", "auth_errors", "conn_yields"]
+                {
                     put(name, "0".into());
                 }
             }

@@ -24,7 +24,19 @@ use crate::slab_classes::{class_of, Classes};
 use crate::text::parse_counter;
 
 mod report;
-pub use report::StoreStats;
+
+/// Counters of the store, named as memcached's `stats`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub curr_items: u64,
+    pub total_items: u64,
+    pub bytes: u64,
+    pub evictions: u64,
+    pub reclaimed: u64,
+    pub expired_unfetched: u64,
+    pub evicted_unfetched: u64,
+    pub limit_maxbytes: u64,
+}
 
 /// Shards of the table (a power of two).
 pub const SHARDS: usize = 16;
