@@ -83,8 +83,8 @@ def test_fetches_and_stores_are_logged_with_the_connection_that_made_them(sprout
         c.close()
 
 
-def test_deletions_and_connection_events(sprout_cache_server):
-    address = sprout_cache_server
+def test_deletions_and_connection_events(make_cache_server):
+    address = make_cache_server("sprout").address  # its own: no other test's connections come and go
     skip_unless_current(address)
     w = watcher(address, b"deletions connevents")
     client = Lines(address)
@@ -120,8 +120,8 @@ def test_evictions_are_logged(make_cache_server):
         c.close()
 
 
-def test_watch_refuses_unknown_kinds_and_more_than_twenty(sprout_cache_server):
-    address = sprout_cache_server
+def test_watch_refuses_unknown_kinds_and_more_than_twenty(make_cache_server):
+    address = make_cache_server("sprout").address  # its own: memcached frees a closed watcher late
     skip_unless_current(address)
     assert exchange(address, b"watch fetchers sideways\r\n", sentinel=False, until=b"\r\n") == b"ERROR\r\n"
     watchers = [watcher(address, b"fetch") for _ in range(20)]  # a prefix names a kind, as memcached reads it

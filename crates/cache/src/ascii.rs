@@ -153,7 +153,7 @@ fn execute(command: Command<'_>, env: &Env, out: &mut Output) -> Next {
                 out.put(if deleted { b"DELETED\r\n" } else { b"NOT_FOUND\r\n" });
             }
         }
-        Command::Delta { incr, key, delta, noreply } => match exec::delta(env, key, incr, delta, 0, None) {
+        Command::Delta { incr, key, delta, noreply } => match exec::delta(env, key, incr, delta, 0, None, None) {
             Ok((value, _)) => {
                 if !noreply {
                     out.put_u64(value);

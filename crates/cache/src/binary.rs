@@ -314,7 +314,7 @@ fn execute(h: Header, opcode: u8, quiet: bool, ext: &[u8], key: &[u8], env: &Env
             let incr = opcode == op::INCREMENT;
             let (delta, initial, exptime) = (u64_at(0), u64_at(8), u32_at(16));
             let create = (exptime != u32::MAX).then(|| (initial, env.shared.clock.expiry(exptime as i64)));
-            match exec::delta(env, key, incr, delta, h.cas, create) {
+            match exec::delta(env, key, incr, delta, h.cas, create, None) {
                 Ok((value, cas)) => {
                     if !quiet {
                         header(out, h.opcode, status::SUCCESS, 0, 0, 8, h.opaque, cas);

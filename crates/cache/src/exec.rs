@@ -10,6 +10,7 @@ use bytes::Bytes;
 use crate::request::Env;
 use crate::slab_classes::class_of;
 use crate::stats::CoreStats;
+use crate::store::meta_ops::{MetaItem, MetaRead};
 use crate::store::{item_size, Deleted, DeltaError, Item, Lookup, Mode, Stored};
 use crate::watch::{self, put_key};
 
@@ -60,6 +61,30 @@ pub fn read(env: &Env, key: &[u8], how: Read) -> Option<Item> {
     item
 }
 
+/// mg's read (`crate::store::meta_ops`), counted as `read` counts: a touch with `T` that finds
+/// its item, else a get; an item `N` created counts as a hit, as memcached counts it.
+pub fn meta_read(env: &Env, key: &[u8], how: &MetaRead) -> Option<MetaItem> {
+    let stats = env.stats;
+    let found = env.shared.store.meta_read(key, how, env.shared.clock.now());
+    match &found {
+        Err(Lookup::Expired) => CoreStats::bump(&stats.get_expired),
+        Err(Lookup::Flushed) => CoreStats::bump(&stats.get_flushed),
+        _ => {}
+    }
+    let (command, hits, misses) =
+        // memcached counts T as a touch only when it found the item.
+        if how.touch.is_some() && found.is_ok() {
+            (&stats.cmd_touch, &stats.touch_hits, &stats.touch_misses)
+        } else {
+            (&stats.cmd_get, &stats.get_hits, &stats.get_misses)
+        };
+    CoreStats::bump(command);
+    CoreStats::bump(if found.is_ok() { hits } else { misses });
+    let lookup = found.as_ref().map_or_else(Clone::clone, |m| Lookup::Hit(m.item.clone()));
+    log_get(env, key, &lookup);
+    found.ok()
+}
+
 /// Whether a store of a `len`-byte value under `key` must be refused before its value is
 /// read, because the item could never fit (counted as store_too_large). memcached drops the
 /// old value of a `set` it cannot store (`drop_old`), so no stale value outlives the failed
@@ -77,7 +102,7 @@ pub fn refuse_too_large(env: &Env, key: &[u8], len: usize, flags: u32, drop_old:
 
 /// Store a value that has arrived (cmd_set; for cas, cas_hits, cas_badval or cas_misses;
 /// store_no_memory when memory cannot be found for it).
-pub fn store(env: &Env, mode: Mode, key: &[u8], value: Bytes, flags: u32, exptime: u32) -> Stored {
+pub fn store(env: &Env, mode: Mode, key: &[u8], value: Bytes, flags: u32, exptime: u32, cas_in: Option<u64>) -> Stored {
     let stats = env.stats;
     CoreStats::bump(&stats.cmd_set);
     let now = env.shared.clock.now();
@@ -86,7 +111,7 @@ pub fn store(env: &Env, mode: Mode, key: &[u8], value: Bytes, flags: u32, exptim
         log_get(env, key, &env.shared.store.peek(key, now).map_or(Lookup::Miss, Lookup::Hit));
     }
     let size = (value.len(), item_size(key.len(), value.len(), flags));
-    let result = env.shared.store.store(mode, key, value, flags, exptime, stats.next_cas(), now);
+    let result = env.shared.store.store(mode, key, value, flags, exptime, cas_in.unwrap_or_else(|| stats.next_cas()), now);
     env.shared.watchers.log(watch::MUTATIONS, |line| {
         let status = match result {
             Stored::Stored(_) => "stored",
@@ -101,14 +126,14 @@ pub fn store(env: &Env, mode: Mode, key: &[u8], value: Bytes, flags: u32, exptim
             Mode::Replace => "replace",
             Mode::Append(_) => "append",
             Mode::Prepend(_) => "prepend",
-            Mode::Cas(_) => "cas",
+            Mode::Cas(_) | Mode::CasOrStale(_) => "cas",
         };
         let ttl = if exptime == 0 { 0 } else { exptime.saturating_sub(now) };
         line.push_str("item_store key=");
         put_key(line, key);
         let _ = write!(line, " status={status} cmd={cmd} ttl={ttl} clsid={} cfd={} size={}", class_of(size.1), env.fd, size.0);
     });
-    if let Mode::Cas(_) = mode {
+    if let Mode::Cas(_) | Mode::CasOrStale(_) = mode {
         match result {
             Stored::Stored(_) => CoreStats::bump(&stats.cas_hits),
             Stored::Exists => CoreStats::bump(&stats.cas_badval),
@@ -161,10 +186,18 @@ pub fn delete(env: &Env, key: &[u8], cas: u64) -> Deleted {
 /// incr or decr `key` by `delta`; a non-zero `cas` must match; `create`: the initial value
 /// and expiry of a missing item (binary and meta). Returns the new value and cas (incr_ or
 /// decr_hits, or _misses when there is no item; a non-numeric value or a cas mismatch counts
-/// as neither).
-pub fn delta(env: &Env, key: &[u8], incr: bool, delta: u64, cas: u64, create: Option<(u64, u32)>) -> Result<(u64, u64), DeltaError> {
+/// as neither). `cas_in`: the new cas (meta `E`) instead of the next one.
+pub fn delta(
+    env: &Env,
+    key: &[u8],
+    incr: bool,
+    delta: u64,
+    cas: u64,
+    create: Option<(u64, u32)>,
+    cas_in: Option<u64>,
+) -> Result<(u64, u64), DeltaError> {
     let stats = env.stats;
-    let result = env.shared.store.delta(key, incr, delta, cas, stats.next_cas(), create, env.shared.clock.now());
+    let result = env.shared.store.delta(key, incr, delta, cas, cas_in.unwrap_or_else(|| stats.next_cas()), create, env.shared.clock.now());
     let (hits, misses) = if incr { (&stats.incr_hits, &stats.incr_misses) } else { (&stats.decr_hits, &stats.decr_misses) };
     match &result {
         Ok(_) => CoreStats::bump(hits),

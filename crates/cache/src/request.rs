@@ -47,11 +47,13 @@ pub enum Reply {
     },
     /// ms: a two-letter code and the flags it asked back.
     /// `base64`: the key came base64-encoded (`b`), and goes back so.
+    /// `cas_in`: the cas the stored item takes (`E`), instead of the next one.
     Meta {
         quiet: bool,
         opaque: Option<Vec<u8>>,
         ret: Vec<u8>,
         base64: bool,
+        cas_in: Option<u64>,
     },
 }
 

@@ -209,7 +209,11 @@ pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Out
     if !matches!(op.reply, Reply::Meta { .. }) {
         env.shared.prefixes.record(&op.key, crate::prefix_stats::Op::Set);
     }
-    let result = exec::store(env, op.mode, &op.key, value, op.flags, op.exptime);
+    let cas_in = match op.reply {
+        Reply::Meta { cas_in, .. } => cas_in,
+        _ => None,
+    };
+    let result = exec::store(env, op.mode, &op.key, value, op.flags, op.exptime, cas_in);
     match op.reply {
         Reply::Text { noreply } => {
             if !noreply {
@@ -223,6 +227,11 @@ pub fn complete_store(op: StoreOp, mut block: BytesMut, env: &Env, out: &mut Out
             }
         }
         Reply::Binary { opcode, opaque, quiet } => binary::store_reply(opcode, opaque, quiet, result, out),
-        Reply::Meta { quiet, opaque, ret, base64 } => meta::store_reply(result, &op.key, base64, quiet, opaque.as_deref(), ret, out),
+        Reply::Meta { quiet, opaque, ret, base64, .. } => {
+            // s: the stored value's size (after an append, the whole).
+            let size =
+                if ret.contains(&b's') { env.shared.store.peek(&op.key, env.shared.clock.now()).map_or(0, |i| i.value.len()) } else { 0 };
+            meta::store_reply(result, &op.key, base64, quiet, opaque.as_deref(), ret, size, out)
+        }
     }
 }

@@ -23,6 +23,7 @@ use crate::evicted_log::{Evicted, EvictedLog};
 use crate::slab_classes::{class_of, Classes};
 use crate::text::parse_counter;
 
+pub mod meta_ops;
 mod report;
 
 /// Counters of the store, named as memcached's `stats`.
@@ -68,6 +69,8 @@ pub enum Mode {
     Prepend(u64),
     /// Store only over an item whose cas matches.
     Cas(u64),
+    /// As `Cas`; and over an item with a newer cas too, keeping its expiry, marked stale (ms `I`).
+    CasOrStale(u64),
 }
 
 /// What a read found.
@@ -132,6 +135,12 @@ struct Entry {
     fetched: bool,
     /// memcached's slab class for its size ([`crate::slab_classes`]).
     class: u8,
+    /// Relative time of the last store or bumping read (meta `l`, `me`'s `la`).
+    accessed: u32,
+    /// Marked stale by `md … I` (meta `X`), and whether a client was told it won the
+    /// right to recache it (meta `W`, then `Z` to others).
+    stale: bool,
+    token_sent: bool,
 }
 
 impl Entry {
@@ -387,6 +396,7 @@ impl Store {
             e.exptime = exptime;
         }
         e.fetched = true;
+        e.accessed = now;
         Lookup::Hit(Item { value: e.value.clone(), flags: e.flags, cas: e.cas, exptime: e.exptime })
     }
 
@@ -424,6 +434,8 @@ impl Store {
         }
         let mut shard = shard_lock.lock();
         let existing = self.live(&mut shard, hash, key, now);
+        // Some(token sent): stored stale over a newer item (CasOrStale).
+        let mut stale = None;
         let (value, flags, exptime) = match (mode, existing) {
             (Mode::Add, Some(i)) => {
                 // memcached bumps the existing item on a failed add.
@@ -431,8 +443,13 @@ impl Store {
                 return Stored::NotStored;
             }
             (Mode::Replace | Mode::Append(_) | Mode::Prepend(_), None) => return Stored::NotStored,
-            (Mode::Cas(_), None) => return Stored::NotFound,
-            (Mode::Cas(want), Some(i)) if shard.entries[i as usize].cas != want => {
+            (Mode::Cas(_) | Mode::CasOrStale(_), None) => return Stored::NotFound,
+            (Mode::CasOrStale(want), Some(i)) if want < shard.entries[i as usize].cas => {
+                let e = &shard.entries[i as usize];
+                stale = Some(e.token_sent);
+                (value, flags, e.exptime)
+            }
+            (Mode::Cas(want) | Mode::CasOrStale(want), Some(i)) if shard.entries[i as usize].cas != want => {
                 let class = shard.entries[i as usize].class;
                 shard.classes.of(class).cas_badval += 1;
                 return Stored::Exists;
@@ -477,6 +494,9 @@ impl Store {
             next: NIL,
             fetched: false,
             class,
+            accessed: now,
+            stale: stale.is_some(),
+            token_sent: stale == Some(true),
         };
         let new_charge = entry.charge();
         if new_charge > self.limit {
@@ -488,7 +508,7 @@ impl Store {
         }
         let counts = shard.classes.of(entry.class);
         counts.cmd_set += 1;
-        if matches!(mode, Mode::Cas(_)) {
+        if matches!(mode, Mode::Cas(_) | Mode::CasOrStale(_)) {
             counts.cas_hits += 1;
         }
         shard.insert(entry);
