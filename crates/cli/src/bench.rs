@@ -188,6 +188,10 @@ pub enum BenchCommand {
         /// Skip Sprout's own generator (exact latencies) and run memaslap alone.
         #[arg(long)]
         memaslap_only: bool,
+        /// The `sprout` binary whose cache is measured (default: this one), for an A/B of two
+        /// builds under one driver.
+        #[arg(long)]
+        server: Option<std::path::PathBuf>,
     },
     /// Elastic offload: sprout.map over the worker's sandboxes against Ray and
     /// multiprocessing.Pool, every peer on the same CPUs (no-op tasks per second, a task's
@@ -333,10 +337,13 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Store { out, iterations, sizes, systems, repeats } => {
             sprout_bench::store::run(&out, iterations, &sizes, &systems, repeats)?;
         }
-        BenchCommand::Cache { out, cores, connections, values, value_connections, seconds, repeats, client_cpu, memaslap_only } => {
+        BenchCommand::Cache { out, cores, connections, values, value_connections, seconds, repeats, client_cpu, memaslap_only, server } => {
             let opts = sprout_bench::cache::Options {
                 out_dir: out,
-                sprout: std::env::current_exe()?,
+                sprout: match server {
+                    Some(path) => path,
+                    None => std::env::current_exe()?,
+                },
                 cores,
                 connections,
                 value_sizes: values,

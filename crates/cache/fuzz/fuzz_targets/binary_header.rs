@@ -93,7 +93,8 @@ fuzz_target!(|data: &[u8]| {
         let before = input.len();
         match binary::step(&mut input, &env, &mut out) {
             Next::Continue => assert!(input.len() < before, "a handled packet consumed nothing"),
-            Next::NeedMore | Next::Close => break,
+            Next::NeedMore | Next::Close | Next::Quit => break,
+            Next::Watch(_) => unreachable!("watch is a text command"),
             Next::Stats(request) => {
                 assert!(matches!(request, sprout_cache::session::StatsRequest::Binary { .. }));
                 binary::stats_reply(request.group(), 0, &Counters::default(), &env, &mut out);
