@@ -138,12 +138,11 @@ impl Conn {
                 sprout_runtime::spawn_on(core, move || sprout_runtime::notify(token));
             }
         });
-        match self.shared.watchers.add(kinds, wake) {
+        match self.shared.watch(kinds, wake) {
             Some(watcher) => {
                 self.out.put(b"OK\r\n");
                 self.entry.set_state(ConnState::Watch);
                 self.watcher = Some(watcher);
-                self.shared.store.evicted.keep(self.shared.watchers.watching(watch::EVICTIONS));
             }
             None => {
                 // memcached's words; the connection stays an ordinary one.
@@ -274,8 +273,7 @@ impl IoHandler for Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         if let Some(watcher) = &self.watcher {
-            self.shared.watchers.remove(watcher);
-            self.shared.store.evicted.keep(self.shared.watchers.watching(watch::EVICTIONS));
+            self.shared.unwatch(watcher);
         }
         self.shared.conn_table.close(self.fd);
         let reason = if self.error_close { "error" } else { "normal" };

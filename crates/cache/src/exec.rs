@@ -80,8 +80,9 @@ pub fn meta_read(env: &Env, key: &[u8], how: &MetaRead) -> Option<MetaItem> {
         };
     CoreStats::bump(command);
     CoreStats::bump(if found.is_ok() { hits } else { misses });
-    let lookup = found.as_ref().map_or_else(Clone::clone, |m| Lookup::Hit(m.item.clone()));
-    log_get(env, key, &lookup);
+    if env.shared.watchers.watching(watch::FETCHERS) {
+        log_get(env, key, &found.as_ref().map_or_else(Clone::clone, |m| Lookup::Hit(m.item.clone())));
+    }
     found.ok()
 }
 
@@ -110,7 +111,7 @@ pub fn store(env: &Env, mode: Mode, key: &[u8], value: Bytes, flags: u32, exptim
         // memcached looks the key up before it stores, and logs that fetch.
         log_get(env, key, &env.shared.store.peek(key, now).map_or(Lookup::Miss, Lookup::Hit));
     }
-    let size = (value.len(), item_size(key.len(), value.len(), flags));
+    let len = value.len();
     let result = env.shared.store.store(mode, key, value, flags, exptime, cas_in.unwrap_or_else(|| stats.next_cas()), now);
     env.shared.watchers.log(watch::MUTATIONS, |line| {
         let status = match result {
@@ -131,7 +132,8 @@ pub fn store(env: &Env, mode: Mode, key: &[u8], value: Bytes, flags: u32, exptim
         let ttl = if exptime == 0 { 0 } else { exptime.saturating_sub(now) };
         line.push_str("item_store key=");
         put_key(line, key);
-        let _ = write!(line, " status={status} cmd={cmd} ttl={ttl} clsid={} cfd={} size={}", class_of(size.1), env.fd, size.0);
+        let class = class_of(item_size(key.len(), len, flags));
+        let _ = write!(line, " status={status} cmd={cmd} ttl={ttl} clsid={class} cfd={} size={len}", env.fd);
     });
     if let Mode::Cas(_) | Mode::CasOrStale(_) = mode {
         match result {

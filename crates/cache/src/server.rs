@@ -103,7 +103,6 @@ fn bind(addr: SocketAddr) -> std::io::Result<StdListener> {
     Ok(socket.into())
 }
 
-/// A core's listening socket.
 /// Entries each crawl step looks at, per shard: bounded, so a step holds a shard's lock for
 /// well under a millisecond however large the store.
 const CRAWL_BUDGET: usize = 4096;
@@ -121,6 +120,7 @@ fn crawl_every_second(shared: Arc<Shared>, core: usize, cores: usize) {
     });
 }
 
+/// A core's listening socket.
 struct Acceptor {
     fd: i32,
     listener: TcpListener,

@@ -82,6 +82,19 @@ impl Shared {
         }
     }
 
+    /// Add a watcher of `kinds` (`crate::watch`); None at the limit. The store keeps its
+    /// evicted items for the log only while someone watches evictions.
+    pub fn watch(&self, kinds: u32, wake: Box<dyn Fn() + Send + Sync>) -> Option<std::sync::Arc<crate::watch::Watcher>> {
+        let watcher = self.watchers.add(kinds, wake)?;
+        self.store.evicted.keep(self.watchers.watching(crate::watch::EVICTIONS));
+        Some(watcher)
+    }
+
+    pub fn unwatch(&self, watcher: &std::sync::Arc<crate::watch::Watcher>) {
+        self.watchers.remove(watcher);
+        self.store.evicted.keep(self.watchers.watching(crate::watch::EVICTIONS));
+    }
+
     /// The lines of `stats [group]`, or None for a group memcached does not know; `asking`:
     /// the asking connection's socket (`stats conns` shows it busy).
     pub fn report(&self, group: Option<&[u8]>, counters: &Counters, asking: i32) -> Option<Vec<(String, String)>> {

@@ -21,23 +21,12 @@ use slab::Slab;
 
 use crate::evicted_log::{Evicted, EvictedLog};
 use crate::slab_classes::{class_of, Classes};
-use crate::text::parse_counter;
 
+mod counter;
 pub mod meta_ops;
-mod report;
+pub mod report;
 
-/// Counters of the store, named as memcached's `stats`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StoreStats {
-    pub curr_items: u64,
-    pub total_items: u64,
-    pub bytes: u64,
-    pub evictions: u64,
-    pub reclaimed: u64,
-    pub expired_unfetched: u64,
-    pub evicted_unfetched: u64,
-    pub limit_maxbytes: u64,
-}
+use counter::parse_counter;
 
 /// Shards of the table (a power of two).
 pub const SHARDS: usize = 16;
@@ -144,6 +133,30 @@ struct Entry {
 }
 
 impl Entry {
+    /// A new item, stored at `now`, most recently used as of `tick`, not yet fetched.
+    #[allow(clippy::too_many_arguments)]
+    fn new(key: &[u8], value: Bytes, hash: u64, cas: u64, tick: u64, flags: u32, exptime: u32, now: u32) -> Entry {
+        let class = class_of(item_size(key.len(), value.len(), flags));
+        let (prev, next, stored_at, accessed) = (NIL, NIL, now, now);
+        Entry {
+            key: key.into(),
+            value,
+            hash,
+            cas,
+            touched: tick,
+            flags,
+            exptime,
+            stored_at,
+            prev,
+            next,
+            fetched: false,
+            class,
+            accessed,
+            stale: false,
+            token_sent: false,
+        }
+    }
+
     fn charge(&self) -> usize {
         self.key.len() + self.value.len() + ITEM_OVERHEAD
     }
@@ -480,24 +493,8 @@ impl Store {
             }
             _ => (value, flags, exptime),
         };
-        let class = class_of(item_size(key.len(), value.len(), flags));
-        let entry = Entry {
-            key: key.into(),
-            value,
-            hash,
-            cas,
-            touched: self.next_tick(),
-            flags,
-            exptime,
-            stored_at: now,
-            prev: NIL,
-            next: NIL,
-            fetched: false,
-            class,
-            accessed: now,
-            stale: stale.is_some(),
-            token_sent: stale == Some(true),
-        };
+        let mut entry = Entry::new(key, value, hash, cas, self.next_tick(), flags, exptime, now);
+        (entry.stale, entry.token_sent) = (stale.is_some(), stale == Some(true));
         let new_charge = entry.charge();
         if new_charge > self.limit {
             return Stored::TooLarge;

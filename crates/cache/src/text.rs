@@ -171,26 +171,6 @@ pub fn parse_i32(t: &[u8]) -> Option<i64> {
     Some(v as i32 as i64)
 }
 
-/// A counter value as memcached reads one (strtoull): leading white space, an optional '+',
-/// decimal digits fitting in 64 bits, then the end or white space (what follows is ignored).
-pub fn parse_counter(value: &[u8]) -> Option<u64> {
-    let is_space = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
-    let mut i = value.iter().take_while(|&&b| is_space(b)).count();
-    if value.get(i) == Some(&b'+') {
-        i += 1;
-    }
-    let digits = value[i..].iter().take_while(|b| b.is_ascii_digit()).count();
-    if digits == 0 {
-        return None;
-    }
-    if let Some(&next) = value.get(i + digits) {
-        if !is_space(next) {
-            return None;
-        }
-    }
-    std::str::from_utf8(&value[i..i + digits]).ok()?.parse::<u64>().ok()
-}
-
 /// mcmc's strict token numbers (memcached 1.6.45's `mcmc_toktou32`/`u64`/`tokto32`): digits
 /// only (a leading `-` for the signed form), at most `max` bytes, no overflow.
 fn strict_digits(t: &[u8], max: usize) -> Option<u64> {

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use super::{Deleted, Entry, Item, Store, NIL};
+use super::{Deleted, Entry, Item, Store};
 use crate::slab_classes::class_of;
 
 /// What an mg asks of its item.
@@ -57,23 +57,7 @@ impl Store {
             Ok(i) => (i, false),
             Err(why) => {
                 let Some((exptime, cas)) = r.vivify else { return Err(why) };
-                let entry = Entry {
-                    key: key.into(),
-                    value: Bytes::new(),
-                    hash,
-                    cas,
-                    touched: self.next_tick(),
-                    flags: 0,
-                    exptime,
-                    stored_at: now,
-                    prev: NIL,
-                    next: NIL,
-                    fetched: false,
-                    class: class_of(super::item_size(key.len(), 0, 0)),
-                    accessed: now,
-                    stale: false,
-                    token_sent: false,
-                };
+                let entry = Entry::new(key, Bytes::new(), hash, cas, self.next_tick(), 0, exptime, now);
                 let charge = entry.charge();
                 self.used.fetch_add(charge, std::sync::atomic::Ordering::Relaxed);
                 (shard.insert(entry), true)

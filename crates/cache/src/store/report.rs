@@ -1,7 +1,20 @@
 //! What the store reports of itself: memcached's `stats` counters, `stats reset`, and the
 //! per-slab-class figures and item listing (`stats items|slabs`, `stats cachedump`).
 
-use super::{Classes, Store, StoreStats};
+use super::{Classes, Store};
+
+/// Counters of the store, named as memcached's `stats`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub curr_items: u64,
+    pub total_items: u64,
+    pub bytes: u64,
+    pub evictions: u64,
+    pub reclaimed: u64,
+    pub expired_unfetched: u64,
+    pub evicted_unfetched: u64,
+    pub limit_maxbytes: u64,
+}
 
 impl Store {
     pub fn stats(&self) -> StoreStats {
