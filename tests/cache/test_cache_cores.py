@@ -2,6 +2,7 @@
 gathered from every core's Ebb representative, cas values unique across cores, large values
 arriving in pieces, and a client that pipelines without reading (backpressure)."""
 
+import os
 import socket
 import time
 
@@ -121,3 +122,37 @@ def test_a_client_that_pipelines_without_reading_is_held_back(make_cache_server)
     assert bytes(received) == expected
     # Another client was served all along.
     assert exchange(server.address, b"get big\r\n").startswith(b"VALUE big 0 100000")
+
+
+def cpu_seconds(pid):
+    """User and system CPU time a process has used (from /proc)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def lone_client_round_trips(address, n):
+    s = connect(address)
+    s.sendall(b"set k 0 0 1\r\nx\r\n")
+    assert read_until(s, b"\r\n") == b"STORED\r\n"
+    for _ in range(n):
+        s.sendall(b"get k\r\n")
+        assert read_until(s, b"END\r\n") == b"VALUE k 0 1\r\nx\r\nEND\r\n"
+    return s
+
+
+def test_a_core_polling_for_a_lone_client_sleeps_once_it_goes_quiet(make_cache_server):
+    # By default a core polls (up to --lone-spin-us) for the next request of a client that
+    # alone keeps it busy; once that client stops asking, the core must sleep again.
+    server = make_cache_server("sprout", "-t", "1")
+    kept_open = lone_client_round_trips(server.address, 3000)
+    time.sleep(0.1)
+    before = cpu_seconds(server.process.pid)
+    time.sleep(1.0)
+    used = cpu_seconds(server.process.pid) - before
+    assert used < 0.15, f"the server used {used:.2f} s of CPU in a quiet second"
+    kept_open.close()
+
+
+def test_lone_polling_can_be_turned_off(make_cache_server):
+    server = make_cache_server("sprout", "-t", "1", "--lone-spin-us", "0")
+    lone_client_round_trips(server.address, 200).close()

@@ -32,7 +32,8 @@ impl Server {
             .cores(settings.cores)
             .name("cache")
             .pin(settings.pin)
-            .spin(std::time::Duration::from_micros(settings.spin_us));
+            .spin(std::time::Duration::from_micros(settings.spin_us))
+            .lone_spin(std::time::Duration::from_micros(settings.lone_spin_us));
         if let Some(cpus) = &settings.cpus {
             builder = builder.cpus(cpus.clone());
         }

@@ -33,6 +33,8 @@ pub struct Settings {
     pub pin: bool,
     /// Microseconds a core keeps polling after its last request before it sleeps.
     pub spin_us: u64,
+    /// Microseconds a core polls for the next request of a client that alone keeps it busy.
+    pub lone_spin_us: u64,
 }
 
 impl Default for Settings {
@@ -47,9 +49,15 @@ impl Default for Settings {
             cpus: None,
             pin: true,
             spin_us: 0,
+            lone_spin_us: LONE_SPIN_US,
         }
     }
 }
+
+/// `--lone-spin-us`'s default: above a lone closed-loop client's idle time between requests
+/// on this project's VM (40-60 µs), so its polling starts; one window is what a client that
+/// pauses costs.
+pub const LONE_SPIN_US: u64 = 200;
 
 pub struct Shared {
     pub settings: Settings,

@@ -303,12 +303,18 @@ enum CacheCommand {
         /// (fairer when a CPU is shared with other work, such as a load generator).
         #[arg(long)]
         no_pin: bool,
-        /// Microseconds a core keeps polling after its last request before it sleeps
-        /// (EbbRT's idle polling). 0, the default, sleeps at once as memcached does; on this
-        /// project's 2-vCPU VM polling helped one connection a little and cost 10-20% from 4
-        /// connections up, so use it only on dedicated physical cores.
+        /// Microseconds a core keeps polling after any request before it sleeps (EbbRT's
+        /// idle polling). 0, the default, sleeps at once as memcached does; on this project's
+        /// 2-vCPU VM it cost 10-35% from 4 connections up (clients' requests no longer gather
+        /// while the core sleeps), so use it only on dedicated physical cores.
         #[arg(long, default_value_t = 0)]
         spin_us: u64,
+        /// Microseconds a core polls for the next request of a client that alone keeps it
+        /// busy (several polls in a row found only its socket ready, each soon after the
+        /// last reply) instead of sleeping; 0 never. A second client, or a request later than
+        /// this, puts the core back to sleeping.
+        #[arg(long, default_value_t = sprout_cache::shared::LONE_SPIN_US)]
+        lone_spin_us: u64,
     },
 }
 
@@ -463,7 +469,18 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{:<40} {:>8.1} MiB  {}", p.key, p.size_bytes as f64 / (1 << 20) as f64, p.top_level.join(" "));
             }
         }
-        Command::Cache(CacheCommand::Serve { port, listen, memory_mb, cores, max_conns, item_max, cpus, no_pin, spin_us }) => {
+        Command::Cache(CacheCommand::Serve {
+            port,
+            listen,
+            memory_mb,
+            cores,
+            max_conns,
+            item_max,
+            cpus,
+            no_pin,
+            spin_us,
+            lone_spin_us,
+        }) => {
             log_init("info");
             let item_max = sprout_cache::server::parse_size(&item_max)?;
             if item_max < 1024 {
@@ -479,6 +496,7 @@ fn run(cli: Cli) -> Result<()> {
                 cpus,
                 pin: !no_pin,
                 spin_us,
+                lone_spin_us,
             };
             sprout_cache::server::serve_until_signal(settings, |server| {
                 tracing::info!(

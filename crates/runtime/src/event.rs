@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use slab::Slab;
 
+use crate::poll_policy::PollPolicy;
+
 /// A core of the runtime: 0 .. `num_cores()`.
 pub type CoreId = usize;
 
@@ -376,11 +378,10 @@ impl Core {
 
 /// The event loop of one core, run on its own (pinned) thread until the runtime stops.
 ///
-/// `spin`: after the last event, keep polling (without sleeping) this long before blocking in
-/// epoll_wait. Under load this saves the sleep and wake-up of every request, which in a
-/// virtual machine cost an exit and an interrupt each (EbbRT polls its device the same way
-/// while busy); an idle core still sleeps once `spin` has passed.
-pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, spin: Duration) {
+/// `policy` says when to keep polling rather than block in epoll_wait (see `poll_policy`):
+/// polling saves the sleep and wake-up of a request, which in a virtual machine cost an exit
+/// and an interrupt each (EbbRT polls its device the same way while busy).
+pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, mut policy: PollPolicy) {
     let registry = poll.registry().try_clone().expect("cloning the epoll registry");
     let core = Core {
         id,
@@ -395,7 +396,7 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, spin: Du
     };
     CURRENT.with(|c| c.set(&core));
     let mut events = Events::with_capacity(1024);
-    let mut last_work = Instant::now();
+    let timed = policy.enabled();
     loop {
         core.drain_inbox();
         core.run_events();
@@ -406,7 +407,7 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, spin: Du
         }
         let busy = !core.queue.borrow().is_empty() || !core.notified.borrow().is_empty();
         let idling = !core.idle.borrow().is_empty();
-        let spinning = !spin.is_zero() && last_work.elapsed() < spin;
+        let spinning = timed && policy.poll(Instant::now());
         if spinning && !busy && !idling {
             // Back off between empty polls: each epoll_wait takes the epoll lock that the
             // peers' wake-ups take too, so polling flat out slows the very senders it waits on.
@@ -420,6 +421,11 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, spin: Du
                 tracing::error!(core = id, "epoll failed: {e}");
                 break;
             }
+        }
+        if timed {
+            let mut ready = events.iter().map(|e| e.token()).filter(|&t| t != WAKE_TOKEN);
+            let first = ready.next();
+            policy.arrived(Instant::now(), first.map_or(0, |_| 1 + ready.count()), first);
         }
         let mut io_events = 0;
         for event in events.iter() {
@@ -435,8 +441,8 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, spin: Du
             };
             core.dispatch_io(event.token(), ready);
         }
-        if (io_events > 0 || busy) && !spin.is_zero() {
-            last_work = Instant::now();
+        if timed && (io_events > 0 || busy) {
+            policy.finished(Instant::now());
         }
         if io_events == 0 && idling && core.queue.borrow().is_empty() {
             core.run_idle();

@@ -13,8 +13,9 @@
 //!   poll this way under load); while one is registered the core spins instead of sleeping;
 //! * [`register`]: an [`IoHandler`] called on I/O readiness (epoll, edge-triggered).
 //!
-//! A core sleeps in `epoll_wait` only when it has nothing queued, no idle handler and no due
-//! timer; an event sent from another core wakes it through an eventfd.
+//! A core sleeps in `epoll_wait` only when it has nothing queued, no idle handler, no due
+//! timer and its polling policy (`Builder::spin`, `Builder::lone_spin`) says not to poll; an
+//! event sent from another core wakes it through an eventfd.
 //!
 //! # Ebbs
 //!
@@ -61,6 +62,7 @@
 
 mod ebb;
 mod event;
+mod poll_policy;
 mod runtime;
 
 pub use ebb::{Ebb, EbbId, EbbRef};

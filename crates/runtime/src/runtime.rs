@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 use mio::{Poll, Waker};
 
 use crate::event::{self, CoreId, Inbox, Shared};
+use crate::poll_policy::PollPolicy;
 
 /// Configures a runtime: how many cores, and which CPUs they are pinned to.
 #[derive(Clone, Debug, Default)]
@@ -17,6 +18,7 @@ pub struct Builder {
     pin: bool,
     name: Option<String>,
     spin: std::time::Duration,
+    lone_spin: std::time::Duration,
 }
 
 impl Builder {
@@ -51,6 +53,14 @@ impl Builder {
         self
     }
 
+    /// Keep polling up to this long for the next request of a client that alone keeps a core
+    /// busy (default: not at all). Saves that client's wake-ups without costing several
+    /// clients their gathering; see `PollPolicy`.
+    pub fn lone_spin(mut self, window: std::time::Duration) -> Builder {
+        self.lone_spin = window;
+        self
+    }
+
     /// Thread name prefix (default "core").
     pub fn name(mut self, name: &str) -> Builder {
         self.name = Some(name.to_string());
@@ -80,14 +90,14 @@ impl Builder {
             let shared = shared.clone();
             let cpu = cpus[id % cpus.len()];
             let pin = self.pin;
-            let spin = self.spin;
+            let policy = PollPolicy::new(self.spin, self.lone_spin);
             let handle = std::thread::Builder::new().name(format!("{prefix}-{id}")).spawn(move || {
                 if pin {
                     if let Err(e) = pin_to(cpu) {
                         tracing::warn!(core = id, cpu, "could not pin the core's thread: {e}");
                     }
                 }
-                event::run_loop(id, shared, poll, spin);
+                event::run_loop(id, shared, poll, policy);
             })?;
             threads.push(handle);
         }
