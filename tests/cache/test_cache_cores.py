@@ -156,3 +156,27 @@ def test_a_core_polling_for_a_lone_client_sleeps_once_it_goes_quiet(make_cache_s
 def test_lone_polling_can_be_turned_off(make_cache_server):
     server = make_cache_server("sprout", "-t", "1", "--lone-spin-us", "0")
     lone_client_round_trips(server.address, 200).close()
+
+
+def core_connections(address):
+    return [int(v) for k, v in sorted(stats(address, b"cores").items()) if k.endswith(":curr_connections")]
+
+
+def test_connections_are_spread_evenly_over_the_cores(make_cache_server):
+    # The kernel's SO_REUSEPORT hash alone would often leave 3 of 4 (or 11 of 16) on one core.
+    server = make_cache_server("sprout", "-t", "2")
+    for n in (4, 16):
+        socks = [connect(server.address) for _ in range(n)]
+        for i, s in enumerate(socks):
+            s.sendall(b"set k%d 0 0 1\r\nx\r\n" % i)
+            assert read_until(s, b"\r\n") == b"STORED\r\n"
+        counts = core_connections(server.address)
+        assert len(counts) == 2
+        # The asking connection is one of them.
+        assert sum(counts) == n + 1 and max(counts) - min(counts) <= 1, counts
+        for s in socks:
+            s.close()
+        deadline = time.time() + 5
+        while sum(core_connections(server.address)) != 1 and time.time() < deadline:
+            time.sleep(0.05)
+        assert sum(core_connections(server.address)) == 1, "closed connections are no longer counted"

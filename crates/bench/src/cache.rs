@@ -323,7 +323,7 @@ pub fn run(opts: &Options) -> Result<Value> {
         "generator": "memaslap (Debian's memcaslap, libmemcached-tools), 1 thread, 9:1 get:set, 32-byte keys",
         "exact_generator": if opts.exact { "sprout-bench's own: 1 pinned thread, closed loop, one request in flight per connection, 9:1 get:set over 10,000 31-byte keys, latency of every request in an HdrHistogram (field `exact`)" } else { "not run" },
         "method": {
-            "pinning": format!("servers confined to CPUs 0..cores (taskset); memaslap on CPU {}; sprout pins each core's thread to its CPU, except with 2 server cores, where the generator shares CPU 1 and both servers' threads float over CPUs 0-1 (sprout --no-pin, memcached's default); neither polls when idle (sprout's default --spin-us 0)", opts.client_cpu),
+            "pinning": format!("servers confined to CPUs 0..cores (taskset); memaslap on CPU {}; sprout pins each core's thread to its CPU, except with 2 server cores, where the generator shares CPU 1 and both servers' threads float over CPUs 0-1 (sprout --no-pin, memcached's default); both run their defaults: memcached sleeps whenever idle; Sprout too, except that a core polls up to 200 µs for the next request of a client that alone keeps it busy (--lone-spin-us 200; --spin-us 0), and places each connection on the core with the fewest", opts.client_cpu),
             "seconds_per_run": opts.seconds,
             "repeats": opts.repeats,
             "statistic": "median of the rounds; the two servers alternate which runs first; round_ratio_range: the lowest and highest of the per-round ratios (each sprout round over the memcached round of the same repeat)",

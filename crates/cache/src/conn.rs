@@ -44,9 +44,12 @@ pub struct Conn {
     entry: Arc<ConnEntry>,
     /// Set once the client asked to `watch`: its log lines are written here.
     watcher: Option<Arc<Watcher>>,
+    /// The core it lives on (counted in `Shared::loads`).
+    core: usize,
 }
 
 impl Conn {
+    /// A connection placed on this core (`CoreLoads::place` counted it here).
     pub fn new(stream: TcpStream, shared: Arc<Shared>, stats: Rc<CoreStats>) -> Conn {
         CoreStats::bump(&stats.curr_connections);
         CoreStats::bump(&stats.total_connections);
@@ -70,6 +73,7 @@ impl Conn {
             peer,
             entry,
             watcher: None,
+            core: sprout_runtime::current_core(),
         }
     }
 
@@ -280,6 +284,7 @@ impl Drop for Conn {
         log_conn_event(&self.shared, "conn_close", self.peer, Some(reason), self.fd);
         self.stats.curr_connections.set(self.stats.curr_connections.get().saturating_sub(1));
         self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+        self.shared.loads.closed(self.core);
     }
 }
 

@@ -14,6 +14,7 @@ pub mod binary;
 pub mod clock;
 pub mod conn;
 pub mod conn_table;
+pub mod core_loads;
 pub mod evicted_log;
 pub mod exec;
 pub mod meta;

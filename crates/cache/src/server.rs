@@ -1,6 +1,6 @@
 //! The server: one runtime core per `-t`, each with its own listening socket on the shared
-//! port (SO_REUSEPORT: the kernel spreads new connections over the cores), accepting into
-//! connections that then live on that core for good. The connection limit is one shared
+//! port (SO_REUSEPORT), accepting connections that then live for good on the core with the
+//! fewest (`core_loads`: the kernel's hash alone leaves cores uneven). The connection limit is one shared
 //! count; a connection over it is told so in memcached's words and closed.
 
 use std::io::Write;
@@ -153,9 +153,16 @@ impl IoHandler for Acceptor {
                         continue;
                     }
                     let _ = stream.set_nodelay(true);
-                    let conn = Conn::new(stream, self.shared.clone(), stats.clone());
-                    if let Err(e) = sprout_runtime::register(Box::new(conn)) {
-                        tracing::warn!("registering a connection: {e}");
+                    let me = sprout_runtime::current_core();
+                    let core = self.shared.loads.place(me);
+                    if core == me {
+                        live_here(stream, self.shared.clone(), stats.clone());
+                    } else {
+                        let shared = self.shared.clone();
+                        sprout_runtime::spawn_on(core, move || {
+                            let stats = shared.stats.rep_rc();
+                            live_here(stream, shared, stats);
+                        });
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Control::Keep,
@@ -169,6 +176,14 @@ impl IoHandler for Acceptor {
                 }
             }
         }
+    }
+}
+
+/// Start serving an accepted connection on this core.
+fn live_here(stream: sprout_runtime::mio::net::TcpStream, shared: Arc<Shared>, stats: std::rc::Rc<CoreStats>) {
+    let conn = Conn::new(stream, shared, stats);
+    if let Err(e) = sprout_runtime::register(Box::new(conn)) {
+        tracing::warn!("registering a connection: {e}");
     }
 }
 

@@ -73,6 +73,8 @@ pub struct Shared {
     pub watchers: crate::watch::Watchers,
     /// What `stats conns` lists.
     pub conn_table: crate::conn_table::ConnTable,
+    /// Open connections per core: where the next one goes.
+    pub loads: crate::core_loads::CoreLoads,
 }
 
 impl Shared {
@@ -80,6 +82,7 @@ impl Shared {
         Shared {
             store: Store::with_item_max(settings.limit_bytes, settings.item_max),
             clock: Clock::start(),
+            loads: crate::core_loads::CoreLoads::new(settings.cores),
             settings,
             stats,
             conns: AtomicUsize::new(0),
@@ -180,6 +183,12 @@ impl Shared {
             Some(b"slabs") => lines.extend(self.store.classes().slabs_report()),
             Some(b"sizes") => lines.extend(crate::slab_classes::Classes::sizes_report()),
             Some(b"conns") => lines.extend(self.conn_table.report(asking, self.clock.now())),
+            // Sprout's own: where the connections live (crate::core_loads).
+            Some(b"cores") => {
+                for (core, open) in self.loads.counts().into_iter().enumerate() {
+                    put(&format!("core:{core}:curr_connections"), open.to_string());
+                }
+            }
             Some(_) => return None,
         }
         Some(lines)
