@@ -10,7 +10,7 @@
 //!   gathering while the core sleeps, and on the VM that cost 10-35% from 4 connections up.
 //! * `lone`: poll up to this long, but only while one client alone keeps the core busy: the
 //!   last [`LONE_STREAK`] polls that found work each found that same one socket ready, each
-//!   within the window of the core going idle. A lone client in a closed loop has nothing to
+//!   within the window of the core going idle, and none found another for [`LONE_QUIET`]. A lone client in a closed loop has nothing to
 //!   gather behind it, so there polling is pure gain; when a second client appears, a poll
 //!   finds two sockets ready, or the client's next request comes later than the window, the
 //!   core sleeps again, so an idle or widely shared core burns at most one window.
@@ -22,6 +22,10 @@ use mio::Token;
 /// Polls in a row that must find the same lone socket (each quickly) before polling starts.
 pub const LONE_STREAK: u32 = 3;
 
+/// How long since any other socket was found ready before a client counts as alone: clients
+/// taking turns one at a time can look alone for a few polls, not for this long.
+pub const LONE_QUIET: Duration = Duration::from_millis(2);
+
 #[derive(Debug)]
 pub struct PollPolicy {
     always: Duration,
@@ -31,11 +35,13 @@ pub struct PollPolicy {
     /// The one socket the last polls found ready, and how many polls in a row found it alone.
     lone_token: Option<Token>,
     streak: u32,
+    /// When a poll last found another socket ready (or several at once).
+    other_seen: Option<Instant>,
 }
 
 impl PollPolicy {
     pub fn new(always: Duration, lone: Duration) -> PollPolicy {
-        PollPolicy { always, lone, idle_since: None, lone_token: None, streak: 0 }
+        PollPolicy { always, lone, idle_since: None, lone_token: None, streak: 0, other_seen: None }
     }
 
     /// Whether either window is set (if not, the loop need not read the clock for it).
@@ -52,9 +58,13 @@ impl PollPolicy {
         if io_events == 1 && first.is_some() && first == self.lone_token && quick {
             self.streak = self.streak.saturating_add(1);
         } else if io_events == 1 {
+            if self.lone_token.is_some() && first != self.lone_token {
+                self.other_seen = Some(now);
+            }
             self.lone_token = first;
             self.streak = 1;
         } else {
+            self.other_seen = Some(now);
             self.lone_token = None;
             self.streak = 0;
         }
@@ -69,7 +79,8 @@ impl PollPolicy {
     pub fn poll(&self, now: Instant) -> bool {
         let Some(since) = self.idle_since else { return false };
         let idle = now.saturating_duration_since(since);
-        idle < self.always || (self.streak >= LONE_STREAK && idle < self.lone)
+        let quiet = self.other_seen.is_none_or(|at| now.saturating_duration_since(at) >= LONE_QUIET);
+        idle < self.always || (self.streak >= LONE_STREAK && quiet && idle < self.lone)
     }
 }
 
@@ -135,14 +146,18 @@ mod tests {
         p.arrived(t + us(10), 2, Some(Token(7)));
         p.finished(t + us(20));
         assert!(!p.poll(t + us(21)));
-        // Or two sockets taking turns, one at a time.
+        // Or sockets taking turns, one at a time, even when one comes back a few times
+        // before the next takes its turn.
         let mut t = t + us(20);
-        for i in 0..10 {
+        for i in 0..100 {
             t += us(10);
-            p.arrived(t, 1, Some(Token(7 + i % 2)));
+            p.arrived(t, 1, Some(Token(7 + (i / 4) % 2)));
             p.finished(t);
             assert!(!p.poll(t), "turn {i}");
         }
+        // Once the other has been quiet for LONE_QUIET, the one left is alone.
+        let t = lone_client(&mut p, t, us(40), 60);
+        assert!(p.poll(t));
     }
 
     #[test]
