@@ -292,7 +292,16 @@ def _command(pid):
 
 
 def _sandbox_pids(stack):
-    return {p for p in stack.pids_from_pidfiles() if "/sb-" in Path(f"/proc/{p}/cgroup").read_text()}
+    return {p for p in stack.pids_from_pidfiles() if "/sb-" in _cgroups(p)}
+
+
+def _cgroups(pid):
+    """A process's cgroup lines; empty once it has exited (a sandbox may end between the
+    listing of its pid and this read)."""
+    try:
+        return Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return ""
 
 
 def _gunicorn_workers(stack):
