@@ -29,6 +29,8 @@ import olio_deploy  # noqa: E402
 from olio_deploy import confine, procs, sprout_stack  # noqa: E402
 from olio_deploy.deploy import Deployment  # noqa: E402
 from olio_deploy.state import State  # noqa: E402
+from olio_fleet_helpers import cgroup_of  # noqa: E402
+from olio_fleet_helpers import command as _command  # noqa: E402
 
 # Each stack on its own CPU, so a test that only ever saw the default could not pass.
 CPUS = {"conventional": "1", "sprout": "0"}
@@ -284,24 +286,9 @@ def test_every_python_process_runs_the_sandbox_bases_interpreter_build(stack):
         assert record["root"] == str(base) and record["venv"] is None, record
 
 
-def _command(pid):
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _sandbox_pids(stack):
-    return {p for p in stack.pids_from_pidfiles() if "/sb-" in _cgroups(p)}
-
-
-def _cgroups(pid):
-    """A process's cgroup lines; empty once it has exited (a sandbox may end between the
-    listing of its pid and this read)."""
-    try:
-        return Path(f"/proc/{pid}/cgroup").read_text()
-    except OSError:
-        return ""
+    # cgroup_of reads "" for a sandbox that ended between the listing and the read.
+    return {p for p in stack.pids_from_pidfiles() if "/sb-" in cgroup_of(p)}
 
 
 def _gunicorn_workers(stack):

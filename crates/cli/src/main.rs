@@ -311,7 +311,7 @@ enum CacheCommand {
         spin_us: u64,
         /// Microseconds a core polls for the next request of a client that alone keeps it
         /// busy (several polls in a row found only its socket ready, each soon after the
-        /// last reply) instead of sleeping; 0 never. A second client, or a request later than
+        /// last reply, no other socket for 2 ms) instead of sleeping; 0 never. A second client, or a request later than
         /// this, puts the core back to sleeping.
         #[arg(long, default_value_t = sprout_cache::shared::LONE_SPIN_US)]
         lone_spin_us: u64,

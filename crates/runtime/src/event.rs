@@ -422,17 +422,14 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, mut poli
                 break;
             }
         }
-        if timed {
-            let mut ready = events.iter().map(|e| e.token()).filter(|&t| t != WAKE_TOKEN);
-            let first = ready.next();
-            policy.arrived(Instant::now(), first.map_or(0, |_| 1 + ready.count()), first);
-        }
-        let mut io_events = 0;
+        let returned = timed.then(Instant::now);
+        let (mut io_events, mut first) = (0, None);
         for event in events.iter() {
             if event.token() == WAKE_TOKEN {
                 continue;
             }
             io_events += 1;
+            first = first.or(Some(event.token()));
             let ready = Ready {
                 readable: event.is_readable() || event.is_read_closed(),
                 writable: event.is_writable(),
@@ -441,8 +438,11 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, mut poli
             };
             core.dispatch_io(event.token(), ready);
         }
-        if timed && (io_events > 0 || busy) {
-            policy.finished(Instant::now());
+        if let Some(returned) = returned {
+            policy.arrived(returned, io_events, first);
+            if io_events > 0 || busy {
+                policy.finished(Instant::now());
+            }
         }
         if io_events == 0 && idling && core.queue.borrow().is_empty() {
             core.run_idle();
