@@ -167,12 +167,18 @@ def start_server(kind, *args):
 
 # ---------------------------------------------------------------- talking raw bytes
 
+# The longest an answer ended by a `version` sentinel may pause (a step whose data swallows
+# the sentinel, as a value's bytes, is sent without one instead).
+SENTINEL_WAIT = 10
+
+
 def exchange(address, data, sentinel=True, quiet=0.3, sock=None, until=None):
     """Send `data` and return everything the server answers, with b"<closed>" appended if it
     closed the connection. Reading stops when the answer ends with `until`; or, with
     `sentinel` (text protocol), a `version` command is sent after `data` and reading stops
-    once its answer came (it is removed from the result); or after `quiet` seconds without a
-    byte (when the sentinel was swallowed). `sock`: an open connection to use."""
+    once its answer came (it is removed from the result), waiting up to SENTINEL_WAIT for
+    each byte (a loaded host can be slow to answer: a sentinel, not a pause, ends the
+    answer); without one, after `quiet` seconds without a byte. `sock`: an open connection."""
     own = sock is None
     s = sock or socket.create_connection(address, timeout=5)
     try:
@@ -180,7 +186,7 @@ def exchange(address, data, sentinel=True, quiet=0.3, sock=None, until=None):
             data += b"version\r\n"
         expected = data.count(b"version\r\n") if sentinel else None
         s.sendall(data)
-        s.settimeout(quiet)
+        s.settimeout(quiet if expected is None else SENTINEL_WAIT)
         out = b""
         while True:
             if until is not None and out.endswith(until):

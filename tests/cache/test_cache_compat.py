@@ -116,7 +116,8 @@ TEXT_CASES = [
       want=b"STORED\r\nVALUE a 0 1 #0\r\nx\r\nEND\r\nSTORED\r\nVALUE a 0 2 #1\r\nxy\r\nEND\r\nTOUCHED\r\nVALUE a 0 2 #1\r\nxy\r\nEND\r\n"),
     T("bad data chunk long", b"set a 0 0 1\r\nx\r\nset a 0 0 2\r\nxyz\r\nget a\r\n", want=b"STORED\r\nCLIENT_ERROR bad data chunk\r\nERROR\r\nVALUE a 0 1\r\nx\r\nEND\r\n",
       now=b"STORED\r\nCLIENT_ERROR bad data chunk\r\n" + FMT + b"VALUE a 0 1\r\nx\r\nEND\r\n"),
-    T("bad data chunk short", b"set a 0 0 5\r\nx\r\n", want=b"CLIENT_ERROR bad data chunk\r\nERROR\r\n"),  # 7 bytes read: "x\r\nvers"
+    # 7 bytes read as the value, "x\r\nvers"; "ion" is a command: sent without a sentinel.
+    T("bad data chunk short", (b"set a 0 0 5\r\nx\r\nversion\r\n", False), want=b"CLIENT_ERROR bad data chunk\r\nERROR\r\n"),
     T("bad data chunk LF", b"set q 0 0 1\nx\nget q\n", want=b"CLIENT_ERROR bad data chunk\r\nERROR\r\n"),
     T("too large", b"set a 0 0 1\r\nx\r\nset a 0 0 %d\r\n%s\r\nget a\r\nset b 0 0 %d noreply\r\n%s\r\nget b\r\n" % (MIB, BIG_NO, MIB, BIG_NO),
       want=b"STORED\r\n" + TOO_LARGE + b"END\r\nEND\r\n"),  # data swallowed; a failed set drops the old value

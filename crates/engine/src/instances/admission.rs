@@ -66,9 +66,7 @@ pub(super) enum Admitted {
 impl MemoryAccounts {
     /// Count a new sandbox of `name` until the token returned is dropped.
     pub(super) fn made(&self, name: &str) -> Made {
-        let count = self.count_of(name);
-        count.fetch_add(1, Ordering::AcqRel);
-        Made(count)
+        Made::on(self.count_of(name))
     }
 
     /// How many sandboxes of `name` exist or are being made past admission.

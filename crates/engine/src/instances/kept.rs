@@ -20,8 +20,8 @@ pub(super) struct Kept {
     pub backend: &'static str,
     /// Where its output goes: its lambda's log.
     pub output: Arc<SandboxOutput>,
-    /// Counts it among its lambda's sandboxes while it exists.
-    pub _made: Made,
+    /// Counts it among its lambda's sandboxes while it exists and the pools hold it.
+    pub made: Made,
 }
 
 impl Occupant for Kept {
@@ -33,6 +33,9 @@ impl Occupant for Kept {
     }
     fn is_current(&self) -> bool {
         self.lambda.is_current()
+    }
+    fn leaves(&mut self) {
+        self.made.release();
     }
 }
 
@@ -55,11 +58,26 @@ pub(super) struct Lease {
 }
 
 /// One sandbox of a lambda, counted from its admission while it is made and exists (held
-/// by its [`Kept`]).
-pub(super) struct Made(pub Arc<AtomicUsize>);
+/// by its [`Kept`]) until released: when the pools give it up, or when it is dropped.
+pub(super) struct Made(Option<Arc<AtomicUsize>>);
+
+impl Made {
+    /// Count one more sandbox on `count` until released.
+    pub(super) fn on(count: Arc<AtomicUsize>) -> Made {
+        count.fetch_add(1, Ordering::AcqRel);
+        Made(Some(count))
+    }
+
+    /// Stop counting it (once; later calls do nothing).
+    pub(super) fn release(&mut self) {
+        if let Some(count) = self.0.take() {
+            count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
 
 impl Drop for Made {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.release();
     }
 }

@@ -488,7 +488,7 @@ impl Instances {
                 }
                 self.figures.started(sandbox.startup());
                 self.figures.state(backend, SandboxState::Busy, 1);
-                Ok(Lease { kept: Kept { sandbox, lambda: lambda.clone(), backend, output, _made: made }, cold: true })
+                Ok(Lease { kept: Kept { sandbox, lambda: lambda.clone(), backend, output, made }, cold: true })
             }
             Err(failure) => {
                 // Requests waiting for this one get its room instead.

@@ -21,6 +21,17 @@ pub trait Occupant {
     fn version(&self) -> u64;
     /// False once that version was replaced or deleted.
     fn is_current(&self) -> bool;
+    /// Told, before it is handed back to be destroyed, that it no longer counts among its
+    /// lambda's sandboxes: whoever counts them apart from the pools (the memory budget's
+    /// [`Pools::queue_instead`] caller) must stop at once, within the same lock, or a request
+    /// could queue for a sandbox already gone and wait for nothing.
+    fn leaves(&mut self) {}
+}
+
+/// `occupant`, told it [`Occupant::leaves`].
+fn leaving<O: Occupant>(mut occupant: O) -> O {
+    occupant.leaves();
+    occupant
 }
 
 /// What a queued request is handed.
@@ -156,7 +167,7 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
         pool.idle = current;
         pool.live -= stale.len();
         self.total -= stale.len();
-        doomed.extend(stale.into_iter().map(|i| (i.occupant, Eviction::Replaced)));
+        doomed.extend(stale.into_iter().map(|i| (leaving(i.occupant), Eviction::Replaced)));
         if let Some(idle) = pool.idle.pop() {
             return Acquired::Warm(idle);
         }
@@ -185,7 +196,7 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
         pool.served += 1;
         if !keep {
             self.sandbox_gone(name);
-            return Released::Destroy(occupant);
+            return Released::Destroy(leaving(occupant));
         }
         let mut grant = Grant::Sandbox(occupant);
         while let Some(waiter) = pool.for_sandbox.pop_front().or_else(|| pool.waiters.pop_front()) {
@@ -276,7 +287,7 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
         let idle = pool.idle.remove(index);
         pool.live -= 1;
         self.total -= 1;
-        doomed.push((idle.occupant, Eviction::Room));
+        doomed.push((leaving(idle.occupant), Eviction::Room));
         true
     }
 
@@ -293,7 +304,7 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
             self.total -= gone.len();
             doomed.extend(gone.into_iter().map(|i| {
                 let why = if i.occupant.is_current() { Eviction::Idle } else { Eviction::Replaced };
-                (i.occupant, why)
+                (leaving(i.occupant), why)
             }));
         }
         self.forget_empty();
@@ -326,7 +337,7 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
         for id in handler_cache::over_limit(paused, limit) {
             for pool in self.pools.values_mut() {
                 if let Some(at) = pool.idle.iter().position(|i| i.occupant.id() == id) {
-                    doomed.push((pool.idle.remove(at).occupant, Eviction::Memory));
+                    doomed.push((leaving(pool.idle.remove(at).occupant), Eviction::Memory));
                     pool.live -= 1;
                     self.total -= 1;
                 }
@@ -345,7 +356,7 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
             pool.for_sandbox.clear();
             pool.live -= pool.idle.len();
             self.total -= pool.idle.len();
-            all.extend(pool.idle.drain(..).map(|i| i.occupant));
+            all.extend(pool.idle.drain(..).map(|i| leaving(i.occupant)));
         }
         all
     }
@@ -401,7 +412,7 @@ impl<O: Occupant, W: Waiter<O>> Pools<O, W> {
             pool.idle = keep;
             pool.live -= gone.len();
             self.total -= gone.len();
-            doomed.extend(gone.into_iter().map(|i| (i.occupant, why)));
+            doomed.extend(gone.into_iter().map(|i| (leaving(i.occupant), why)));
         }
         self.forget_empty();
         doomed

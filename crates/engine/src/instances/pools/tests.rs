@@ -6,12 +6,14 @@ use std::rc::Rc;
 
 use super::*;
 
-/// A sandbox: an id, a version, and whether that version is still the lambda's.
+/// A sandbox: an id, a version, whether that version is still the lambda's, and how many
+/// times the pools told it that it left them.
 #[derive(Debug, Clone)]
 struct Fake {
     id: u64,
     version: u64,
     current: Rc<Cell<bool>>,
+    left: Rc<Cell<u32>>,
 }
 
 impl Occupant for Fake {
@@ -23,6 +25,9 @@ impl Occupant for Fake {
     }
     fn is_current(&self) -> bool {
         self.current.get()
+    }
+    fn leaves(&mut self) {
+        self.left.set(self.left.get() + 1);
     }
 }
 
@@ -81,7 +86,7 @@ impl World {
     fn sandbox(&mut self, name: &str, version: u64) -> Fake {
         let current = self.current.entry((name.into(), version)).or_insert_with(|| Rc::new(Cell::new(true))).clone();
         self.next_id += 1;
-        Fake { id: self.next_id - 1, version, current }
+        Fake { id: self.next_id - 1, version, current, left: Rc::default() }
     }
 
     fn retire(&mut self, name: &str, version: u64) {
@@ -450,6 +455,62 @@ fn shutdown_gives_up_the_idle_and_drops_the_queue() {
     assert_eq!(w.pools.figures().map(|(_, f)| f.queued).sum::<usize>(), 0);
     assert_eq!(Rc::strong_count(&waiting.got), 1, "the waiter was dropped: its request hears of the shutdown");
     assert_eq!(w.pools.total(), 1, "the busy one is still out");
+}
+
+#[test]
+fn every_sandbox_the_pools_give_up_is_told_so_once_before_it_is_handed_back() {
+    // Whoever counts a lambda's sandboxes beside the pools (the memory budget's queue_instead)
+    // stops counting one as the pools give it up: counted until it was destroyed, a request
+    // could queue for a sandbox already gone, with nothing ever to hand it.
+    let told = |f: &Fake| f.left.get();
+    let all_told_once = |doomed: &[(Fake, Eviction)]| doomed.iter().all(|(f, _)| f.left.get() == 1);
+    let mut w = World::new(4, 3, 4);
+    let (kept, failed) = (w.cold("a", 1), w.cold("a", 1));
+    let (kept_id, kept_left) = (kept.id, kept.left.clone());
+    assert!(matches!(w.pools.release("a", kept, true, w.now), Released::Idle));
+    assert_eq!(kept_left.get(), 0, "idle, it still counts");
+    match w.pools.release("a", failed, false, w.now) {
+        Released::Destroy(f) => assert_eq!(told(&f), 1, "released to be destroyed"),
+        _ => panic!("a sandbox not kept is destroyed"),
+    }
+    // Least recently used, for room.
+    w.tick(1);
+    w.idle_one("b", 1);
+    w.idle_one("c", 1);
+    let (_, doomed, _) = w.acquire("d", 1);
+    assert_eq!(ids(&doomed), vec![(kept_id, "room")]);
+    assert!(all_told_once(&doomed));
+    // Of a replaced version, on the next request.
+    let mut w = World::new(4, 8, 4);
+    w.idle_one("a", 1);
+    let (_, doomed, _) = w.acquire("a", 2);
+    assert_eq!(doomed.len(), 1);
+    assert!(all_told_once(&doomed));
+    // Reaped, evicted for the budget, over the paused memory limit, at shutdown.
+    let mut w = World::new(8, 8, 4);
+    w.idle_one("a", 1);
+    w.tick(100);
+    let reaped = w.pools.reap(w.now, |_| Duration::from_secs(10));
+    assert_eq!(reaped.len(), 1);
+    assert!(all_told_once(&reaped));
+    let b = w.idle_one("b", 1);
+    let budget = w.pools.evict_ids(&[b], Eviction::Budget);
+    assert!(budget.len() == 1 && all_told_once(&budget));
+    let c = w.idle_one("c", 1);
+    w.pools.due_for_pause("c", c, w.now, Duration::ZERO).expect("due").paused = true;
+    let memory = w.pools.measured(&[(c, 100)], 10);
+    assert!(memory.len() == 1 && all_told_once(&memory));
+    w.idle_one("d", 1);
+    let shut = w.pools.shutdown();
+    assert!(shut.len() == 1 && shut.iter().all(|f| f.left.get() == 1));
+    // Handed to a waiter, a sandbox still counts.
+    let mut w = World::new(1, 8, 4);
+    let busy = w.cold("a", 1);
+    let busy_left = busy.left.clone();
+    let (_, _, waiting) = w.acquire("a", 1);
+    assert!(matches!(w.pools.release("a", busy, true, w.now), Released::Handed));
+    assert!(waiting.taken().is_some());
+    assert_eq!(busy_left.get(), 0);
 }
 
 #[test]
