@@ -145,6 +145,9 @@ def test_a_core_polling_for_a_lone_client_sleeps_once_it_goes_quiet(make_cache_s
     # alone keeps it busy; once that client stops asking, the core must sleep again.
     server = make_cache_server("sprout", "-t", "1")
     kept_open = lone_client_round_trips(server.address, 3000)
+    polls = core_polls(server.address)
+    assert polls["polls_spun_found"] > 0, f"no request was found by polling: {polls}"
+    assert polls["polls_slept"] > 0, polls
     time.sleep(0.1)
     before = cpu_seconds(server.process.pid)
     time.sleep(1.0)
@@ -156,6 +159,43 @@ def test_a_core_polling_for_a_lone_client_sleeps_once_it_goes_quiet(make_cache_s
 def test_lone_polling_can_be_turned_off(make_cache_server):
     server = make_cache_server("sprout", "-t", "1", "--lone-spin-us", "0")
     lone_client_round_trips(server.address, 200).close()
+    polls = core_polls(server.address)
+    assert polls["polls_spun"] == polls["polls_spun_found"] == 0, polls
+    assert polls["polls_slept"] >= 200, "each request found the core asleep"
+
+
+def round_robin_round_trips(address, clients, n):
+    socks = [connect(address) for _ in range(clients)]
+    for i in range(n):
+        s = socks[i % clients]
+        s.sendall(b"get k\r\n")
+        assert read_until(s, b"END\r\n") == b"END\r\n"
+    for s in socks:
+        s.close()
+
+
+def test_a_core_polls_for_as_many_clients_as_poll_clients_says(make_cache_server):
+    # Three clients taking turns: by default (a lone client only) the core sleeps between
+    # their requests; with --poll-clients 3 it polls for them.
+    # (A pause of the test's own of over 2 ms lets a few requests be polled for before the
+    # clients count as many again: hence "hardly any" rather than none.)
+    lone = make_cache_server("sprout", "-t", "1")
+    round_robin_round_trips(lone.address, 3, 3000)
+    hardly_any = core_polls(lone.address)["polls_spun_found"]
+    assert hardly_any < 300, hardly_any
+    few = make_cache_server("sprout", "-t", "1", "--poll-clients", "3")
+    round_robin_round_trips(few.address, 3, 3000)
+    polled = core_polls(few.address)["polls_spun_found"]
+    assert polled > 1000, polled
+    four = make_cache_server("sprout", "-t", "1", "--poll-clients", "3")
+    round_robin_round_trips(four.address, 4, 3000)
+    past_few = core_polls(four.address)["polls_spun_found"]
+    assert past_few < 300, f"a fourth client is past the few: {past_few}"
+
+
+def core_polls(address):
+    """Core 0's poll counts from `stats cores`: slept, spun, spun_found."""
+    return {k.split(":", 2)[2]: int(v) for k, v in stats(address, b"cores").items() if k.startswith("core:0:polls_")}
 
 
 def core_connections(address):

@@ -53,6 +53,9 @@ struct Run {
     avg_us: f64,
     /// Gets that found their item, of all gets (memaslap's `get_misses` and `cmd_get`).
     get_hit_ratio: f64,
+    /// Requests that found their core polling rather than asleep, of all (Sprout's `stats
+    /// cores` polls_spun_found over the run's operations; NaN where not reported).
+    polled_share: f64,
 }
 
 const SYSTEMS: [&str; 2] = ["memcached", "sprout"];
@@ -199,7 +202,40 @@ fn parse_memaslap(text: &str) -> Result<Run> {
         (Some(gets), Some(misses)) if gets > 0.0 => 1.0 - misses / gets,
         _ => f64::NAN,
     };
-    Ok(Run { ops_per_s: tps, p50_us: percentile(0.50), p99_us: percentile(0.99), avg_us: avg, get_hit_ratio })
+    Ok(Run { ops_per_s: tps, p50_us: percentile(0.50), p99_us: percentile(0.99), avg_us: avg, get_hit_ratio, polled_share: f64::NAN })
+}
+
+/// Sprout's polls that found work in a polling window, summed over its cores (`stats cores`);
+/// None from a server that does not count them (memcached, an older build under --server).
+fn polls_found(port: u16) -> Option<u64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"stats cores\r\n").ok()?;
+    let mut text = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !text.ends_with(b"END\r\n") && !text.ends_with(b"ERROR\r\n") {
+        let n = s.read(&mut buf).ok().filter(|n| *n > 0)?;
+        text.extend_from_slice(&buf[..n]);
+    }
+    let found = String::from_utf8_lossy(&text)
+        .lines()
+        .filter_map(|l| l.strip_prefix("STAT core:"))
+        .filter_map(|l| l.split_once(":polls_spun_found "))
+        .filter_map(|(_, n)| n.trim().parse::<u64>().ok())
+        .collect::<Vec<_>>();
+    (!found.is_empty()).then(|| found.iter().sum())
+}
+
+/// `run`, with the share of its operations Sprout served from a polling window.
+fn with_polled_share(port: u16, seconds: f64, run: impl FnOnce() -> Result<Run>) -> Result<Run> {
+    let before = polls_found(port);
+    let mut r = run()?;
+    r.polled_share = match (before, polls_found(port)) {
+        (Some(a), Some(b)) if r.ops_per_s > 0.0 => ((b - a) as f64 / (r.ops_per_s * seconds)).min(1.0),
+        _ => f64::NAN,
+    };
+    Ok(r)
 }
 
 fn median(v: Vec<f64>) -> f64 {
@@ -214,6 +250,8 @@ fn summarize(runs: &[Run]) -> Value {
         "avg_us": median(runs.iter().map(|r| r.avg_us).collect()),
         "get_hit_ratio": runs.iter().map(|r| r.get_hit_ratio).filter(|h| h.is_finite()).reduce(f64::min).map(|h| (h * 1000.0).round() / 1000.0),
         "runs_ops_per_s": runs.iter().map(|r| r.ops_per_s).collect::<Vec<_>>(),
+        "polled_share": runs.iter().map(|r| r.polled_share).any(f64::is_finite)
+            .then(|| (median(runs.iter().map(|r| r.polled_share).filter(|p| p.is_finite()).collect()) * 1000.0).round() / 1000.0),
     })
 }
 
@@ -226,7 +264,14 @@ fn exact_run(port: u16, conns: usize, value: usize, opts: &Options) -> Result<Ru
     })
     .join()
     .map_err(|_| anyhow::anyhow!("the load generator panicked"))??;
-    Ok(Run { ops_per_s: r.ops_per_s, p50_us: r.p50_us, p99_us: r.p99_us, avg_us: r.mean_us, get_hit_ratio: f64::NAN })
+    Ok(Run {
+        ops_per_s: r.ops_per_s,
+        p50_us: r.p50_us,
+        p99_us: r.p99_us,
+        avg_us: r.mean_us,
+        get_hit_ratio: f64::NAN,
+        polled_share: f64::NAN,
+    })
 }
 
 /// Run one point on both servers, started afresh on `cpus`, `repeats` times, alternating
@@ -240,9 +285,10 @@ fn point(cpus: &[usize], conns: usize, value: usize, config: &Path, opts: &Optio
         for i in order {
             // Alone on the machine, and empty: the other server is stopped.
             let server = start(SYSTEMS[i], &opts.sprout, cpus, shared_cpu)?;
-            runs[i].push(memaslap(server.port, conns, config, opts.seconds, opts.client_cpu)?);
+            let seconds = opts.seconds as f64;
+            runs[i].push(with_polled_share(server.port, seconds, || memaslap(server.port, conns, config, opts.seconds, opts.client_cpu))?);
             if opts.exact {
-                exact[i].push(exact_run(server.port, conns, value, opts)?);
+                exact[i].push(with_polled_share(server.port, seconds, || exact_run(server.port, conns, value, opts))?);
             }
         }
     }
@@ -283,11 +329,12 @@ fn point(cpus: &[usize], conns: usize, value: usize, config: &Path, opts: &Optio
         );
     }
     eprintln!(
-        "  {label:<22} memaslap: memcached {:>9.0} ops/s p99 {:>7.1} µs | sprout {:>9.0} ops/s p99 {:>7.1} µs | ×{ratio:.2}",
+        "  {label:<22} memaslap: memcached {:>9.0} ops/s p99 {:>7.1} µs | sprout {:>9.0} ops/s p99 {:>7.1} µs | ×{ratio:.2} | polled {:.0}%",
         entry["memcached"]["ops_per_s"].as_f64().unwrap_or(0.0),
         entry["memcached"]["p99_us"].as_f64().unwrap_or(0.0),
         entry["sprout"]["ops_per_s"].as_f64().unwrap_or(0.0),
         entry["sprout"]["p99_us"].as_f64().unwrap_or(0.0),
+        entry["sprout"]["polled_share"].as_f64().unwrap_or(f64::NAN) * 100.0,
     );
     Ok(Value::Object(entry))
 }

@@ -33,7 +33,8 @@ impl Server {
             .name("cache")
             .pin(settings.pin)
             .spin(std::time::Duration::from_micros(settings.spin_us))
-            .lone_spin(std::time::Duration::from_micros(settings.lone_spin_us));
+            .lone_spin(std::time::Duration::from_micros(settings.lone_spin_us))
+            .few_clients(settings.poll_clients);
         if let Some(cpus) = &settings.cpus {
             builder = builder.cpus(cpus.clone());
         }

@@ -310,11 +310,16 @@ enum CacheCommand {
         #[arg(long, default_value_t = 0)]
         spin_us: u64,
         /// Microseconds a core polls for the next request of a client that alone keeps it
-        /// busy (several polls in a row found only its socket ready, each soon after the
-        /// last reply, no other socket for 2 ms) instead of sleeping; 0 never. A second client, or a request later than
-        /// this, puts the core back to sleeping.
+        /// busy (several polls in a row found work, each soon after the last reply, and no
+        /// other socket was ready for 2 ms) instead of sleeping; 0 never. A second client
+        /// (past --poll-clients), or a request later than this, puts the core back to sleeping.
         #[arg(long, default_value_t = sprout_cache::shared::LONE_SPIN_US)]
         lone_spin_us: u64,
+        /// The most clients (sockets found ready within 2 ms) a core polls for under
+        /// --lone-spin-us; past them it sleeps between requests so theirs gather. 1: a lone
+        /// client only.
+        #[arg(long, default_value_t = sprout_cache::shared::POLL_CLIENTS)]
+        poll_clients: usize,
     },
 }
 
@@ -480,6 +485,7 @@ fn run(cli: Cli) -> Result<()> {
             no_pin,
             spin_us,
             lone_spin_us,
+            poll_clients,
         }) => {
             log_init("info");
             let item_max = sprout_cache::server::parse_size(&item_max)?;
@@ -497,6 +503,7 @@ fn run(cli: Cli) -> Result<()> {
                 pin: !no_pin,
                 spin_us,
                 lone_spin_us,
+                poll_clients: poll_clients.max(1),
             };
             sprout_cache::server::serve_until_signal(settings, |server| {
                 tracing::info!(

@@ -9,7 +9,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -66,11 +66,43 @@ pub(crate) struct Inbox {
     /// one eventfd write per drain, however many events are sent.
     notified: AtomicBool,
     waker: Waker,
+    /// How the core's polls went, written by the core alone, read by any.
+    polls: PollCounters,
+}
+
+/// The counts behind [`PollCounts`]: atomics with a single writer (its core).
+#[derive(Default)]
+struct PollCounters {
+    slept: AtomicU64,
+    spun: AtomicU64,
+    spun_found: AtomicU64,
+}
+
+impl PollCounters {
+    fn bump(counter: &AtomicU64) {
+        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+}
+
+/// How a core's polls for events went: what its poll policy cost and saved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PollCounts {
+    /// Polls that may have slept: nothing to run, no window open.
+    pub slept: u64,
+    /// Polls that returned at once only because a polling window was open (a spin).
+    pub spun: u64,
+    /// Of those, the ones that found an event: each a sleep and a wake-up saved.
+    pub spun_found: u64,
 }
 
 impl Inbox {
     pub(crate) fn new(waker: Waker) -> Inbox {
-        Inbox { queue: Mutex::new(Vec::new()), notified: AtomicBool::new(false), waker }
+        Inbox { queue: Mutex::new(Vec::new()), notified: AtomicBool::new(false), waker, polls: PollCounters::default() }
+    }
+
+    fn poll_counts(&self) -> PollCounts {
+        let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        PollCounts { slept: read(&self.polls.slept), spun: read(&self.polls.spun), spun_found: read(&self.polls.spun_found) }
     }
 
     pub(crate) fn push(&self, event: RemoteEvent) {
@@ -218,6 +250,11 @@ pub fn num_cores() -> usize {
 /// Events this core has dispatched (EbbRT's `GetNumCore`).
 pub fn events_dispatched() -> u64 {
     with_core(|c| c.dispatched.get())
+}
+
+/// How each core's polls went, by core.
+pub fn poll_counts() -> Vec<PollCounts> {
+    with_core(|c| c.shared.inboxes.iter().map(|inbox| inbox.poll_counts()).collect())
 }
 
 /// I/O handlers registered on this core.
@@ -416,6 +453,13 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, mut poli
             }
         }
         let timeout = if busy || idling || spinning { Some(Duration::ZERO) } else { next_timer };
+        let polls = &core.shared.inboxes[id].polls;
+        let spun = spinning && !busy && !idling;
+        if spun {
+            PollCounters::bump(&polls.spun);
+        } else if timeout != Some(Duration::ZERO) {
+            PollCounters::bump(&polls.slept);
+        }
         if let Err(e) = poll.poll(&mut events, timeout) {
             if e.kind() != std::io::ErrorKind::Interrupted {
                 tracing::error!(core = id, "epoll failed: {e}");
@@ -423,13 +467,18 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, mut poli
             }
         }
         let returned = timed.then(Instant::now);
-        let (mut io_events, mut first) = (0, None);
+        let mut io_events = 0;
+        if spun && !events.is_empty() {
+            PollCounters::bump(&polls.spun_found);
+        }
         for event in events.iter() {
             if event.token() == WAKE_TOKEN {
                 continue;
             }
             io_events += 1;
-            first = first.or(Some(event.token()));
+            if let Some(returned) = returned {
+                policy.ready(returned, event.token());
+            }
             let ready = Ready {
                 readable: event.is_readable() || event.is_read_closed(),
                 writable: event.is_writable(),
@@ -439,7 +488,7 @@ pub(crate) fn run_loop(id: CoreId, shared: Arc<Shared>, mut poll: Poll, mut poli
             core.dispatch_io(event.token(), ready);
         }
         if let Some(returned) = returned {
-            policy.arrived(returned, io_events, first);
+            policy.arrived(returned, io_events);
             if io_events > 0 || busy {
                 policy.finished(Instant::now());
             }

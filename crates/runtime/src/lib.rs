@@ -67,8 +67,8 @@ mod runtime;
 
 pub use ebb::{Ebb, EbbId, EbbRef};
 pub use event::{
-    add_idle, cancel_timer, current_core, events_dispatched, io_handlers, notify, num_cores, on_core, register, remove_idle, spawn,
-    spawn_on, stop, timer, Control, CoreId, IdleId, IoHandler, Ready, TimerId,
+    add_idle, cancel_timer, current_core, events_dispatched, io_handlers, notify, num_cores, on_core, poll_counts, register, remove_idle,
+    spawn, spawn_on, stop, timer, Control, CoreId, IdleId, IoHandler, PollCounts, Ready, TimerId,
 };
 pub use mio::{self, Token};
 pub use runtime::{allowed_cpus, pin_to, Builder, Runtime, Stopper};

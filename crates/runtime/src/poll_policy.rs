@@ -8,40 +8,48 @@
 //! * `always`: poll this long after any work (EbbRT's drivers poll so under load). Worth it
 //!   only on a dedicated core: with several clients it also stops their requests from
 //!   gathering while the core sleeps, and on the VM that cost 10-35% from 4 connections up.
-//! * `lone`: poll up to this long, but only while one client alone keeps the core busy: the
-//!   last [`LONE_STREAK`] polls that found work each found that same one socket ready, each
-//!   within the window of the core going idle, and none found another for [`LONE_QUIET`]. A lone client in a closed loop has nothing to
-//!   gather behind it, so there polling is pure gain; when a second client appears, a poll
-//!   finds two sockets ready, or the client's next request comes later than the window, the
-//!   core sleeps again, so an idle or widely shared core burns at most one window.
+//! * `lone`: poll up to this long, but only while few clients keep the core busy: the last
+//!   [`LONE_STREAK`] polls each found work within the window of the core going idle, and no
+//!   more than `few` sockets (1 by default: a lone client) were found ready within
+//!   [`LONE_QUIET`]. Few clients in a closed loop have little to gather behind them, so on a
+//!   core of its own polling is gain; when more appear, or a request comes later than the
+//!   window, the core sleeps again, so an idle or widely shared core burns at most one window.
+//!   Where the clients run on the core's own CPU, polling for them takes that CPU from them:
+//!   `few` above 1 is for dedicated cores.
 
 use std::time::{Duration, Instant};
 
 use mio::Token;
 
-/// Polls in a row that must find the same lone socket (each quickly) before polling starts.
+/// Polls in a row that must find work (each quickly) before polling starts.
 pub const LONE_STREAK: u32 = 3;
 
-/// How long since any other socket was found ready before a client counts as alone: clients
-/// taking turns one at a time can look alone for a few polls, not for this long.
+/// The span over which the sockets found ready are counted: clients taking turns one at a
+/// time can look few for a few polls, not for this long.
 pub const LONE_QUIET: Duration = Duration::from_millis(2);
 
 #[derive(Debug)]
 pub struct PollPolicy {
     always: Duration,
     lone: Duration,
+    /// The most sockets found ready within [`LONE_QUIET`] for the `lone` window to apply.
+    few: usize,
     /// When the core last finished work (the start of the current idle time).
     idle_since: Option<Instant>,
-    /// The one socket the last polls found ready, and how many polls in a row found it alone.
-    lone_token: Option<Token>,
+    /// Polls in a row that found work, each within the `lone` window of idling.
     streak: u32,
-    /// When a poll last found another socket ready (or several at once).
-    other_seen: Option<Instant>,
+    /// The sockets found ready lately, each with when it last was (at most `few` + 1).
+    recent: Vec<(Token, Instant)>,
+    /// When more than `few` sockets were last found ready within [`LONE_QUIET`].
+    crowded_at: Option<Instant>,
 }
 
 impl PollPolicy {
-    pub fn new(always: Duration, lone: Duration) -> PollPolicy {
-        PollPolicy { always, lone, idle_since: None, lone_token: None, streak: 0, other_seen: None }
+    /// `always`: poll this long after any work; `lone`: poll this long while at most `few`
+    /// clients keep the core busy.
+    pub fn new(always: Duration, lone: Duration, few: usize) -> PollPolicy {
+        let few = few.max(1);
+        PollPolicy { always, lone, few, idle_since: None, streak: 0, recent: Vec::with_capacity(few + 1), crowded_at: None }
     }
 
     /// Whether either window is set (if not, the loop need not read the clock for it).
@@ -49,25 +57,29 @@ impl PollPolicy {
         !self.always.is_zero() || !self.lone.is_zero()
     }
 
-    /// A poll returned at `now` with `io_events` sockets ready, the first of them `first`.
-    pub fn arrived(&mut self, now: Instant, io_events: usize, first: Option<Token>) {
+    /// A poll that returned at `now` found `token`'s socket ready.
+    pub fn ready(&mut self, now: Instant, token: Token) {
+        match self.recent.iter_mut().find(|(t, _)| *t == token) {
+            Some(seen) => seen.1 = now,
+            None => self.recent.push((token, now)),
+        }
+        self.recent.retain(|(_, at)| now.saturating_duration_since(*at) < LONE_QUIET);
+        if self.recent.len() > self.few {
+            self.crowded_at = Some(now);
+            // Only the most recent few + 1 matter: keep the list short.
+            if let Some(oldest) = self.recent.iter().enumerate().min_by_key(|(_, (_, at))| *at).map(|(i, _)| i) {
+                self.recent.swap_remove(oldest);
+            }
+        }
+    }
+
+    /// A poll returned at `now` with `io_events` sockets ready (each told to [`Self::ready`]).
+    pub fn arrived(&mut self, now: Instant, io_events: usize) {
         if io_events == 0 {
             return;
         }
         let quick = self.idle_since.is_some_and(|since| now.saturating_duration_since(since) <= self.lone);
-        if io_events == 1 && first.is_some() && first == self.lone_token && quick {
-            self.streak = self.streak.saturating_add(1);
-        } else if io_events == 1 {
-            if self.lone_token.is_some() && first != self.lone_token {
-                self.other_seen = Some(now);
-            }
-            self.lone_token = first;
-            self.streak = 1;
-        } else {
-            self.other_seen = Some(now);
-            self.lone_token = None;
-            self.streak = 0;
-        }
+        self.streak = if quick { self.streak.saturating_add(1) } else { 1 };
     }
 
     /// The core finished its work at `now` and is about to wait for more.
@@ -79,7 +91,7 @@ impl PollPolicy {
     pub fn poll(&self, now: Instant) -> bool {
         let Some(since) = self.idle_since else { return false };
         let idle = now.saturating_duration_since(since);
-        let quiet = self.other_seen.is_none_or(|at| now.saturating_duration_since(at) >= LONE_QUIET);
+        let quiet = self.crowded_at.is_none_or(|at| now.saturating_duration_since(at) >= LONE_QUIET);
         idle < self.always || (self.streak >= LONE_STREAK && quiet && idle < self.lone)
     }
 }
@@ -98,7 +110,8 @@ mod tests {
         let mut t = start;
         for _ in 0..rounds {
             t += gap;
-            policy.arrived(t, 1, Some(Token(7)));
+            policy.ready(t, Token(7));
+            policy.arrived(t, 1);
             t += us(5);
             policy.finished(t);
         }
@@ -107,7 +120,7 @@ mod tests {
 
     #[test]
     fn off_by_default_never_polls() {
-        let mut p = PollPolicy::new(Duration::ZERO, Duration::ZERO);
+        let mut p = PollPolicy::new(Duration::ZERO, Duration::ZERO, 1);
         assert!(!p.enabled());
         let t0 = Instant::now();
         let t = lone_client(&mut p, t0, us(10), 10);
@@ -116,10 +129,13 @@ mod tests {
 
     #[test]
     fn always_polls_for_its_window_after_any_work() {
-        let mut p = PollPolicy::new(us(50), Duration::ZERO);
+        let mut p = PollPolicy::new(us(50), Duration::ZERO, 1);
         let t0 = Instant::now();
         assert!(!p.poll(t0), "nothing done yet");
-        p.arrived(t0, 3, Some(Token(1)));
+        for token in 1..=3 {
+            p.ready(t0, Token(token));
+        }
+        p.arrived(t0, 3);
         p.finished(t0);
         assert!(p.poll(t0 + us(49)));
         assert!(!p.poll(t0 + us(50)));
@@ -127,7 +143,7 @@ mod tests {
 
     #[test]
     fn a_lone_quick_client_is_polled_for_after_the_streak() {
-        let mut p = PollPolicy::new(Duration::ZERO, us(200));
+        let mut p = PollPolicy::new(Duration::ZERO, us(200), 1);
         let t0 = Instant::now();
         let t = lone_client(&mut p, t0, us(40), LONE_STREAK - 1);
         assert!(!p.poll(t), "not yet: the first request has no idle time before it");
@@ -139,11 +155,13 @@ mod tests {
 
     #[test]
     fn a_second_client_stops_the_polling() {
-        let mut p = PollPolicy::new(Duration::ZERO, us(200));
+        let mut p = PollPolicy::new(Duration::ZERO, us(200), 1);
         let t = lone_client(&mut p, Instant::now(), us(40), 5);
         assert!(p.poll(t));
         // Two sockets ready at once.
-        p.arrived(t + us(10), 2, Some(Token(7)));
+        p.ready(t + us(10), Token(7));
+        p.ready(t + us(10), Token(8));
+        p.arrived(t + us(10), 2);
         p.finished(t + us(20));
         assert!(!p.poll(t + us(21)));
         // Or sockets taking turns, one at a time, even when one comes back a few times
@@ -151,7 +169,8 @@ mod tests {
         let mut t = t + us(20);
         for i in 0..100 {
             t += us(10);
-            p.arrived(t, 1, Some(Token(7 + (i / 4) % 2)));
+            p.ready(t, Token(7 + (i / 4) % 2));
+            p.arrived(t, 1);
             p.finished(t);
             assert!(!p.poll(t), "turn {i}");
         }
@@ -162,14 +181,14 @@ mod tests {
 
     #[test]
     fn a_client_slower_than_the_window_is_not_polled_for() {
-        let mut p = PollPolicy::new(Duration::ZERO, us(200));
+        let mut p = PollPolicy::new(Duration::ZERO, us(200), 1);
         let t = lone_client(&mut p, Instant::now(), us(300), 20);
         assert!(!p.poll(t));
     }
 
     #[test]
     fn one_late_request_costs_one_window_and_then_the_streak_again() {
-        let mut p = PollPolicy::new(Duration::ZERO, us(200));
+        let mut p = PollPolicy::new(Duration::ZERO, us(200), 1);
         let t = lone_client(&mut p, Instant::now(), us(40), 5);
         assert!(p.poll(t + us(100)));
         // The client pauses: the core polls its window out, sleeps, and the request comes late.
@@ -177,5 +196,33 @@ mod tests {
         assert!(!p.poll(t), "late: sleep next time");
         let t = lone_client(&mut p, t, us(40), LONE_STREAK - 1);
         assert!(p.poll(t), "quick again for a streak");
+    }
+
+    /// Clients `0..n` taking turns, one request at a time, `gap` apart, `rounds` times each.
+    fn clients_taking_turns(p: &mut PollPolicy, start: Instant, n: usize, gap: Duration, rounds: usize) -> Instant {
+        let mut t = start;
+        for i in 0..n * rounds {
+            t += gap;
+            p.ready(t, Token(i % n));
+            p.arrived(t, 1);
+            t += us(5);
+            p.finished(t);
+        }
+        t
+    }
+
+    #[test]
+    fn up_to_few_clients_are_polled_for_and_more_are_left_to_gather() {
+        let t0 = Instant::now();
+        let mut few = PollPolicy::new(Duration::ZERO, us(200), 4);
+        let t = clients_taking_turns(&mut few, t0, 4, us(20), 50);
+        assert!(few.poll(t), "four clients, at most four");
+        let t = clients_taking_turns(&mut few, t, 5, us(20), 50);
+        assert!(!few.poll(t), "a fifth: they gather while the core sleeps");
+        let t = clients_taking_turns(&mut few, t + LONE_QUIET, 3, us(20), 50);
+        assert!(few.poll(t), "back to three for longer than LONE_QUIET");
+        let mut lone = PollPolicy::new(Duration::ZERO, us(200), 1);
+        let t = clients_taking_turns(&mut lone, t0, 2, us(20), 50);
+        assert!(!lone.poll(t), "a lone client only");
     }
 }

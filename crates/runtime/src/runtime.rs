@@ -19,6 +19,7 @@ pub struct Builder {
     name: Option<String>,
     spin: std::time::Duration,
     lone_spin: std::time::Duration,
+    few_clients: Option<usize>,
 }
 
 impl Builder {
@@ -53,11 +54,18 @@ impl Builder {
         self
     }
 
-    /// Keep polling up to this long for the next request of a client that alone keeps a core
-    /// busy (default: not at all). Saves that client's wake-ups without costing several
+    /// Keep polling up to this long for the next request while at most `few_clients` clients
+    /// keep a core busy (default: not at all). Saves their wake-ups without costing many
     /// clients their gathering; see `PollPolicy`.
     pub fn lone_spin(mut self, window: std::time::Duration) -> Builder {
         self.lone_spin = window;
+        self
+    }
+
+    /// The most clients (sockets found ready within 2 ms) a core polls for under `lone_spin`
+    /// (default 1: a lone client).
+    pub fn few_clients(mut self, n: usize) -> Builder {
+        self.few_clients = Some(n.max(1));
         self
     }
 
@@ -90,7 +98,7 @@ impl Builder {
             let shared = shared.clone();
             let cpu = cpus[id % cpus.len()];
             let pin = self.pin;
-            let policy = PollPolicy::new(self.spin, self.lone_spin);
+            let policy = PollPolicy::new(self.spin, self.lone_spin, self.few_clients.unwrap_or(1));
             let handle = std::thread::Builder::new().name(format!("{prefix}-{id}")).spawn(move || {
                 if pin {
                     if let Err(e) = pin_to(cpu) {
