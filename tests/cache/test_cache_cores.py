@@ -193,6 +193,18 @@ def test_a_core_polls_for_as_many_clients_as_poll_clients_says(make_cache_server
     assert past_few < 300, f"a fourth client is past the few: {past_few}"
 
 
+def test_poll_clients_out_of_range_is_refused_before_the_server_starts():
+    import subprocess
+
+    from conftest import SPROUT
+
+    for bad in ("0", "1025", "many"):
+        done = subprocess.run([str(SPROUT), "cache", "serve", "-p", "0", "--poll-clients", bad],
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 2, (bad, done.stderr)
+        assert "invalid value" in done.stderr and "--poll-clients" in done.stderr, done.stderr
+
+
 def core_polls(address):
     """Core 0's poll counts from `stats cores`: slept, spun, spun_found."""
     return {k.split(":", 2)[2]: int(v) for k, v in stats(address, b"cores").items() if k.startswith("core:0:polls_")}

@@ -318,8 +318,8 @@ enum CacheCommand {
         /// The most clients (sockets found ready within 2 ms) a core polls for under
         /// --lone-spin-us; past them it sleeps between requests so theirs gather. 1: a lone
         /// client only.
-        #[arg(long, default_value_t = sprout_cache::shared::POLL_CLIENTS)]
-        poll_clients: usize,
+        #[arg(long, default_value_t = sprout_cache::shared::POLL_CLIENTS as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+        poll_clients: u64,
     },
 }
 
@@ -503,7 +503,7 @@ fn run(cli: Cli) -> Result<()> {
                 pin: !no_pin,
                 spin_us,
                 lone_spin_us,
-                poll_clients: poll_clients.max(1),
+                poll_clients: poll_clients as usize,
             };
             sprout_cache::server::serve_until_signal(settings, |server| {
                 tracing::info!(

@@ -59,11 +59,12 @@ impl PollPolicy {
 
     /// A poll that returned at `now` found `token`'s socket ready.
     pub fn ready(&mut self, now: Instant, token: Token) {
-        match self.recent.iter_mut().find(|(t, _)| *t == token) {
-            Some(seen) => seen.1 = now,
-            None => self.recent.push((token, now)),
+        if let Some(seen) = self.recent.iter_mut().find(|(t, _)| *t == token) {
+            seen.1 = now; // a socket already counted: the count is unchanged
+            return;
         }
         self.recent.retain(|(_, at)| now.saturating_duration_since(*at) < LONE_QUIET);
+        self.recent.push((token, now));
         if self.recent.len() > self.few {
             self.crowded_at = Some(now);
             // Only the most recent few + 1 matter: keep the list short.

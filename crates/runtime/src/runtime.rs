@@ -19,12 +19,12 @@ pub struct Builder {
     name: Option<String>,
     spin: std::time::Duration,
     lone_spin: std::time::Duration,
-    few_clients: Option<usize>,
+    few_clients: usize,
 }
 
 impl Builder {
     pub fn new() -> Builder {
-        Builder { pin: true, ..Default::default() }
+        Builder { pin: true, few_clients: 1, ..Default::default() }
     }
 
     /// Number of cores (event loops). Default: one per CPU this process may run on.
@@ -63,9 +63,9 @@ impl Builder {
     }
 
     /// The most clients (sockets found ready within 2 ms) a core polls for under `lone_spin`
-    /// (default 1: a lone client).
+    /// (default 1: a lone client; 0 counts as 1).
     pub fn few_clients(mut self, n: usize) -> Builder {
-        self.few_clients = Some(n.max(1));
+        self.few_clients = n;
         self
     }
 
@@ -98,7 +98,7 @@ impl Builder {
             let shared = shared.clone();
             let cpu = cpus[id % cpus.len()];
             let pin = self.pin;
-            let policy = PollPolicy::new(self.spin, self.lone_spin, self.few_clients.unwrap_or(1));
+            let policy = PollPolicy::new(self.spin, self.lone_spin, self.few_clients);
             let handle = std::thread::Builder::new().name(format!("{prefix}-{id}")).spawn(move || {
                 if pin {
                     if let Err(e) = pin_to(cpu) {
